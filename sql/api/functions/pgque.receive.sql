@@ -1,0 +1,59 @@
+-- Consuming with a plain subscription: receive, ack, nack. Slot
+-- subscriptions ("c#k/N") are refused here with PQ033: they must go through
+-- the partition layer, which enforces the lease.
+
+-- _refuse_slot(subscription): raises PQ033 for a slot subscription.
+create or replace function pgque._refuse_slot(i_sub_name text)
+returns void language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if strpos(i_sub_name, '#') > 0 then
+        raise exception using errcode = 'PQ033',
+            message = format('%L is a slot subscription; use receive_partitioned, ack_partitioned and nack_partitioned', i_sub_name);
+    end if;
+end;
+$$;
+
+-- receive(queue, consumer, max): the next chunk of at most max events of
+-- the consumer's open batch, in ev_id order. The same chunk comes back until
+-- it is acked.
+create or replace function pgque.receive(i_queue text, i_consumer text, i_max integer default 100)
+returns table (msg_id bigint, batch_id bigint, type text, payload jsonb, retry_count integer,
+               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform pgque._not_null('consumer name', i_consumer);
+    perform pgque._refuse_slot(i_consumer);
+    return query select * from pgque._deliver(i_queue, i_consumer, i_max, null);
+end;
+$$;
+
+-- ack(batch_id): acknowledges the chunk the last receive returned. Returns
+-- 1 when the batch is finished, 0 when more of it remains to be received.
+create or replace function pgque.ack(i_batch_id bigint)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform pgque._refuse_slot((pgque._batch(i_batch_id)).sub_name);
+    return pgque._ack(i_batch_id, null);
+end;
+$$;
+
+-- nack(batch_id, msg_id, retry_after, reason): redeliver one received event
+-- to this consumer only after retry_after, or dead-letter it once it has
+-- been retried max_retries times (the reason is kept with it). Returns 1
+-- when retried, 0 when dead-lettered. The chunk must still be acked.
+create or replace function pgque.nack(i_batch_id bigint, i_msg_id bigint, i_retry_after interval,
+                                      i_reason text default null)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform pgque._refuse_slot((pgque._batch(i_batch_id)).sub_name);
+    return pgque._event_retry(i_batch_id, i_msg_id, i_retry_after, i_reason);
+end;
+$$;

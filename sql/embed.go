@@ -1,0 +1,69 @@
+// Package sqlfiles holds pgque's SQL source, embedded into the binary.
+//
+// The SQL is split the way PgQ splits it: one folder per layer (engine, api,
+// partition), tables under structure/, one function family per file under
+// functions/. The ordered manifest install.list stitches the files together;
+// the installer applies them, in that order, in one transaction. Every file
+// is idempotent (create ... if not exists, create or replace), so the same
+// script installs a fresh database and upgrades an existing one in place.
+package sqlfiles
+
+import (
+	"bufio"
+	"embed"
+	"fmt"
+	"strings"
+)
+
+// Version is the schema version the embedded SQL installs. The installer
+// records it in pgque.version.
+const Version = "0.1.0"
+
+//go:embed install.list engine api partition
+var fsys embed.FS
+
+// File is one SQL source file of the install script.
+type File struct {
+	// Name is the path inside sql/, e.g. "engine/functions/pgque.ticker.sql".
+	Name string
+	// Body is the file's SQL text.
+	Body string
+}
+
+// Files returns the install script's files in manifest order.
+func Files() ([]File, error) {
+	manifest, err := fsys.ReadFile("install.list")
+	if err != nil {
+		return nil, fmt.Errorf("reading install.list: %w", err)
+	}
+	var files []File
+	sc := bufio.NewScanner(strings.NewReader(string(manifest)))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		body, err := fsys.ReadFile(line)
+		if err != nil {
+			return nil, fmt.Errorf("install.list names %s: %w", line, err)
+		}
+		files = append(files, File{Name: line, Body: string(body)})
+	}
+	return files, sc.Err()
+}
+
+// Script returns the whole install script as one text, each file preceded by
+// a comment naming it. It is what `pgque sql` prints for psql -1 -f.
+func Script() (string, error) {
+	files, err := Files()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- pgque %s install script; apply in one transaction (psql -1 -f).\n", Version)
+	for _, f := range files {
+		fmt.Fprintf(&b, "\n-- ==== %s ====\n%s\n", f.Name, f.Body)
+	}
+	fmt.Fprintf(&b, "\n-- ==== version ====\nselect pgque._record_version('%s');\n", Version)
+	return b.String(), nil
+}

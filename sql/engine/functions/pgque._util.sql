@@ -1,0 +1,114 @@
+-- Internal helpers shared by the engine functions. None of them is granted
+-- to any role: they run inside SECURITY DEFINER functions that already pin
+-- search_path, and they only use schema-qualified names.
+
+-- _record_version(version): records the installed schema version.
+create or replace function pgque._record_version(i_version text)
+returns void language sql
+set search_path = pg_catalog, pg_temp
+as $$
+    insert into pgque.version (singleton, version, installed_at)
+    values (true, i_version, pg_catalog.now())
+    on conflict (singleton) do update set version = excluded.version, installed_at = excluded.installed_at;
+$$;
+
+-- _not_null(what, value): raises 22004 naming the argument when value is NULL.
+create or replace function pgque._not_null(i_what text, i_value anyelement)
+returns void language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_value is null then
+        raise exception using errcode = '22004', message = format('%s must not be NULL', i_what);
+    end if;
+end;
+$$;
+
+-- _check_name(kind, name, allow_slot): validates a queue or consumer name.
+-- Names are 1..63 bytes of letters, digits, '_', '.', ':' and '-'; with
+-- allow_slot, '#' and '/' are allowed too (slot subscriptions "c#k/N").
+-- Raises 22004 for NULL and PQ010 otherwise.
+create or replace function pgque._check_name(i_kind text, i_name text, i_allow_slot boolean default false)
+returns text language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_name is null then
+        raise exception using errcode = '22004', message = format('%s name must not be NULL', i_kind);
+    end if;
+    if i_name = '' then
+        raise exception using errcode = 'PQ010', message = format('%s name must not be empty', i_kind);
+    end if;
+    if octet_length(i_name) > 63 then
+        raise exception using errcode = 'PQ010',
+            message = format('%s name %s… is %s bytes long; the limit is 63', i_kind,
+                             quote_literal(left(i_name, 40)), octet_length(i_name));
+    end if;
+    if i_name !~ (case when i_allow_slot then '^[A-Za-z0-9_][A-Za-z0-9_.:#/-]*$'
+                       else '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$' end) then
+        if not i_allow_slot and (strpos(i_name, '#') > 0 or strpos(i_name, '/') > 0) then
+            raise exception using errcode = 'PQ010',
+                message = format('%s name %L uses a reserved character: "#" and "/" name slot subscriptions', i_kind, i_name);
+        end if;
+        raise exception using errcode = 'PQ010',
+            message = format('invalid %s name %L: use letters, digits, "_", ".", ":" and "-", starting with a letter, digit or "_"', i_kind, i_name);
+    end if;
+    return i_name;
+end;
+$$;
+
+-- _queue(name): the queue row, or PQ001 (22004 for NULL).
+create or replace function pgque._queue(i_queue text)
+returns pgque.queue language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q pgque.queue;
+begin
+    select * into q from pgque.queue where queue_name = i_queue;
+    if not found then
+        perform pgque._raise_no_queue(i_queue);
+    end if;
+    return q;
+end;
+$$;
+
+-- _raise_no_queue(name): raises 22004 for NULL, PQ001 otherwise.
+create or replace function pgque._raise_no_queue(i_queue text)
+returns void language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_queue is null then
+        raise exception using errcode = '22004', message = 'queue name must not be NULL';
+    end if;
+    raise exception using errcode = 'PQ001', message = format('queue %L does not exist', i_queue);
+end;
+$$;
+
+-- _subscription(queue, consumer): the subscription row, or PQ001/PQ002.
+create or replace function pgque._subscription(i_queue text, i_consumer text)
+returns pgque.subscription language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s pgque.subscription;
+begin
+    select s1.* into s
+      from pgque.subscription s1 join pgque.queue q on q.queue_id = s1.sub_queue
+     where q.queue_name = i_queue and s1.sub_name = i_consumer;
+    if not found then
+        perform pgque._queue(i_queue);
+        perform pgque._not_null('consumer name', i_consumer);
+        raise exception using errcode = 'PQ002',
+            message = format('consumer %L is not subscribed to queue %L', i_consumer, i_queue);
+    end if;
+    return s;
+end;
+$$;
+
+-- _event_table(queue_id, n): the name of a queue's n-th event table.
+create or replace function pgque._event_table(i_queue_id integer, i_n integer)
+returns text language sql immutable
+set search_path = pg_catalog, pg_temp
+as $$ select 'pgque.' || quote_ident('event_' || i_queue_id || '_' || i_n) $$;

@@ -1,0 +1,83 @@
+-- create_queue(queue): creates a queue with its event sequence, its
+-- queue_ntables event tables (attached to pgque.event as partitions) and a
+-- first tick, so that consumers registered now start from a position.
+-- Returns 1 when created, 0 when the queue already existed.
+-- Tables: queue, tick, event partitions.
+create or replace function pgque.create_queue(i_queue text)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_id    integer;
+    v_seq   text;
+    v_tbl   text;
+    v_n     integer;
+    v_ntab  constant integer := 3;
+begin
+    perform pgque._check_name('queue', i_queue);
+    -- Serialize queue creation so two callers cannot race on the name.
+    perform pg_advisory_xact_lock(hashtext('pgque.create_queue'));
+    if exists (select 1 from pgque.queue where queue_name = i_queue) then
+        return 0;
+    end if;
+
+    v_id := nextval('pgque.queue_id_seq');
+    v_seq := 'pgque.' || quote_ident('event_seq_' || v_id);
+    execute format('create sequence %s', v_seq);
+
+    for v_n in 0 .. v_ntab - 1 loop
+        v_tbl := pgque._event_table(v_id, v_n);
+        -- Create standalone, then attach: ATTACH takes only a SHARE UPDATE
+        -- EXCLUSIVE lock on pgque.event, so producers of other queues never
+        -- wait for a queue being created.
+        execute format('create table %s (like pgque.event including defaults)', v_tbl);
+        execute format('alter table %s add constraint %I check (ev_part = %s)',
+                       v_tbl, 'event_' || v_id || '_' || v_n || '_part', v_id * 16 + v_n);
+        execute format('alter table pgque.event attach partition %s for values in (%s)',
+                       v_tbl, v_id * 16 + v_n);
+    end loop;
+
+    insert into pgque.queue (queue_id, queue_name, queue_ntables, queue_event_seq)
+    values (v_id, i_queue, v_ntab, v_seq::regclass);
+
+    insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq)
+    values (v_id, nextval('pgque.tick_id_seq'), clock_timestamp(), pg_current_snapshot(), 0);
+    return 1;
+end;
+$$;
+
+-- drop_queue(queue[, force]): drops a queue, its event tables, ticks,
+-- retries and dead letters. Refuses while consumers are subscribed unless
+-- force is true. Detaching partitions needs a short exclusive lock on
+-- pgque.event; it waits at most 5 seconds for producers to get out of the way.
+-- Returns 1.
+create or replace function pgque.drop_queue(i_queue text, i_force boolean)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q     pgque.queue;
+    v_n   integer;
+    v_sub text;
+begin
+    q := pgque._queue(i_queue);
+    select sub_name into v_sub from pgque.subscription where sub_queue = q.queue_id limit 1;
+    if found and not coalesce(i_force, false) then
+        raise exception using errcode = 'PQ011',
+            message = format('queue %L still has consumers (for example %L); unsubscribe them or drop with force', i_queue, v_sub);
+    end if;
+    perform set_config('lock_timeout', '5s', true);
+    for v_n in 0 .. q.queue_ntables - 1 loop
+        execute format('drop table if exists %s', pgque._event_table(q.queue_id, v_n));
+    end loop;
+    execute format('drop sequence if exists %s', q.queue_event_seq);
+    delete from pgque.tick where tick_queue = q.queue_id;
+    delete from pgque.queue where queue_id = q.queue_id;
+    return 1;
+end;
+$$;
+
+create or replace function pgque.drop_queue(i_queue text)
+returns integer language sql security definer
+set search_path = pg_catalog, pg_temp
+as $$ select pgque.drop_queue(i_queue, false) $$;

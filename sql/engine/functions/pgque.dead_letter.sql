@@ -1,0 +1,80 @@
+-- Dead letters: events that failed more than max_retries times, kept with
+-- the consumer they failed for and the last failure's reason.
+
+-- dlq_list(queue, consumer, max): the oldest dead letters of a queue (of
+-- one consumer when given), at most max rows.
+create or replace function pgque.dlq_list(i_queue text, i_consumer text default null, i_max integer default 100)
+returns table (dl_id bigint, consumer text, dl_time timestamptz, reason text, ev_id bigint,
+               ev_time timestamptz, ev_retry integer, ev_type text, ev_data text,
+               ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text)
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+    q pgque.queue := pgque._queue(i_queue);
+begin
+    if i_max is null or i_max < 0 then
+        raise exception using errcode = 'PQ011', message = format('max must be zero or more, not %s', coalesce(i_max::text, 'NULL'));
+    end if;
+    return query
+        select d.dl_id, d.dl_consumer, d.dl_time, d.dl_reason, d.ev_id, d.ev_time, d.ev_retry,
+               d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4
+          from pgque.dead_letter d
+         where d.dl_queue = q.queue_id and (i_consumer is null or d.dl_consumer = i_consumer)
+         order by d.dl_id
+         limit i_max;
+end;
+$$;
+
+-- dlq_replay(queue, dl_id): puts a dead letter back into the queue for the
+-- consumer it failed for (same ev_id and extra fields, retry count reset to
+-- 0, seen only by that consumer), and removes it from the dead-letter table.
+-- Raises PQ040 when there is no such dead letter, PQ002 when its consumer
+-- is gone. Returns the ev_id.
+create or replace function pgque.dlq_replay(i_queue text, i_dl_id bigint)
+returns bigint language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q pgque.queue := pgque._queue(i_queue);
+    d pgque.dead_letter;
+    s pgque.subscription;
+begin
+    delete from pgque.dead_letter where dl_queue = q.queue_id and dl_id = i_dl_id returning * into d;
+    if not found then
+        raise exception using errcode = 'PQ040',
+            message = format('dead letter %s does not exist in queue %L', coalesce(i_dl_id::text, 'NULL'), i_queue);
+    end if;
+    s := pgque._subscription(i_queue, d.dl_consumer);
+    insert into pgque.event (ev_id, ev_time, ev_part, ev_owner, ev_retry, ev_type, ev_data,
+                             ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+    values (d.ev_id, d.ev_time, q.queue_id * 16 + q.queue_cur_table, s.sub_id, 0, d.ev_type, d.ev_data,
+            d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4);
+    perform nextval(q.queue_event_seq);
+    return d.ev_id;
+end;
+$$;
+
+-- dlq_purge(queue, consumer, older_than): deletes dead letters of a queue
+-- (of one consumer when given) older than older_than. Returns how many.
+create or replace function pgque.dlq_purge(i_queue text, i_consumer text default null,
+                                           i_older_than interval default '0')
+returns bigint language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q   pgque.queue := pgque._queue(i_queue);
+    v_n bigint;
+begin
+    if i_older_than is null or i_older_than < interval '0' then
+        raise exception using errcode = 'PQ011',
+            message = format('older_than must be zero or more, not %s', coalesce(i_older_than::text, 'NULL'));
+    end if;
+    delete from pgque.dead_letter
+     where dl_queue = q.queue_id and (i_consumer is null or dl_consumer = i_consumer)
+       and dl_time <= clock_timestamp() - i_older_than;
+    get diagnostics v_n = row_count;
+    return v_n;
+end;
+$$;

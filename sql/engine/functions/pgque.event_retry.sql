@@ -1,0 +1,97 @@
+-- Retries.
+--
+-- event_retry copies one event of an open batch to retry_queue, owned by the
+-- batch's subscription, with ev_retry + 1; maint_retry_events puts due
+-- copies back into the queue's current event table (same ev_id and extra
+-- fields, a new ev_txid), where only that subscription sees them. An event
+-- that already had max_retries retries goes to dead_letter instead.
+-- A second retry of the same event while a copy is pending is a no-op.
+
+-- _event_retry(batch_id, ev_id, retry_after, reason): returns 1 when the
+-- event was scheduled for retry, 0 when it was dead-lettered.
+create or replace function pgque._event_retry(
+    i_batch_id bigint, i_ev_id bigint, i_retry_after interval, i_reason text)
+returns integer language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s   pgque.subscription := pgque._batch(i_batch_id);
+    b   record;
+    e   record;
+    q   pgque.queue;
+begin
+    if i_ev_id is null or i_retry_after is null then
+        raise exception using errcode = '22004', message = 'event id and retry delay must not be NULL';
+    end if;
+    if i_retry_after < interval '0' then
+        raise exception using errcode = 'PQ011', message = format('retry delay must not be negative, not %s', i_retry_after);
+    end if;
+    b := pgque._batch_bounds(s);
+    execute pgque._batch_query(null)
+       into e
+      using b.o_part_lo, b.o_part_hi, b.o_prev_xmax, b.o_cur_xmax, b.o_prev_xip, b.o_cur_snap,
+            s.sub_id, i_ev_id;
+    if e.ev_id is null then
+        raise exception using errcode = 'PQ022', message = format('event %s is not in batch %s', i_ev_id, i_batch_id);
+    end if;
+    select * into q from pgque.queue where queue_id = s.sub_queue;
+
+    if coalesce(e.ev_retry, 0) >= q.queue_max_retries then
+        insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_txid, ev_retry,
+                                       ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+        values (s.sub_queue, s.sub_name, i_reason, e.ev_id, e.ev_time, e.ev_txid::text::xid8, coalesce(e.ev_retry, 0),
+                e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4);
+        return 0;
+    end if;
+    insert into pgque.retry_queue (ev_owner, ev_id, ev_queue, ev_retry_after, ev_time, ev_retry,
+                                   ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+    values (s.sub_id, e.ev_id, s.sub_queue, clock_timestamp() + i_retry_after, e.ev_time,
+            coalesce(e.ev_retry, 0) + 1, e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4)
+    on conflict (ev_owner, ev_id) do nothing;
+    return 1;
+end;
+$$;
+
+-- event_retry(batch_id, ev_id, retry_seconds): PgQ's retry call.
+-- Returns 1 when scheduled for retry, 0 when dead-lettered.
+create or replace function pgque.event_retry(i_batch_id bigint, i_ev_id bigint, i_retry_seconds integer)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_retry_seconds is null then
+        raise exception using errcode = '22004', message = 'retry seconds must not be NULL';
+    end if;
+    return pgque._event_retry(i_batch_id, i_ev_id, make_interval(secs => i_retry_seconds), null);
+end;
+$$;
+
+-- maint_retry_events(): moves every due retry back into its queue's current
+-- event table, in one statement (nothing due is left behind), then advances
+-- each affected queue's event sequence by one so the ticker sees pending
+-- work and ticks within ticker_max_lag. Returns the number of events moved.
+create or replace function pgque.maint_retry_events()
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_n      integer;
+    v_queues integer[];
+begin
+    with due as (
+        delete from pgque.retry_queue r
+         where r.ev_retry_after <= clock_timestamp()
+        returning r.*
+    ), moved as (
+        insert into pgque.event (ev_id, ev_time, ev_part, ev_owner, ev_retry, ev_type, ev_data,
+                                 ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+        select d.ev_id, d.ev_time, q.queue_id * 16 + q.queue_cur_table, d.ev_owner, d.ev_retry,
+               d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4
+          from due d join pgque.queue q on q.queue_id = d.ev_queue
+        returning ev_part
+    )
+    select count(*), array_agg(distinct m.ev_part / 16) into v_n, v_queues from moved m;
+    perform nextval(q.queue_event_seq) from pgque.queue q where q.queue_id = any(v_queues);
+    return v_n;
+end;
+$$;

@@ -1,0 +1,40 @@
+-- _insert_event(queue, type, data, extra1..4): the one place an event is
+-- written. One lookup of the queue row, one INSERT into its current event
+-- table; no other write, no lock beyond the insert's own. Static SQL, so
+-- PL/pgSQL caches the plan. Returns the new ev_id.
+-- Not granted: callers are insert_event and the api layer's send.
+create or replace function pgque._insert_event(
+    i_queue text, i_type text, i_data text,
+    i_extra1 text, i_extra2 text, i_extra3 text, i_extra4 text)
+returns bigint language plpgsql
+as $$
+declare
+    v_part integer;
+    v_seq  regclass;
+    v_id   bigint;
+begin
+    select queue_id * 16 + queue_cur_table, queue_event_seq into v_part, v_seq
+      from pgque.queue where queue_name = i_queue;
+    if not found then
+        perform pgque._raise_no_queue(i_queue);
+    end if;
+    v_id := nextval(v_seq);
+    insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+    values (v_id, v_part, i_type, i_data, i_extra1, i_extra2, i_extra3, i_extra4);
+    return v_id;
+end;
+$$;
+
+-- insert_event(queue, type, data[, extra1, extra2, extra3, extra4]): PgQ's
+-- producer call. Returns the ev_id.
+create or replace function pgque.insert_event(
+    i_queue text, i_type text, i_data text,
+    i_extra1 text, i_extra2 text, i_extra3 text, i_extra4 text)
+returns bigint language sql security definer
+set search_path = pg_catalog, pg_temp
+as $$ select pgque._insert_event(i_queue, i_type, i_data, i_extra1, i_extra2, i_extra3, i_extra4) $$;
+
+create or replace function pgque.insert_event(i_queue text, i_type text, i_data text)
+returns bigint language sql security definer
+set search_path = pg_catalog, pg_temp
+as $$ select pgque._insert_event(i_queue, i_type, i_data, null, null, null, null) $$;

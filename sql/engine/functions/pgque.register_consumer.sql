@@ -1,0 +1,44 @@
+-- register_consumer(queue, consumer): subscribes consumer to queue. The new
+-- subscription starts at the queue's latest tick: it receives the events
+-- committed after that tick. Returns 1 when new, 0 when it existed.
+-- Tables: subscription (insert).
+create or replace function pgque.register_consumer(i_queue text, i_consumer text)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q      pgque.queue := pgque._queue(i_queue);
+    v_tick bigint;
+    v_id   integer;
+begin
+    perform pgque._check_name('consumer', i_consumer, true);
+    if exists (select 1 from pgque.subscription where sub_queue = q.queue_id and sub_name = i_consumer) then
+        return 0;
+    end if;
+    select tick_id into v_tick from pgque.tick where tick_queue = q.queue_id order by tick_id desc limit 1;
+    begin
+        v_id := nextval('pgque.subscription_id_seq');
+    exception when sequence_generator_limit_exceeded then
+        raise exception using errcode = 'PQ011', message = 'too many subscriptions were ever created (limit 1048575)';
+    end;
+    insert into pgque.subscription (sub_id, sub_queue, sub_name, sub_last_tick)
+    values (v_id, q.queue_id, i_consumer, v_tick)
+    on conflict (sub_queue, sub_name) do nothing;
+    return case when found then 1 else 0 end;
+end;
+$$;
+
+-- unregister_consumer(queue, consumer): removes the subscription, its open
+-- batch and its pending retries. Raises PQ002 when it does not exist.
+-- Returns 1.
+create or replace function pgque.unregister_consumer(i_queue text, i_consumer text)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s pgque.subscription := pgque._subscription(i_queue, i_consumer);
+begin
+    delete from pgque.subscription where sub_id = s.sub_id;
+    return 1;
+end;
+$$;

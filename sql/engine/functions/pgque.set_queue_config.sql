@@ -1,0 +1,56 @@
+-- set_queue_config(queue, param, value): changes one queue setting. Accepts
+-- PgQ's names with or without the "queue_" prefix: ticker_max_count
+-- (integer >= 1), ticker_max_lag (interval >= 0), ticker_idle_period
+-- (interval > 0), rotation_period (interval > 0), max_retries
+-- (integer >= 0). Raises PQ012 for an unknown parameter and PQ011 for a
+-- value that does not parse or is out of range. Returns 1.
+create or replace function pgque.set_queue_config(i_queue text, i_param text, i_value text)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q       pgque.queue := pgque._queue(i_queue);
+    v_param text := regexp_replace(coalesce(i_param, ''), '^queue_', '');
+    v_int   bigint;
+    v_ivl   interval;
+begin
+    if i_param is null or i_value is null then
+        raise exception using errcode = '22004', message = 'config parameter and value must not be NULL';
+    end if;
+    if v_param in ('ticker_max_count', 'max_retries') then
+        begin
+            v_int := i_value::bigint;
+        exception when others then
+            raise exception using errcode = 'PQ011', message = format('%s must be an integer, not %L', v_param, i_value);
+        end;
+        if v_int < (case v_param when 'ticker_max_count' then 1 else 0 end) or v_int > 1000000000 then
+            raise exception using errcode = 'PQ011',
+                message = format('%s must be between %s and 1000000000, not %s', v_param,
+                                 case v_param when 'ticker_max_count' then 1 else 0 end, v_int);
+        end if;
+    elsif v_param in ('ticker_max_lag', 'ticker_idle_period', 'rotation_period') then
+        begin
+            v_ivl := i_value::interval;
+        exception when others then
+            raise exception using errcode = 'PQ011', message = format('%s must be an interval, not %L', v_param, i_value);
+        end;
+        if v_ivl < interval '0' or (v_param <> 'ticker_max_lag' and v_ivl = interval '0') then
+            raise exception using errcode = 'PQ011',
+                message = format('%s must be %s, not %s', v_param,
+                                 case v_param when 'ticker_max_lag' then 'zero or more' else 'positive' end, i_value);
+        end if;
+    else
+        raise exception using errcode = 'PQ012',
+            message = format('unknown queue parameter %L; known: ticker_max_count, ticker_max_lag, ticker_idle_period, rotation_period, max_retries', i_param);
+    end if;
+
+    update pgque.queue set
+        queue_ticker_max_count   = case when v_param = 'ticker_max_count' then v_int::integer else queue_ticker_max_count end,
+        queue_max_retries        = case when v_param = 'max_retries' then v_int::integer else queue_max_retries end,
+        queue_ticker_max_lag     = case when v_param = 'ticker_max_lag' then v_ivl else queue_ticker_max_lag end,
+        queue_ticker_idle_period = case when v_param = 'ticker_idle_period' then v_ivl else queue_ticker_idle_period end,
+        queue_rotation_period    = case when v_param = 'rotation_period' then v_ivl else queue_rotation_period end
+     where queue_id = q.queue_id;
+    return 1;
+end;
+$$;

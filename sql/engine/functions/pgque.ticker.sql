@@ -1,0 +1,151 @@
+-- Ticks.
+--
+-- A tick records a queue position: pg_current_snapshot() and the event
+-- sequence's value. A batch is the events committed between two ticks, so
+-- tick snapshots of one queue must only move forward. The ticker therefore
+-- locks the queue row first and takes the snapshot in a later statement
+-- (a fresh READ COMMITTED snapshot, taken after any concurrent tick
+-- committed), and refuses to run under REPEATABLE READ or SERIALIZABLE,
+-- whose snapshot could predate the previous tick.
+
+-- _tick_due(queue, last tick, now): whether a tick is due.
+create or replace function pgque._tick_due(q pgque.queue, t pgque.tick, i_force boolean)
+returns boolean language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_seq bigint := coalesce(pg_sequence_last_value(q.queue_event_seq), 0);
+    v_age interval := clock_timestamp() - t.tick_time;
+begin
+    return i_force
+        or v_seq - t.tick_event_seq >= q.queue_ticker_max_count
+        or (v_seq > t.tick_event_seq and v_age >= q.queue_ticker_max_lag)
+        or v_age >= q.queue_ticker_idle_period;
+end;
+$$;
+
+-- _tick(queue_id, force): makes a tick for one queue when one is due.
+-- Reads without locking first, so polling idle queues writes nothing.
+-- Returns the new tick id or NULL. Notifies channel "pgque" with the queue
+-- name, so consumers can wake up at once.
+create or replace function pgque._tick(i_queue_id integer, i_force boolean)
+returns bigint language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q      pgque.queue;
+    t      pgque.tick;
+    v_tick bigint;
+begin
+    if current_setting('transaction_isolation') <> 'read committed' then
+        raise exception using errcode = 'PQ011',
+            message = format('the ticker must run in READ COMMITTED, not %s', current_setting('transaction_isolation'));
+    end if;
+    select * into q from pgque.queue where queue_id = i_queue_id;
+    select * into t from pgque.tick where tick_queue = i_queue_id order by tick_id desc limit 1;
+    if not pgque._tick_due(q, t, i_force) then
+        return null;
+    end if;
+
+    select * into q from pgque.queue where queue_id = i_queue_id for no key update;
+    select * into t from pgque.tick where tick_queue = i_queue_id order by tick_id desc limit 1;
+    if not pgque._tick_due(q, t, i_force) then
+        return null;
+    end if;
+
+    v_tick := nextval('pgque.tick_id_seq');
+    insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq)
+    values (i_queue_id, v_tick, clock_timestamp(), pg_current_snapshot(),
+            coalesce(pg_sequence_last_value(q.queue_event_seq), 0));
+    perform pg_notify('pgque', q.queue_name);
+    return v_tick;
+end;
+$$;
+
+-- ticker(queue): ticks one queue if a tick is due (event count reached
+-- ticker_max_count, events pending for ticker_max_lag, or
+-- ticker_idle_period passed). Returns the tick id or NULL.
+create or replace function pgque.ticker(i_queue text)
+returns bigint language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    return pgque._tick((pgque._queue(i_queue)).queue_id, false);
+end;
+$$;
+
+-- ticker(): ticks every queue that is due. Returns how many were ticked.
+create or replace function pgque.ticker()
+returns bigint language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_id integer;
+    v_n  bigint := 0;
+begin
+    for v_id in select queue_id from pgque.queue order by queue_id loop
+        if pgque._tick(v_id, false) is not null then
+            v_n := v_n + 1;
+        end if;
+    end loop;
+    return v_n;
+end;
+$$;
+
+-- force_next_tick(queue): makes the next ticker call tick, as in PgQ, by
+-- advancing the event sequence by ticker_max_count. Returns the new
+-- sequence value.
+create or replace function pgque.force_next_tick(i_queue text)
+returns bigint language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q pgque.queue := pgque._queue(i_queue);
+begin
+    return setval(q.queue_event_seq,
+                  coalesce(pg_sequence_last_value(q.queue_event_seq), 0) + q.queue_ticker_max_count);
+end;
+$$;
+
+-- ticker_lead(worker, ttl): leader election for ticker daemons. Returns
+-- true when worker holds the single ticker lease (renewing it when less than
+-- half of ttl is left, taking it over when free or expired).
+create or replace function pgque.ticker_lead(i_worker text, i_ttl interval)
+returns boolean language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    l   pgque.ticker_lease;
+    v_now timestamptz := clock_timestamp();
+begin
+    if i_worker is null or i_worker = '' then
+        raise exception using errcode = 'PQ011', message = 'ticker worker id must not be NULL or empty';
+    end if;
+    if i_ttl is null or i_ttl <= interval '0' then
+        raise exception using errcode = 'PQ011', message = format('ticker lease ttl must be positive, not %s', coalesce(i_ttl::text, 'NULL'));
+    end if;
+    select * into l from pgque.ticker_lease;
+    if found and l.owner = i_worker and l.lease_until - v_now > i_ttl / 2 then
+        return true;
+    end if;
+    insert into pgque.ticker_lease as tl (singleton, owner, lease_until, epoch)
+    values (true, i_worker, v_now + i_ttl, 1)
+    on conflict (singleton) do update
+       set owner = excluded.owner,
+           lease_until = excluded.lease_until,
+           epoch = tl.epoch + case when tl.owner is not distinct from excluded.owner then 0 else 1 end
+     where tl.owner = excluded.owner or tl.owner is null or tl.lease_until < v_now;
+    return found;
+end;
+$$;
+
+-- ticker_resign(worker): gives the ticker lease up if worker holds it.
+create or replace function pgque.ticker_resign(i_worker text)
+returns boolean language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    update pgque.ticker_lease set owner = null, lease_until = null where owner = i_worker;
+    return found;
+end;
+$$;

@@ -1,0 +1,45 @@
+-- Engine privileges. Nothing is executable by PUBLIC; the layers above
+-- re-run the blanket revoke for their own functions.
+revoke all on all functions in schema pgque from public;
+revoke all on all tables in schema pgque from public;
+revoke all on all sequences in schema pgque from public;
+
+grant execute on function
+    pgque.insert_event(text, text, text),
+    pgque.insert_event(text, text, text, text, text, text, text)
+    to pgque_writer, pgque_admin;
+
+grant execute on function
+    pgque.register_consumer(text, text),
+    pgque.unregister_consumer(text, text),
+    pgque.next_batch(text, text),
+    pgque.get_batch_events(bigint),
+    pgque.finish_batch(bigint),
+    pgque.event_retry(bigint, bigint, integer),
+    pgque.dlq_list(text, text, integer)
+    to pgque_reader, pgque_admin;
+
+grant execute on function
+    pgque.get_queue_info(text),
+    pgque.get_consumer_info(text, text)
+    to pgque_reader, pgque_writer, pgque_admin;
+
+-- get_batch_cursor pastes extra_where into SQL: owner and admin only.
+grant execute on function
+    pgque.create_queue(text),
+    pgque.drop_queue(text),
+    pgque.drop_queue(text, boolean),
+    pgque.ticker(),
+    pgque.ticker(text),
+    pgque.force_next_tick(text),
+    pgque.ticker_lead(text, interval),
+    pgque.ticker_resign(text),
+    pgque.get_batch_cursor(bigint, text, integer, text),
+    pgque.maint_retry_events(),
+    pgque.maint(),
+    pgque.set_queue_config(text, text, text),
+    pgque.dlq_replay(text, bigint),
+    pgque.dlq_purge(text, text, interval)
+    to pgque_admin;
+
+grant select on all tables in schema pgque to pgque_admin;

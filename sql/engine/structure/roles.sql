@@ -1,0 +1,28 @@
+-- Roles.
+--
+-- pgque_reader consumes, pgque_writer produces, pgque_admin does both plus
+-- DDL and maintenance. Roles are cluster-wide: they are created here only
+-- when missing, which needs CREATEROLE. An owner without CREATEROLE can
+-- install once a DBA has created the three roles (NOLOGIN is enough).
+do $roles$
+declare
+    r text;
+begin
+    foreach r in array array['pgque_reader', 'pgque_writer', 'pgque_admin'] loop
+        if not exists (select 1 from pg_catalog.pg_roles where rolname = r) then
+            begin
+                execute pg_catalog.format('create role %I nologin', r);
+            exception when insufficient_privilege then
+                raise exception using
+                    errcode = '42501',
+                    message = pg_catalog.format('role %s does not exist and the installing role may not create it', r),
+                    hint = 'create the roles pgque_reader, pgque_writer and pgque_admin first (CREATE ROLE ... NOLOGIN), or install as a role with CREATEROLE';
+            end;
+        end if;
+    end loop;
+end
+$roles$;
+
+create schema if not exists pgque;
+revoke all on schema pgque from public;
+grant usage on schema pgque to pgque_reader, pgque_writer, pgque_admin;

@@ -1,0 +1,127 @@
+-- Engine tables.
+--
+-- Event storage is one list-partitioned table, pgque.event: every queue owns
+-- a fixed number (queue_ntables, 3) of partitions used round-robin, named
+-- event_<queue_id>_<n> and holding ev_part = queue_id * 16 + n. Producers
+-- only ever INSERT into it; rotation reclaims space by TRUNCATE of a whole
+-- partition. No row of an event table is ever updated or deleted.
+--
+-- Metadata tables (tick, subscription) are small and written once per tick
+-- and per batch. subscription is updated in place with fillfactor 50 and no
+-- index on the columns that change, so its updates stay HOT.
+
+create table if not exists pgque.version (
+    singleton    boolean primary key default true check (singleton),
+    version      text not null,
+    installed_at timestamptz not null default now()
+);
+
+create table if not exists pgque.queue (
+    queue_id                 integer primary key,
+    queue_name               text not null unique,
+    queue_ntables            integer not null default 3,
+    queue_cur_table          integer not null default 0,
+    queue_event_seq          regclass not null,
+    queue_rotation_period    interval not null default '2 hours',
+    queue_switch_time        timestamptz not null default now(),
+    queue_ticker_max_count   integer not null default 500,
+    queue_ticker_max_lag     interval not null default '10 milliseconds',
+    queue_ticker_idle_period interval not null default '60 seconds',
+    queue_max_retries        integer not null default 5,
+    queue_created            timestamptz not null default now()
+);
+
+create sequence if not exists pgque.queue_id_seq;
+create sequence if not exists pgque.tick_id_seq;
+create sequence if not exists pgque.batch_id_seq;
+create sequence if not exists pgque.subscription_id_seq maxvalue 1048575;
+
+-- The parent of every queue's event tables. ev_txid is the producing
+-- transaction; batches are cut by comparing it with tick snapshots.
+create table if not exists pgque.event (
+    ev_id     bigint not null,
+    ev_time   timestamptz not null default now(),
+    ev_txid   xid8 not null default pg_current_xact_id(),
+    ev_part   integer not null,
+    ev_owner  integer,
+    ev_retry  integer,
+    ev_type   text,
+    ev_data   text,
+    ev_extra1 text,
+    ev_extra2 text,
+    ev_extra3 text,
+    ev_extra4 text
+) partition by list (ev_part);
+
+create index if not exists event_txid_idx on pgque.event (ev_txid);
+
+-- A tick is a queue position: the snapshot and event sequence at a moment.
+create table if not exists pgque.tick (
+    tick_queue     integer not null,
+    tick_id        bigint not null,
+    tick_time      timestamptz not null,
+    tick_snapshot  pg_snapshot not null,
+    tick_event_seq bigint not null,
+    primary key (tick_queue, tick_id)
+);
+
+-- A subscription is (queue, consumer) with a cursor. While a batch is open,
+-- sub_batch and sub_next_tick are set. Batch ids embed sub_id in their low
+-- 20 bits, so finding a batch's subscription needs no index on sub_batch.
+create table if not exists pgque.subscription (
+    sub_id         integer primary key,
+    sub_queue      integer not null references pgque.queue (queue_id) on delete cascade,
+    sub_name       text not null,
+    sub_last_tick  bigint not null,
+    sub_next_tick  bigint,
+    sub_batch      bigint,
+    sub_active     timestamptz not null default now(),
+    sub_registered timestamptz not null default now(),
+    unique (sub_queue, sub_name)
+) with (fillfactor = 50);
+
+-- Events set aside by event_retry until ev_retry_after, for one subscription.
+create table if not exists pgque.retry_queue (
+    ev_owner       integer not null references pgque.subscription (sub_id) on delete cascade,
+    ev_id          bigint not null,
+    ev_queue       integer not null,
+    ev_retry_after timestamptz not null,
+    ev_time        timestamptz not null,
+    ev_retry       integer not null,
+    ev_type        text,
+    ev_data        text,
+    ev_extra1      text,
+    ev_extra2      text,
+    ev_extra3      text,
+    ev_extra4      text,
+    primary key (ev_owner, ev_id)
+);
+create index if not exists retry_queue_due_idx on pgque.retry_queue (ev_retry_after);
+
+-- Events that failed more than the queue's max_retries times.
+create table if not exists pgque.dead_letter (
+    dl_id       bigint generated always as identity primary key,
+    dl_queue    integer not null references pgque.queue (queue_id) on delete cascade,
+    dl_consumer text not null,
+    dl_time     timestamptz not null default now(),
+    dl_reason   text,
+    ev_id       bigint not null,
+    ev_time     timestamptz not null,
+    ev_txid     xid8,
+    ev_retry    integer not null,
+    ev_type     text,
+    ev_data     text,
+    ev_extra1   text,
+    ev_extra2   text,
+    ev_extra3   text,
+    ev_extra4   text
+);
+create index if not exists dead_letter_consumer_idx on pgque.dead_letter (dl_queue, dl_consumer, dl_id);
+
+-- The single ticker lease: whichever ticker daemon holds it ticks.
+create table if not exists pgque.ticker_lease (
+    singleton   boolean primary key default true check (singleton),
+    owner       text,
+    lease_until timestamptz,
+    epoch       bigint not null default 0
+);

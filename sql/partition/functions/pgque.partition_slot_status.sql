@@ -1,0 +1,45 @@
+-- _slot_pending(sub_id, slot, nslots): events of one slot committed after
+-- its cursor (pending, including retried copies owned by it) and the age of
+-- the oldest. Reads the index range above the cursor's xmin only.
+create or replace function pgque._slot_pending(i_sub integer, i_slot integer, i_nslots integer,
+                                               out o_lag bigint, out o_oldest interval)
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s pgque.subscription;
+    v_snap pg_snapshot;
+begin
+    select * into s from pgque.subscription where sub_id = i_sub;
+    select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
+    select count(*), clock_timestamp() - min(e.ev_time) into o_lag, o_oldest
+      from pgque.event e
+     where e.ev_part >= s.sub_queue * 16 and e.ev_part < s.sub_queue * 16 + 16
+       and e.ev_txid >= pg_snapshot_xmin(v_snap)
+       and not pg_visible_in_snapshot(e.ev_txid, v_snap)
+       and (e.ev_owner is null or e.ev_owner = s.sub_id)
+       and pgque.slot_of(e.ev_extra1, i_nslots) = i_slot;
+end;
+$$;
+
+-- partition_slot_status: one row per slot: its lease (owner is NULL once the
+-- lease expired), epoch, lag (pending events of that slot, not of the whole
+-- stream) and the age of its oldest pending event.
+create or replace view pgque.partition_slot_status as
+select q.queue_name      as queue,
+       l.sl_consumer     as consumer,
+       l.sl_slot         as slot,
+       g.sg_nslots       as nslots,
+       case when l.sl_until > clock_timestamp() then l.sl_owner end as owner,
+       l.sl_until        as lease_until,
+       l.sl_epoch        as epoch,
+       p.o_lag           as lag,
+       p.o_oldest        as oldest_pending_age,
+       g.sg_policy       as policy,
+       s.sub_batch       as open_batch,
+       clock_timestamp() - s.sub_active as last_active
+  from pgque.slot_lease l
+  join pgque.slot_group g on g.sg_queue = l.sl_queue and g.sg_consumer = l.sl_consumer
+  join pgque.queue q on q.queue_id = l.sl_queue
+  join pgque.subscription s on s.sub_id = l.sl_sub
+  cross join lateral pgque._slot_pending(l.sl_sub, l.sl_slot, g.sg_nslots) p;

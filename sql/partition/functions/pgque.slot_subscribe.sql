@@ -1,0 +1,137 @@
+-- Slots.
+--
+-- Slot k of N for consumer c is its own engine subscription "c#k/N" with
+-- its own cursor, so slots never lose each other's events. Slot k receives
+-- exactly the events whose partition key hashes to k (NULL keys: slot 0),
+-- through the engine's extra_where hook.
+
+-- _check_slot(slot, nslots): validates slot numbers (PQ011, 22004).
+create or replace function pgque._check_slot(i_slot integer, i_nslots integer)
+returns void language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_slot is null or i_nslots is null then
+        raise exception using errcode = '22004', message = 'slot and nslots must not be NULL';
+    end if;
+    if i_nslots < 1 or i_nslots > 1024 then
+        raise exception using errcode = 'PQ011', message = format('nslots must be between 1 and 1024, not %s', i_nslots);
+    end if;
+    if i_slot < 0 or i_slot >= i_nslots then
+        raise exception using errcode = 'PQ011',
+            message = format('slot must be between 0 and %s for %s slots, not %s', i_nslots - 1, i_nslots, i_slot);
+    end if;
+end;
+$$;
+
+-- _slot_name(consumer, slot, nslots): the slot's subscription name.
+create or replace function pgque._slot_name(i_consumer text, i_slot integer, i_nslots integer)
+returns text language sql immutable
+set search_path = pg_catalog, pg_temp
+as $$ select i_consumer || '#' || i_slot || '/' || i_nslots $$;
+
+-- _slot_filter(slot, nslots): the routing predicate for extra_where, built
+-- from two validated integers only; NULL (no filter) when nslots is 1.
+create or replace function pgque._slot_filter(i_slot integer, i_nslots integer)
+returns text language sql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+    select case when i_nslots = 1 then null else
+        format('(case when ev_extra1 is null then 0 else (pg_catalog.hashtextextended(ev_extra1, 0) %% %s + %s) %% %s end) = %s',
+               i_nslots::integer, i_nslots::integer, i_nslots::integer, i_slot::integer)
+    end
+$$;
+
+-- slot_of(key, nslots): the slot a partition key maps to (G1). Lets
+-- operators and tests ask where a key goes.
+create or replace function pgque.slot_of(i_key text, i_nslots integer)
+returns integer language sql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+    select case when i_key is null then 0
+                else ((hashtextextended(i_key, 0) % i_nslots + i_nslots) % i_nslots)::integer end
+$$;
+
+-- _slot_group(queue_id, consumer, nslots): checks N against the persisted
+-- one, raising PQ030 on a mismatch and PQ034 when none is persisted.
+create or replace function pgque._slot_group(i_queue text, i_consumer text, i_nslots integer)
+returns pgque.slot_group language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    g pgque.slot_group;
+begin
+    select g1.* into g from pgque.slot_group g1 join pgque.queue q on q.queue_id = g1.sg_queue
+     where q.queue_name = i_queue and g1.sg_consumer = i_consumer;
+    if not found then
+        perform pgque._queue(i_queue);
+        raise exception using errcode = 'PQ034',
+            message = format('consumer %L has no slots on queue %L; call subscribe_slot first', i_consumer, i_queue);
+    end if;
+    if g.sg_nslots <> i_nslots then
+        raise exception using errcode = 'PQ030',
+            message = format('consumer %L on queue %L has %s slots, not %s', i_consumer, i_queue, g.sg_nslots, i_nslots);
+    end if;
+    return g;
+end;
+$$;
+
+-- subscribe_slot(queue, consumer, slot, nslots): subscribes one slot.
+-- Persists N for (queue, consumer) with the first slot; another N raises
+-- PQ030. Idempotent. Returns 1 when the slot is new, 0 when it existed.
+create or replace function pgque.subscribe_slot(i_queue text, i_consumer text, i_slot integer, i_nslots integer)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q     pgque.queue := pgque._queue(i_queue);
+    v_new integer;
+    v_sub integer;
+begin
+    perform pgque._check_name('consumer', i_consumer);
+    perform pgque._check_slot(i_slot, i_nslots);
+    insert into pgque.slot_group (sg_queue, sg_consumer, sg_nslots)
+    values (q.queue_id, i_consumer, i_nslots)
+    on conflict do nothing;
+    perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for update;
+    perform pgque._slot_group(i_queue, i_consumer, i_nslots);
+
+    v_new := pgque.register_consumer(i_queue, pgque._slot_name(i_consumer, i_slot, i_nslots));
+    select sub_id into v_sub from pgque.subscription
+     where sub_queue = q.queue_id and sub_name = pgque._slot_name(i_consumer, i_slot, i_nslots);
+    insert into pgque.slot_lease (sl_queue, sl_consumer, sl_slot, sl_sub)
+    values (q.queue_id, i_consumer, i_slot, v_sub)
+    on conflict do nothing;
+    return v_new;
+end;
+$$;
+
+-- unsubscribe_slot(queue, consumer, slot, nslots): removes one slot with
+-- its subscription, lease, open batch and retries. When the last slot goes,
+-- N is released. Returns 1 when removed, 0 when it was not subscribed.
+create or replace function pgque.unsubscribe_slot(i_queue text, i_consumer text, i_slot integer, i_nslots integer)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q pgque.queue := pgque._queue(i_queue);
+begin
+    perform pgque._check_name('consumer', i_consumer);
+    perform pgque._check_slot(i_slot, i_nslots);
+    perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for update;
+    if not found then
+        return 0;
+    end if;
+    perform pgque._slot_group(i_queue, i_consumer, i_nslots);
+    delete from pgque.subscription
+     where sub_queue = q.queue_id and sub_name = pgque._slot_name(i_consumer, i_slot, i_nslots);
+    if not found then
+        return 0;
+    end if;
+    delete from pgque.slot_group g
+     where g.sg_queue = q.queue_id and g.sg_consumer = i_consumer
+       and not exists (select 1 from pgque.slot_lease l
+                        where l.sl_queue = g.sg_queue and l.sl_consumer = g.sg_consumer);
+    return 1;
+end;
+$$;

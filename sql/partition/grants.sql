@@ -1,0 +1,18 @@
+-- Partition layer privileges. Readers reach get_batch_cursor only through
+-- these SECURITY DEFINER functions, which own it together with the engine.
+revoke all on all functions in schema pgque from public;
+revoke all on all tables in schema pgque from public;
+
+grant execute on function
+    pgque.subscribe_slot(text, text, integer, integer),
+    pgque.unsubscribe_slot(text, text, integer, integer),
+    pgque.claim_slot(text, text, integer, text, interval),
+    pgque.release_slot(text, text, integer, text),
+    pgque.receive_partitioned(text, text, integer, integer, text, integer),
+    pgque.ack_partitioned(text, text, integer, integer, text),
+    pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text),
+    pgque.slot_of(text, integer)
+    to pgque_reader, pgque_admin;
+
+grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
+grant select on pgque.partition_slot_status to pgque_reader, pgque_writer, pgque_admin;
