@@ -1,0 +1,38 @@
+# pgque's everyday commands. Run `make help` for the list.
+#
+# Tests and the demo start a throwaway PostgreSQL from the server binaries
+# installed on this machine (see internal/pgcluster), or use the database in
+# PGQUE_TEST_DSN when it is set.
+
+export PATH := /usr/local/go/bin:$(PATH)
+
+GO       ?= go
+FUZZTIME ?= 30s
+
+.PHONY: help test lint demo bench fuzz
+
+help: ## List the targets.
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-6s %s\n", $$1, $$2}'
+
+test: ## Vet, then run every test with the race detector.
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 25m ./...
+
+lint: ## Check formatting (gofmt) and run go vet.
+	@unformatted="$$(gofmt -l .)"; \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+demo: ## Start a throwaway Postgres and run the multi-tenant workload end to end.
+	$(GO) run ./cmd/pgque demo
+
+bench: ## Run the benchmarks and print their ratios.
+	$(GO) run ./cmd/pgque bench
+
+fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
+	@for pkg in $$($(GO) list ./...); do \
+		for target in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+			echo "== $$pkg $$target"; \
+			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done

@@ -1,0 +1,18 @@
+// Package install applies pgque's embedded SQL to a database.
+//
+// Install runs the whole install script (package sqlfiles) in one
+// transaction, after taking a transaction-scoped advisory lock so that
+// concurrent installers (several app instances starting at once) run one
+// after the other instead of racing on catalog rows. The script is written
+// idempotently, so the same call installs a fresh database and upgrades an
+// existing one in place; the schema version it records in pgque.version is
+// what InstalledVersion reads back.
+//
+// Install works for any role that may create a schema in the database (for
+// instance the database owner) and may create the pgque_* roles, or finds
+// them already created; it needs no superuser.
+//
+// Uninstall drops the pgque schema with everything in it and, when asked,
+// the pgque_reader, pgque_writer and pgque_admin roles that nothing else
+// uses any more.
+package install

@@ -1,0 +1,150 @@
+package install_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque/internal/install"
+	"github.com/pgque/pgque/internal/pgtest"
+	sqlfiles "github.com/pgque/pgque/sql"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// setup returns a connection to a fresh, empty database.
+func setup(t *testing.T) (context.Context, *pgx.Conn) {
+	t.Helper()
+	return context.Background(), pgtest.Conn(t, pgtest.NewDB(t))
+}
+
+// version reads InstalledVersion, failing the test on error.
+func version(t *testing.T, ctx context.Context, q install.Querier) string {
+	t.Helper()
+	v, err := install.InstalledVersion(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// schemaFingerprint counts the objects in schema pgque, so two installs can
+// be compared.
+func schemaFingerprint(t *testing.T, ctx context.Context, conn *pgx.Conn) [3]int {
+	t.Helper()
+	var f [3]int
+	err := conn.QueryRow(ctx, `select
+		(select count(*) from pg_catalog.pg_proc where pronamespace = 'pgque'::regnamespace),
+		(select count(*) from pg_catalog.pg_class where relnamespace = 'pgque'::regnamespace),
+		(select count(*) from pg_catalog.pg_type where typnamespace = 'pgque'::regnamespace)`).
+		Scan(&f[0], &f[1], &f[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestInstallFresh(t *testing.T) {
+	t.Parallel()
+	ctx, conn := setup(t)
+	if v := version(t, ctx, conn); v != "" {
+		t.Fatalf("InstalledVersion on an empty database = %q, want \"\"", v)
+	}
+	res, err := install.Install(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Fresh() || res.Version != sqlfiles.Version {
+		t.Errorf("Install = %+v, want a fresh install of %s", res, sqlfiles.Version)
+	}
+	if v := version(t, ctx, conn); v != sqlfiles.Version {
+		t.Errorf("InstalledVersion = %q, want %q", v, sqlfiles.Version)
+	}
+}
+
+func TestInstallTwiceIsIdempotent(t *testing.T) {
+	t.Parallel()
+	ctx, conn := setup(t)
+	if _, err := install.Install(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	before := schemaFingerprint(t, ctx, conn)
+	res, err := install.Install(ctx, conn)
+	if err != nil {
+		t.Fatalf("second Install: %v", err)
+	}
+	if res.Previous != sqlfiles.Version || res.Version != sqlfiles.Version || res.Fresh() {
+		t.Errorf("second Install = %+v, want an upgrade from %s to itself", res, sqlfiles.Version)
+	}
+	if after := schemaFingerprint(t, ctx, conn); after != before {
+		t.Errorf("objects in schema pgque (functions, relations, types): %v after the first install, %v after the second", before, after)
+	}
+}
+
+func TestConcurrentInstallsSerialize(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.NewDB(t))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = install.Install(ctx, pool) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("installer %d: %v", i, err)
+		}
+	}
+	if v := version(t, ctx, pool); v != sqlfiles.Version {
+		t.Errorf("InstalledVersion = %q, want %q", v, sqlfiles.Version)
+	}
+}
+
+func TestInstallInCallersTransaction(t *testing.T) {
+	t.Parallel()
+	ctx, conn := setup(t)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := install.Install(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if v := version(t, ctx, tx); v != sqlfiles.Version {
+		t.Errorf("InstalledVersion inside the transaction = %q, want %q", v, sqlfiles.Version)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := version(t, ctx, conn); v != "" {
+		t.Errorf("InstalledVersion after rolling back the caller's transaction = %q, want \"\"", v)
+	}
+}
+
+func TestUninstall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := pgtest.Conn(t, pgtest.NewInstalledDB(t))
+	for i := range 2 { // the second run finds nothing to drop
+		if err := install.Uninstall(ctx, conn, false); err != nil {
+			t.Fatalf("Uninstall #%d: %v", i+1, err)
+		}
+		if v := version(t, ctx, conn); v != "" {
+			t.Errorf("InstalledVersion after Uninstall = %q, want \"\"", v)
+		}
+	}
+	var roles int
+	if err := conn.QueryRow(ctx, "select count(*) from pg_catalog.pg_roles where rolname = any ($1)",
+		install.Roles).Scan(&roles); err != nil {
+		t.Fatal(err)
+	}
+	if roles != len(install.Roles) {
+		t.Errorf("%d of the pgque roles exist after Uninstall without dropRoles, want all %d", roles, len(install.Roles))
+	}
+	if _, err := install.Install(ctx, conn); err != nil {
+		t.Fatalf("reinstalling after Uninstall: %v", err)
+	}
+}

@@ -1,0 +1,18 @@
+// Package pgcluster starts throwaway PostgreSQL clusters from the server
+// binaries installed on the machine.
+//
+// A cluster lives in a fresh temporary directory: initdb creates the data
+// directory inside it and the server listens only on a Unix socket in that
+// same directory (no TCP), so any number of clusters can run side by side
+// without port conflicts. Durability is traded for speed (fsync=off); the
+// cluster is meant for tests, the demo command and benchmarks, never for data
+// anyone wants to keep.
+//
+// PostgreSQL refuses to run as root. When the calling process is root, the
+// server commands run as an unprivileged OS user (pgque, created on demand,
+// else nobody) that owns the cluster directory; the directory stays readable
+// by everyone so the root process can still reach the socket.
+//
+// The life cycle is Start, then any number of Restart or Kill calls (used by
+// crash-recovery tests), then Stop, which removes every file.
+package pgcluster
