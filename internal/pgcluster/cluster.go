@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -45,6 +46,8 @@ type Cluster struct {
 	user   *osUser
 	log    io.Writer
 
+	watchdog *exec.Cmd // tears the cluster down if this process dies first
+
 	mu      sync.Mutex // serializes Restart, Kill and Stop
 	removed bool
 }
@@ -69,7 +72,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if port == 0 {
 		port = freePort()
 	}
-	c := &Cluster{binDir: binDir, dir: dir, port: port, user: u, log: opts.Log}
+	c := &Cluster{binDir: binDir, dir: dir, port: port, user: u, log: opts.Log,
+		watchdog: startWatchdog(dir)}
 	if c.log == nil {
 		c.log = io.Discard
 	}

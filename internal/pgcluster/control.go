@@ -69,6 +69,7 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("removing cluster directory: %w", err))
 	}
 	c.removed = true
+	stopWatchdog(c.watchdog)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("stopping cluster: %w", err)
 	}

@@ -11,11 +11,12 @@ import (
 	"syscall"
 )
 
-// ServerUserName is the OS user that runs the server when the caller is root.
-// It is created (as a system user without a home) when it does not exist;
-// if that fails the server runs as FallbackServerUserName.
 const (
-	ServerUserName         = "pgque"
+	// ServerUserName is the OS user that runs the server when the caller is
+	// root. It is created (a system user without a home) when missing.
+	ServerUserName = "pgque"
+	// FallbackServerUserName runs the server when ServerUserName can be
+	// neither found nor created.
 	FallbackServerUserName = "nobody"
 )
 
