@@ -1,0 +1,94 @@
+// pg-boss driver for pgque's peers benchmark (internal/bench, suite peers).
+//
+// It runs the per-tenant ordered workload with pg-boss's key_strict_fifo
+// policy (FIFO per singletonKey; a key's later jobs wait while one is
+// active) and prints one JSON line of results. The Go side starts it with
+//
+//   node driver.mjs '<json config>'
+//
+// config: { connection: {host, port, user, password, database},
+//           events, tenants, workers, batchSize, handlerMs }
+//
+// Phases: (1) load `events` jobs, one per tenant per round, round after
+// round, each round one insert() so created_on orders a tenant's jobs;
+// (2) timed: `workers` local workers drain the queue, each job's handler
+// checks that its tenant's jobs arrive in order and sleeps handlerMs.
+import { PgBoss } from 'pg-boss';
+
+const cfg = JSON.parse(process.argv[2]);
+const queue = 'bench';
+const startAll = performance.now();
+
+const boss = new PgBoss({
+  ...cfg.connection,
+  schema: 'pgboss',
+  max: cfg.workers + 4,
+  schedule: false,
+  supervise: false,
+  useListenNotify: true,
+});
+let bossError = null;
+boss.on('error', (err) => { bossError = bossError ?? err; });
+
+function fail(msg) {
+  process.stdout.write(JSON.stringify({ error: msg }) + '\n');
+  process.exit(1);
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+try {
+  await boss.start();
+  await boss.createQueue(queue, { policy: 'key_strict_fifo', notify: true, retryLimit: 0 });
+
+  const rounds = Math.ceil(cfg.events / cfg.tenants);
+  let loaded = 0;
+  const loadStart = performance.now();
+  for (let r = 0; r < rounds && loaded < cfg.events; r++) {
+    const jobs = [];
+    for (let t = 0; t < cfg.tenants && loaded < cfg.events; t++, loaded++) {
+      jobs.push({ data: { t, r }, singletonKey: 'tenant-' + t });
+    }
+    await boss.insert(queue, jobs);
+  }
+  const loadMs = performance.now() - loadStart;
+
+  const last = new Map();
+  let done = 0;
+  let violations = 0;
+  let finished;
+  const allDone = new Promise((resolve) => { finished = resolve; });
+  const workStart = performance.now();
+  let firstMs = null;
+  await boss.work(queue, {
+    localConcurrency: cfg.workers,
+    batchSize: cfg.batchSize,
+    pollingIntervalSeconds: 0.5,
+    burstWhenBatchFull: true,
+  }, async (jobs) => {
+    if (firstMs === null) firstMs = performance.now() - workStart;
+    for (const job of jobs) {
+      const { t, r } = job.data;
+      const prev = last.has(t) ? last.get(t) : -1;
+      if (r !== prev + 1) violations++;
+      last.set(t, r);
+      if (cfg.handlerMs > 0) await sleep(cfg.handlerMs);
+      done++;
+    }
+    if (done >= cfg.events) finished();
+  });
+  const timeout = setTimeout(() => finished(), cfg.timeoutMs ?? 600000);
+  await allDone;
+  clearTimeout(timeout);
+  const workMs = performance.now() - workStart;
+  await boss.stop({ graceful: false, close: true, timeout: 2000 });
+  if (bossError) fail('pg-boss error: ' + (bossError.stack ?? bossError));
+  if (done < cfg.events) fail(`only ${done} of ${cfg.events} jobs handled before the timeout`);
+  process.stdout.write(JSON.stringify({
+    events: cfg.events, handled: done, load_ms: loadMs, work_ms: workMs, first_ms: firstMs,
+    order_violations: violations, total_ms: performance.now() - startAll,
+  }) + '\n');
+  process.exit(0);
+} catch (err) {
+  fail(String(err && err.stack ? err.stack : err));
+}

@@ -1,0 +1,115 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/pgque/pgque"
+)
+
+// Consuming. First one plain consumer's read path in SQL (receive of up to
+// 1000 + ack, each in its own transaction) against PgQ's (next_batch +
+// get_batch_events + finish_batch) over the same backlog: ticks of 1000
+// events. Then the Go PartitionedConsumer with N = 1..16 slots draining a
+// backlog of 1000 tenants' events, with a handler that costs 0 or 2 ms per
+// event, against N = 1 (scaling); per-tenant order is checked on every
+// event and a violation fails the suite.
+
+func init() {
+	register(&suite{
+		name:  "consume",
+		about: "plain receive/ack vs PgQ read path; Go PartitionedConsumer N=1..16 at handler cost 0 and 2 ms",
+		run:   runConsume,
+	})
+}
+
+var consumeSlots = []int{1, 2, 4, 8, 16}
+
+func runConsume(ctx context.Context, e *env, r *recorder) error {
+	p, err := newPgque(ctx, e, "bench_consume", 40)
+	if err != nil {
+		return err
+	}
+	q, err := newPgQ(ctx, e)
+	if err != nil {
+		return err
+	}
+	n := pick(e, 3, 5)
+	batches := pick(e, 10, 100)
+	m, err := e.rounds(ctx, n,
+		trial{"receive_ack", func(ctx context.Context) (float64, error) { return p.plainReadRate(ctx, batches) }},
+		trial{"pgq_read_path", func(ctx context.Context) (float64, error) { return q.readRate(ctx, batches) }},
+	)
+	if err != nil {
+		return err
+	}
+	r.compare("receive_ack", m["receive_ack"], "pgq_read_path", m["pgq_read_path"], "events/s", atLeast(1),
+		fmt.Sprintf("one consumer draining %d ticks of %d events; receive(max 1000) + ack vs next_batch + get_batch_events + finish_batch", batches, batchSize))
+
+	client, err := pgque.NewClient(p.pool, &pgque.Config{Logger: quietLogger})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	plainEvents := pick(e, 5000, 50000)
+	gm, err := e.rounds(ctx, pick(e, 1, 3),
+		trial{"go_consumer", func(ctx context.Context) (float64, error) { return p.consumerRate(ctx, client, plainEvents) }},
+		trial{"partitioned_N1_cost0", func(ctx context.Context) (float64, error) {
+			return p.partitionedRate(ctx, client, 1, plainEvents, 0)
+		}},
+	)
+	if err != nil {
+		return err
+	}
+	r.compare("go_consumer", gm["go_consumer"], "receive_ack", m["receive_ack"], "events/s", nil,
+		fmt.Sprintf("Go Consumer (defaults: chunks of %d) draining %d events, from Start to the last handler call; the reference is the SQL loop above (different rounds)",
+			pgque.BatchSizeDefault, plainEvents))
+	r.compare("go_partitioned_N1", gm["partitioned_N1_cost0"], "go_consumer", gm["go_consumer"], "events/s", nil,
+		"the partition layer's cost at N = 1: PartitionedConsumer with one slot vs a plain Consumer, same rounds")
+
+	for _, cost := range []time.Duration{0, 2 * time.Millisecond} {
+		var trials []trial
+		events := map[int]int{}
+		for _, slots := range consumeSlots {
+			// With a 2 ms handler, N slots handle at most N/2ms events a
+			// second: size the backlog to about the same time for every N.
+			ev := pick(e, 5000, 50000)
+			if cost > 0 {
+				ev = slots * pick(e, 200, 1000)
+			}
+			events[slots] = ev
+			trials = append(trials, trial{fmt.Sprintf("N%d", slots), func(ctx context.Context) (float64, error) {
+				return p.partitionedRate(ctx, client, slots, ev, cost)
+			}})
+		}
+		pm, err := e.rounds(ctx, pick(e, 1, 3), trials...)
+		if err != nil {
+			return err
+		}
+		base := pm["N1"]
+		for _, slots := range consumeSlots {
+			cse := fmt.Sprintf("partitioned_N%d_cost%s", slots, costName(cost))
+			mm := pm[fmt.Sprintf("N%d", slots)]
+			note := fmt.Sprintf("%d events of %d tenants, from Start to the last handler call", events[slots], tenants)
+			if cost > 0 {
+				ideal := float64(slots) / cost.Seconds()
+				note += fmt.Sprintf("; ideal %s events/s (N / handler cost): %.0f%% of it", fmtNum(ideal), 100*mm.value/ideal)
+			}
+			if slots == 1 {
+				r.add(cse, mm, "events/s", nil, note)
+				continue
+			}
+			r.compare(cse, mm, fmt.Sprintf("partitioned_N1_cost%s", costName(cost)), base, "events/s", nil, note)
+		}
+	}
+	return nil
+}
+
+func costName(d time.Duration) string {
+	if d == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%dms", d.Milliseconds())
+}

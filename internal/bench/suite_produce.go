@@ -1,0 +1,83 @@
+package bench
+
+import (
+	"context"
+	"time"
+)
+
+// Producing: pgque's send and send_batch, in SQL and through the Go client,
+// against the physical floor (a raw INSERT into an event-shaped table in the
+// same database) and PgQ's insert_event (its own database, same cluster),
+// all in interleaved rounds.
+
+func init() {
+	register(&suite{
+		name:  "produce",
+		about: "pgque send / send_batch (SQL and Go client) vs raw INSERT and PgQ insert_event",
+		run:   runProduce,
+	})
+}
+
+func runProduce(ctx context.Context, e *env, r *recorder) error {
+	p, err := newPgque(ctx, e, "bench_produce", 40)
+	if err != nil {
+		return err
+	}
+	f, err := newFloor(ctx, p.pool)
+	if err != nil {
+		return err
+	}
+	shapeNote, err := checkFloorShape(ctx, p.pool)
+	if err != nil {
+		return err
+	}
+	if shapeNote != "" {
+		e.logf("   WARNING: %s", shapeNote)
+	}
+	q, err := newPgQ(ctx, e)
+	if err != nil {
+		return err
+	}
+	gc, err := newGoProducer(ctx, p)
+	if err != nil {
+		return err
+	}
+	defer gc.close()
+
+	d := pick(e, 300*time.Millisecond, 3*time.Second)
+	n := pick(e, 3, 5)
+	m, err := e.rounds(ctx, n,
+		trial{"send_1conn", func(ctx context.Context) (float64, error) { return p.sendRate(ctx, 1, d) }},
+		trial{"floor_insert_1conn", func(ctx context.Context) (float64, error) { return f.insertRate(ctx, 1, d) }},
+		trial{"pgq_insert_event_1conn", func(ctx context.Context) (float64, error) { return q.insertRate(ctx, 1, d) }},
+		trial{"send_16conn", func(ctx context.Context) (float64, error) { return p.sendRate(ctx, 16, d) }},
+		trial{"floor_insert_16conn", func(ctx context.Context) (float64, error) { return f.insertRate(ctx, 16, d) }},
+		trial{"pgq_insert_event_16conn", func(ctx context.Context) (float64, error) { return q.insertRate(ctx, 16, d) }},
+		trial{"go_send_16", func(ctx context.Context) (float64, error) { return gc.sendRate(ctx, 16, d) }},
+		trial{"send_batch_1000", func(ctx context.Context) (float64, error) { return p.sendBatchRate(ctx, d) }},
+		trial{"floor_insert_select_1000", func(ctx context.Context) (float64, error) { return f.insertSelectRate(ctx, d) }},
+		trial{"pgq_insert_event_batch_1000", func(ctx context.Context) (float64, error) { return q.batchRate(ctx, d) }},
+		trial{"go_send_batch_1000", func(ctx context.Context) (float64, error) { return gc.sendBatchRate(ctx, d) }},
+	)
+	if err != nil {
+		return err
+	}
+	const u = "events/s"
+	floorNote := "raw INSERT into a table shaped like pgque.event, same database"
+	if shapeNote != "" {
+		floorNote += "; " + shapeNote
+	}
+	r.compare("send_1conn", m["send_1conn"], "floor_insert_1conn", m["floor_insert_1conn"], u, nil, floorNote)
+	r.compare("send_1conn", m["send_1conn"], "pgq_insert_event_1conn", m["pgq_insert_event_1conn"], u, nil, "")
+	r.compare("send_16conn", m["send_16conn"], "floor_insert_16conn", m["floor_insert_16conn"], u, atLeast(0.9), floorNote)
+	r.compare("send_16conn", m["send_16conn"], "pgq_insert_event_16conn", m["pgq_insert_event_16conn"], u, atLeast(1.2), "")
+	r.compare("go_send_16", m["go_send_16"], "send_16conn", m["send_16conn"], u, nil,
+		"Client.Send from 16 goroutines over the client's pool vs the same SQL on 16 raw connections")
+	r.compare("go_send_16", m["go_send_16"], "floor_insert_16conn", m["floor_insert_16conn"], u, nil, "")
+	r.compare("send_batch_1000", m["send_batch_1000"], "floor_insert_select_1000", m["floor_insert_select_1000"], u, atLeast(0.7), floorNote)
+	r.compare("send_batch_1000", m["send_batch_1000"], "pgq_insert_event_batch_1000", m["pgq_insert_event_batch_1000"], u, atLeast(2), "")
+	r.compare("go_send_batch_1000", m["go_send_batch_1000"], "send_batch_1000", m["send_batch_1000"], u, nil,
+		"Client.SendBatch of 1000 vs the same SQL")
+	r.compare("go_send_batch_1000", m["go_send_batch_1000"], "floor_insert_select_1000", m["floor_insert_select_1000"], u, nil, "")
+	return nil
+}
