@@ -15,4 +15,10 @@
 //
 // The life cycle is Start, then any number of Restart or Kill calls (used by
 // crash-recovery tests), then Stop, which removes every file.
+//
+// Processes: pg_ctl daemonizes the postmaster, so the server is not a child
+// of the caller. Beside it runs one watchdog (a /bin/sh loop in its own
+// session) that shuts the server down and removes the directory if the
+// caller exits without Stop, as a test binary that times out does; Stop
+// ends the watchdog.
 package pgcluster
