@@ -1,0 +1,51 @@
+package pgque
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures a Client. The zero value is valid; a nil *Config means
+// the zero value.
+type Config struct {
+	// Logger receives the client's logs (snake_case keys, the error under
+	// "error"). Nil means slog.Default().
+	Logger *slog.Logger
+
+	// Registerer receives the client's Prometheus collectors. Nil means no
+	// metrics are registered. Several Clients may share one Registerer: they
+	// share the collectors.
+	Registerer prometheus.Registerer
+
+	// PollOnly disables LISTEN/NOTIFY wake-ups, for connections through a
+	// transaction-mode pooler (PgBouncer) where a LISTEN session cannot be
+	// held. Consumers then rely on their poll interval alone, and the worker
+	// pools of a partitioned consumer cannot hear each other's announcements,
+	// so they spread only over free slots (see docs/worker-pool.md).
+	PollOnly bool
+}
+
+// withDefaults returns a copy of c with defaults filled in.
+func (c *Config) withDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+// validate reports the first invalid field. Config has none today; the
+// method keeps the shape every config in this package shares.
+func (c *Config) validate() error {
+	return nil
+}
+
+// invalidConfig builds the error every validate returns.
+func invalidConfig(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,120 @@
+package pgque
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/pgque/pgque/internal/backoff"
+	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque/internal/startstop"
+	"github.com/pgque/pgque/internal/wakeup"
+	"github.com/pgque/pgque/internal/workerpool"
+)
+
+// Consumer consumes one plain subscription: chunk by chunk, each message in
+// ev_id order, one goroutine. Create it with Client.NewConsumer.
+type Consumer struct {
+	client  *Client
+	config  ConsumerConfig
+	invoker invoker
+	settler settler
+	service startstop.Service
+}
+
+// NewConsumer returns a Consumer; Start runs it.
+func (c *Client) NewConsumer(config *ConsumerConfig) (*Consumer, error) {
+	if err := config.validate(); err != nil {
+		return nil, err
+	}
+	cfg := config.withDefaults()
+	con := &Consumer{client: c, config: cfg}
+	con.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics}
+	con.settler = settler{
+		retryDelay: cfg.RetryDelay, metrics: c.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
+		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
+			return q.Nack(ctx, m.BatchID, m.ID, after, reason)
+		},
+	}
+	return con, nil
+}
+
+// Start subscribes (idempotently) and starts consuming in the background. It
+// returns at once. Cancelling ctx abandons the work in flight, like a crash:
+// prefer Stop.
+func (con *Consumer) Start(ctx context.Context) error {
+	if _, err := con.client.queries.Subscribe(ctx, con.config.Queue, con.config.Consumer); err != nil {
+		return mapError(fmt.Sprintf("subscribing %q to queue %q", con.config.Consumer, con.config.Queue), err)
+	}
+	if err := con.service.Start(ctx, con.run); err != nil {
+		return fmt.Errorf("starting consumer %q: %w", con.config.Consumer, ErrAlreadyStarted)
+	}
+	return nil
+}
+
+// Stop stops receiving, lets the chunk in flight finish and be acked, and
+// returns when the consumer's goroutines are gone. If ctx ends first, the
+// chunk is abandoned unacked (it is redelivered later) and ctx's error is
+// returned. Stop is idempotent.
+func (con *Consumer) Stop(ctx context.Context) error {
+	return con.service.Stop(ctx)
+}
+
+// run is the consumer's goroutine: receive, handle, settle, repeat; wait for
+// a notification or the poll when there is nothing to do.
+func (con *Consumer) run(fetchCtx, workCtx context.Context) {
+	waiter := wakeup.Waiter{Poll: con.config.PollInterval, Jitter: 0.2}
+	if n := con.client.notifier; n != nil {
+		sub := n.Listen(workerpool.TickChannel, func(payload string) bool { return payload == con.config.Queue })
+		defer sub.Unlisten()
+		waiter.Notify = sub.C()
+	}
+	log := con.client.logger.With(slog.String("queue", con.config.Queue), slog.String("consumer", con.config.Consumer))
+	for failures := 0; fetchCtx.Err() == nil; {
+		more, err := con.chunk(fetchCtx, workCtx)
+		switch {
+		case workCtx.Err() != nil || fetchCtx.Err() != nil:
+			return
+		case err != nil:
+			log.WarnContext(fetchCtx, "pgque: consuming", slog.Any("error", err))
+			backoff.Sleep(fetchCtx.Done(), backoff.Errors.Delay(failures))
+			failures++
+		case more:
+			failures = 0
+		default:
+			failures = 0
+			_ = waiter.Wait(fetchCtx)
+		}
+	}
+}
+
+// chunk receives and processes one chunk; it reports whether there may be
+// more work right away.
+func (con *Consumer) chunk(fetchCtx, workCtx context.Context) (bool, error) {
+	start := time.Now()
+	rows, err := con.client.queries.Receive(fetchCtx, con.config.Queue, con.config.Consumer, con.config.BatchSize)
+	if err != nil {
+		return false, mapError("receiving", err)
+	}
+	if len(rows) == 0 {
+		return false, nil
+	}
+	msgs := toMessages(rows, con.config.Queue, con.config.Consumer, 0)
+	failures, aborted := con.invoker.handleChunk(workCtx, msgs)
+	if aborted {
+		return false, errors.Join(errAborted, workCtx.Err())
+	}
+	s := con.settler
+	batchID := rows[0].BatchID
+	s.ack = func(ctx context.Context, q *dbq.Queries) (bool, error) { return q.Ack(ctx, batchID) }
+	if err := s.settle(workCtx, con.client.pool, failures); err != nil {
+		return false, err
+	}
+	con.client.metrics.BatchDuration.WithLabelValues(con.config.Queue, con.config.Consumer).Observe(time.Since(start).Seconds())
+	return true, nil
+}
+
+// errAborted marks a chunk abandoned because its work context ended.
+var errAborted = errors.New("chunk abandoned unacked")

@@ -1,0 +1,66 @@
+package pgque
+
+import "time"
+
+// Defaults for consumer configuration.
+const (
+	// BatchSizeDefault is the default number of events received per chunk.
+	BatchSizeDefault = 100
+	// PollIntervalDefault is how often an idle consumer looks for work when
+	// no notification arrives (jittered ±20%). Notifications normally wake it
+	// within milliseconds of a tick; the poll covers lost notifications and
+	// poolers without LISTEN.
+	PollIntervalDefault = time.Second
+)
+
+// ConsumerConfig configures a Consumer: one plain subscription whose events
+// are handled in ev_id order by one goroutine.
+type ConsumerConfig struct {
+	// Queue is the queue to consume. Required.
+	Queue string
+	// Consumer is the subscription name. Required; Start subscribes it if
+	// needed (a new subscription starts at the queue's latest tick).
+	Consumer string
+	// Handler processes each message. Required.
+	Handler HandlerFunc
+	// BatchSize is the maximum number of events per chunk. Default
+	// BatchSizeDefault.
+	BatchSize int
+	// PollInterval is the fallback poll period. Default PollIntervalDefault.
+	PollInterval time.Duration
+	// RetryDelay returns how long a failed event waits before redelivery,
+	// given its retry count. Default RetryDelayDefault.
+	RetryDelay func(retryCount int) time.Duration
+}
+
+func (c *ConsumerConfig) withDefaults() ConsumerConfig {
+	out := *c
+	if out.BatchSize == 0 {
+		out.BatchSize = BatchSizeDefault
+	}
+	if out.PollInterval == 0 {
+		out.PollInterval = PollIntervalDefault
+	}
+	if out.RetryDelay == nil {
+		out.RetryDelay = RetryDelayDefault
+	}
+	return out
+}
+
+func (c *ConsumerConfig) validate() error {
+	switch {
+	case c == nil:
+		return invalidConfig("ConsumerConfig is nil")
+	case c.Queue == "":
+		return invalidConfig("ConsumerConfig.Queue is empty")
+	case c.Consumer == "":
+		return invalidConfig("ConsumerConfig.Consumer is empty")
+	case c.Handler == nil:
+		return invalidConfig("ConsumerConfig.Handler is nil")
+	case c.BatchSize < 0:
+		return invalidConfig("ConsumerConfig.BatchSize is negative (%d)", c.BatchSize)
+	case c.PollInterval < 0:
+		return invalidConfig("ConsumerConfig.PollInterval is negative (%v)", c.PollInterval)
+	}
+	return nil
+}

@@ -1,0 +1,320 @@
+package pgque_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/pgque/pgque"
+)
+
+// collector records what a consumer's handler saw.
+type collector struct {
+	mu   sync.Mutex
+	msgs []pgque.Message
+}
+
+func (c *collector) handle(_ context.Context, m *pgque.Message) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.msgs = append(c.msgs, *m)
+	return nil
+}
+
+func (c *collector) snapshot() []pgque.Message {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]pgque.Message(nil), c.msgs...)
+}
+
+// wait returns the messages once at least n arrived.
+func (c *collector) wait(t *testing.T, n int) []pgque.Message {
+	t.Helper()
+	waitFor(t, 20*time.Second, "messages", func() bool { return len(c.snapshot()) >= n })
+	return c.snapshot()
+}
+
+// collect starts a ticker and a consumer that records every message; both
+// stop when the test ends.
+func collect(t *testing.T, env *testEnv, consumer string) *collector {
+	t.Helper()
+	c := &collector{}
+	startTicker(t, env.client)
+	startConsumer(t, env, &pgque.ConsumerConfig{Queue: env.queue, Consumer: consumer, Handler: c.handle})
+	return c
+}
+
+// startConsumer starts a consumer stopped when the test ends.
+func startConsumer(t *testing.T, env *testEnv, cfg *pgque.ConsumerConfig) *pgque.Consumer {
+	t.Helper()
+	con, err := env.client.NewConsumer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := con.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := con.Stop(ctx); err != nil {
+			t.Error("stopping consumer:", err)
+		}
+	})
+	return con
+}
+
+func TestConsumerReceivesInOrder(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	c := collect(t, env, "c")
+	var want []int64
+	for i := range 250 {
+		id, err := env.client.Send(ctx, env.queue, pgque.Event{Type: "n", Payload: i, PartitionKey: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id)
+	}
+	got := c.wait(t, len(want))
+	if len(got) != len(want) {
+		t.Fatalf("got %d messages, want %d", len(got), len(want))
+	}
+	for i, m := range got {
+		if m.ID != want[i] {
+			t.Fatalf("message %d has id %d, want %d", i, m.ID, want[i])
+		}
+		if m.Type != "n" || m.PartitionKey != "k" || m.Queue != env.queue || m.Consumer != "c" {
+			t.Fatalf("message %d: %+v", i, m)
+		}
+	}
+}
+
+func TestConsumerHandlerPanicBecomesNack(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	startTicker(t, env.client)
+	var mu sync.Mutex
+	var deliveries []int
+	done := make(chan struct{})
+	startConsumer(t, env, &pgque.ConsumerConfig{
+		Queue: env.queue, Consumer: "c",
+		RetryDelay: func(int) time.Duration { return 10 * time.Millisecond },
+		Handler: func(_ context.Context, m *pgque.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			deliveries = append(deliveries, m.RetryCount)
+			if m.RetryCount == 0 {
+				panic("boom")
+			}
+			close(done)
+			return nil
+		},
+	})
+	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the panicking event was never redelivered")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(deliveries) != 2 || deliveries[0] != 0 || deliveries[1] != 1 {
+		t.Fatalf("deliveries (retry counts) = %v, want [0 1]", deliveries)
+	}
+}
+
+func TestConsumerHandlerErrorIsRetriedThenDeadLettered(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	if err := env.client.SetQueueConfig(ctx, env.queue, "max_retries", "2"); err != nil {
+		t.Fatal(err)
+	}
+	startTicker(t, env.client)
+	var mu sync.Mutex
+	var retries []int
+	startConsumer(t, env, &pgque.ConsumerConfig{
+		Queue: env.queue, Consumer: "c",
+		RetryDelay: func(int) time.Duration { return 10 * time.Millisecond },
+		Handler: func(_ context.Context, m *pgque.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			retries = append(retries, m.RetryCount)
+			return errors.New("always fails")
+		},
+	})
+	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "three deliveries", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(retries) >= 3
+	})
+	time.Sleep(1500 * time.Millisecond) // a fourth delivery would come by now
+	mu.Lock()
+	defer mu.Unlock()
+	if len(retries) != 3 {
+		t.Fatalf("retry counts seen = %v, want [0 1 2] then dead-lettered", retries)
+	}
+}
+
+func TestConsumerConfigValidation(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	for _, cfg := range []*pgque.ConsumerConfig{
+		nil,
+		{Consumer: "c", Handler: func(context.Context, *pgque.Message) error { return nil }},
+		{Queue: "q", Handler: func(context.Context, *pgque.Message) error { return nil }},
+		{Queue: "q", Consumer: "c"},
+		{Queue: "q", Consumer: "c", BatchSize: -1, Handler: func(context.Context, *pgque.Message) error { return nil }},
+	} {
+		if _, err := env.client.NewConsumer(cfg); !errors.Is(err, pgque.ErrInvalidArgument) {
+			t.Errorf("NewConsumer(%+v) = %v, want ErrInvalidArgument", cfg, err)
+		}
+	}
+}
+
+func TestConsumerStartUnknownQueue(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	con, err := env.client.NewConsumer(&pgque.ConsumerConfig{Queue: "missing", Consumer: "c",
+		Handler: func(context.Context, *pgque.Message) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := con.Start(context.Background()); !errors.Is(err, pgque.ErrQueueNotFound) {
+		t.Fatalf("Start = %v, want ErrQueueNotFound", err)
+	}
+}
+
+// TestConsumerStopLeavesNoGoroutines is not parallel: goleak inspects every
+// goroutine of the binary.
+func TestConsumerStopLeavesNoGoroutines(t *testing.T) {
+	env := setup(t)
+	ctx := context.Background()
+	before := goleak.IgnoreCurrent()
+	tk, err := env.client.NewTicker(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &collector{}
+	con, err := env.client.NewConsumer(&pgque.ConsumerConfig{Queue: env.queue, Consumer: "c", Handler: c.handle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := con.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c.wait(t, 1)
+	for range 2 { // Stop is idempotent
+		if err := con.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := tk.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	goleak.VerifyNone(t, before)
+}
+
+func TestConsumerGracefulStopAcksInFlightChunk(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	startTicker(t, env.client)
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var handled sync.Map
+	con, err := env.client.NewConsumer(&pgque.ConsumerConfig{Queue: env.queue, Consumer: "c",
+		Handler: func(ctx context.Context, m *pgque.Message) error {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			<-release
+			handled.Store(m.ID, true)
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := con.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.client.SendBatch(ctx, env.queue, []pgque.Event{{Payload: 1}, {Payload: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	stopped := make(chan error, 1)
+	go func() { stopped <- con.Stop(ctx) }()
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	// The chunk was acked: a new consumer of the same subscription sees
+	// nothing of it.
+	c := collect(t, env, "c")
+	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 3}); err != nil {
+		t.Fatal(err)
+	}
+	got := c.wait(t, 1)
+	time.Sleep(200 * time.Millisecond)
+	if got = c.snapshot(); len(got) != 1 || string(got[0].Payload) != "3" {
+		t.Fatalf("after a graceful stop the next consumer got %d messages (%v), want only the new one", len(got), got)
+	}
+}
+
+func TestConsumerHardStopAbandonsChunk(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	startTicker(t, env.client)
+	started := make(chan struct{}, 1)
+	con, err := env.client.NewConsumer(&pgque.ConsumerConfig{Queue: env.queue, Consumer: "c",
+		Handler: func(ctx context.Context, m *pgque.Message) error {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := con.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 1}); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	stopCtx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := con.Stop(stopCtx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop = %v, want DeadlineExceeded", err)
+	}
+	// Not acked: the next consumer gets the same event again.
+	c := collect(t, env, "c")
+	got := c.wait(t, 1)
+	if string(got[0].Payload) != "1" || got[0].RetryCount != 0 {
+		t.Fatalf("redelivered %+v, want the abandoned event", got[0])
+	}
+}

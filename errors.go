@@ -1,0 +1,120 @@
+package pgque
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Sentinel errors. Test for them with errors.Is; every error that comes from
+// the database is an *Error that unwraps both to one of these (chosen by
+// SQLSTATE, never by message text) and to the driver's *pgconn.PgError.
+var (
+	// ErrQueueNotFound: the queue does not exist (SQLSTATE PQ001).
+	ErrQueueNotFound = errors.New("pgque: queue not found")
+	// ErrConsumerNotFound: the subscription does not exist (PQ002).
+	ErrConsumerNotFound = errors.New("pgque: consumer not found")
+	// ErrQueueExists: the queue already exists (PQ003).
+	ErrQueueExists = errors.New("pgque: queue already exists")
+	// ErrInvalidName: a queue or consumer name is empty, too long, has bad
+	// characters or uses the reserved '#' or '/' (PQ010).
+	ErrInvalidName = errors.New("pgque: invalid name")
+	// ErrInvalidArgument: an argument is NULL or out of range: negative
+	// delay, slot out of range, bad TTL, bad config value (PQ011, 22004), or
+	// a Config field failed validation.
+	ErrInvalidArgument = errors.New("pgque: invalid argument")
+	// ErrUnknownParameter: set_queue_config got an unknown parameter (PQ012).
+	ErrUnknownParameter = errors.New("pgque: unknown queue parameter")
+	// ErrBatchNotOpen: the batch is unknown, finished, or belongs to another
+	// subscription (PQ020).
+	ErrBatchNotOpen = errors.New("pgque: batch not open")
+	// ErrEventNotInBatch: nack named an event that is not in the batch (PQ022).
+	ErrEventNotInBatch = errors.New("pgque: event not in batch")
+	// ErrSlotCountMismatch: the slot count differs from the one persisted for
+	// (queue, consumer) (PQ030).
+	ErrSlotCountMismatch = errors.New("pgque: slot count mismatch")
+	// ErrLeaseLost: this worker does not hold the slot's lease any more —
+	// taken over, released, or expired (PQ032). A handler's context is
+	// cancelled with this cause when its slot is fenced.
+	ErrLeaseLost = errors.New("pgque: slot lease lost")
+	// ErrSlotSubscription: the plain receive/ack/nack API was used on a slot
+	// subscription (PQ033).
+	ErrSlotSubscription = errors.New("pgque: plain API used on a slot subscription")
+	// ErrSlotNotSubscribed: the slot is not subscribed (PQ034).
+	ErrSlotNotSubscribed = errors.New("pgque: slot not subscribed")
+	// ErrDeadLetterNotFound: the dead letter does not exist (PQ040).
+	ErrDeadLetterNotFound = errors.New("pgque: dead letter not found")
+	// ErrPermissionDenied: the role may not call this function (42501).
+	ErrPermissionDenied = errors.New("pgque: permission denied")
+	// ErrInvalidPayload: an event payload is not valid JSON or could not be
+	// marshalled. Detected before the database is touched.
+	ErrInvalidPayload = errors.New("pgque: invalid payload")
+	// ErrAlreadyStarted: Start was called twice on a service.
+	ErrAlreadyStarted = errors.New("pgque: already started")
+	// ErrNotStarted: Stop was called on a service that was never started.
+	ErrNotStarted = errors.New("pgque: not started")
+	// ErrHandlerPanic wraps the value of a recovered handler panic; the event
+	// is nacked like any other failure.
+	ErrHandlerPanic = errors.New("pgque: handler panicked")
+)
+
+// sqlstates maps each stable SQLSTATE of the SQL contract to its sentinel.
+var sqlstates = map[string]error{
+	"22004": ErrInvalidArgument,
+	"42501": ErrPermissionDenied,
+	"PQ001": ErrQueueNotFound,
+	"PQ002": ErrConsumerNotFound,
+	"PQ003": ErrQueueExists,
+	"PQ010": ErrInvalidName,
+	"PQ011": ErrInvalidArgument,
+	"PQ012": ErrUnknownParameter,
+	"PQ020": ErrBatchNotOpen,
+	"PQ022": ErrEventNotInBatch,
+	"PQ030": ErrSlotCountMismatch,
+	"PQ032": ErrLeaseLost,
+	"PQ033": ErrSlotSubscription,
+	"PQ034": ErrSlotNotSubscribed,
+	"PQ040": ErrDeadLetterNotFound,
+}
+
+// Error is an error raised by pgque's SQL. It carries the SQLSTATE and
+// unwraps both to the matching sentinel (errors.Is(err, ErrLeaseLost)) and to
+// the driver's *pgconn.PgError (errors.As).
+type Error struct {
+	// Code is the SQLSTATE, e.g. "PQ001".
+	Code string
+	// Message is the server's message; it names the offending value.
+	Message string
+
+	sentinel error
+	pgErr    *pgconn.PgError
+}
+
+// Error returns the server's message prefixed with the SQLSTATE.
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s (SQLSTATE %s)", e.Message, e.Code)
+}
+
+// Unwrap returns the sentinel and the driver error.
+func (e *Error) Unwrap() []error {
+	if e.sentinel == nil {
+		return []error{e.pgErr}
+	}
+	return []error{e.sentinel, e.pgErr}
+}
+
+// mapError turns a *pgconn.PgError with a pgque SQLSTATE into an *Error and
+// wraps it as "doing: error". Other errors are wrapped unchanged.
+func mapError(doing string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		if sentinel, ok := sqlstates[pgErr.Code]; ok {
+			err = &Error{Code: pgErr.Code, Message: pgErr.Message, sentinel: sentinel, pgErr: pgErr}
+		}
+	}
+	return fmt.Errorf("%s: %w", doing, err)
+}

@@ -1,0 +1,90 @@
+package pgque
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/pgque/pgque/internal/backoff"
+	"github.com/pgque/pgque/internal/metrics"
+)
+
+// HandlerFunc processes one message. Returning nil acknowledges it (with
+// the rest of its chunk); returning an error, or panicking, nacks it: it is
+// redelivered after the consumer's RetryDelay, or dead-lettered once the
+// queue's max_retries is reached. ctx is cancelled when the work must be
+// abandoned: a hard Stop, or — for a partitioned consumer — the slot's lease
+// was lost (context.Cause(ctx) is then ErrLeaseLost).
+type HandlerFunc func(ctx context.Context, m *Message) error
+
+// RetryDelayDefault is the default backoff before a failed event is
+// redelivered: 1 s doubled per retry, capped at 10 min, ±10% jitter.
+func RetryDelayDefault(retryCount int) time.Duration {
+	return backoff.Policy{Base: time.Second, Max: 10 * time.Minute, Jitter: 0.1}.Delay(retryCount)
+}
+
+// failure is a message whose handler failed.
+type failure struct {
+	msg *Message
+	err error
+}
+
+// invoker calls a handler with panic recovery, logging and metrics.
+type invoker struct {
+	handler  HandlerFunc
+	queue    string
+	consumer string
+	logger   *slog.Logger
+	metrics  *metrics.Metrics
+}
+
+// handleChunk runs the handler on each message in order and returns the
+// failures. It stops early, reporting aborted, when ctx ends: the chunk must
+// then not be acked.
+func (iv *invoker) handleChunk(ctx context.Context, msgs []*Message) (failures []failure, aborted bool) {
+	for _, m := range msgs {
+		if ctx.Err() != nil {
+			return failures, true
+		}
+		if err := iv.call(ctx, m); err != nil {
+			if ctx.Err() != nil {
+				return failures, true
+			}
+			failures = append(failures, failure{msg: m, err: err})
+		}
+	}
+	return failures, ctx.Err() != nil
+}
+
+// call runs the handler once; a panic becomes an error wrapping
+// ErrHandlerPanic.
+func (iv *invoker) call(ctx context.Context, m *Message) (err error) {
+	start := time.Now()
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: %v", ErrHandlerPanic, v)
+			iv.logger.ErrorContext(ctx, "pgque: handler panicked",
+				slog.String("queue", iv.queue), slog.String("consumer", iv.consumer),
+				slog.Int64("msg_id", m.ID), slog.Any("error", err), slog.String("stack", string(debug.Stack())))
+		}
+		iv.metrics.HandlerDuration.WithLabelValues(iv.queue, iv.consumer).Observe(time.Since(start).Seconds())
+		if err != nil {
+			iv.metrics.Failed.WithLabelValues(iv.queue, iv.consumer).Inc()
+		} else {
+			iv.metrics.Processed.WithLabelValues(iv.queue, iv.consumer).Inc()
+		}
+	}()
+	return iv.handler(ctx, m)
+}
+
+// reason is the text stored with a nack: the error, bounded in size.
+func reason(err error) string {
+	const max = 1000
+	s := err.Error()
+	if len(s) > max {
+		s = s[:max]
+	}
+	return s
+}

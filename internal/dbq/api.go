@@ -1,0 +1,99 @@
+package dbq
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Send calls pgque.send(queue, type, payload, partition_key) and returns the
+// event id. A nil key is the NULL key (slot 0).
+func (q *Queries) Send(ctx context.Context, queue, typ string, payload json.RawMessage, key *string) (int64, error) {
+	var id int64
+	err := q.db.QueryRow(ctx, `select pgque.send($1::text, $2::text, $3::jsonb, $4::text)`,
+		queue, typ, string(payload), key).Scan(&id)
+	return id, err
+}
+
+// SendBatch calls pgque.send_batch(queue, type, payloads, partition_keys) and
+// returns the event ids in input order. keys is nil or as long as payloads.
+func (q *Queries) SendBatch(ctx context.Context, queue, typ string, payloads []string, keys []*string) ([]int64, error) {
+	var ids []int64
+	err := q.db.QueryRow(ctx, `select pgque.send_batch($1::text, $2::text, $3::text[]::jsonb[], $4::text[])`,
+		queue, typ, payloads, keys).Scan(&ids)
+	return ids, err
+}
+
+// Subscribe calls pgque.subscribe(queue, consumer) and reports whether the
+// subscription is new.
+func (q *Queries) Subscribe(ctx context.Context, queue, consumer string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.subscribe($1::text, $2::text)`, queue, consumer).Scan(&n)
+	return n == 1, err
+}
+
+// Unsubscribe calls pgque.unsubscribe(queue, consumer).
+func (q *Queries) Unsubscribe(ctx context.Context, queue, consumer string) error {
+	_, err := q.db.Exec(ctx, `select pgque.unsubscribe($1::text, $2::text)`, queue, consumer)
+	return err
+}
+
+// Row is one delivered event, as receive and receive_partitioned return it.
+type Row struct {
+	MsgID        int64
+	BatchID      int64
+	Type         string
+	Payload      []byte
+	RetryCount   int
+	CreatedAt    time.Time
+	PartitionKey *string
+	// Epoch is the slot lease's epoch (receive_partitioned only).
+	Epoch int64
+}
+
+// Receive calls pgque.receive(queue, consumer, max): the next chunk of at most
+// max events of the open (or next) batch, in ev_id order.
+func (q *Queries) Receive(ctx context.Context, queue, consumer string, max int) ([]Row, error) {
+	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload::text, retry_count, created_at, partition_key
+		from pgque.receive($1::text, $2::text, $3::int)`, queue, consumer, max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		var r Row
+		var payload *string
+		if err := rows.Scan(&r.MsgID, &r.BatchID, &r.Type, &payload, &r.RetryCount, &r.CreatedAt, &r.PartitionKey); err != nil {
+			return nil, err
+		}
+		r.Payload = payloadBytes(payload)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Ack calls pgque.ack(batch_id) and reports whether the batch was finished.
+func (q *Queries) Ack(ctx context.Context, batchID int64) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.ack($1::bigint)`, batchID).Scan(&n)
+	return n == 1, err
+}
+
+// Nack calls pgque.nack(batch_id, msg_id, retry_after, reason) and reports
+// whether the event was scheduled for retry (false: dead-lettered).
+func (q *Queries) Nack(ctx context.Context, batchID, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.nack($1::bigint, $2::bigint, $3::interval, $4::text)`,
+		batchID, msgID, retryAfter, reason).Scan(&n)
+	return n == 1, err
+}
+
+// payloadBytes turns a jsonb rendered as text into bytes; SQL NULL becomes
+// the JSON literal null so handlers always get valid JSON.
+func payloadBytes(s *string) []byte {
+	if s == nil {
+		return []byte("null")
+	}
+	return []byte(*s)
+}

@@ -1,0 +1,35 @@
+// Package dbq is pgque's data layer: the only place in the Go code that holds
+// SQL text. It has exactly one method per SQL function of the contract in
+// docs/sql-reference.md, each a single statement, over DBTX, which
+// *pgxpool.Pool, *pgx.Conn and pgx.Tx all satisfy: the caller decides whether
+// a call runs alone (its own short transaction, safe through a transaction
+// pooler) or inside a transaction it owns.
+//
+// Errors are returned as pgx returns them (a *pgconn.PgError carries the
+// SQLSTATE); mapping them to pgque's typed errors is the caller's job.
+package dbq
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DBTX is what every query needs: satisfied by *pgxpool.Pool, *pgx.Conn and
+// pgx.Tx.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Queries binds the SQL functions to one DBTX.
+type Queries struct {
+	db DBTX
+}
+
+// New returns the queries bound to db.
+func New(db DBTX) *Queries {
+	return &Queries{db: db}
+}

@@ -1,0 +1,72 @@
+package dbq
+
+import (
+	"context"
+	"time"
+)
+
+// CreateQueue calls pgque.create_queue(queue) and reports whether the queue
+// was created (false: it existed).
+func (q *Queries) CreateQueue(ctx context.Context, queue string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.create_queue($1::text)`, queue).Scan(&n)
+	return n == 1, err
+}
+
+// DropQueue calls pgque.drop_queue(queue, force).
+func (q *Queries) DropQueue(ctx context.Context, queue string, force bool) error {
+	_, err := q.db.Exec(ctx, `select pgque.drop_queue($1::text, $2::bool)`, queue, force)
+	return err
+}
+
+// SetQueueConfig calls pgque.set_queue_config(queue, param, value).
+func (q *Queries) SetQueueConfig(ctx context.Context, queue, param, value string) error {
+	_, err := q.db.Exec(ctx, `select pgque.set_queue_config($1::text, $2::text, $3::text)`, queue, param, value)
+	return err
+}
+
+// Ticker calls pgque.ticker() and returns the number of queues ticked.
+func (q *Queries) Ticker(ctx context.Context) (int64, error) {
+	var n *int64
+	err := q.db.QueryRow(ctx, `select pgque.ticker()`).Scan(&n)
+	if n == nil {
+		return 0, err
+	}
+	return *n, err
+}
+
+// TickerLead calls pgque.ticker_lead(worker, ttl) and reports whether worker
+// holds the ticker lease.
+func (q *Queries) TickerLead(ctx context.Context, worker string, ttl time.Duration) (bool, error) {
+	var ok bool
+	err := q.db.QueryRow(ctx, `select coalesce(pgque.ticker_lead($1::text, $2::interval), false)`, worker, ttl).Scan(&ok)
+	return ok, err
+}
+
+// TickerResign calls pgque.ticker_resign(worker).
+func (q *Queries) TickerResign(ctx context.Context, worker string) (bool, error) {
+	var ok bool
+	err := q.db.QueryRow(ctx, `select coalesce(pgque.ticker_resign($1::text), false)`, worker).Scan(&ok)
+	return ok, err
+}
+
+// MaintRetryEvents calls pgque.maint_retry_events() and returns the number of
+// events re-inserted.
+func (q *Queries) MaintRetryEvents(ctx context.Context) (int64, error) {
+	var n *int64
+	err := q.db.QueryRow(ctx, `select pgque.maint_retry_events()::bigint`).Scan(&n)
+	if n == nil {
+		return 0, err
+	}
+	return *n, err
+}
+
+// Maint calls pgque.maint() and returns the number of operations done.
+func (q *Queries) Maint(ctx context.Context) (int64, error) {
+	var n *int64
+	err := q.db.QueryRow(ctx, `select pgque.maint()::bigint`).Scan(&n)
+	if n == nil {
+		return 0, err
+	}
+	return *n, err
+}

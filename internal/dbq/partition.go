@@ -1,0 +1,126 @@
+package dbq
+
+import (
+	"context"
+	"time"
+)
+
+// SubscribeSlot calls pgque.subscribe_slot(queue, consumer, slot, nslots).
+func (q *Queries) SubscribeSlot(ctx context.Context, queue, consumer string, slot, nslots int) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.subscribe_slot($1::text, $2::text, $3::int, $4::int)`,
+		queue, consumer, slot, nslots).Scan(&n)
+	return n == 1, err
+}
+
+// UnsubscribeSlot calls pgque.unsubscribe_slot(queue, consumer, slot, nslots).
+func (q *Queries) UnsubscribeSlot(ctx context.Context, queue, consumer string, slot, nslots int) error {
+	_, err := q.db.Exec(ctx, `select pgque.unsubscribe_slot($1::text, $2::text, $3::int, $4::int)`,
+		queue, consumer, slot, nslots)
+	return err
+}
+
+// ClaimSlot calls pgque.claim_slot(queue, consumer, slot, worker, ttl). It
+// returns the lease epoch and true, or false when another live owner holds the
+// slot.
+func (q *Queries) ClaimSlot(ctx context.Context, queue, consumer string, slot int, worker string, ttl time.Duration) (int64, bool, error) {
+	var epoch *int64
+	err := q.db.QueryRow(ctx, `select pgque.claim_slot($1::text, $2::text, $3::int, $4::text, $5::interval)`,
+		queue, consumer, slot, worker, ttl).Scan(&epoch)
+	if err != nil || epoch == nil {
+		return 0, false, err
+	}
+	return *epoch, true, nil
+}
+
+// ReleaseSlot calls pgque.release_slot(queue, consumer, slot, worker) and
+// reports whether the lease was released.
+func (q *Queries) ReleaseSlot(ctx context.Context, queue, consumer string, slot int, worker string) (bool, error) {
+	var ok *bool
+	err := q.db.QueryRow(ctx, `select pgque.release_slot($1::text, $2::text, $3::int, $4::text)`,
+		queue, consumer, slot, worker).Scan(&ok)
+	return ok != nil && *ok, err
+}
+
+// ReceivePartitioned calls pgque.receive_partitioned(queue, consumer, slot,
+// nslots, worker, max): the slot's next chunk, renewing the lease.
+func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, max int) ([]Row, error) {
+	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload::text, retry_count, created_at, partition_key, epoch
+		from pgque.receive_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::int)`,
+		queue, consumer, slot, nslots, worker, max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		var r Row
+		var payload *string
+		if err := rows.Scan(&r.MsgID, &r.BatchID, &r.Type, &payload, &r.RetryCount, &r.CreatedAt, &r.PartitionKey, &r.Epoch); err != nil {
+			return nil, err
+		}
+		r.Payload = payloadBytes(payload)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// AckPartitioned calls pgque.ack_partitioned(queue, consumer, slot, nslots,
+// worker) and reports whether the batch was finished.
+func (q *Queries) AckPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.ack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text)`,
+		queue, consumer, slot, nslots, worker).Scan(&n)
+	return n == 1, err
+}
+
+// NackPartitioned calls pgque.nack_partitioned(queue, consumer, slot, nslots,
+// worker, msg_id, retry_after, reason) and reports whether the event was
+// scheduled for retry (false: dead-lettered).
+func (q *Queries) NackPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::interval, $8::text)`,
+		queue, consumer, slot, nslots, worker, msgID, retryAfter, reason).Scan(&n)
+	return n == 1, err
+}
+
+// SlotStatus is one row of the partition_slot_status view.
+type SlotStatus struct {
+	Slot   int
+	NSlots int
+	// Owner is the lease holder, nil when the slot was never claimed or was
+	// released.
+	Owner *string
+	// Live reports whether the lease is unexpired, by the server's clock.
+	Live  bool
+	Epoch int64
+	// Lag is the number of the slot's events committed after its cursor.
+	Lag int64
+	// OldestPendingAge is the age of the oldest event the slot has not
+	// acknowledged yet (0 when none is pending).
+	OldestPendingAge time.Duration
+}
+
+// PartitionSlotStatus reads the partition_slot_status view for one
+// (queue, consumer), ordered by slot. Lease liveness is judged by the
+// server's clock, so client clock skew does not matter.
+func (q *Queries) PartitionSlotStatus(ctx context.Context, queue, consumer string) ([]SlotStatus, error) {
+	rows, err := q.db.Query(ctx, `select slot, nslots, owner, coalesce(lease_until > now(), false), coalesce(epoch, 0),
+			coalesce(lag, 0), coalesce(extract(epoch from oldest_pending_age), 0)::float8
+		from pgque.partition_slot_status where queue = $1::text and consumer = $2::text order by slot`, queue, consumer)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []SlotStatus
+	for rows.Next() {
+		var s SlotStatus
+		var age float64
+		if err := rows.Scan(&s.Slot, &s.NSlots, &s.Owner, &s.Live, &s.Epoch, &s.Lag, &age); err != nil {
+			return nil, err
+		}
+		s.OldestPendingAge = time.Duration(age * float64(time.Second))
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,165 @@
+// Package notifier runs LISTEN on one dedicated connection and fans the
+// notifications out to in-process subscribers.
+//
+// One Notifier serves every consumer of a Client: the connection is opened
+// when the first subscriber arrives and closed when the last one leaves, so a
+// stopped consumer leaves no goroutine and no session behind. A lost
+// connection is re-opened with jittered exponential backoff; every subscriber
+// is woken after a reconnect because notifications sent while the session was
+// down are lost. Subscribers must always poll as well: LISTEN is a latency
+// optimisation, never the only way to learn about work.
+package notifier
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgque/pgque/internal/backoff"
+	"github.com/pgque/pgque/internal/dbq"
+)
+
+// ConnectFunc opens the dedicated session.
+type ConnectFunc func(ctx context.Context) (*pgx.Conn, error)
+
+// Subscription delivers the payloads of one channel that match its filter.
+type Subscription struct {
+	n       *Notifier
+	channel string
+	match   func(payload string) bool
+	c       chan string
+}
+
+// C delivers payloads. It is buffered and lossy: when the buffer is full a
+// payload is dropped, which is fine for wake-ups and periodic announcements.
+// An empty payload means "the connection was re-established: re-check".
+func (s *Subscription) C() <-chan string { return s.c }
+
+// Unlisten removes the subscription; the last one stops the session and waits
+// for its goroutine to exit.
+func (s *Subscription) Unlisten() { s.n.remove(s) }
+
+// Notifier owns the LISTEN session.
+type Notifier struct {
+	connect  ConnectFunc
+	channels []string
+	logger   *slog.Logger
+	retry    backoff.Policy
+
+	mu     sync.Mutex
+	subs   map[*Subscription]struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New returns a Notifier that will LISTEN on channels once subscribed to.
+func New(connect ConnectFunc, channels []string, logger *slog.Logger) *Notifier {
+	return &Notifier{
+		connect:  connect,
+		channels: channels,
+		logger:   logger,
+		retry:    backoff.Policy{Base: 100 * time.Millisecond, Max: 10 * time.Second, Jitter: 0.3},
+		subs:     make(map[*Subscription]struct{}),
+	}
+}
+
+// Listen subscribes to channel (one of those given to New); match filters
+// payloads (nil accepts all).
+func (n *Notifier) Listen(channel string, match func(payload string) bool) *Subscription {
+	s := &Subscription{n: n, channel: channel, match: match, c: make(chan string, 64)}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.subs[s] = struct{}{}
+	if n.cancel == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		n.cancel = cancel
+		n.done = make(chan struct{})
+		go n.run(ctx, n.done)
+	}
+	return s
+}
+
+func (n *Notifier) remove(s *Subscription) {
+	n.mu.Lock()
+	if _, ok := n.subs[s]; !ok {
+		n.mu.Unlock()
+		return
+	}
+	delete(n.subs, s)
+	var done chan struct{}
+	if len(n.subs) == 0 && n.cancel != nil {
+		n.cancel()
+		done = n.done
+		n.cancel, n.done = nil, nil
+	}
+	n.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// dispatch hands a payload to the matching subscribers without blocking.
+func (n *Notifier) dispatch(channel, payload string, all bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for s := range n.subs {
+		if !all && (s.channel != channel || (s.match != nil && !s.match(payload))) {
+			continue
+		}
+		select {
+		case s.c <- payload:
+		default:
+		}
+	}
+}
+
+// run keeps one session listening until ctx ends.
+func (n *Notifier) run(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		if attempt > 0 {
+			if !backoff.Sleep(ctx.Done(), n.retry.Delay(attempt-1)) {
+				return
+			}
+		}
+		listening, err := n.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if listening {
+			attempt = 0
+		}
+		n.logger.WarnContext(ctx, "pgque: notifier session lost, reconnecting", slog.Any("error", err))
+	}
+}
+
+// session opens the connection, listens, and delivers notifications until
+// the connection fails or ctx ends. It reports whether LISTEN succeeded.
+func (n *Notifier) session(ctx context.Context) (bool, error) {
+	conn, err := n.connect(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	q := dbq.New(conn)
+	for _, ch := range n.channels {
+		if err := q.Listen(ctx, ch); err != nil {
+			return false, err
+		}
+	}
+	// Anything sent while we were not listening is lost: wake everyone.
+	n.dispatch("", "", true)
+	for {
+		note, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return true, err
+		}
+		n.dispatch(note.Channel, note.Payload, false)
+	}
+}

@@ -1,0 +1,131 @@
+package workerpool
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque/internal/wakeup"
+)
+
+// coordinate is the claim loop: one pass per jittered ClaimInterval, and an
+// early pass whenever a slot goroutine exits or a peer turns hungry. It
+// returns when fetchCtx ends.
+func (p *Pool) coordinate(fetchCtx, workCtx context.Context) {
+	waiter := wakeup.Waiter{Notify: p.trigger.C(), Poll: p.cfg.ClaimInterval, Jitter: 0.2}
+	for {
+		p.pass(fetchCtx, workCtx)
+		if waiter.Wait(fetchCtx) != nil {
+			return
+		}
+	}
+}
+
+// pass reads the slots' status, plans, releases, claims, and announces.
+func (p *Pool) pass(fetchCtx, workCtx context.Context) {
+	status, err := p.cfg.Queries.PartitionSlotStatus(fetchCtx, p.cfg.Queue, p.cfg.Consumer)
+	if err != nil {
+		if fetchCtx.Err() == nil {
+			p.log().WarnContext(fetchCtx, "pgque: reading partition_slot_status", slog.Any("error", err))
+		}
+		return
+	}
+	p.observe(status)
+
+	now := time.Now()
+	in := planInput{
+		self:      p.cfg.Worker,
+		slots:     p.cfg.Slots,
+		maxActive: p.cfg.MaxActive,
+		status:    status,
+		running:   make(map[int]bool),
+		peers:     p.presence.live(now),
+		holdoff:   make(map[int]bool),
+	}
+	p.mu.Lock()
+	for s, r := range p.running {
+		in.running[s] = r.release.Load()
+	}
+	for s, until := range p.holdoff {
+		if now.Before(until) {
+			in.holdoff[s] = true
+		} else {
+			delete(p.holdoff, s)
+		}
+	}
+	in.prevFree = p.prevFree
+	p.mu.Unlock()
+
+	pl := makePlan(in)
+	p.releaseExcess(pl.release, now)
+	owned := len(in.running) - len(pl.release)
+	for _, releasing := range in.running {
+		if releasing {
+			owned--
+		}
+	}
+	owners := make(map[int]*string, len(status))
+	for _, s := range status {
+		owners[s.Slot] = s.Owner
+	}
+	for _, slot := range pl.claim {
+		if p.claim(fetchCtx, workCtx, slot, owners[slot]) {
+			owned++
+		}
+	}
+
+	p.mu.Lock()
+	p.prevFree = pl.free
+	p.mu.Unlock()
+	hungry := owned < pl.target
+	if err := p.cfg.Queries.Notify(fetchCtx, PresenceChannel, p.presence.payload(hungry)); err != nil && fetchCtx.Err() == nil {
+		p.log().WarnContext(fetchCtx, "pgque: announcing worker", slog.Any("error", err))
+	}
+}
+
+// releaseExcess asks runners to give their slot up at the next chunk
+// boundary, and holds the slots off this worker's claims for two passes.
+func (p *Pool) releaseExcess(slots []int, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range slots {
+		if r, ok := p.running[s]; ok {
+			r.release.Store(true)
+			r.wake.Fire()
+			p.holdoff[s] = now.Add(2 * p.cfg.ClaimInterval)
+			p.log().Debug("pgque: releasing slot above fair share", slog.Int("slot", s))
+		}
+	}
+}
+
+// claim tries to take one slot and starts its goroutine on success.
+func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner *string) bool {
+	at := time.Now()
+	epoch, ok, err := p.cfg.Queries.ClaimSlot(fetchCtx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL)
+	if err != nil {
+		if fetchCtx.Err() == nil {
+			p.log().WarnContext(fetchCtx, "pgque: claiming slot", slog.Int("slot", slot), slog.Any("error", err))
+		}
+		return false
+	}
+	if !ok {
+		return false // another worker was faster
+	}
+	p.cfg.Metrics.LeaseClaims.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
+	if prevOwner != nil && *prevOwner != p.cfg.Worker {
+		p.cfg.Metrics.LeaseTakeovers.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
+	}
+	p.startRunner(fetchCtx, workCtx, slot, epoch, at)
+	return true
+}
+
+// observe publishes the per-slot gauges.
+func (p *Pool) observe(status []dbq.SlotStatus) {
+	for _, s := range status {
+		slot := strconv.Itoa(s.Slot)
+		p.cfg.Metrics.SlotLag.WithLabelValues(p.cfg.Queue, p.cfg.Consumer, slot).Set(float64(s.Lag))
+		p.cfg.Metrics.SlotHeadAge.WithLabelValues(p.cfg.Queue, p.cfg.Consumer, slot).Set(s.OldestPendingAge.Seconds())
+	}
+}

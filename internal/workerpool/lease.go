@@ -1,0 +1,147 @@
+package workerpool
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/pgque/pgque/internal/backoff"
+)
+
+// Lease is this process's view of one slot lease: the epoch it was granted
+// and until when the server is known to honour it. The server is the
+// authority; the local view only errs on the safe side: the slot's work is
+// cancelled a little before the server could consider the lease expired.
+type Lease struct {
+	// Slot is the slot index, 0 ≤ Slot < N.
+	Slot int
+	// Epoch is the fencing token the server granted with the lease.
+	Epoch int64
+
+	ttl time.Duration
+
+	// renewMu serialises background renewals against closing, so that no
+	// renewal re-takes a lease after the slot released it.
+	renewMu sync.Mutex
+	closed  bool
+
+	mu        sync.Mutex
+	heldUntil time.Time
+	expiry    *time.Timer
+}
+
+// expiryMargin is the fraction of the TTL by which the local view expires
+// before the server's.
+const expiryMargin = 10
+
+// newLease records a lease granted by a claim_slot call that started at
+// `at`: claim_slot sets the lease to a full TTL.
+func newLease(slot int, epoch int64, ttl time.Duration, at time.Time, onExpire func()) *Lease {
+	l := &Lease{Slot: slot, Epoch: epoch, ttl: ttl, heldUntil: at.Add(ttl)}
+	l.expiry = time.AfterFunc(l.remaining(), onExpire)
+	return l
+}
+
+// remaining is how long the lease stays valid locally. Callers hold mu or
+// own l exclusively.
+func (l *Lease) remaining() time.Duration {
+	return time.Until(l.heldUntil) - l.ttl/expiryMargin
+}
+
+// Renewed records that a receive_partitioned or ack_partitioned call that
+// started at `at` succeeded. The server renews the lease on those calls
+// only when less than half of the TTL is left, so such a call guarantees
+// half a TTL from its start, not a full one.
+func (l *Lease) Renewed(at time.Time) { l.extend(at.Add(l.ttl / 2)) }
+
+// extend moves the local end of the lease forward to until.
+func (l *Lease) extend(until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if until.After(l.heldUntil) {
+		l.heldUntil = until
+		l.expiry.Reset(l.remaining())
+	}
+}
+
+// left is how long the server honours the lease from now on, as far as
+// this process knows.
+func (l *Lease) left() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return time.Until(l.heldUntil)
+}
+
+// close stops background renewals and the local expiry; it waits for a
+// renewal in flight.
+func (l *Lease) close() {
+	l.renewMu.Lock()
+	l.closed = true
+	l.renewMu.Unlock()
+	l.mu.Lock()
+	l.expiry.Stop()
+	l.mu.Unlock()
+}
+
+// keep renews, in the background, every lease with less than a third of
+// the TTL left: slots whose handler runs long, and slots nobody polled. A
+// slot that receives and acks keeps its lease through those calls, so the
+// keeper writes nothing for it. Checking every sixth of the TTL leaves at
+// least a sixth of the TTL for the renewal to land before the local expiry
+// (a tenth before the end) would fence the slot.
+func (p *Pool) keep(ctx context.Context, stop <-chan struct{}) {
+	for {
+		if !backoff.Sleep(stop, backoff.Jitter(p.cfg.LeaseTTL/6, 0.2)) || ctx.Err() != nil {
+			return
+		}
+		p.mu.Lock()
+		due := make([]*runner, 0, len(p.running))
+		for _, r := range p.running {
+			if r.lease.left() < p.cfg.LeaseTTL/3 {
+				due = append(due, r)
+			}
+		}
+		p.mu.Unlock()
+		for _, r := range due {
+			p.renew(ctx, r)
+		}
+	}
+}
+
+// renew extends one lease with claim_slot, which renews with the same epoch
+// when this worker still owns it. Any other answer means the slot was lost.
+func (p *Pool) renew(ctx context.Context, r *runner) {
+	l := r.lease
+	l.renewMu.Lock()
+	defer l.renewMu.Unlock()
+	if l.closed || r.workCtx.Err() != nil {
+		return
+	}
+	at := time.Now()
+	epoch, ok, err := p.cfg.Queries.ClaimSlot(ctx, p.cfg.Queue, p.cfg.Consumer, l.Slot, p.cfg.Worker, p.cfg.LeaseTTL)
+	switch {
+	case err != nil:
+		// The local expiry fences the slot if renewals keep failing.
+		if ctx.Err() == nil {
+			p.log().WarnContext(ctx, "pgque: renewing slot lease", slog.Int("slot", l.Slot), slog.Any("error", err))
+		}
+	case !ok || epoch != l.Epoch:
+		p.fence(r, "lease renewal found another epoch", slog.Int64("new_epoch", epoch), slog.Bool("held_by_other", !ok))
+	default:
+		l.extend(at.Add(p.cfg.LeaseTTL))
+		p.cfg.Metrics.LeaseRenewals.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
+	}
+}
+
+// fence stops a slot at once: its handler's context is cancelled with
+// LeaseLostCause and nothing more is acked.
+func (p *Pool) fence(r *runner, why string, attrs ...any) {
+	if r.workCtx.Err() != nil {
+		return
+	}
+	p.cfg.Metrics.LeaseFencings.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
+	args := append([]any{slog.Int("slot", r.lease.Slot), slog.Int64("epoch", r.lease.Epoch), slog.String("reason", why)}, attrs...)
+	p.log().Warn("pgque: slot fenced", args...)
+	r.cancel(p.cfg.LeaseLostCause)
+}

@@ -1,0 +1,140 @@
+package workerpool
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque/internal/metrics"
+	"github.com/pgque/pgque/internal/notifier"
+	"github.com/pgque/pgque/internal/wakeup"
+)
+
+// Channel names the pool listens on.
+const (
+	// TickChannel carries the queue name after every tick.
+	TickChannel = "pgque"
+	// PresenceChannel carries worker announcements (see presence.go).
+	PresenceChannel = "pgque_workers"
+)
+
+// WorkFunc processes at most one chunk of the slot held by lease. fetchCtx
+// ends when the pool stops fetching (receive must use it); workCtx ends when
+// the work must be abandoned: the lease was lost or the pool is hard-stopped
+// (handlers and ack use it). It reports whether the slot may have more work
+// right away. Each successful receive or ack must call lease.Renewed with the
+// time the call started, because the server renews the lease on both.
+type WorkFunc func(fetchCtx, workCtx context.Context, lease *Lease) (more bool, err error)
+
+// Config configures a Pool. Every field is required unless noted.
+type Config struct {
+	Queries  *dbq.Queries
+	Notifier *notifier.Notifier // nil: poll only
+	Logger   *slog.Logger
+	Metrics  *metrics.Metrics
+
+	Queue, Consumer, Worker string
+	Slots, MaxActive        int
+	LeaseTTL                time.Duration
+	ClaimInterval           time.Duration
+	PollInterval            time.Duration
+
+	Work WorkFunc
+	// IsLeaseLost reports whether an error from Work means the server fenced
+	// this worker (SQLSTATE PQ032).
+	IsLeaseLost func(error) bool
+	// LeaseLostCause is the cause a slot's workCtx is cancelled with when
+	// its lease is lost.
+	LeaseLostCause error
+}
+
+// Pool is one process's worker pool over the slots of one consumer.
+type Pool struct {
+	cfg      Config
+	presence *presence
+	trigger  *wakeup.Signal
+	runners  sync.WaitGroup
+
+	mu       sync.Mutex
+	running  map[int]*runner
+	holdoff  map[int]time.Time
+	prevFree map[int]bool
+}
+
+// New returns a Pool; Run starts it.
+func New(cfg Config) *Pool {
+	return &Pool{
+		cfg:      cfg,
+		presence: newPresence(cfg.Queue, cfg.Consumer, cfg.Worker, 3*cfg.ClaimInterval),
+		trigger:  wakeup.NewSignal(),
+		running:  make(map[int]*runner),
+		holdoff:  make(map[int]time.Time),
+		prevFree: make(map[int]bool),
+	}
+}
+
+// Run works slots until fetchCtx ends, then lets every slot finish its
+// in-flight chunk, ack and release its lease, and returns once all slot
+// goroutines have exited. If workCtx ends first (hard stop or crash), slots
+// are abandoned: no ack, no release; their leases expire after the TTL.
+func (p *Pool) Run(fetchCtx, workCtx context.Context) {
+	var notify, announce <-chan string
+	if n := p.cfg.Notifier; n != nil {
+		ticks := n.Listen(TickChannel, func(payload string) bool { return payload == p.cfg.Queue })
+		defer ticks.Unlisten()
+		peers := n.Listen(PresenceChannel, nil)
+		defer peers.Unlisten()
+		notify, announce = ticks.C(), peers.C()
+	}
+
+	stopBackground := make(chan struct{})
+	var background sync.WaitGroup
+	background.Add(2)
+	go func() { defer background.Done(); p.dispatch(stopBackground, notify, announce) }()
+	go func() { defer background.Done(); p.keep(workCtx, stopBackground) }()
+
+	p.coordinate(fetchCtx, workCtx)
+
+	p.runners.Wait()
+	close(stopBackground)
+	background.Wait()
+}
+
+// Owned returns the slots this process currently works, for tests and status.
+func (p *Pool) Owned() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]int, 0, len(p.running))
+	for s := range p.running {
+		out = append(out, s)
+	}
+	return out
+}
+
+// dispatch fans tick notifications out to every slot goroutine and records
+// other workers' announcements.
+func (p *Pool) dispatch(stop <-chan struct{}, notify, announce <-chan string) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-notify:
+			p.mu.Lock()
+			for _, r := range p.running {
+				r.wake.Fire()
+			}
+			p.mu.Unlock()
+		case payload := <-announce:
+			if p.presence.record(payload, time.Now()) {
+				p.trigger.Fire()
+			}
+		}
+	}
+}
+
+func (p *Pool) log() *slog.Logger {
+	return p.cfg.Logger.With(slog.String("queue", p.cfg.Queue), slog.String("consumer", p.cfg.Consumer),
+		slog.String("worker", p.cfg.Worker))
+}

@@ -1,0 +1,106 @@
+package workerpool
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/pgque/pgque/internal/backoff"
+	"github.com/pgque/pgque/internal/wakeup"
+)
+
+// runner is the goroutine that works one claimed slot: chunk after chunk,
+// strictly one at a time, which is what keeps per-key order.
+type runner struct {
+	lease *Lease
+	// workCtx ends when the slot is fenced or the pool hard-stops.
+	workCtx context.Context
+	cancel  context.CancelCauseFunc
+	// fetchCtx additionally ends when the pool stops fetching.
+	fetchCtx    context.Context
+	stopFetch   func() bool
+	fetchCancel context.CancelFunc
+	wake        *wakeup.Signal
+	// release asks the runner to give the slot up at the next chunk boundary.
+	release atomic.Bool
+}
+
+// startRunner registers and starts the goroutine for a freshly claimed slot.
+func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot int, epoch int64, claimedAt time.Time) {
+	r := &runner{wake: wakeup.NewSignal()}
+	r.workCtx, r.cancel = context.WithCancelCause(workCtx)
+	r.fetchCtx, r.fetchCancel = context.WithCancel(r.workCtx)
+	r.stopFetch = context.AfterFunc(fetchCtx, r.fetchCancel)
+	r.lease = newLease(slot, epoch, p.cfg.LeaseTTL, claimedAt, func() { p.fence(r, "lease expired before renewal") })
+
+	p.mu.Lock()
+	p.running[slot] = r
+	p.mu.Unlock()
+	p.runners.Add(1)
+	go p.run(r)
+}
+
+// run is the slot goroutine.
+func (p *Pool) run(r *runner) {
+	defer p.runners.Done()
+	defer p.exited(r)
+	log := p.log().With(slog.Int("slot", r.lease.Slot), slog.Int64("epoch", r.lease.Epoch))
+	log.DebugContext(r.workCtx, "pgque: slot claimed")
+	waiter := wakeup.Waiter{Notify: r.wake.C(), Poll: p.cfg.PollInterval, Jitter: 0.2}
+	for failures := 0; r.fetchCtx.Err() == nil && !r.release.Load(); {
+		more, err := p.cfg.Work(r.fetchCtx, r.workCtx, r.lease)
+		if r.workCtx.Err() != nil {
+			return // fenced or hard stop: abandon without ack or release
+		}
+		if err != nil && p.cfg.IsLeaseLost(err) {
+			p.fence(r, "server rejected the lease", slog.Any("error", err))
+			return
+		}
+		if err != nil {
+			if r.fetchCtx.Err() != nil {
+				break
+			}
+			log.WarnContext(r.workCtx, "pgque: working slot", slog.Any("error", err))
+			if !backoff.Sleep(r.fetchCtx.Done(), backoff.Errors.Delay(failures)) {
+				break
+			}
+			failures++
+			continue
+		}
+		failures = 0
+		if !more && waiter.Wait(r.fetchCtx) != nil {
+			break
+		}
+	}
+	p.releaseLease(r, log)
+}
+
+// releaseLease gives the slot up at a chunk boundary so that the next owner
+// can claim it at once instead of waiting for the TTL.
+func (p *Pool) releaseLease(r *runner, log *slog.Logger) {
+	r.lease.close()
+	if r.workCtx.Err() != nil {
+		return
+	}
+	if _, err := p.cfg.Queries.ReleaseSlot(r.workCtx, p.cfg.Queue, p.cfg.Consumer, r.lease.Slot, p.cfg.Worker); err != nil {
+		log.WarnContext(r.workCtx, "pgque: releasing slot", slog.Any("error", err))
+		return
+	}
+	log.DebugContext(r.workCtx, "pgque: slot released")
+}
+
+// exited unregisters a finished runner and asks the coordinator to look at
+// the slot again.
+func (p *Pool) exited(r *runner) {
+	r.lease.close()
+	r.stopFetch()
+	r.fetchCancel()
+	r.cancel(nil)
+	p.mu.Lock()
+	if p.running[r.lease.Slot] == r {
+		delete(p.running, r.lease.Slot)
+	}
+	p.mu.Unlock()
+	p.trigger.Fire()
+}

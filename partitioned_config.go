@@ -1,0 +1,151 @@
+package pgque
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Defaults for PartitionedConsumerConfig.
+const (
+	// LeaseTTLDefault is how long a slot lease lives without renewal. A
+	// crashed worker's slots are taken over about this long after the
+	// crash.
+	LeaseTTLDefault = 30 * time.Second
+	// LeaseTTLMin is the shortest accepted LeaseTTL: leases are renewed
+	// every third of it.
+	LeaseTTLMin = time.Second
+	// ClaimIntervalDefault is the period of the claim loop (jittered ±20%):
+	// how quickly a free slot is found and the spread rebalanced.
+	ClaimIntervalDefault = time.Second
+)
+
+// FailurePolicy says what happens to a key's later events after a handler
+// fails on one of them.
+type FailurePolicy int
+
+const (
+	// FailurePolicySkip (the default): the failed event is nacked and
+	// redelivered after its retry delay; later events of the same key go on
+	// and may overtake it (at-least-once, G3 skip).
+	FailurePolicySkip FailurePolicy = iota + 1
+)
+
+// FailurePolicyDefault is the policy a zero FailurePolicy means.
+const FailurePolicyDefault = FailurePolicySkip
+
+// String names the policy as the SQL does.
+func (p FailurePolicy) String() string {
+	switch p {
+	case FailurePolicySkip:
+		return "skip"
+	default:
+		return fmt.Sprintf("FailurePolicy(%d)", int(p))
+	}
+}
+
+// PartitionedConsumerConfig configures a PartitionedConsumer.
+type PartitionedConsumerConfig struct {
+	// Queue is the queue to consume. Required.
+	Queue string
+	// Consumer is the consumer name shared by every process of the pool.
+	// Required.
+	Consumer string
+	// Slots is N, the number of slots; it is persisted per (queue, consumer)
+	// and every process must use the same value. Required.
+	Slots int
+	// MaxActiveSlots caps the slots this process claims, and so works at
+	// once. Default Slots. When the sum over live processes is below Slots,
+	// some slots go unpolled and pin the queue's rotation.
+	MaxActiveSlots int
+	// WorkerID identifies this process in slot leases; it must be unique
+	// among live processes. Default hostname-pid-random.
+	WorkerID string
+	// LeaseTTL is the slot lease lifetime. Default LeaseTTLDefault, minimum
+	// LeaseTTLMin.
+	LeaseTTL time.Duration
+	// ClaimInterval is the claim loop's period. Default
+	// ClaimIntervalDefault.
+	ClaimInterval time.Duration
+	// PollInterval is how often an idle slot looks for work without a
+	// notification. Default PollIntervalDefault.
+	PollInterval time.Duration
+	// BatchSize is the maximum number of events per chunk. Default
+	// BatchSizeDefault.
+	BatchSize int
+	// Handler processes each message. Required.
+	Handler HandlerFunc
+	// FailurePolicy is what a handler failure does to the key. Default
+	// FailurePolicyDefault.
+	FailurePolicy FailurePolicy
+	// RetryDelay returns how long a failed event waits before redelivery.
+	// Default RetryDelayDefault.
+	RetryDelay func(retryCount int) time.Duration
+}
+
+func (c *PartitionedConsumerConfig) withDefaults() PartitionedConsumerConfig {
+	out := *c
+	if out.MaxActiveSlots == 0 {
+		out.MaxActiveSlots = out.Slots
+	}
+	if out.WorkerID == "" {
+		out.WorkerID = defaultWorkerID()
+	}
+	if out.LeaseTTL == 0 {
+		out.LeaseTTL = LeaseTTLDefault
+	}
+	if out.ClaimInterval == 0 {
+		out.ClaimInterval = ClaimIntervalDefault
+	}
+	if out.PollInterval == 0 {
+		out.PollInterval = PollIntervalDefault
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = BatchSizeDefault
+	}
+	if out.FailurePolicy == 0 {
+		out.FailurePolicy = FailurePolicyDefault
+	}
+	if out.RetryDelay == nil {
+		out.RetryDelay = RetryDelayDefault
+	}
+	return out
+}
+
+func (c *PartitionedConsumerConfig) validate() error {
+	switch {
+	case c == nil:
+		return invalidConfig("PartitionedConsumerConfig is nil")
+	case c.Queue == "":
+		return invalidConfig("PartitionedConsumerConfig.Queue is empty")
+	case c.Consumer == "":
+		return invalidConfig("PartitionedConsumerConfig.Consumer is empty")
+	case c.Handler == nil:
+		return invalidConfig("PartitionedConsumerConfig.Handler is nil")
+	case c.Slots < 1:
+		return invalidConfig("PartitionedConsumerConfig.Slots must be at least 1 (got %d)", c.Slots)
+	case c.MaxActiveSlots < 0:
+		return invalidConfig("PartitionedConsumerConfig.MaxActiveSlots is negative (%d)", c.MaxActiveSlots)
+	case c.LeaseTTL != 0 && c.LeaseTTL < LeaseTTLMin:
+		return invalidConfig("PartitionedConsumerConfig.LeaseTTL %v is below the minimum %v", c.LeaseTTL, LeaseTTLMin)
+	case c.ClaimInterval < 0 || c.PollInterval < 0 || c.BatchSize < 0:
+		return invalidConfig("PartitionedConsumerConfig intervals and BatchSize must not be negative")
+	case c.FailurePolicy != 0 && c.FailurePolicy != FailurePolicySkip:
+		return invalidConfig("PartitionedConsumerConfig.FailurePolicy %v is not supported", c.FailurePolicy)
+	}
+	return nil
+}
+
+// defaultWorkerID is hostname-pid-random: unique per process, and readable
+// in partition_slot_status.
+func defaultWorkerID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}

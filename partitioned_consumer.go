@@ -1,0 +1,133 @@
+package pgque
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque/internal/startstop"
+	"github.com/pgque/pgque/internal/workerpool"
+)
+
+// PartitionedConsumer is one process's worker pool over the N slots of a
+// consumer. Any number of processes (each with its own WorkerID) share the
+// slots without further configuration: every slot is claimed by exactly one
+// live worker at a time, each claimed slot is worked by its own goroutine,
+// chunk after chunk, so events of one key are handled in ev_id order by one
+// worker at a time, and the processes converge to an even spread of slots.
+// See docs/worker-pool.md. Create it with Client.NewPartitionedConsumer.
+type PartitionedConsumer struct {
+	client  *Client
+	config  PartitionedConsumerConfig
+	invoker invoker
+	pool    *workerpool.Pool
+	service startstop.Service
+}
+
+// NewPartitionedConsumer returns a PartitionedConsumer; Start runs it.
+func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*PartitionedConsumer, error) {
+	if err := config.validate(); err != nil {
+		return nil, err
+	}
+	cfg := config.withDefaults()
+	pc := &PartitionedConsumer{client: c, config: cfg}
+	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics}
+	pc.pool = workerpool.New(workerpool.Config{
+		Queries:        c.queries,
+		Notifier:       c.notifier,
+		Logger:         c.logger,
+		Metrics:        c.metrics,
+		Queue:          cfg.Queue,
+		Consumer:       cfg.Consumer,
+		Worker:         cfg.WorkerID,
+		Slots:          cfg.Slots,
+		MaxActive:      cfg.MaxActiveSlots,
+		LeaseTTL:       cfg.LeaseTTL,
+		ClaimInterval:  cfg.ClaimInterval,
+		PollInterval:   cfg.PollInterval,
+		Work:           pc.work,
+		IsLeaseLost:    func(err error) bool { return errors.Is(err, ErrLeaseLost) },
+		LeaseLostCause: ErrLeaseLost,
+	})
+	return pc, nil
+}
+
+// WorkerID returns the id this process uses in slot leases.
+func (pc *PartitionedConsumer) WorkerID() string { return pc.config.WorkerID }
+
+// OwnedSlots returns the slots this process works right now.
+func (pc *PartitionedConsumer) OwnedSlots() []int { return pc.pool.Owned() }
+
+// Start subscribes all N slots (idempotently; a different N persisted for
+// the consumer fails with ErrSlotCountMismatch) and starts the worker pool
+// in the background. It returns at once. Cancelling ctx abandons everything
+// like a crash: nothing more is acked, leases expire after the TTL.
+func (pc *PartitionedConsumer) Start(ctx context.Context) error {
+	err := pgx.BeginFunc(ctx, pc.client.pool, func(tx pgx.Tx) error {
+		q := dbq.New(tx)
+		for slot := range pc.config.Slots {
+			if _, err := q.SubscribeSlot(ctx, pc.config.Queue, pc.config.Consumer, slot, pc.config.Slots); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return mapError(fmt.Sprintf("subscribing %d slots of %q to queue %q", pc.config.Slots, pc.config.Consumer, pc.config.Queue), err)
+	}
+	if err := pc.service.Start(ctx, pc.pool.Run); err != nil {
+		return fmt.Errorf("starting partitioned consumer %q: %w", pc.config.Consumer, ErrAlreadyStarted)
+	}
+	return nil
+}
+
+// Stop stops claiming and receiving, lets each slot finish and ack its
+// chunk in flight, releases the leases, and returns when every goroutine is
+// gone. If ctx ends first, the chunks in flight are abandoned unacked (their
+// handlers' contexts are cancelled; the next owner receives them again after
+// the TTL) and ctx's error is returned. Stop is idempotent.
+func (pc *PartitionedConsumer) Stop(ctx context.Context) error {
+	return pc.service.Stop(ctx)
+}
+
+// work processes one chunk of a held slot (a workerpool.WorkFunc).
+func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *workerpool.Lease) (bool, error) {
+	cfg := &pc.config
+	start := time.Now()
+	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, cfg.BatchSize)
+	if err != nil {
+		return false, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
+	}
+	lease.Renewed(start)
+	if len(rows) == 0 {
+		return false, nil
+	}
+	if rows[0].Epoch != lease.Epoch {
+		return false, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
+	}
+	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
+	failures, aborted := pc.invoker.handleChunk(workCtx, msgs)
+	if aborted {
+		return false, errors.Join(errAborted, context.Cause(workCtx))
+	}
+	ackStart := time.Now()
+	s := settler{
+		retryDelay: cfg.RetryDelay, metrics: pc.client.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
+		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
+			return q.NackPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, m.ID, after, reason)
+		},
+		ack: func(ctx context.Context, q *dbq.Queries) (bool, error) {
+			return q.AckPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID)
+		},
+	}
+	if err := s.settle(workCtx, pc.client.pool, failures); err != nil {
+		return false, err
+	}
+	lease.Renewed(ackStart)
+	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(start).Seconds())
+	return true, nil
+}

@@ -1,0 +1,111 @@
+package pgque_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque"
+)
+
+func TestSendReturnsIncreasingIDs(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	a, err := env.client.Send(ctx, env.queue, pgque.Event{Type: "t", Payload: map[string]int{"n": 1}, PartitionKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: json.RawMessage(`{"n":2}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b <= a {
+		t.Fatalf("ids not increasing: %d then %d", a, b)
+	}
+}
+
+func TestSendInvalidPayloadFailsBeforeTheDatabase(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	_, err := env.client.Send(ctx, "no-such-queue", pgque.Event{Payload: json.RawMessage(`{oops`)})
+	if !errors.Is(err, pgque.ErrInvalidPayload) {
+		t.Fatalf("got %v, want ErrInvalidPayload", err)
+	}
+	_, err = env.client.SendBatch(ctx, "no-such-queue", []pgque.Event{{Payload: 1}, {Payload: make(chan int)}})
+	if !errors.Is(err, pgque.ErrInvalidPayload) {
+		t.Fatalf("got %v, want ErrInvalidPayload", err)
+	}
+}
+
+func TestSendUnknownQueue(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	_, err := env.client.Send(context.Background(), "missing", pgque.Event{Payload: 1})
+	if !errors.Is(err, pgque.ErrQueueNotFound) {
+		t.Fatalf("got %v, want ErrQueueNotFound", err)
+	}
+	var pe *pgque.Error
+	if !errors.As(err, &pe) || pe.Code != "PQ001" {
+		t.Fatalf("got %#v, want *pgque.Error with PQ001", err)
+	}
+}
+
+func TestSendBatchKeepsOrderAcrossTypes(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	events := []pgque.Event{
+		{Type: "a", Payload: 1, PartitionKey: "k"},
+		{Type: "a", Payload: 2},
+		{Type: "b", Payload: 3, PartitionKey: "k"},
+		{Type: "a", Payload: 4, PartitionKey: "k"},
+	}
+	ids, err := env.client.SendBatch(ctx, env.queue, events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != len(events) {
+		t.Fatalf("got %d ids, want %d", len(ids), len(events))
+	}
+	for i := 1; i < len(ids); i++ {
+		if ids[i] <= ids[i-1] {
+			t.Fatalf("ids not in input order: %v", ids)
+		}
+	}
+}
+
+func TestSendTxRollsBack(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	consumed := collect(t, env, "c")
+	tx, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.client.SendTx(ctx, tx, env.queue, pgque.Event{Payload: "rolled back"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.client.SendBatchTx(ctx, tx, env.queue, []pgque.Event{{Payload: "also rolled back"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
+		_, err := env.client.SendTx(ctx, tx, env.queue, pgque.Event{Payload: "committed"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := consumed.wait(t, 1)
+	if string(got[0].Payload) != `"committed"` {
+		t.Fatalf("consumed %s, want the committed event only", got[0].Payload)
+	}
+}

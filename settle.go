@@ -1,0 +1,83 @@
+package pgque
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque/internal/metrics"
+)
+
+// settler acknowledges one chunk: it nacks the failures and acks the chunk
+// in one transaction, so that a crash in between cannot leave an event both
+// retried and redelivered with its chunk.
+type settler struct {
+	retryDelay func(retryCount int) time.Duration
+	metrics    *metrics.Metrics
+	queue      string
+	consumer   string
+	// nack schedules one failed message; it reports whether the event was
+	// retried (false: dead-lettered).
+	nack func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error)
+	// ack acknowledges the chunk and reports whether the batch finished.
+	ack func(ctx context.Context, q *dbq.Queries) (bool, error)
+}
+
+// settle runs the nacks and the ack over db: in one transaction when there
+// are failures, as one autocommit statement otherwise.
+func (s *settler) settle(ctx context.Context, db beginner, failures []failure) error {
+	if len(failures) == 0 {
+		_, err := s.ack(ctx, dbq.New(db))
+		return mapError("acknowledging chunk", err)
+	}
+	var retried, dead int
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		q := dbq.New(tx)
+		retried, dead = 0, 0
+		for _, f := range failures {
+			ok, err := s.nack(ctx, q, f.msg, s.retryDelay(f.msg.RetryCount), reason(f.err))
+			if err != nil {
+				return fmt.Errorf("nacking event %d: %w", f.msg.ID, err)
+			}
+			if ok {
+				retried++
+			} else {
+				dead++
+			}
+		}
+		_, err := s.ack(ctx, q)
+		return err
+	})
+	if err != nil {
+		return mapError("settling chunk", err)
+	}
+	s.metrics.Retried.WithLabelValues(s.queue, s.consumer).Add(float64(retried))
+	s.metrics.DeadLettered.WithLabelValues(s.queue, s.consumer).Add(float64(dead))
+	return nil
+}
+
+// beginner is a pool or connection that can open a transaction and run
+// single statements.
+type beginner interface {
+	dbq.DBTX
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// toMessages converts received rows.
+func toMessages(rows []dbq.Row, queue, consumer string, slot int) []*Message {
+	msgs := make([]*Message, len(rows))
+	for i, r := range rows {
+		m := &Message{
+			ID: r.MsgID, Queue: queue, Consumer: consumer, Type: r.Type, Payload: r.Payload,
+			RetryCount: r.RetryCount, CreatedAt: r.CreatedAt, BatchID: r.BatchID, Slot: slot, Epoch: r.Epoch,
+		}
+		if r.PartitionKey != nil {
+			m.PartitionKey = *r.PartitionKey
+		}
+		msgs[i] = m
+	}
+	return msgs
+}
