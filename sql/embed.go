@@ -61,6 +61,7 @@ func Script() (string, error) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "-- pgque %s install script; apply in one transaction (psql -1 -f).\n", Version)
+	b.WriteString("set local client_min_messages = warning;\n")
 	for _, f := range files {
 		fmt.Fprintf(&b, "\n-- ==== %s ====\n%s\n", f.Name, f.Body)
 	}

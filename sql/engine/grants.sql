@@ -16,6 +16,8 @@ grant execute on function
     pgque.get_batch_events(bigint),
     pgque.finish_batch(bigint),
     pgque.event_retry(bigint, bigint, integer),
+    pgque.event_defer(bigint, bigint, text),
+    pgque.event_undefer(text, text, text),
     pgque.dlq_list(text, text, integer)
     to pgque_reader, pgque_admin;
 

@@ -5,6 +5,8 @@ revoke all on all tables in schema pgque from public;
 
 grant execute on function
     pgque.subscribe_slot(text, text, integer, integer),
+    pgque.subscribe_slot(text, text, integer, integer, text),
+    pgque.blocked_keys(text, text),
     pgque.unsubscribe_slot(text, text, integer, integer),
     pgque.claim_slot(text, text, integer, text, interval),
     pgque.release_slot(text, text, integer, text),
@@ -13,6 +15,12 @@ grant execute on function
     pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text),
     pgque.slot_of(text, integer)
     to pgque_reader, pgque_admin;
+
+grant execute on function
+    pgque.set_failure_policy(text, text, text),
+    pgque.unblock_key(text, text, text),
+    pgque.retry_key_now(text, text, text)
+    to pgque_admin;
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
 grant select on pgque.partition_slot_status to pgque_reader, pgque_writer, pgque_admin;

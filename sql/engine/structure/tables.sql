@@ -125,3 +125,26 @@ create table if not exists pgque.ticker_lease (
     lease_until timestamptz,
     epoch       bigint not null default 0
 );
+
+-- Events set aside by event_defer for one subscription, in groups, without
+-- counting a retry. event_undefer puts a group back into the log (same
+-- ev_id, same ev_retry) where only that subscription sees it, so a group is
+-- re-delivered in ev_id order. Rows exist only while deferred; nothing here
+-- is written for events that are never deferred.
+create table if not exists pgque.deferred (
+    ev_owner    integer not null references pgque.subscription (sub_id) on delete cascade,
+    ev_id       bigint not null,
+    ev_group    text not null,
+    ev_queue    integer not null,
+    ev_time     timestamptz not null,
+    ev_retry    integer,
+    ev_type     text,
+    ev_data     text,
+    ev_extra1   text,
+    ev_extra2   text,
+    ev_extra3   text,
+    ev_extra4   text,
+    deferred_at timestamptz not null default now(),
+    primary key (ev_owner, ev_id)
+);
+create index if not exists deferred_group_idx on pgque.deferred (ev_owner, ev_group, ev_id);

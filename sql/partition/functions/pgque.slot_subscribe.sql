@@ -76,25 +76,77 @@ begin
 end;
 $$;
 
--- subscribe_slot(queue, consumer, slot, nslots): subscribes one slot.
--- Persists N for (queue, consumer) with the first slot; another N raises
--- PQ030. Idempotent. Returns 1 when the slot is new, 0 when it existed.
-create or replace function pgque.subscribe_slot(i_queue text, i_consumer text, i_slot integer, i_nslots integer)
+-- _route_index(queue_id, nslots, wanted): creates (or drops, when no slot
+-- group of the queue uses nslots any more) an index per event table on the
+-- routing expression for nslots and ev_txid. With it, slot k reads only
+-- its own events instead of the whole stream: N slots cost about one
+-- reader, not N. The expression is spelled exactly as _slot_filter spells
+-- it, so the planner matches the predicate to the index. Creating it locks
+-- the queue's event tables against writes while it is built (instant on a
+-- new queue; proportional to the backlog otherwise).
+create or replace function pgque._route_index(i_queue_id integer, i_nslots integer, i_wanted boolean)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q   pgque.queue;
+    v_n integer;
+    v_ix text;
+begin
+    if i_nslots < 2 then
+        return;
+    end if;
+    if not i_wanted and exists (select 1 from pgque.slot_group where sg_queue = i_queue_id and sg_nslots = i_nslots) then
+        return;
+    end if;
+    select * into q from pgque.queue where queue_id = i_queue_id;
+    for v_n in 0 .. q.queue_ntables - 1 loop
+        v_ix := 'event_' || i_queue_id || '_' || v_n || '_route' || i_nslots;
+        if i_wanted then
+            execute format('create index if not exists %I on %s ((%s), ev_txid)', v_ix,
+                           pgque._event_table(i_queue_id, v_n),
+                           regexp_replace(pgque._slot_filter(0, i_nslots), ' = 0$', ''));
+        else
+            execute format('drop index if exists pgque.%I', v_ix);
+        end if;
+    end loop;
+end;
+$$;
+
+-- subscribe_slot(queue, consumer, slot, nslots, policy): subscribes one
+-- slot, setting the failure policy ('skip' or 'pause') when the consumer's
+-- first slot is created; NULL keeps the persisted one (skip by default). A different
+-- policy for an existing consumer raises PQ030: use set_failure_policy.
+create or replace function pgque.subscribe_slot(i_queue text, i_consumer text, i_slot integer, i_nslots integer,
+                                                i_policy text)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     q     pgque.queue := pgque._queue(i_queue);
+    g     pgque.slot_group;
     v_new integer;
     v_sub integer;
 begin
     perform pgque._check_name('consumer', i_consumer);
     perform pgque._check_slot(i_slot, i_nslots);
-    insert into pgque.slot_group (sg_queue, sg_consumer, sg_nslots)
-    values (q.queue_id, i_consumer, i_nslots)
+    if i_policy is not null and i_policy not in ('skip', 'pause') then
+        raise exception using errcode = 'PQ011',
+            message = format('failure policy must be ''skip'' or ''pause'', not %L', i_policy);
+    end if;
+    insert into pgque.slot_group (sg_queue, sg_consumer, sg_nslots, sg_policy)
+    values (q.queue_id, i_consumer, i_nslots, coalesce(i_policy, 'skip'))
     on conflict do nothing;
+    if found then
+        perform pgque._route_index(q.queue_id, i_nslots, true);
+    end if;
     perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for update;
-    perform pgque._slot_group(i_queue, i_consumer, i_nslots);
+    g := pgque._slot_group(i_queue, i_consumer, i_nslots);
+    if i_policy is not null and g.sg_policy <> i_policy then
+        raise exception using errcode = 'PQ030',
+            message = format('consumer %L on queue %L has failure policy %s, not %s; use set_failure_policy',
+                             i_consumer, i_queue, g.sg_policy, i_policy);
+    end if;
 
     v_new := pgque.register_consumer(i_queue, pgque._slot_name(i_consumer, i_slot, i_nslots));
     select sub_id into v_sub from pgque.subscription
@@ -105,6 +157,14 @@ begin
     return v_new;
 end;
 $$;
+
+-- subscribe_slot(queue, consumer, slot, nslots): subscribes one slot.
+-- Persists N for (queue, consumer) with the first slot; another N raises
+-- PQ030. Idempotent. Returns 1 when the slot is new, 0 when it existed.
+create or replace function pgque.subscribe_slot(i_queue text, i_consumer text, i_slot integer, i_nslots integer)
+returns integer language sql security definer
+set search_path = pg_catalog, pg_temp
+as $$ select pgque.subscribe_slot(i_queue, i_consumer, i_slot, i_nslots, null) $$;
 
 -- unsubscribe_slot(queue, consumer, slot, nslots): removes one slot with
 -- its subscription, lease, open batch and retries. When the last slot goes,
@@ -132,6 +192,9 @@ begin
      where g.sg_queue = q.queue_id and g.sg_consumer = i_consumer
        and not exists (select 1 from pgque.slot_lease l
                         where l.sl_queue = g.sg_queue and l.sl_consumer = g.sg_consumer);
+    if found then
+        perform pgque._route_index(q.queue_id, i_nslots, false);
+    end if;
     return 1;
 end;
 $$;

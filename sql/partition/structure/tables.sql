@@ -26,3 +26,26 @@ create table if not exists pgque.slot_lease (
     primary key (sl_queue, sl_consumer, sl_slot),
     foreign key (sl_queue, sl_consumer) references pgque.slot_group (sg_queue, sg_consumer) on delete cascade
 ) with (fillfactor = 50);
+
+-- key_block: under the pause policy, one row per blocked key of a slot
+-- (never per healthy event). State "blocked": kb_head failed and awaits its
+-- retry; every other event of the key is deferred. State "releasing": the
+-- deferred events were put back (up to kb_wait) and are being delivered in
+-- ev_id order; newer events of the key are still deferred. The state
+-- resolves when the event kb_wait, handed out in batch kb_wait_batch, is
+-- acknowledged (or the head is dead-lettered). kb_kid is the key with NULL
+-- spelled distinctly ('n' for NULL, 'k' || key otherwise); it is also the
+-- deferral group.
+create table if not exists pgque.key_block (
+    kb_sub        integer not null references pgque.subscription (sub_id) on delete cascade,
+    kb_kid        text not null,
+    kb_key        text,
+    kb_state      text not null check (kb_state in ('blocked', 'releasing')),
+    kb_head       bigint not null,
+    kb_wait       bigint not null,
+    kb_wait_batch bigint,
+    kb_since      timestamptz not null default now(),
+    kb_failures   integer not null default 0,
+    kb_reason     text,
+    primary key (kb_sub, kb_kid)
+);
