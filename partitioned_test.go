@@ -1,0 +1,446 @@
+package pgque_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/dbq"
+)
+
+// process is one simulated process of a worker pool: its own Client (and so
+// its own LISTEN session) and its own worker id.
+type process struct {
+	pc     *pgque.PartitionedConsumer
+	cancel context.CancelFunc
+}
+
+// startProcess starts a partitioned consumer as a separate "process".
+func startProcess(t *testing.T, env *testEnv, cfg pgque.PartitionedConsumerConfig) *process {
+	t.Helper()
+	client := newClient(t, env.pool)
+	pc, err := client.NewPartitionedConsumer(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := pc.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	p := &process{pc: pc, cancel: cancel}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if err := pc.Stop(ctx); err != nil {
+			t.Error("stopping", pc.WorkerID(), err)
+		}
+		p.cancel()
+	})
+	return p
+}
+
+// sendKeyed sends n events spread over nkeys keys in batches, and returns
+// id → key.
+func sendKeyed(t *testing.T, env *testEnv, n, nkeys int) map[int64]string {
+	t.Helper()
+	ctx := context.Background()
+	sent := make(map[int64]string, n)
+	const batch = 500
+	for off := 0; off < n; off += batch {
+		events := make([]pgque.Event, 0, batch)
+		for i := off; i < min(off+batch, n); i++ {
+			events = append(events, pgque.Event{Type: "e", Payload: i, PartitionKey: fmt.Sprintf("key-%d", rand.IntN(nkeys))})
+		}
+		ids, err := env.client.SendBatch(ctx, env.queue, events)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids {
+			sent[id] = events[i].PartitionKey
+		}
+	}
+	return sent
+}
+
+// slotOwners reads who owns which slot, from the server.
+func slotOwners(t *testing.T, env *testEnv, consumer string) map[string]int {
+	t.Helper()
+	status, err := dbq.New(env.pool).PartitionSlotStatus(context.Background(), env.queue, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := make(map[string]int)
+	for _, s := range status {
+		if s.Owner != nil && s.Live {
+			owners[*s.Owner]++
+		} else {
+			owners[""]++
+		}
+	}
+	return owners
+}
+
+// evenSpread reports whether the owners hold all n slots, each between
+// floor and ceil of n over the owners.
+func evenSpread(owners map[string]int, n, workers int) bool {
+	if owners[""] != 0 || len(owners) != workers {
+		return false
+	}
+	lo, hi := n/workers, (n+workers-1)/workers
+	for _, c := range owners {
+		if c < lo || c > hi {
+			return false
+		}
+	}
+	return true
+}
+
+func noop(context.Context, *pgque.Message) error { return nil }
+
+func TestPartitionedSlotCountMismatch(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	startProcess(t, env, pgque.PartitionedConsumerConfig{Queue: env.queue, Consumer: "c", Slots: 4, Handler: noop})
+	pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: env.queue, Consumer: "c", Slots: 5, Handler: noop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Start(context.Background()); !errors.Is(err, pgque.ErrSlotCountMismatch) {
+		t.Fatalf("Start with another N = %v, want ErrSlotCountMismatch", err)
+	}
+}
+
+func TestPartitionedConfigValidation(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	for _, cfg := range []*pgque.PartitionedConsumerConfig{
+		nil,
+		{Consumer: "c", Slots: 1, Handler: noop},
+		{Queue: "q", Slots: 1, Handler: noop},
+		{Queue: "q", Consumer: "c", Handler: noop},
+		{Queue: "q", Consumer: "c", Slots: 1},
+		{Queue: "q", Consumer: "c", Slots: 1, Handler: noop, LeaseTTL: time.Millisecond},
+		{Queue: "q", Consumer: "c", Slots: 1, Handler: noop, FailurePolicy: 99},
+	} {
+		if _, err := env.client.NewPartitionedConsumer(cfg); !errors.Is(err, pgque.ErrInvalidArgument) {
+			t.Errorf("NewPartitionedConsumer(%+v) = %v, want ErrInvalidArgument", cfg, err)
+		}
+	}
+}
+
+func TestPartitionedDeliversEveryKeyInOrder(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	startTicker(t, env.client)
+	var chk checker
+	startProcess(t, env, pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 4, WorkerID: "solo",
+		Handler: func(_ context.Context, m *pgque.Message) error {
+			defer chk.begin("solo", m)()
+			if m.Epoch < 1 || m.Slot < 0 || m.Slot >= 4 {
+				return fmt.Errorf("bad slot %d or epoch %d", m.Slot, m.Epoch)
+			}
+			return nil
+		},
+	})
+	sent := sendKeyed(t, env, 2000, 50)
+	waitFor(t, 30*time.Second, "all events", func() bool { return chk.distinct() == len(sent) })
+	r, err := chk.verify(sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.redeliveries != 0 {
+		t.Fatalf("%d redeliveries in a run without failures", r.redeliveries)
+	}
+}
+
+func TestPartitionedHandlerPanicBecomesNack(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	startTicker(t, env.client)
+	var panicked atomic.Bool
+	done := make(chan *pgque.Message, 1)
+	startProcess(t, env, pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 2,
+		RetryDelay: func(int) time.Duration { return 10 * time.Millisecond },
+		Handler: func(_ context.Context, m *pgque.Message) error {
+			if !panicked.Swap(true) {
+				panic("boom")
+			}
+			done <- m
+			return nil
+		},
+	})
+	if _, err := env.client.Send(context.Background(), env.queue, pgque.Event{Payload: 1, PartitionKey: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-done:
+		if m.RetryCount != 1 {
+			t.Fatalf("redelivered with retry count %d, want 1", m.RetryCount)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the event was not redelivered after the panic")
+	}
+}
+
+// TestPartitionedFencing takes a slot away from a worker whose handler is
+// running: the handler's context is cancelled with ErrLeaseLost and the
+// chunk is not acked.
+func TestPartitionedFencing(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	startTicker(t, env.client)
+	causes := make(chan error, 1)
+	var calls atomic.Int32
+	startProcess(t, env, pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "victim", LeaseTTL: time.Second,
+		Handler: func(ctx context.Context, m *pgque.Message) error {
+			if calls.Add(1) > 1 {
+				return nil
+			}
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return ctx.Err()
+		},
+	})
+	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the handler to start", func() bool { return calls.Load() == 1 })
+	q := dbq.New(env.pool)
+	if ok, err := q.ReleaseSlot(ctx, env.queue, "c", 0, "victim"); err != nil || !ok {
+		t.Fatalf("release_slot as the victim = %v, %v", ok, err)
+	}
+	epoch, ok, err := q.ClaimSlot(ctx, env.queue, "c", 0, "thief", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("claim_slot as the thief = %v, %v", ok, err)
+	}
+	select {
+	case cause := <-causes:
+		if !errors.Is(cause, pgque.ErrLeaseLost) {
+			t.Fatalf("handler context cause = %v, want ErrLeaseLost", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fenced handler's context was not cancelled")
+	}
+	// The chunk was not acked: the thief receives the event.
+	rows, err := q.ReceivePartitioned(ctx, env.queue, "c", 0, 1, "thief", 10)
+	if err != nil || len(rows) != 1 || rows[0].Epoch != epoch {
+		t.Fatalf("thief received %v, %v; want the abandoned event at epoch %d", rows, err, epoch)
+	}
+}
+
+// TestPartitionedStopLeavesNoGoroutinesAndReleases is not parallel: goleak
+// inspects every goroutine of the binary.
+func TestPartitionedStopLeavesNoGoroutinesAndReleases(t *testing.T) {
+	env := setup(t)
+	ctx := context.Background()
+	before := goleak.IgnoreCurrent()
+	tk, err := env.client.NewTicker(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var chk checker
+	pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 4,
+		Handler: func(_ context.Context, m *pgque.Message) error { defer chk.begin("w", m)(); return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sent := sendKeyed(t, env, 200, 20)
+	waitFor(t, 20*time.Second, "all events", func() bool { return chk.distinct() == len(sent) })
+	for range 2 {
+		if err := pc.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := tk.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	goleak.VerifyNone(t, before)
+	if owners := slotOwners(t, env, "c"); owners[""] != 4 {
+		t.Fatalf("after Stop the slots are owned: %v", owners)
+	}
+}
+
+// randomLatency is a handler delay: mostly short, sometimes long.
+func randomLatency() time.Duration {
+	if rand.IntN(100) == 0 {
+		return time.Duration(rand.IntN(20)) * time.Millisecond
+	}
+	return time.Duration(rand.IntN(400)) * time.Microsecond
+}
+
+// sleepCtx sleeps for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// poolRun is a multi-process run over one consumer.
+type poolRun struct {
+	t     *testing.T
+	env   *testEnv
+	chk   checker
+	mu    sync.Mutex
+	procs map[string]*process
+	ttl   time.Duration
+	slots int
+}
+
+func newPoolRun(t *testing.T, slots int, ttl time.Duration) *poolRun {
+	env := setup(t)
+	startTicker(t, env.client)
+	return &poolRun{t: t, env: env, procs: make(map[string]*process), ttl: ttl, slots: slots}
+}
+
+// start adds a process.
+func (r *poolRun) start(worker string) *process {
+	p := startProcess(r.t, r.env, pgque.PartitionedConsumerConfig{
+		Queue: r.env.queue, Consumer: "pool", Slots: r.slots, WorkerID: worker,
+		LeaseTTL: r.ttl, ClaimInterval: 200 * time.Millisecond, PollInterval: 200 * time.Millisecond,
+		Handler: func(ctx context.Context, m *pgque.Message) error {
+			defer r.chk.begin(worker, m)()
+			return sleepCtx(ctx, randomLatency())
+		},
+	})
+	r.mu.Lock()
+	r.procs[worker] = p
+	r.mu.Unlock()
+	return p
+}
+
+// stop stops a process gracefully.
+func (r *poolRun) stop(worker string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := r.procs[worker].pc.Stop(ctx); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// waitSpread waits for an even spread over workers live processes.
+func (r *poolRun) waitSpread(workers int) {
+	r.t.Helper()
+	var owners map[string]int
+	waitFor(r.t, 30*time.Second, fmt.Sprintf("an even spread over %d workers", workers), func() bool {
+		owners = slotOwners(r.t, r.env, "pool")
+		return evenSpread(owners, r.slots, workers)
+	})
+	r.t.Logf("spread over %d workers: %v", workers, owners)
+}
+
+func TestPartitionedThreeProcesses(t *testing.T) {
+	t.Parallel()
+	r := newPoolRun(t, 8, 2*time.Second)
+	for _, w := range []string{"p1", "p2", "p3"} {
+		r.start(w)
+	}
+	sent := sendKeyed(t, r.env, 20000, 500)
+	waitFor(t, 90*time.Second, "all events", func() bool { return r.chk.distinct() == len(sent) })
+	rep, err := r.chk.verify(sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("calls %d, redeliveries %d, per worker %v", rep.calls, rep.redeliveries, rep.perWorker)
+	if rep.redeliveries != 0 {
+		t.Fatalf("%d redeliveries in a run without failures or crashes", rep.redeliveries)
+	}
+	if len(rep.perWorker) != 3 {
+		t.Fatalf("work went to %v, want all three processes", rep.perWorker)
+	}
+	r.waitSpread(3)
+}
+
+func TestPartitionedCrashIsTakenOver(t *testing.T) {
+	t.Parallel()
+	const batchSize = pgque.BatchSizeDefault
+	r := newPoolRun(t, 8, 2*time.Second)
+	for _, w := range []string{"p1", "p2", "p3"} {
+		r.start(w)
+	}
+	r.waitSpread(3)
+	sent := sendKeyed(t, r.env, 20000, 500)
+	waitFor(t, 60*time.Second, "a third of the events", func() bool { return r.chk.distinct() > len(sent)/3 })
+	crashedSlots := len(r.procs["p2"].pc.OwnedSlots())
+	r.procs["p2"].cancel() // crash: no Stop, no ack, no release
+	crashedAt := time.Now()
+	waitFor(t, 90*time.Second, "all events", func() bool { return r.chk.distinct() == len(sent) })
+	rep, err := r.chk.verify(sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("calls %d, redeliveries %d (bound %d), per worker %v, drained %v after the crash",
+		rep.calls, rep.redeliveries, crashedSlots*batchSize, rep.perWorker, time.Since(crashedAt))
+	if rep.redeliveries > crashedSlots*batchSize {
+		t.Fatalf("%d redeliveries, more than the %d slots × %d events the crashed process could have abandoned",
+			rep.redeliveries, crashedSlots, batchSize)
+	}
+	r.waitSpread(2)
+}
+
+func TestPartitionedScaleUpAndDown(t *testing.T) {
+	t.Parallel()
+	r := newPoolRun(t, 8, 2*time.Second)
+	r.start("p1")
+	r.waitSpread(1)
+	stop := make(chan struct{})
+	produced := make(chan map[int64]string)
+	go func() { // a steady stream during the whole run
+		sent := make(map[int64]string)
+		for {
+			select {
+			case <-stop:
+				produced <- sent
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			for id, k := range sendKeyed(t, r.env, 50, 100) {
+				sent[id] = k
+			}
+		}
+	}()
+	r.start("p2")
+	r.start("p3")
+	r.waitSpread(3)
+	r.start("p4")
+	r.waitSpread(4)
+	r.stop("p4")
+	r.stop("p3")
+	r.waitSpread(2)
+	close(stop)
+	sent := <-produced
+	waitFor(t, 60*time.Second, "all events", func() bool { return r.chk.distinct() == len(sent) })
+	rep, err := r.chk.verify(sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("calls %d, redeliveries %d, per worker %v", rep.calls, rep.redeliveries, rep.perWorker)
+	if rep.redeliveries != 0 {
+		t.Fatalf("%d redeliveries although every process left gracefully", rep.redeliveries)
+	}
+}
