@@ -9,12 +9,15 @@ export PATH := /usr/local/go/bin:$(PATH)
 GO       ?= go
 FUZZTIME ?= 30s
 
-.PHONY: help test lint demo bench fuzz
+.PHONY: help deps test lint demo bench fuzz
 
 help: ## List the targets.
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-6s %s\n", $$1, $$2}'
 
-test: ## Vet, then run every test with the race detector.
+deps: ## Install the system packages the tests and demo need (PostgreSQL 15, PgQ, pg_cron, PgBouncer) when missing.
+	@scripts/install-deps
+
+test: deps ## Vet, then run every test with the race detector.
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 25m ./...
 
@@ -23,10 +26,10 @@ lint: ## Check formatting (gofmt) and run go vet.
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-demo: ## Start a throwaway Postgres and run the multi-tenant workload end to end.
+demo: deps ## Start a throwaway Postgres and run the multi-tenant workload end to end.
 	$(GO) run ./cmd/pgque demo
 
-bench: ## Run the benchmarks and print their ratios.
+bench: deps ## Run the benchmarks and print their ratios.
 	$(GO) run ./cmd/pgque bench
 
 fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
