@@ -27,7 +27,8 @@ end;
 $$;
 
 -- _lease(queue, consumer, slot): the slot's lease row, locked. PQ034 when
--- the slot is not subscribed.
+-- the slot is not subscribed; a NULL slot (22004) or one outside 0..N-1 of
+-- the persisted N (PQ011) is an invalid argument, not a missing slot.
 create or replace function pgque._lease(i_queue text, i_consumer text, i_slot integer)
 returns pgque.slot_lease language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -40,6 +41,9 @@ begin
        for update of l1;
     if not found then
         perform pgque._queue(i_queue);
+        perform pgque._check_slot(i_slot, coalesce(
+            (select g.sg_nslots from pgque.slot_group g join pgque.queue q on q.queue_id = g.sg_queue
+              where q.queue_name = i_queue and g.sg_consumer = i_consumer), 1024));
         raise exception using errcode = 'PQ034',
             message = format('slot %s of consumer %L on queue %L is not subscribed', i_slot, i_consumer, i_queue);
     end if;
