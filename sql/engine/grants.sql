@@ -3,6 +3,7 @@
 revoke all on all functions in schema pgque from public;
 revoke all on all tables in schema pgque from public;
 revoke all on all sequences in schema pgque from public;
+revoke all on procedure pgque.run_ticker(integer, text) from public;
 
 grant execute on function
     pgque.insert_event(text, text, text),
@@ -41,7 +42,11 @@ grant execute on function
     pgque.maint(),
     pgque.set_queue_config(text, text, text),
     pgque.dlq_replay(text, bigint),
-    pgque.dlq_purge(text, text, interval)
+    pgque.dlq_purge(text, text, interval),
+    pgque.start(),
+    pgque.stop()
     to pgque_admin;
+
+grant execute on procedure pgque.run_ticker(integer, text) to pgque_admin;
 
 grant select on all tables in schema pgque to pgque_admin;

@@ -1,0 +1,86 @@
+-- Ticking from inside the database with pg_cron.
+--
+-- The Go ticker daemon (`pgque ticker`, or pgque.Ticker in a Go process) is
+-- the usual way to tick. Where running a daemon is not an option, start()
+-- schedules the same work with pg_cron: a job every minute calls the
+-- run_ticker procedure, which ticks every 10 ms, moves due retries every
+-- second and runs maint() every 30 seconds for 55 seconds, committing after
+-- every round so ticks become visible at once. pg_cron's finest schedule is
+-- one minute, hence the loop. run_ticker takes the ticker lease like any
+-- ticker daemon, so it never ticks alongside a live daemon.
+
+-- run_ticker(seconds, worker): the ticker loop, for pg_cron or by hand.
+-- Returns when seconds have passed. Must be CALLed outside a transaction
+-- block (it commits), which rules out SECURITY DEFINER and a pinned
+-- search_path for a procedure: it runs as its caller (pgque_admin or the
+-- owner), names every function with its schema, and everything it calls
+-- pins its own search_path.
+create or replace procedure pgque.run_ticker(i_seconds integer default 55, i_worker text default 'pg_cron')
+language plpgsql
+as $$
+declare
+    v_end        timestamptz := pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => i_seconds);
+    v_next_retry timestamptz := pg_catalog.clock_timestamp();
+    v_next_maint timestamptz := pg_catalog.clock_timestamp();
+begin
+    if i_seconds is null or i_seconds < 1 or i_seconds > 3600 then
+        raise exception using errcode = 'PQ011', message = pg_catalog.format('seconds must be between 1 and 3600, not %s', i_seconds);
+    end if;
+    while pg_catalog.clock_timestamp() < v_end loop
+        if pgque.ticker_lead(i_worker, interval '5 seconds') then
+            perform pgque.ticker();
+            if pg_catalog.clock_timestamp() >= v_next_retry then
+                perform pgque.maint_retry_events();
+                v_next_retry := pg_catalog.clock_timestamp() + interval '1 second';
+            end if;
+            if pg_catalog.clock_timestamp() >= v_next_maint then
+                perform pgque.maint();
+                v_next_maint := pg_catalog.clock_timestamp() + interval '30 seconds';
+            end if;
+        end if;
+        commit;
+        perform pg_catalog.pg_sleep(0.01);
+    end loop;
+    perform pgque.ticker_resign(i_worker);
+    commit;
+end;
+$$;
+
+-- start(): schedules run_ticker every minute with pg_cron (the extension
+-- must be installed in this database). Returns the job id. Idempotent.
+create or replace function pgque.start()
+returns bigint language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_job bigint;
+begin
+    if not exists (select 1 from pg_extension where extname = 'pg_cron') then
+        raise exception using errcode = 'PQ011',
+            message = 'pg_cron is not installed in this database',
+            hint = 'add pg_cron to shared_preload_libraries, set cron.database_name to this database, CREATE EXTENSION pg_cron; or run the ticker daemon (pgque ticker)';
+    end if;
+    execute 'select cron.schedule($1, $2, $3)' into v_job
+      using 'pgque_ticker', '* * * * *', 'call pgque.run_ticker(55)';
+    return v_job;
+end;
+$$;
+
+-- stop(): removes the pg_cron job that start() created. Returns true when
+-- there was one.
+create or replace function pgque.stop()
+returns boolean language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_done boolean := false;
+begin
+    if exists (select 1 from pg_extension where extname = 'pg_cron') then
+        execute 'select exists (select 1 from cron.job where jobname = $1)' into v_done using 'pgque_ticker';
+        if v_done then
+            execute 'select cron.unschedule($1)' using 'pgque_ticker';
+        end if;
+    end if;
+    return v_done;
+end;
+$$;
