@@ -36,6 +36,9 @@ type Options struct {
 	// Progress receives progress lines while the suites run and, at the end,
 	// the result table. Nil discards both.
 	Progress io.Writer
+
+	// tiny shrinks quick mode further, for the package's own tests.
+	tiny bool
 }
 
 // validate checks the options and returns the suites to run, in order.
@@ -134,11 +137,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if out == nil {
 		out = io.Discard
 	}
-	rep := &Report{StartedAt: time.Now(), Quick: opts.Quick}
+	rep := &Report{StartedAt: time.Now(), Quick: opts.Quick || opts.tiny}
 	for _, s := range suites {
 		rep.Suites = append(rep.Suites, s.name)
 	}
-	e, err := newEnv(ctx, opts.DSN, opts.Quick, out)
+	e, err := newEnv(ctx, opts.DSN, opts.Quick, opts.tiny, out)
 	if err != nil {
 		return nil, err
 	}
@@ -164,6 +167,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		e.logf("== %s done in %s", s.name, since(start))
 	}
 	rep.Elapsed = time.Since(rep.StartedAt)
+	for _, f := range e.extras {
+		f(&rep.Environment)
+	}
 
 	fmt.Fprintln(out)
 	rep.WriteTable(out)

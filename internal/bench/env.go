@@ -20,13 +20,23 @@ import (
 // on it, the run's mode and its progress output.
 type env struct {
 	quick    bool
+	tiny     bool // the tests' smallest mode (implies quick)
 	out      io.Writer
 	start    time.Time
 	cluster  *pgcluster.Cluster // nil when running against Options.DSN
 	adminDSN string             // a database on the server to run CREATE DATABASE from
 
-	mu    sync.Mutex
-	pools []*pgxpool.Pool
+	mu     sync.Mutex
+	pools  []*pgxpool.Pool
+	extras []func(*Environment) // facts suites learned about the environment
+}
+
+// setExtra records a fact a suite learned about the environment (the Node
+// version pg-boss ran on, say) for the report.
+func (e *env) setExtra(f func(*Environment)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.extras = append(e.extras, f)
 }
 
 // clusterSettings are the parameters the throwaway cluster runs with, on top
@@ -39,8 +49,8 @@ var clusterSettings = map[string]string{
 }
 
 // newEnv connects to dsn, or starts a throwaway cluster when dsn is empty.
-func newEnv(ctx context.Context, dsn string, quick bool, out io.Writer) (*env, error) {
-	e := &env{quick: quick, out: out, start: time.Now()}
+func newEnv(ctx context.Context, dsn string, quick, tiny bool, out io.Writer) (*env, error) {
+	e := &env{quick: quick || tiny, tiny: tiny, out: out, start: time.Now()}
 	if dsn == "" {
 		e.logf("starting a throwaway PostgreSQL cluster")
 		c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: clusterSettings})
@@ -83,9 +93,20 @@ func (e *env) logf(format string, args ...any) {
 	fmt.Fprintf(e.out, "[%6.1fs] %s\n", time.Since(e.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
-// pick returns quick in quick mode, full otherwise.
-func pick[T any](e *env, quick, full T) T {
-	if e.quick {
+// pick returns quick in quick mode, full otherwise. In the tests' tiny
+// mode it shrinks the quick value: counts to a quarter (at least 1),
+// durations to a third (at least 100 ms).
+func pick[T int | time.Duration](e *env, quick, full T) T {
+	switch {
+	case e.tiny:
+		switch v := any(quick).(type) {
+		case int:
+			return T(max(1, v/4))
+		case time.Duration:
+			return T(max(100*time.Millisecond, v/3))
+		}
+		return quick
+	case e.quick:
 		return quick
 	}
 	return full

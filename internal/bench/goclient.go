@@ -68,6 +68,8 @@ type orderCheck struct {
 	handled    atomic.Int64
 	violations atomic.Int64
 	target     int64
+	first      atomic.Int64 // UnixNano when the first handler call began
+	lastEnd    atomic.Int64 // UnixNano when the latest handler call ended
 	done       chan struct{}
 	once       sync.Once
 }
@@ -116,14 +118,30 @@ func (o *orderCheck) wait(ctx context.Context, timeout time.Duration) error {
 // cost (sleeping, like a handler waiting on I/O).
 func (o *orderCheck) handler(cost time.Duration) pgque.HandlerFunc {
 	return func(ctx context.Context, m *pgque.Message) error {
-		if err := o.see(m); err != nil {
-			return err
-		}
+		o.first.CompareAndSwap(0, time.Now().UnixNano())
 		if cost > 0 {
 			time.Sleep(cost)
 		}
-		return nil
+		end := time.Now().UnixNano()
+		for {
+			cur := o.lastEnd.Load()
+			if end <= cur || o.lastEnd.CompareAndSwap(cur, end) {
+				break
+			}
+		}
+		return o.see(m)
 	}
+}
+
+// rate returns events per second between the first handler call's start
+// and the last one's end: the drain itself, without start-up (subscribing,
+// the first claim pass) or shutdown.
+func (o *orderCheck) rate() float64 {
+	d := time.Duration(o.lastEnd.Load() - o.first.Load())
+	if d <= 0 {
+		return 0
+	}
+	return float64(o.handled.Load()) / d.Seconds()
 }
 
 // drainTimeout bounds a drain: generous, so only a stuck consumer hits it.
@@ -133,7 +151,7 @@ func drainTimeout(events int, cost time.Duration, workers int) time.Duration {
 
 // partitionedRate builds a backlog of events in a fresh queue whose nslots
 // slots are already subscribed, then times a PartitionedConsumer (client
-// defaults, Slots nslots) from Start until every event is handled, with a
+// defaults, Slots nslots) draining it, with a
 // handler that costs cost per event. It fails on any per-tenant order
 // violation. Events per second.
 func (p *pgqueDB) partitionedRate(ctx context.Context, client *pgque.Client, nslots, events int, cost time.Duration) (float64, error) {
@@ -165,12 +183,10 @@ func (p *pgqueDB) partitionedRate(ctx context.Context, client *pgque.Client, nsl
 	if err != nil {
 		return 0, err
 	}
-	start := time.Now()
 	if err := pc.Start(ctx); err != nil {
 		return 0, err
 	}
 	werr := oc.wait(ctx, drainTimeout(events, cost, nslots))
-	elapsed := time.Since(start)
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	serr := pc.Stop(stopCtx)
@@ -183,7 +199,7 @@ func (p *pgqueDB) partitionedRate(ctx context.Context, client *pgque.Client, nsl
 	if v := oc.violations.Load(); v > 0 {
 		return 0, fmt.Errorf("partitioned consumer N=%d delivered %d events out of per-tenant order", nslots, v)
 	}
-	return float64(events) / elapsed.Seconds(), nil
+	return oc.rate(), nil
 }
 
 // consumerRate is partitionedRate for a plain Consumer (one goroutine,
@@ -213,12 +229,10 @@ func (p *pgqueDB) consumerRate(ctx context.Context, client *pgque.Client, events
 	if err != nil {
 		return 0, err
 	}
-	start := time.Now()
 	if err := con.Start(ctx); err != nil {
 		return 0, err
 	}
 	werr := oc.wait(ctx, drainTimeout(events, 0, 1))
-	elapsed := time.Since(start)
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	serr := con.Stop(stopCtx)
@@ -231,5 +245,5 @@ func (p *pgqueDB) consumerRate(ctx context.Context, client *pgque.Client, events
 	if v := oc.violations.Load(); v > 0 {
 		return 0, fmt.Errorf("consumer delivered %d events out of order", v)
 	}
-	return float64(events) / elapsed.Seconds(), nil
+	return oc.rate(), nil
 }

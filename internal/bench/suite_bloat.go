@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Bloat: dead tuples and table sizes after a long send/consume run, once
@@ -83,113 +84,138 @@ func metadata(m map[string]tableStat) tableStat {
 	return t
 }
 
-// bloatPass is what one run measured.
+// bloatPass is one database's run: its state and what it measured.
 type bloatPass struct {
+	name    string
+	held    bool
+	steps   int
+	conn    *pgxpool.Conn
+	c       *pgx.Conn
+	holdTx  pgx.Tx // the REPEATABLE READ transaction holding xmin, or nil
+	cleanup []func()
+
 	events       int
-	elapsed      time.Duration
+	elapsed      time.Duration // time spent in steps only
 	final        map[string]tableStat
 	maxEventDead int64
 	maxMetaDead  int64
 	midMetaDead  int64 // metadata dead tuples halfway through
-	rotations    int64
 }
 
-func bloatRun(ctx context.Context, e *env, held bool, steps int) (*bloatPass, error) {
-	name := "bench_bloat"
+const (
+	bloatPlain  = "plain"
+	bloatPart   = "part"
+	bloatWorker = "w1"
+	bloatSlots  = 4
+)
+
+// newBloatPass creates the pass's database, queue and subscriptions and,
+// when held, opens the transaction that holds the xmin horizon.
+func newBloatPass(ctx context.Context, e *env, held bool, steps int) (*bloatPass, error) {
+	b := &bloatPass{name: "bench_bloat", held: held, steps: steps}
 	if held {
-		name = "bench_bloat_held"
+		b.name = "bench_bloat_held"
 	}
-	p, err := newPgque(ctx, e, name, 4)
+	p, err := newPgque(ctx, e, b.name, 4)
 	if err != nil {
 		return nil, err
 	}
-	defer p.pool.Close()
-	conn, err := p.pool.Acquire(ctx)
-	if err != nil {
+	b.cleanup = append(b.cleanup, p.pool.Close)
+	if b.conn, err = p.pool.Acquire(ctx); err != nil {
+		b.close()
 		return nil, err
 	}
-	defer conn.Release()
-	c := conn.Conn()
-	const q, plain, part, worker, nslots = "bench", "plain", "part", "w1", 4
+	b.cleanup = append(b.cleanup, b.conn.Release)
+	b.c = b.conn.Conn()
 	for _, s := range []string{
 		"select pgque.set_queue_config('bench', 'rotation_period', '2 seconds')",
 		"select pgque.subscribe('bench', 'plain')",
 	} {
-		if _, err := c.Exec(ctx, s); err != nil {
+		if _, err := b.c.Exec(ctx, s); err != nil {
+			b.close()
 			return nil, fmt.Errorf("%s: %w", s, err)
 		}
 	}
-	if err := subscribeSlots(ctx, c, q, part, nslots, worker); err != nil {
+	if err := subscribeSlots(ctx, b.c, pgqueQueue, bloatPart, bloatSlots, bloatWorker); err != nil {
+		b.close()
 		return nil, err
 	}
 	if held {
 		hold, err := p.pool.Acquire(ctx)
 		if err != nil {
+			b.close()
 			return nil, err
 		}
-		defer hold.Release()
-		tx, err := hold.Begin(ctx)
+		tx, err := hold.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 		if err != nil {
+			hold.Release()
+			b.close()
 			return nil, err
 		}
-		defer tx.Rollback(context.WithoutCancel(ctx))
-		if _, err := tx.Exec(ctx, "set transaction isolation level repeatable read"); err != nil {
-			return nil, err
-		}
+		b.cleanup = append(b.cleanup, func() {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			hold.Release()
+		})
+		// The snapshot, and with it the held xmin, is taken by the first
+		// statement.
 		if _, err := tx.Exec(ctx, "select count(*) from pgque.queue"); err != nil {
+			b.close()
 			return nil, err
 		}
+		b.holdTx = tx
 	}
-	res := &bloatPass{events: steps * batchSize}
+	return b, nil
+}
+
+func (b *bloatPass) close() {
+	for i := len(b.cleanup) - 1; i >= 0; i-- {
+		b.cleanup[i]()
+	}
+	b.cleanup = nil
+}
+
+// step sends one batch, ticks, lets both consumers drain it and runs
+// maint() every 10 steps. Only this is timed.
+func (b *bloatPass) step(ctx context.Context, i int) error {
 	start := time.Now()
-	lastLog := time.Now()
-	sample := func(step int) error {
-		st, err := tableStats(ctx, c)
-		if err != nil {
+	if err := sendAndTick(ctx, b.c, pgqueQueue, i*batchSize); err != nil {
+		return err
+	}
+	if _, err := drainPlain(ctx, b.c, pgqueQueue, bloatPlain); err != nil {
+		return err
+	}
+	for k := range bloatSlots {
+		if _, err := drainSlot(ctx, b.c, pgqueQueue, bloatPart, k, bloatSlots, bloatWorker); err != nil {
 			return err
 		}
-		res.maxEventDead = max(res.maxEventDead, st["event tables"].dead)
-		md := metadata(st).dead
-		res.maxMetaDead = max(res.maxMetaDead, md)
-		if step == steps/2 {
-			res.midMetaDead = md
-		}
-		res.final = st
-		return nil
 	}
-	for step := range steps {
-		if err := sendAndTick(ctx, c, q, step*batchSize); err != nil {
-			return nil, err
-		}
-		if _, err := drainPlain(ctx, c, q, plain); err != nil {
-			return nil, err
-		}
-		for k := range nslots {
-			if _, err := drainSlot(ctx, c, q, part, k, nslots, worker); err != nil {
-				return nil, err
-			}
-		}
-		if step%10 == 9 {
-			var ops int64
-			if err := c.QueryRow(ctx, "select pgque.maint()").Scan(&ops); err != nil {
-				return nil, fmt.Errorf("maint: %w", err)
-			}
-		}
-		if step%50 == 0 || step == steps/2 {
-			if err := sample(step); err != nil {
-				return nil, err
-			}
-		}
-		if time.Since(lastLog) > 10*time.Second {
-			e.logf("   %s: %d/%d events", name, (step+1)*batchSize, steps*batchSize)
-			lastLog = time.Now()
+	if i%10 == 9 {
+		if _, err := b.c.Exec(ctx, "select pgque.maint()"); err != nil {
+			return fmt.Errorf("maint: %w", err)
 		}
 	}
-	res.elapsed = time.Since(start)
-	if err := sample(steps); err != nil {
-		return nil, err
+	b.elapsed += time.Since(start)
+	b.events += batchSize
+	if i%50 == 0 || i == b.steps/2 {
+		return b.sample(ctx, i)
 	}
-	return res, nil
+	return nil
+}
+
+// sample reads the table statistics and keeps the maxima.
+func (b *bloatPass) sample(ctx context.Context, i int) error {
+	st, err := tableStats(ctx, b.c)
+	if err != nil {
+		return err
+	}
+	b.maxEventDead = max(b.maxEventDead, st["event tables"].dead)
+	md := metadata(st).dead
+	b.maxMetaDead = max(b.maxMetaDead, md)
+	if i == b.steps/2 {
+		b.midMetaDead = md
+	}
+	b.final = st
+	return nil
 }
 
 // breakdown lists the tables with dead tuples and their sizes.
@@ -219,42 +245,63 @@ func fmtBytes(b int64) string {
 
 func runBloat(ctx context.Context, e *env, r *recorder) error {
 	steps := pick(e, 100, 1000)
-	passes := map[bool]*bloatPass{}
+	var passes []*bloatPass
+	defer func() {
+		for _, b := range passes {
+			b.close()
+		}
+	}()
 	for _, held := range []bool{false, true} {
-		e.logf("   %d events, xmin held: %v", steps*batchSize, held)
-		p, err := bloatRun(ctx, e, held, steps)
+		b, err := newBloatPass(ctx, e, held, steps)
 		if err != nil {
 			return err
 		}
-		passes[held] = p
+		passes = append(passes, b)
+	}
+	e.logf("   %d events into each of two databases, one step each in turn; the second holds the xmin horizon", steps*batchSize)
+	lastLog := time.Now()
+	for i := range steps {
+		for _, b := range passes {
+			if err := b.step(ctx, i); err != nil {
+				return fmt.Errorf("%s: %w", b.name, err)
+			}
+		}
+		if time.Since(lastLog) > 10*time.Second {
+			e.logf("   %d/%d events", (i+1)*batchSize, steps*batchSize)
+			lastLog = time.Now()
+		}
+	}
+	for _, b := range passes {
+		if err := b.sample(ctx, steps); err != nil {
+			return err
+		}
 		suffix := ""
-		if held {
+		if b.held {
 			suffix = "_held_xmin"
 		}
-		ev, meta := p.final["event tables"], metadata(p.final)
-		r.add("event_dead_tuples"+suffix, single(float64(p.maxEventDead)), "dead tuples", valueAtMost(0),
+		ev, meta := b.final["event tables"], metadata(b.final)
+		r.add("event_dead_tuples"+suffix, single(float64(b.maxEventDead)), "dead tuples", valueAtMost(0),
 			fmt.Sprintf("max over the run, all event tables; %d updates, %d deletes", ev.upd, ev.del))
-		r.add("metadata_dead_tuples_max"+suffix, single(float64(p.maxMetaDead)), "dead tuples", nil,
-			"max over the run: "+breakdown(p.final))
+		r.add("metadata_dead_tuples_max"+suffix, single(float64(b.maxMetaDead)), "dead tuples", nil,
+			"max over the run; at the end: "+breakdown(b.final))
 		r.add("metadata_dead_tuples_end"+suffix, single(float64(meta.dead)), "dead tuples", nil,
-			fmt.Sprintf("%d metadata updates (%d HOT) and %d deletes for %d events", meta.upd, meta.hotUpd, meta.del, p.events))
-		if held {
+			fmt.Sprintf("%d metadata updates (%d HOT) and %d deletes for %d events", meta.upd, meta.hotUpd, meta.del, b.events))
+		if b.held {
 			growth := 0.0
-			if p.midMetaDead > 0 {
-				growth = float64(meta.dead) / float64(p.midMetaDead)
+			if b.midMetaDead > 0 {
+				growth = float64(meta.dead) / float64(b.midMetaDead)
 			} else if meta.dead == 0 {
 				growth = 1
 			}
-			r.add("metadata_dead_growth_2nd_half"+suffix, single(growth), "end/mid", valueAtMost(1.25),
-				fmt.Sprintf("metadata dead tuples at the end (%d) over halfway (%d): 2 means they grow with every event (unbounded), ~1 bounded",
-					meta.dead, p.midMetaDead))
+			r.add("metadata_dead_growth"+suffix, single(growth), "end/mid", valueAtMost(1.25),
+				fmt.Sprintf("metadata dead tuples at the end (%d) over halfway (%d): 2 means they grow with every event (unbounded), about 1 bounded",
+					meta.dead, b.midMetaDead))
 		}
 		r.add("event_tables_size"+suffix, single(float64(ev.bytes)), "bytes", nil, "after the run (rotation truncates consumed tables)")
 		r.add("metadata_size"+suffix, single(float64(meta.bytes)), "bytes", nil, "")
 	}
-	plainRate := float64(passes[false].events) / passes[false].elapsed.Seconds()
-	heldRate := float64(passes[true].events) / passes[true].elapsed.Seconds()
-	r.compare("loop_throughput_held_xmin", single(heldRate), "loop_throughput", single(plainRate), "events/s", nil,
-		"send+tick+consume loop speed with the xmin horizon held vs not: below 1 means dead metadata slows every call")
+	rate := func(b *bloatPass) float64 { return float64(b.events) / b.elapsed.Seconds() }
+	r.compare("loop_throughput_held_xmin", single(rate(passes[1])), "loop_throughput", single(rate(passes[0])), "events/s", nil,
+		"send+tick+consume loop speed with the xmin horizon held vs not, steps interleaved: below 1 means dead metadata slows every call")
 	return nil
 }

@@ -64,7 +64,7 @@ func runConsume(ctx context.Context, e *env, r *recorder) error {
 		return err
 	}
 	r.compare("go_consumer", gm["go_consumer"], "receive_ack", m["receive_ack"], "events/s", nil,
-		fmt.Sprintf("Go Consumer (defaults: chunks of %d) draining %d events, from Start to the last handler call; the reference is the SQL loop above (different rounds)",
+		fmt.Sprintf("Go Consumer (defaults: chunks of %d) draining %d events, first handler call to last; the reference is the SQL loop above (different rounds)",
 			pgque.BatchSizeDefault, plainEvents))
 	r.compare("go_partitioned_N1", gm["partitioned_N1_cost0"], "go_consumer", gm["go_consumer"], "events/s", nil,
 		"the partition layer's cost at N = 1: PartitionedConsumer with one slot vs a plain Consumer, same rounds")
@@ -92,7 +92,7 @@ func runConsume(ctx context.Context, e *env, r *recorder) error {
 		for _, slots := range consumeSlots {
 			cse := fmt.Sprintf("partitioned_N%d_cost%s", slots, costName(cost))
 			mm := pm[fmt.Sprintf("N%d", slots)]
-			note := fmt.Sprintf("%d events of %d tenants, from Start to the last handler call", events[slots], tenants)
+			note := fmt.Sprintf("%d events of %d tenants, first handler call to last", events[slots], tenants)
 			if cost > 0 {
 				ideal := float64(slots) / cost.Seconds()
 				note += fmt.Sprintf("; ideal %s events/s (N / handler cost): %.0f%% of it", fmtNum(ideal), 100*mm.value/ideal)

@@ -1,0 +1,159 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgque/pgque/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestSuites runs every suite in its smallest mode against a real server
+// (the package's test server, see pgtest) and checks that each produces a
+// well-formed report: rows for its cases, finite figures, positive rates and
+// ratios, and the JSON and charts on disk. Missing tools (PgQ, Node.js,
+// npm) fail the suite that needs them with a message saying so; they are
+// never skipped.
+func TestSuites(t *testing.T) {
+	dsn := pgtest.NewDB(t)
+	for _, name := range SuiteNames() {
+		t.Run(name, func(t *testing.T) {
+			out := t.TempDir()
+			var progress bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			rep, err := Run(ctx, Options{DSN: dsn, Suites: []string{name}, OutDir: out, Progress: &progress, tiny: true})
+			if err != nil {
+				t.Fatalf("Run(%s): %v\nprogress:\n%s", name, err, progress.String())
+			}
+			checkReport(t, rep, name)
+			checkFiles(t, out, rep)
+			if !strings.Contains(progress.String(), "suite") || !strings.Contains(progress.String(), "== "+name) {
+				t.Errorf("progress output lacks the suite banner or the table:\n%s", progress.String())
+			}
+		})
+	}
+}
+
+func checkReport(t *testing.T, rep *Report, suite string) {
+	t.Helper()
+	if len(rep.Failures) > 0 {
+		t.Fatalf("failures: %+v", rep.Failures)
+	}
+	if len(rep.Results) == 0 {
+		t.Fatalf("suite %s recorded no results", suite)
+	}
+	if rep.Environment.Server == "" || rep.Environment.CPUs == 0 {
+		t.Errorf("environment not described: %+v", rep.Environment)
+	}
+	for _, r := range rep.Results {
+		if r.Suite != suite || r.Case == "" || r.Unit == "" {
+			t.Errorf("malformed row %+v", r)
+		}
+		if math.IsNaN(r.Value) || math.IsInf(r.Value, 0) || r.Value < 0 {
+			t.Errorf("%s/%s: value %v is not a finite non-negative number", r.Suite, r.Case, r.Value)
+		}
+		// Counts of dead tuples may be zero (that is the goal); rates,
+		// latencies, sizes and read counts may not.
+		if r.Value == 0 && r.Unit != "dead tuples" && r.Unit != "end/mid" {
+			t.Errorf("%s/%s: value is 0 %s", r.Suite, r.Case, r.Unit)
+		}
+		if r.Reference != "" && (r.RefValue <= 0 || r.Ratio <= 0 || math.IsInf(r.Ratio, 0)) {
+			t.Errorf("%s/%s vs %s: reference %v, ratio %v", r.Suite, r.Case, r.Reference, r.RefValue, r.Ratio)
+		}
+		if r.Target != "" && r.Met == nil {
+			t.Errorf("%s/%s: target %q not judged", r.Suite, r.Case, r.Target)
+		}
+	}
+}
+
+func checkFiles(t *testing.T, dir string, rep *Report) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("report.json does not parse: %v", err)
+	}
+	if len(back.Results) != len(rep.Results) {
+		t.Errorf("report.json has %d results, the report %d", len(back.Results), len(rep.Results))
+	}
+	charts := rep.charts()
+	if len(charts) == 0 {
+		t.Fatal("no charts")
+	}
+	for _, c := range charts {
+		svg, err := os.ReadFile(filepath.Join(dir, c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(svg, []byte("<svg ")) || !bytes.HasSuffix(bytes.TrimSpace(svg), []byte("</svg>")) {
+			t.Errorf("%s is not an SVG document", c.file)
+		}
+	}
+}
+
+func TestUnknownSuite(t *testing.T) {
+	_, err := Run(context.Background(), Options{Suites: []string{"nope"}})
+	if err == nil || !strings.Contains(err.Error(), "unknown benchmark suite") || !strings.Contains(err.Error(), "floor") {
+		t.Fatalf("err = %v, want an unknown-suite error listing the suites", err)
+	}
+}
+
+func TestChartsAndTable(t *testing.T) {
+	met, missed := true, false
+	rep := &Report{Quick: true, Results: []Result{
+		{Suite: "s", Case: "a", Value: 90, Unit: "events/s", Reference: "b", RefValue: 100, Ratio: 0.9, Target: "ratio >= 0.9", Met: &met},
+		{Suite: "s", Case: "c", Value: 12, Unit: "ms", Target: "value <= 10", Met: &missed},
+		{Suite: "s", Case: "d", Value: 3, Unit: "ms"},
+	}, Failures: []Failure{{Suite: "t", Error: "boom"}}}
+	charts := rep.charts()
+	if len(charts) != 2 || charts[0].file != "s.svg" || charts[1].file != "s-ms.svg" || len(charts[1].bars) != 2 {
+		t.Fatalf("charts = %+v", charts)
+	}
+	svg := charts[0].svg()
+	for _, want := range []string{"a ÷ b", "0.90×", "#43a047"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("ratio chart lacks %q", want)
+		}
+	}
+	if !strings.Contains(charts[1].svg(), "#e53935") {
+		t.Error("missed target not drawn red")
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	for _, want := range []string{"0.90x", "MISSED", "targets missed (1)", "suite t FAILED: boom"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestPick(t *testing.T) {
+	full, quick, tiny := &env{}, &env{quick: true}, &env{quick: true, tiny: true}
+	if pick(full, 3, 5) != 5 || pick(quick, 3, 5) != 3 || pick(tiny, 3, 5) != 1 || pick(tiny, 100, 1000) != 25 {
+		t.Error("pick of counts")
+	}
+	if pick(tiny, 1500*time.Millisecond, time.Second) != 500*time.Millisecond || pick(tiny, 150*time.Millisecond, 0) != 100*time.Millisecond {
+		t.Error("pick of durations")
+	}
+}
+
+func TestWithDatabase(t *testing.T) {
+	if got := withDatabase("postgres://u@h:5/a?sslmode=disable", "b"); got != "postgres://u@h:5/b?sslmode=disable" {
+		t.Errorf("url: %s", got)
+	}
+	if got := withDatabase("host=/tmp port=5 dbname=a", "b"); got != "host=/tmp port=5 dbname=a dbname='b'" {
+		t.Errorf("keyword/value: %s", got)
+	}
+}

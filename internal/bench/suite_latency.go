@@ -1,0 +1,230 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pgque/pgque"
+)
+
+// Latency: from send to handler start, at a steady 100, 1k and 10k events
+// a second, through the product's own path: producers call Client.Send (16
+// goroutines, paced to the rate), the Go Ticker runs with its defaults, and
+// a PartitionedConsumer with 4 slots (and, at 1k/s, a plain Consumer)
+// handles the events. Each payload carries the time the producer called
+// Send, so a figure includes the send's own round trip and commit: it is
+// the delay a user would observe, never less.
+
+func init() {
+	register(&suite{
+		name:  "latency",
+		about: "send → handler start p50/p95/p99/max at 100, 1k and 10k events/s (Go Ticker defaults, PartitionedConsumer N=4)",
+		run:   runLatency,
+	})
+}
+
+var latencyRates = []int{100, 1000, 10000}
+
+// latencies collects handler-start delays in milliseconds.
+type latencies struct {
+	mu   sync.Mutex
+	ms   []float64
+	seen atomic.Int64
+}
+
+func (l *latencies) handler() pgque.HandlerFunc {
+	return func(ctx context.Context, m *pgque.Message) error {
+		now := time.Now()
+		var p timedPayload
+		if err := json.Unmarshal(m.Payload, &p); err != nil {
+			return err
+		}
+		l.mu.Lock()
+		l.ms = append(l.ms, float64(now.UnixNano()-p.SentNS)/1e6)
+		l.mu.Unlock()
+		l.seen.Add(1)
+		return nil
+	}
+}
+
+// paced calls send total times, event i due at start + i/rate, from
+// workers goroutines, and returns how many calls it made and how long it
+// took.
+func paced(ctx context.Context, rate, total, workers int, send func(ctx context.Context, i int) error) (int, time.Duration, error) {
+	var next atomic.Int64
+	var sent atomic.Int64
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= total {
+					return
+				}
+				due := start.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))
+				if d := time.Until(due); d > 0 {
+					time.Sleep(d)
+				}
+				if err := send(ctx, i); err != nil {
+					cancel(err)
+					return
+				}
+				sent.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return int(sent.Load()), time.Since(start), err
+	}
+	return int(sent.Load()), time.Since(start), nil
+}
+
+// waitFor polls cond every 20 ms until it holds or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
+// starter is a consumer the latency run can start and stop.
+type starter interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
+}
+
+// latencyRun sends at rate for d to a fresh queue consumed by the consumer
+// that mk builds, and returns the sorted latencies and the achieved rate.
+func latencyRun(ctx context.Context, p *pgqueDB, client *pgque.Client, rate int, d time.Duration,
+	mk func(queue string, h pgque.HandlerFunc) (starter, func() bool, error)) ([]float64, float64, error) {
+	q := p.fresh("lat")
+	if _, err := client.CreateQueue(ctx, q); err != nil {
+		return nil, 0, err
+	}
+	var l latencies
+	con, ready, err := mk(q, l.handler())
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := con.Start(ctx); err != nil {
+		return nil, 0, err
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	defer con.Stop(stopCtx)
+	if !waitFor(ctx, 15*time.Second, ready) {
+		return nil, 0, fmt.Errorf("consumer of %s not ready after 15s", q)
+	}
+	total := int(float64(rate) * d.Seconds())
+	sent, took, err := paced(ctx, rate, total, 16, func(ctx context.Context, i int) error {
+		_, err := client.Send(ctx, q, pgque.Event{Type: eventType, Payload: json.RawMessage(newTimedPayload(i, time.Now())),
+			PartitionKey: tenantKey(i)})
+		return err
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	if !waitFor(ctx, 30*time.Second, func() bool { return l.seen.Load() >= int64(sent) }) {
+		return nil, 0, fmt.Errorf("only %d of %d events handled 30s after the last send", l.seen.Load(), sent)
+	}
+	if err := con.Stop(stopCtx); err != nil {
+		return nil, 0, err
+	}
+	l.mu.Lock()
+	ms := slices.Clone(l.ms)
+	l.mu.Unlock()
+	slices.Sort(ms)
+	return ms, float64(sent) / took.Seconds(), nil
+}
+
+func runLatency(ctx context.Context, e *env, r *recorder) error {
+	p, err := newPgque(ctx, e, "bench_latency", 40)
+	if err != nil {
+		return err
+	}
+	client, err := pgque.NewClient(p.pool, &pgque.Config{Logger: quietLogger})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	ticker, err := client.NewTicker(nil)
+	if err != nil {
+		return err
+	}
+	if err := ticker.Start(ctx); err != nil {
+		return err
+	}
+	defer ticker.Stop(context.WithoutCancel(ctx))
+	if !waitFor(ctx, 30*time.Second, ticker.IsLeader) {
+		return fmt.Errorf("the ticker did not become leader within 30s")
+	}
+
+	d := pick(e, 1500*time.Millisecond, 10*time.Second)
+	partitioned := func(queue string, h pgque.HandlerFunc) (starter, func() bool, error) {
+		pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: queue, Consumer: "lat", Slots: 4, Handler: h})
+		if err != nil {
+			return nil, nil, err
+		}
+		return pc, func() bool { return len(pc.OwnedSlots()) == 4 }, nil
+	}
+	plain := func(queue string, h pgque.HandlerFunc) (starter, func() bool, error) {
+		c, err := client.NewConsumer(&pgque.ConsumerConfig{Queue: queue, Consumer: "lat", Handler: h})
+		if err != nil {
+			return nil, nil, err
+		}
+		started := time.Now()
+		// A plain consumer subscribes in Start and is then at once polling.
+		return c, func() bool { return time.Since(started) > 200*time.Millisecond }, nil
+	}
+	type run struct {
+		name string
+		rate int
+		mk   func(string, pgque.HandlerFunc) (starter, func() bool, error)
+	}
+	var runs []run
+	for _, rate := range latencyRates {
+		runs = append(runs, run{fmt.Sprintf("partitioned_N4_%s", rateName(rate)), rate, partitioned})
+	}
+	runs = append(runs, run{"consumer_1k", 1000, plain})
+	for _, rn := range runs {
+		ms, achieved, err := latencyRun(ctx, p, client, rn.rate, d, rn.mk)
+		if err != nil {
+			return fmt.Errorf("%s: %w", rn.name, err)
+		}
+		note := fmt.Sprintf("%d events at %s/s (target %d/s) for %s", len(ms), fmtNum(achieved), rn.rate, d)
+		if achieved < 0.9*float64(rn.rate) {
+			note += "; the producers could not keep the rate"
+		}
+		var t50, t99 *target
+		if rn.rate == 1000 {
+			t50, t99 = valueAtMost(10), valueAtMost(50)
+		}
+		r.add(rn.name+"_p50", single(percentile(ms, 50)), "ms", t50, note)
+		r.add(rn.name+"_p95", single(percentile(ms, 95)), "ms", nil, "")
+		r.add(rn.name+"_p99", single(percentile(ms, 99)), "ms", t99, "")
+		r.add(rn.name+"_max", single(ms[len(ms)-1]), "ms", nil, "")
+	}
+	return nil
+}
+
+func rateName(rate int) string {
+	if rate >= 1000 {
+		return fmt.Sprintf("%dk", rate/1000)
+	}
+	return fmt.Sprint(rate)
+}
