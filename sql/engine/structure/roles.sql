@@ -17,6 +17,10 @@ begin
                     errcode = '42501',
                     message = pg_catalog.format('role %s does not exist and the installing role may not create it', r),
                     hint = 'create the roles pgque_reader, pgque_writer and pgque_admin first (CREATE ROLE ... NOLOGIN), or install as a role with CREATEROLE';
+            when unique_violation or duplicate_object then
+                -- The installer of another database of the cluster created
+                -- it meanwhile (the install lock is per database): it exists.
+                null;
             end;
         end if;
     end loop;
