@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -68,6 +70,8 @@ type Report struct {
 	Elapsed   time.Duration `json:"elapsed_ns"`
 	// Quick is true for a --quick run.
 	Quick bool `json:"quick"`
+	// Command is the command line that produced the report.
+	Command string `json:"command"`
 	// Suites are the suites that were asked for, in run order.
 	Suites []string `json:"suites"`
 	// Environment describes where the figures come from.
@@ -137,7 +141,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if out == nil {
 		out = io.Discard
 	}
-	rep := &Report{StartedAt: time.Now(), Quick: opts.Quick || opts.tiny}
+	rep := &Report{StartedAt: time.Now(), Quick: opts.Quick || opts.tiny,
+		Command: strings.Join(append([]string{filepath.Base(os.Args[0])}, os.Args[1:]...), " ")}
 	for _, s := range suites {
 		rep.Suites = append(rep.Suites, s.name)
 	}

@@ -17,8 +17,9 @@ func (rep *Report) WriteTable(w io.Writer) {
 	if rep.Quick {
 		mode = "quick"
 	}
-	fmt.Fprintf(w, "pgque bench (%s run, %s, %d CPUs) — %s\n", mode, rep.Environment.Cluster,
-		rep.Environment.CPUs, rep.Environment.Server)
+	server, _, _ := strings.Cut(rep.Environment.Server, " on ")
+	fmt.Fprintf(w, "pgque bench (%s run, %s, %s, %d CPUs, %s)\n", mode, server, rep.Environment.Cluster,
+		rep.Environment.CPUs, rep.Environment.Settings)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "suite\tcase\tvalue\tunit\treference\tratio\ttarget\t")
 	for _, r := range rep.Results {

@@ -128,7 +128,11 @@ func (c chart) svg() string {
 		}
 		fmt.Fprintf(&s, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", svgLabelW-8, y+16, html.EscapeString(b.label))
 		fmt.Fprintf(&s, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", svgLabelW, y+4, w, svgRowH-8, color)
-		fmt.Fprintf(&s, `<text x="%.1f" y="%d" fill="#222">%s</text>`+"\n", float64(svgLabelW)+w+6, y+16, html.EscapeString(b.text))
+		textX := float64(svgLabelW) + w + 6
+		if !math.IsNaN(b.target) {
+			textX = math.Max(textX, float64(svgLabelW)+b.target*scale+6)
+		}
+		fmt.Fprintf(&s, `<text x="%.1f" y="%d" fill="#222">%s</text>`+"\n", textX, y+16, html.EscapeString(b.text))
 		if !math.IsNaN(b.target) {
 			x := float64(svgLabelW) + b.target*scale
 			fmt.Fprintf(&s, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#000" stroke-width="2"/>`+"\n", x, y+1, x, y+svgRowH-1)
