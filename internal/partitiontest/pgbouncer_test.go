@@ -1,0 +1,382 @@
+package partitiontest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pgbouncerUser runs pgbouncer when the tests run as root (it refuses
+// root); it is the unprivileged user the harness runs postgres as.
+const pgbouncerUser = "pgque"
+
+// pgbouncerPoolSize is the number of server connections pgbouncer may open:
+// fewer than the clients, so clients share them.
+const pgbouncerPoolSize = 2
+
+// syncBuffer collects a child's output while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startPgBouncer starts pgbouncer in transaction pooling mode in front of
+// the server dsn points at, listening on a Unix socket in a private
+// directory, and returns the pool configuration of a DSN through it. It
+// fails the test, with pgbouncer's output, when pgbouncer cannot be started.
+func startPgBouncer(t *testing.T, dsn string) *pgxpool.Config {
+	t.Helper()
+	bin, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		bin = "/usr/sbin/pgbouncer"
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatalf("pgbouncer is not installed (not in PATH, no %s): install the Debian package pgbouncer "+
+				"(apt-get install pgbouncer); this test must run through a transaction-mode pooler", bin)
+		}
+	}
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A short path: the socket's path must fit in sun_path.
+	dir, err := os.MkdirTemp("/tmp", "pgque-pgb-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup(pgbouncerUser)
+		if err != nil {
+			t.Fatalf("pgbouncer refuses to run as root and user %s does not exist: %v", pgbouncerUser, err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	const port = 6432 // names the socket file only
+	users := filepath.Join(dir, "users.txt")
+	ini := filepath.Join(dir, "pgbouncer.ini")
+	write := func(path, body string) {
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if cred != nil {
+			if err := os.Chown(path, int(cred.Uid), int(cred.Gid)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(users, fmt.Sprintf("%q %q\n", server.User, server.Password))
+	write(ini, fmt.Sprintf(`[databases]
+* = host=%s port=%d
+
+[pgbouncer]
+listen_addr =
+listen_port = %d
+unix_socket_dir = %s
+auth_type = trust
+auth_file = %s
+pool_mode = transaction
+default_pool_size = %d
+max_db_connections = %d
+max_client_conn = 200
+ignore_startup_parameters = extra_float_digits
+`, server.Host, server.Port, port, dir, users, pgbouncerPoolSize, pgbouncerPoolSize))
+
+	cmd := exec.Command(bin, ini)
+	cmd.Dir = dir
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", bin, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGINT) // pgbouncer: safe shutdown
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+
+	cfg, err := pgxpool.ParseConfig(fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable",
+		dir, port, server.User, server.Database))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Password = server.Password
+	// pgbouncer 1.18 in transaction mode keeps no prepared statements
+	// across transactions: use the simple protocol.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			t.Fatalf("pgbouncer exited at start (%v); its output:\n%s", err, out.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
+		if err == nil {
+			err = conn.Ping(ctx)
+			conn.Close(ctx)
+		}
+		cancel()
+		if err == nil {
+			return cfg
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pgbouncer did not accept connections within 15 s: %v; its output:\n%s", err, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Through PgBouncer in transaction mode: several workers, each on its own
+// client connection, claim, receive and ack their slots concurrently over
+// two shared server connections, and every event arrives once on its slot;
+// a receive and its ack work on different server connections (the protocol
+// keeps no session state); leases are enforced through the pooler.
+func TestPgBouncerTransactionMode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	cfg := startPgBouncer(t, d.dsn)
+	cfg.MaxConns = 12
+	bp, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bp.Close)
+
+	const q, n = "pb", 4
+	if one[int32](t, bp, "select pgque.create_queue($1)", q) != 1 {
+		t.Fatal("create_queue through pgbouncer failed")
+	}
+	for k := range n {
+		one[int32](t, bp, "select pgque.subscribe_slot($1, 'c', $2, $3)", q, k, n)
+	}
+	keyOf := map[int64]*string{}
+	for round := range 4 {
+		for i := range 30 {
+			var k *string
+			if i%10 != 0 {
+				k = ptr(fmt.Sprintf("t-%d", (i+round)%17))
+			}
+			keyOf[send(t, bp, q, k)] = k
+		}
+		tick(t, bp, q)
+	}
+
+	// The routing formula's slot of every event, computed up front (the
+	// workers run in goroutines, where the test may not stop).
+	slotOf := map[int64]int{}
+	for id, k := range keyOf {
+		slotOf[id] = expectedSlot(t, d.pool, k, n)
+	}
+	var mu sync.Mutex
+	seen := map[int64]int{}
+	record := func(ms []msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range ms {
+			seen[m.ID]++
+		}
+	}
+
+	t.Run("no session state", func(t *testing.T) {
+		// Slot 0's worker receives on one server connection and acks on
+		// the other: two clients hold both server connections in open
+		// transactions, and the one on the receive's server is kept.
+		c1, c2, c3 := acquire(t, bp), acquire(t, bp), acquire(t, bp)
+		mustClaim(t, c1, q, "c", 0, "w0", "1 hour")
+		s := slotRef{q: q, c: "c", slot: 0, n: n, worker: "w0", max: 3}
+		var recvPID int32
+		var got []msg
+		err := pgx.BeginFunc(ctx, c1, func(tx pgx.Tx) error {
+			var err error
+			got, err = receive(ctx, tx, s)
+			if err == nil {
+				err = tx.QueryRow(ctx, "select pg_backend_pid()").Scan(&recvPID)
+			}
+			return err
+		})
+		if err != nil || len(got) == 0 {
+			t.Fatalf("receive through pgbouncer: %v, %d rows", err, len(got))
+		}
+		tx2, tx3 := begin(t, c2), begin(t, c3)
+		p2, p3 := one[int32](t, tx2, "select pg_backend_pid()"), one[int32](t, tx3, "select pg_backend_pid()")
+		if p2 == p3 || (p2 != recvPID && p3 != recvPID) {
+			t.Fatalf("two open transactions run on backends %d and %d, the receive ran on %d: pgbouncer is not pooling %d server connections",
+				p2, p3, recvPID, pgbouncerPoolSize)
+		}
+		keep, free := tx2, tx3
+		if p3 == recvPID {
+			keep, free = tx3, tx2
+		}
+		if err := free.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var ackPID, done int32
+		err = pgx.BeginFunc(ctx, c1, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, "select pg_backend_pid()").Scan(&ackPID); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "select pgque.ack_partitioned($1, 'c', 0, $2, 'w0')", q, n).Scan(&done)
+		})
+		if err != nil {
+			t.Fatalf("ack through pgbouncer on another server connection: %v", err)
+		}
+		if ackPID == recvPID {
+			t.Fatalf("the ack ran on backend %d like the receive; the test did not move the worker", ackPID)
+		}
+		record(got)
+		// The next receive returns the next chunk, not the acked one.
+		next := mustReceive(t, c1, s)
+		for _, m := range next {
+			for _, g := range got {
+				if m.ID == g.ID {
+					t.Errorf("event %d came back after its ack on another server connection", m.ID)
+				}
+			}
+		}
+		if err := keep.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []*pgxpool.Conn{c1, c2, c3} {
+			c.Release()
+		}
+		if e := claim(t, bp, q, "c", 0, "intruder", "1 hour"); e != nil {
+			t.Errorf("claim of w0's live lease through pgbouncer = %d, want NULL", *e)
+		}
+		_, err = receive(ctx, bp, slotRef{q: q, c: "c", slot: 0, n: n, worker: "intruder", max: 10})
+		wantState(t, err, "PQ032", "receive_partitioned through pgbouncer without the lease")
+	})
+
+	t.Run("concurrent workers", func(t *testing.T) {
+		// Slot 0 is already partly consumed by w0, who continues.
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for k := range n {
+			wg.Go(func() {
+				worker := fmt.Sprintf("w%d", k)
+				c, err := bp.Acquire(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer c.Release()
+				var epoch *int64
+				if err := c.QueryRow(ctx, "select pgque.claim_slot($1, 'c', $2, $3, '1 hour')", q, k, worker).Scan(&epoch); err != nil || epoch == nil {
+					errs <- fmt.Errorf("slot %d: claim through pgbouncer = %v, %v; want an epoch", k, epoch, err)
+					return
+				}
+				s := slotRef{q: q, c: "c", slot: k, n: n, worker: worker, max: 4}
+				for i := 0; i < 10000; i++ {
+					ms, err := receive(ctx, c, s)
+					if err != nil {
+						errs <- fmt.Errorf("slot %d: receive: %w", k, err)
+						return
+					}
+					if len(ms) == 0 {
+						var behind bool
+						err := c.QueryRow(ctx, `select c.current_batch is not null or c.last_tick < qi.last_tick_id
+							from pgque.get_consumer_info($1, $2) c, pgque.get_queue_info($1) qi`,
+							q, fmt.Sprintf("c#%d/%d", k, n)).Scan(&behind)
+						if err != nil {
+							errs <- fmt.Errorf("slot %d: consumer info: %w", k, err)
+							return
+						}
+						if !behind {
+							return
+						}
+						continue
+					}
+					record(ms)
+					for _, m := range ms {
+						if want := slotOf[m.ID]; want != k {
+							errs <- fmt.Errorf("event %d (key %s) delivered on slot %d, belongs to %d", m.ID, keyString(keyOf[m.ID]), k, want)
+							return
+						}
+					}
+					if _, err := ack(ctx, c, s); err != nil {
+						errs <- fmt.Errorf("slot %d: ack: %w", k, err)
+						return
+					}
+				}
+				errs <- fmt.Errorf("slot %d never caught up", k)
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		t.Logf("%d client connections through pgbouncer over %d server connections", bp.Stat().TotalConns(), pgbouncerPoolSize)
+		missing := 0
+		for id := range keyOf {
+			if seen[id] != 1 {
+				missing++
+				if missing <= 5 {
+					t.Errorf("event %d (key %s) delivered and acked %d times through pgbouncer, want once", id, keyString(keyOf[id]), seen[id])
+				}
+			}
+		}
+	})
+}
+
+// acquire takes a connection of its own from p, for the test's duration.
+func acquire(t *testing.T, p *pgxpool.Pool) *pgxpool.Conn {
+	t.Helper()
+	c, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// begin opens a transaction on c.
+func begin(t *testing.T, c *pgxpool.Conn) pgx.Tx {
+	t.Helper()
+	tx, err := c.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}

@@ -1,0 +1,175 @@
+package partitiontest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// Plain receive, ack and nack refuse slot subscriptions and their batches
+// with PQ033, so nobody can consume a slot around its lease through the api
+// layer; subscribe refuses the reserved slot name syntax.
+func TestPlainAPIRefusesSlots(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	d.createQueue("pl")
+	d.subscribeSlots("pl", "c", 2)
+	id := d.send("pl", ptr("tenant-3")) // pinned: slot 0 of 2
+	d.tick("pl")
+	mustClaim(t, d.pool, "pl", "c", 0, "w", "1 hour")
+	s := slotRef{q: "pl", c: "c", slot: 0, n: 2, worker: "w", max: 10}
+	ms := mustReceive(t, d.pool, s)
+	if len(ms) != 1 || ms[0].ID != id {
+		t.Fatalf("slot 0 received %v, want [%d]", ids(ms), id)
+	}
+	batch := ms[0].Batch
+
+	_, err := d.pool.Exec(ctx, "select * from pgque.receive('pl', 'c#0/2', 10)")
+	wantState(t, err, "PQ033", "receive on a slot subscription")
+	_, err = d.pool.Exec(ctx, "select * from pgque.receive('pl', 'c#1/2', 10)")
+	wantState(t, err, "PQ033", "receive on an unclaimed slot subscription")
+	_, err = d.pool.Exec(ctx, "select pgque.ack($1)", batch)
+	wantState(t, err, "PQ033", "ack of a slot's batch")
+	_, err = d.pool.Exec(ctx, "select pgque.nack($1, $2, '0 seconds', 'x')", batch, id)
+	wantState(t, err, "PQ033", "nack of a slot's batch")
+	_, err = d.pool.Exec(ctx, "select pgque.subscribe('pl', 'x#0/2')")
+	wantState(t, err, "PQ010", "subscribe with a slot name")
+
+	// Nothing moved: the lease holder gets the same row and acks it.
+	again := mustReceive(t, d.pool, s)
+	if len(again) != 1 || again[0].ID != id || again[0].Batch != batch {
+		t.Errorf("after the refused calls slot 0 redelivered %+v, want event %d of batch %d", again, id, batch)
+	}
+	if n := one[int64](t, d.pool, "select count(*) from pgque.retry_queue"); n != 0 {
+		t.Errorf("the refused nack left %d retry rows", n)
+	}
+	if n := mustAck(t, d.pool, s); n != 1 {
+		t.Errorf("ack_partitioned = %d, want 1", n)
+	}
+}
+
+// A batch with nothing for a slot is finished at once: receive_partitioned
+// returns no rows, and the slot's cursor moves to the batch's tick, so an
+// idle slot does not pin rotation.
+func TestEmptySlotBatchMovesCursor(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	d.createQueue("em")
+	d.subscribeSlots("em", "c", 8)
+	idle := 4 // no pinned key maps to slot 4 of 8
+	for _, p := range pinnedKeys {
+		if p.slot8 == idle {
+			t.Fatalf("pinned key %s maps to slot %d, which this test needs idle", keyString(p.key), idle)
+		}
+	}
+	mustClaim(t, d.pool, "em", "c", idle, "w", "1 hour")
+	s := slotRef{q: "em", c: "c", slot: idle, n: 8, worker: "w", max: 100}
+	name := fmt.Sprintf("c#%d/8", idle)
+	for round := range 3 {
+		before := one[int64](t, d.pool, "select last_tick from pgque.get_consumer_info('em', $1)", name)
+		for _, p := range pinnedKeys {
+			d.send("em", p.key)
+		}
+		tk := d.tick("em")
+		if ms := mustReceive(t, d.pool, s); len(ms) != 0 {
+			t.Fatalf("round %d: idle slot %d received %v", round, idle, ids(ms))
+		}
+		var last int64
+		var open *int64
+		if err := d.pool.QueryRow(context.Background(),
+			"select last_tick, current_batch from pgque.get_consumer_info('em', $1)", name).Scan(&last, &open); err != nil {
+			t.Fatal(err)
+		}
+		if last != tk || last == before || open != nil {
+			t.Errorf("round %d: idle slot's cursor at tick %d (was %d), open batch %v; want tick %d and no open batch",
+				round, last, before, open, tk)
+		}
+	}
+}
+
+// partition_slot_status shows per slot the pending events of that slot
+// only (not of the whole stream) and the age of the oldest, and shows no
+// owner once a lease has expired.
+func TestSlotStatus(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	d.createQueue("st")
+	d.subscribeSlots("st", "c", 8)
+
+	// Pinned slots of 8: NULL 0, tenant-1 1, tenant-3 2, acme 6, "" 5,
+	// Zürich 1.
+	sends := []struct {
+		key   *string
+		count int
+	}{{nil, 1}, {ptr("tenant-1"), 2}, {ptr("Zürich-日本-ü"), 1}, {ptr("tenant-3"), 3}, {ptr("acme"), 2}}
+	want := make([]int64, 8)
+	total := 0
+	for _, s := range sends {
+		for range s.count {
+			d.send("st", s.key)
+		}
+		want[pinnedSlot(t, s.key, 8)] += int64(s.count)
+		total += s.count
+	}
+	time.Sleep(50 * time.Millisecond) // so the oldest pending event has an age
+	check := func(stage string) {
+		t.Helper()
+		rows, err := d.pool.Query(ctx, `select slot, lag, extract(epoch from oldest_pending_age)
+			from pgque.partition_slot_status where queue = 'st' and consumer = 'c' order by slot`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		n := 0
+		for rows.Next() {
+			var slot int32
+			var lag int64
+			var age *float64
+			if err := rows.Scan(&slot, &lag, &age); err != nil {
+				t.Fatal(err)
+			}
+			n++
+			if lag != want[slot] {
+				t.Errorf("%s: slot %d lag = %d, want %d (its own events; the stream has %d)", stage, slot, lag, want[slot], total)
+			}
+			switch {
+			case want[slot] == 0 && age != nil:
+				t.Errorf("%s: slot %d has nothing pending but oldest_pending_age %v s", stage, slot, *age)
+			case want[slot] > 0 && (age == nil || *age < 0.04):
+				t.Errorf("%s: slot %d has %d pending, oldest_pending_age %v s, want at least 0.04 s", stage, slot, want[slot], age)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if n != 8 {
+			t.Errorf("%s: partition_slot_status has %d rows, want 8", stage, n)
+		}
+	}
+	check("before any tick")
+	d.tick("st")
+	check("after a tick")
+
+	// Draining slot 2 empties its lag only.
+	mustClaim(t, d.pool, "st", "c", 2, "w", "1 hour")
+	if ms, _ := drain(t, d.pool, slotRef{q: "st", c: "c", slot: 2, n: 8, worker: "w", max: 100}); len(ms) != 3 {
+		t.Fatalf("slot 2 drained %v, want 3 events", ids(ms))
+	}
+	want[2] = 0
+	check("after slot 2 was drained")
+
+	// Renew with a short TTL and let it run out.
+	mustClaim(t, d.pool, "st", "c", 2, "w", "500 milliseconds")
+	owner, epoch, _ := leaseRow(t, d, "st", "c", 2)
+	if owner == nil || *owner != "w" || epoch != 1 {
+		t.Errorf("live lease: owner %s epoch %d, want w and 1", keyString(owner), epoch)
+	}
+	time.Sleep(700 * time.Millisecond)
+	owner, epoch, until := leaseRow(t, d, "st", "c", 2)
+	if owner != nil || epoch != 1 || until == nil {
+		t.Errorf("expired lease: owner %s epoch %d lease_until %v; want NULL owner, epoch 1, the past expiry", keyString(owner), epoch, until)
+	}
+}
