@@ -55,7 +55,14 @@ type Report struct {
 	// ZombieOverlaps counts overlaps of a fenced worker's handler (older
 	// epoch) with the live owner's on one key; MaxZombieOverlap is the
 	// longest, not counting the time the zombie was frozen (SIGSTOP).
-	ZombieOverlaps   int            `json:"zombie_overlaps"`
+	ZombieOverlaps int `json:"zombie_overlaps"`
+	// LiveTakeovers counts epochs of a slot superseded while their holder
+	// was still alive: fencings (frozen, slow or cut-off holders) and
+	// rebalancing releases, as opposed to takeovers after a crash.
+	LiveTakeovers int `json:"live_takeovers"`
+	// ZombieRuns counts handler runs still going when a newer epoch of
+	// their slot started work.
+	ZombieRuns       int            `json:"zombie_runs"`
 	MaxZombieOverlap time.Duration  `json:"max_zombie_overlap"`
 	Violations       []Violation    `json:"violations"`
 	ByGuarantee      map[string]int `json:"by_guarantee"`
@@ -359,12 +366,39 @@ func (c *check) checkG2(r *Report) {
 		}
 		return time.Time{}, false
 	}
+	type holder struct {
+		slot  int
+		epoch int64
+	}
+	holders := map[holder]string{}
+	for _, ivs := range c.byKey {
+		for _, iv := range ivs {
+			holders[holder{iv.Slot, iv.Epoch}] = iv.Proc
+		}
+	}
+	for h, proc := range holders {
+		t, ok := superseded(h.slot, h.epoch)
+		if !ok {
+			continue
+		}
+		alive := true
+		for _, d := range c.deaths[proc] {
+			if d.Before(t) {
+				alive = false
+				break
+			}
+		}
+		if alive {
+			r.LiveTakeovers++
+		}
+	}
 	for key, ivs := range c.byKey {
 		for i := range ivs {
 			a := ivs[i]
 			if t, ok := superseded(a.Slot, a.Epoch); ok && t.Before(a.end) {
 				from := laterOf(t, a.Start)
 				active := a.end.Sub(from) - c.frozen(a.Proc, from, a.end)
+				r.ZombieRuns++
 				r.MaxZombieOverlap = max(r.MaxZombieOverlap, active)
 				if active > c.h.LeaseTTL {
 					r.flag(GG2, key, a.EvID, "fenced %s (epoch %d) ran its handler %v after a newer epoch of slot %d started at %s: more than the lease TTL %v",
