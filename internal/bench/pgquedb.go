@@ -158,10 +158,15 @@ func drainPlain(ctx context.Context, c *pgx.Conn, queue, consumer string) (int, 
 // receive_partitioned + ack_partitioned as worker (which must hold the
 // slot's lease) and returns the number of events received.
 func drainSlot(ctx context.Context, c *pgx.Conn, queue, consumer string, k, n int, worker string) (int, error) {
+	return drainSlotChunks(ctx, c, queue, consumer, k, n, worker, batchSize)
+}
+
+// drainSlotChunks is drainSlot receiving at most chunk events per call.
+func drainSlotChunks(ctx context.Context, c *pgx.Conn, queue, consumer string, k, n int, worker string, chunk int) (int, error) {
 	total := 0
 	for {
 		got, err := drainRows(c.Query(ctx, "select * from pgque.receive_partitioned($1, $2, $3, $4, $5, $6)",
-			queue, consumer, k, n, worker, batchSize))
+			queue, consumer, k, n, worker, chunk))
 		if err != nil {
 			return total, fmt.Errorf("receive_partitioned slot %d/%d: %w", k, n, err)
 		}

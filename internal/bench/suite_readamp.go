@@ -6,13 +6,18 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque"
 )
 
 // Read amplification: how many event-table rows (and buffers) the database
 // reads per event it delivers, as the slot count N grows. A partitioned
 // consumer whose slots each scan the whole batch and throw away the other
-// slots' events reads N rows per delivered event; the target is at most 2
-// at N = 16.
+// slots' events reads N rows per delivered event, and one that rescans the
+// batch for every chunk reads (events per slot per batch / chunk size) times
+// more; the target is at most 2 at N = 16. The consumer receives in chunks
+// of the Go client's default size (100), as users do; one extra mode uses
+// chunks as large as the batches (1000). Quick runs measure N = 1, 4, 16.
 //
 // Rows read come from pg_stat_user_tables (seq_tup_read + idx_tup_fetch:
 // heap tuples fetched, before any filter), buffers from
@@ -72,15 +77,17 @@ select coalesce(sum(coalesce(t.seq_tup_read, 0) + coalesce(t.idx_tup_fetch, 0))
 // readAmpMode is one scenario of the suite.
 type readAmpMode struct {
 	name     string
+	chunk    int  // receive_partitioned max
 	rotate   bool // rotation_period 10 ms and maint() after every tick
 	stalled  bool // the last slot is claimed but never polled
 	minSlots int
 }
 
 var readAmpModes = []readAmpMode{
-	{name: "steady", minSlots: 1},
-	{name: "rotation", rotate: true, minSlots: 1},
-	{name: "stalled_slot", rotate: true, stalled: true, minSlots: 2},
+	{name: "steady", chunk: pgque.BatchSizeDefault, minSlots: 1},
+	{name: "rotation", chunk: pgque.BatchSizeDefault, rotate: true, minSlots: 1},
+	{name: "stalled_slot", chunk: pgque.BatchSizeDefault, rotate: true, stalled: true, minSlots: 2},
+	{name: "steady_chunk1000", chunk: batchSize, minSlots: 1},
 }
 
 // readAmpResult is what one scenario measured.
@@ -101,7 +108,7 @@ func runReadAmpScenario(ctx context.Context, p *pgqueDB, mode readAmpMode, nslot
 	}
 	defer conn.Release()
 	c := conn.Conn()
-	q := p.fresh("ra_" + mode.name + "_")
+	q := p.fresh("ra_")
 	if _, err := c.Exec(ctx, "select pgque.create_queue($1)", q); err != nil {
 		return res, err
 	}
@@ -134,7 +141,7 @@ func runReadAmpScenario(ctx context.Context, p *pgqueDB, mode readAmpMode, nslot
 			return res, err
 		}
 		for k := range polled {
-			n, err := drainSlot(ctx, c, q, consumer, k, nslots, worker)
+			n, err := drainSlotChunks(ctx, c, q, consumer, k, nslots, worker, mode.chunk)
 			if err != nil {
 				return res, err
 			}
@@ -158,10 +165,10 @@ func runReadAmp(ctx context.Context, e *env, r *recorder) error {
 	if err != nil {
 		return err
 	}
-	steps := pick(e, 8, 50)
+	steps := pick(e, 4, 30)
 	for _, mode := range readAmpModes {
 		for _, n := range readAmpSlots {
-			if n < mode.minSlots {
+			if n < mode.minSlots || (e.quick && n != 1 && n != 4 && n != 16) {
 				continue
 			}
 			res, err := runReadAmpScenario(ctx, p, mode, n, steps)
@@ -174,10 +181,10 @@ func runReadAmp(ctx context.Context, e *env, r *recorder) error {
 			d := float64(res.delivered)
 			cse := fmt.Sprintf("%s_N%d", mode.name, n)
 			var t *target
-			if n == 16 {
+			if n == 16 && mode.chunk == pgque.BatchSizeDefault {
 				t = valueAtMost(2)
 			}
-			notes := []string{fmt.Sprintf("%d events delivered over %d ticks of %d", res.delivered, steps, batchSize),
+			notes := []string{fmt.Sprintf("%d events delivered over %d ticks of %d, in chunks of at most %d", res.delivered, steps, batchSize, mode.chunk),
 				fmt.Sprintf("all other pgque tables: %.2f rows/event", float64(res.reads.otherRows)/d)}
 			if mode.rotate {
 				notes = append(notes, fmt.Sprintf("maint() did %d operations", res.maintOps))
