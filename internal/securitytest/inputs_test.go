@@ -1,0 +1,283 @@
+package securitytest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgque/pgque"
+)
+
+// hostile are names and keys that would break a query built by string
+// concatenation.
+var hostile = []string{
+	`'); drop table pgque.queue; --`,
+	`x'; drop table pgque.queue; --`,
+	`a'b`, `a"b`, `a;b`, `$$`, `$x$`, `$$; drop table pgque.queue; $$`,
+	`\`, `\'`, `--`, `/*`, `*/`, `%s`, `%I`, `%L`, `{}`, `[]`, `(`, `)`,
+	`E'\x41'`, `q#1/2`, `q/1`, ` q`, `q `, "q\tq", "q\nq", `ä`, `😀`,
+	strings.Repeat("n", 63), strings.Repeat("n", 64), strings.Repeat("é", 32),
+	`ev_extra1 is null or true`, `1 = 1`, `0) or (1=1`,
+}
+
+// code returns err's SQLSTATE, "" for nil.
+func code(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	if err != nil {
+		return "non-pg: " + err.Error()
+	}
+	return ""
+}
+
+// TestHostileNamesAndKeys: queue and consumer names are stored verbatim or
+// rejected with PQ010; partition keys and worker ids are stored verbatim
+// (keys) or rejected with a pgque SQLSTATE; nothing else happens (the
+// tables survive, no syntax error).
+func TestHostileNamesAndKeys(t *testing.T) {
+	_, conn := setupDB(t)
+	ctx := context.Background()
+	for _, name := range hostile {
+		// Queue names.
+		var created int
+		err := conn.QueryRow(ctx, `select pgque.create_queue($1)`, name).Scan(&created)
+		switch c := code(err); c {
+		case "":
+			var stored string
+			if err := conn.QueryRow(ctx, `select queue_name from pgque.queue where queue_name = $1`, name).Scan(&stored); err != nil || stored != name {
+				t.Errorf("queue %q created but stored as %q (%v)", name, stored, err)
+			}
+			if _, err := conn.Exec(ctx, `select pgque.drop_queue($1, true)`, name); err != nil {
+				t.Errorf("drop_queue(%q): %v", name, err)
+			}
+		case "PQ010":
+		default:
+			t.Errorf("create_queue(%q): SQLSTATE %s (%v), want success or PQ010", name, c, err)
+		}
+		// Consumer names.
+		err = conn.QueryRow(ctx, `select pgque.subscribe('q1', $1)`, name).Scan(&created)
+		switch c := code(err); c {
+		case "":
+			var n int
+			_ = conn.QueryRow(ctx, `select count(*) from pgque.subscription where sub_name = $1`, name).Scan(&n)
+			if n != 1 {
+				t.Errorf("consumer %q subscribed but %d subscriptions carry the name", name, n)
+			}
+			if _, err := conn.Exec(ctx, `select pgque.unsubscribe('q1', $1)`, name); err != nil {
+				t.Errorf("unsubscribe(%q): %v", name, err)
+			}
+		case "PQ010":
+		default:
+			t.Errorf("subscribe('q1', %q): SQLSTATE %s (%v), want success or PQ010", name, c, err)
+		}
+		// Partition keys: always accepted and stored verbatim.
+		var id int64
+		if err := conn.QueryRow(ctx, `select pgque.send('q1', 't', '{}', $1)`, name).Scan(&id); err != nil {
+			t.Errorf("send with key %q: %v", name, err)
+		} else {
+			var stored string
+			if err := conn.QueryRow(ctx, `select ev_extra1 from pgque.event where ev_id = $1`, id).Scan(&stored); err != nil || stored != name {
+				t.Errorf("key %q stored as %q (%v)", name, stored, err)
+			}
+		}
+		// Slot routing of such a key is computed from its hash only.
+		var slot int
+		if err := conn.QueryRow(ctx, `select pgque.slot_of($1, 7)`, name).Scan(&slot); err != nil || slot < 0 || slot >= 7 {
+			t.Errorf("slot_of(%q, 7) = %d, %v", name, slot, err)
+		}
+		// Worker ids: verbatim in the lease, or PQ011 when too long.
+		var epoch *int64
+		err = conn.QueryRow(ctx, `select pgque.claim_slot('q1', 'sc', 1, $1, '1 min')`, name).Scan(&epoch)
+		switch c := code(err); c {
+		case "":
+			var owner string
+			if err := conn.QueryRow(ctx, `select owner from pgque.partition_slot_status where consumer = 'sc' and slot = 1`).Scan(&owner); err != nil || owner != name {
+				t.Errorf("worker %q holds the lease as %q (%v)", name, owner, err)
+			}
+			if _, err := conn.Exec(ctx, `select pgque.release_slot('q1', 'sc', 1, $1)`, name); err != nil {
+				t.Errorf("release_slot(%q): %v", name, err)
+			}
+		case "PQ011":
+		default:
+			t.Errorf("claim_slot(worker %q): SQLSTATE %s (%v)", name, c, err)
+		}
+		// Type and blocked-key lookups.
+		if _, err := conn.Exec(ctx, `select pgque.insert_event('q1', $1, $1, $1, $1, $1, $1)`, name); err != nil {
+			t.Errorf("insert_event with %q: %v", name, err)
+		}
+		if _, err := conn.Exec(ctx, `select pgque.unblock_key('q1', 'sc', $1)`, name); code(err) != "PQ011" {
+			t.Errorf("unblock_key(key %q): %v, want PQ011", name, err)
+		}
+	}
+	// Everything is still there.
+	var n int
+	if err := conn.QueryRow(ctx, `select count(*) from pgque.queue where queue_name = 'q1'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("queue q1 gone: %d %v", n, err)
+	}
+}
+
+// TestInvalidBytes: invalid UTF-8 and NUL bytes in any text argument are
+// rejected by the server with 22021 before pgque sees them, and a JSON
+// \u0000 (valid JSON that jsonb cannot store) is rejected with 22P05;
+// nothing is written.
+func TestInvalidBytes(t *testing.T) {
+	dsn, conn := setupDB(t)
+	ctx := context.Background()
+	before := tableCounts(t, conn)
+	bad := []string{"q\xff", "\xc3\x28", "\xed\xa0\x80", "a\x00b", "\x00"}
+	stmts := []string{
+		`select pgque.create_queue($1)`,
+		`select pgque.subscribe('q1', $1)`,
+		`select pgque.send('q1', 't', '{}', $1)`,
+		`select pgque.send('q1', $1, '{}')`,
+		`select pgque.claim_slot('q1', 'sc', 0, $1)`,
+		`select pgque.send_batch('q1', 't', array['{}']::jsonb[], array[$1])`,
+		`select pgque.insert_event('q1', 't', $1)`,
+	}
+	for _, s := range stmts {
+		for _, b := range bad {
+			_, err := conn.Exec(ctx, s, b)
+			if c := code(err); c != "22021" {
+				t.Errorf("%s with %q: SQLSTATE %q (%v), want 22021", s, b, c, err)
+			}
+		}
+	}
+	// Through convert_from on the server side, too.
+	if _, err := conn.Exec(ctx, `select pgque.send('q1', 't', '{}', convert_from('\xff'::bytea, 'UTF8'))`); code(err) != "22021" {
+		t.Errorf("convert_from of an invalid byte: %v, want 22021", err)
+	}
+	// Payloads: invalid UTF-8 inside JSON, and \u0000.
+	if _, err := conn.Exec(ctx, `select pgque.send('q1', $1::text::jsonb)`, "\"\xff\""); code(err) != "22021" {
+		t.Errorf("payload with an invalid byte: %v, want 22021", err)
+	}
+	if _, err := conn.Exec(ctx, `select pgque.send('q1', $1::jsonb)`, `{"a":"\u0000"}`); code(err) != "22P05" {
+		t.Errorf(`payload with \u0000: %v, want 22P05`, err)
+	}
+	// The Go client: invalid JSON never reaches the server; \u0000 does
+	// (it is valid JSON) and comes back as a server error.
+	client, err := pgque.Connect(ctx, dsn, &pgque.Config{PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if _, err := client.Send(ctx, "q1", pgque.Event{Payload: json.RawMessage(`{"a":`)}); !errors.Is(err, pgque.ErrInvalidPayload) {
+		t.Errorf("Send of invalid JSON: %v, want ErrInvalidPayload", err)
+	}
+	if _, err := client.Send(ctx, "q1", pgque.Event{Payload: json.RawMessage(`"\u0000"`)}); code(err) != "22P05" {
+		t.Errorf(`Send of "\u0000": %v, want SQLSTATE 22P05`, err)
+	}
+	if _, err := client.Send(ctx, "q1", pgque.Event{Payload: 1, PartitionKey: "k\x00"}); code(err) != "22021" {
+		t.Errorf("Send with a NUL in the key: %v, want SQLSTATE 22021", err)
+	}
+	if after := tableCounts(t, conn); !maps.Equal(before, after) {
+		t.Errorf("rejected input changed table counts: %v -> %v", before, after)
+	}
+}
+
+// TestHugeInputs: a 10 MB payload and a 100k-event send_batch go through
+// whole; a send_batch whose arrays disagree, or with one bad element,
+// commits nothing.
+func TestHugeInputs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("huge inputs skipped in -short mode")
+	}
+	_, conn := setupDB(t)
+	ctx := context.Background()
+
+	big := `{"blob":"` + strings.Repeat("x", 10<<20) + `"}`
+	var id int64
+	if err := conn.QueryRow(ctx, `select pgque.send('q1', 'big', $1::jsonb, 'k')`, big).Scan(&id); err != nil {
+		t.Fatal("10 MB payload:", err)
+	}
+	var size int
+	if err := conn.QueryRow(ctx, `select octet_length(ev_data) from pgque.event where ev_id = $1`, id).Scan(&size); err != nil || size < 10<<20 {
+		t.Errorf("10 MB payload stored as %d bytes (%v)", size, err)
+	}
+
+	const n = 100_000
+	payloads := make([]string, n)
+	keys := make([]string, n)
+	for i := range payloads {
+		payloads[i] = fmt.Sprintf(`{"i":%d}`, i)
+		keys[i] = fmt.Sprintf("k%d", i%97)
+	}
+	var ids []int64
+	if err := conn.QueryRow(ctx, `select pgque.send_batch('q1', 't', $1::jsonb[], $2::text[])`, payloads, keys).Scan(&ids); err != nil {
+		t.Fatal("send_batch of 100k:", err)
+	}
+	if len(ids) != n {
+		t.Fatalf("send_batch returned %d ids", len(ids))
+	}
+	for i := 1; i < n; i++ {
+		if ids[i] <= ids[i-1] {
+			t.Fatalf("ids not increasing at %d: %d after %d", i, ids[i], ids[i-1])
+		}
+	}
+
+	before := tableCounts(t, conn)
+	_, err := conn.Exec(ctx, `select pgque.send_batch('q1', 't', $1::jsonb[], $2::text[])`, payloads, keys[:n-1])
+	if c := code(err); c != "PQ011" {
+		t.Errorf("send_batch with %d payloads and %d keys: %v, want PQ011", n, n-1, err)
+	}
+	bad := append([]string(nil), payloads...)
+	bad[n-1] = `{"i":`
+	if _, err := conn.Exec(ctx, `select pgque.send_batch('q1', 't', $1::jsonb[], $2::text[])`, bad, keys); code(err) != "22P02" {
+		t.Errorf("send_batch with one invalid payload: %v, want 22P02", err)
+	}
+	keys[n/2] = "k\x00"
+	if _, err := conn.Exec(ctx, `select pgque.send_batch('q1', 't', $1::jsonb[], $2::text[])`, payloads, keys); code(err) != "22021" {
+		t.Errorf("send_batch with one NUL key: %v, want 22021", err)
+	}
+	if after := tableCounts(t, conn); !maps.Equal(before, after) {
+		t.Errorf("failed send_batch changed table counts: %v -> %v", before, after)
+	}
+}
+
+// TestAbsurdNumbersThroughTheClient: the Go client turns absurd settings
+// into ErrInvalidArgument before or at the server, never a half-done call.
+func TestAbsurdNumbersThroughTheClient(t *testing.T) {
+	dsn, conn := setupDB(t)
+	ctx := context.Background()
+	client, err := pgque.Connect(ctx, dsn, &pgque.Config{PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	h := func(context.Context, *pgque.Message) error { return nil }
+	for _, cfg := range []pgque.PartitionedConsumerConfig{
+		{Queue: "q1", Consumer: "x", Slots: 0, Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: -1, Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, LeaseTTL: 1, Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, BatchSize: -1, Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, MaxActiveSlots: -1, Handler: h},
+	} {
+		if _, err := client.NewPartitionedConsumer(&cfg); !errors.Is(err, pgque.ErrInvalidArgument) {
+			t.Errorf("%+v: %v, want ErrInvalidArgument", cfg, err)
+		}
+	}
+	// N beyond the server's limit fails at Start with nothing subscribed.
+	before := tableCounts(t, conn)
+	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: "q1", Consumer: "huge", Slots: 5000, Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Start(ctx); !errors.Is(err, pgque.ErrInvalidArgument) {
+		t.Errorf("Start with 5000 slots: %v, want ErrInvalidArgument", err)
+		_ = pc.Stop(ctx)
+	}
+	if after := tableCounts(t, conn); !maps.Equal(before, after) {
+		t.Errorf("failed Start changed table counts: %v -> %v", before, after)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `select count(*) from pgque.subscription where sub_name like 'huge#%'`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d slot subscriptions of a failed Start remain (%v)", n, err)
+	}
+}
