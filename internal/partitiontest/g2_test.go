@@ -2,6 +2,7 @@ package partitiontest
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -67,10 +68,13 @@ func TestG2Block(t *testing.T) {
 // interval is when a worker held received events in an open transaction.
 type interval struct{ start, end time.Time }
 
-// holdBatch receives on s inside a transaction, keeps the transaction open
-// for hold (pg_sleep, so the server sees it busy), acks and commits. It
-// returns when the receive returned and when the commit did.
-func holdBatch(ctx context.Context, conn *pgx.Conn, s slotRef, hold time.Duration) (interval, []msg, error) {
+// holdBatch receives on s inside a transaction, tells the other worker
+// (received), waits until the other worker has received too while this
+// transaction is still open, keeps it open a little longer (pg_sleep, so the
+// server sees it busy), acks and commits. It returns when the receive
+// returned and when the commit did. If the other worker cannot receive
+// while this one holds its batch, the wait times out: the slots serialize.
+func holdBatch(ctx context.Context, conn *pgx.Conn, s slotRef, received chan<- struct{}, other <-chan struct{}) (interval, []msg, error) {
 	var iv interval
 	var got []msg
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -80,7 +84,13 @@ func holdBatch(ctx context.Context, conn *pgx.Conn, s slotRef, hold time.Duratio
 		}
 		got = ms
 		iv.start = time.Now()
-		if _, err := tx.Exec(ctx, "select pg_sleep($1)", hold.Seconds()); err != nil {
+		close(received)
+		select {
+		case <-other:
+		case <-time.After(20 * time.Second):
+			return fmt.Errorf("slot %d: the worker on the other slot did not receive within 20 s while this one held its batch", s.slot)
+		}
+		if _, err := tx.Exec(ctx, "select pg_sleep(0.2)"); err != nil {
 			return err
 		}
 		_, err = ack(ctx, tx, s)
@@ -114,14 +124,16 @@ func TestG2Parallel(t *testing.T) {
 	mustClaim(t, d.pool, "g2p", "c", 1, "v", "1 hour")
 
 	t.Run("different slots overlap", func(t *testing.T) {
-		const hold = 600 * time.Millisecond
 		conns := []*pgx.Conn{pgtest.Conn(t, d.dsn), pgtest.Conn(t, d.dsn)}
 		var wg sync.WaitGroup
 		ivs := make([]interval, 2)
 		errs := make([]error, 2)
 		got := make([][]msg, 2)
+		received := []chan struct{}{make(chan struct{}), make(chan struct{})}
 		for i := range 2 {
-			wg.Go(func() { ivs[i], got[i], errs[i] = holdBatch(ctx, conns[i], slots[i], hold) })
+			wg.Go(func() {
+				ivs[i], got[i], errs[i] = holdBatch(ctx, conns[i], slots[i], received[i], received[1-i])
+			})
 		}
 		wg.Wait()
 		for i := range 2 {
@@ -168,6 +180,11 @@ func TestG2Parallel(t *testing.T) {
 		// The second caller must be waiting on a lock while the first holds
 		// its chunk.
 		waitForLockWait(t, d, secondPID)
+		// ...on the slot's lease row: a row-lock waiter holds the tuple lock.
+		if rel := one[string](t, d.pool, `select coalesce(string_agg(relation::regclass::text, ','), '')
+			from pg_catalog.pg_locks where pid = $1 and locktype = 'tuple'`, secondPID); rel != "pgque.slot_lease" {
+			t.Errorf("the second caller waits on a row of %q, want the lease row (pgque.slot_lease)", rel)
+		}
 		select {
 		case r := <-done:
 			t.Fatalf("second caller returned %v (err %v) while the first held the slot's rows", ids(r.ms), r.err)

@@ -163,6 +163,10 @@ type msg struct {
 	Slot  int // the slot it was delivered on (set by the caller)
 }
 
+func (m msg) String() string {
+	return fmt.Sprintf("{id %d batch %d retry %d key %s epoch %d slot %d}", m.ID, m.Batch, m.Retry, keyString(m.Key), m.Epoch, m.Slot)
+}
+
 // slotRef names one slot of one consumer group.
 type slotRef struct {
 	q, c    string

@@ -229,7 +229,7 @@ func TestFencing(t *testing.T) {
 		t.Fatal(err)
 	}
 	if last != tickID || open != nil {
-		t.Errorf("after the heir's ack: cursor at tick %d, open batch %v; want tick %d and none", last, open, tickID)
+		t.Errorf("after the heir's ack: cursor at tick %d, open batch %s; want tick %d and none", last, int64String(open), tickID)
 	}
 }
 

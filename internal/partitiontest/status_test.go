@@ -83,8 +83,8 @@ func TestEmptySlotBatchMovesCursor(t *testing.T) {
 			t.Fatal(err)
 		}
 		if last != tk || last == before || open != nil {
-			t.Errorf("round %d: idle slot's cursor at tick %d (was %d), open batch %v; want tick %d and no open batch",
-				round, last, before, open, tk)
+			t.Errorf("round %d: idle slot's cursor at tick %d (was %d), open batch %s; want tick %d and no open batch",
+				round, last, before, int64String(open), tk)
 		}
 	}
 }
@@ -162,14 +162,21 @@ func TestSlotStatus(t *testing.T) {
 	check("after slot 2 was drained")
 
 	// Renew with a short TTL and let it run out.
-	mustClaim(t, d.pool, "st", "c", 2, "w", "500 milliseconds")
+	mustClaim(t, d.pool, "st", "c", 2, "w", "2 seconds")
 	owner, epoch, _ := leaseRow(t, d, "st", "c", 2)
 	if owner == nil || *owner != "w" || epoch != 1 {
 		t.Errorf("live lease: owner %s epoch %d, want w and 1", keyString(owner), epoch)
 	}
-	time.Sleep(700 * time.Millisecond)
+	time.Sleep(2300 * time.Millisecond)
 	owner, epoch, until := leaseRow(t, d, "st", "c", 2)
 	if owner != nil || epoch != 1 || until == nil {
 		t.Errorf("expired lease: owner %s epoch %d lease_until %v; want NULL owner, epoch 1, the past expiry", keyString(owner), epoch, until)
 	}
+}
+
+func int64String(p *int64) string {
+	if p == nil {
+		return "NULL"
+	}
+	return fmt.Sprint(*p)
 }
