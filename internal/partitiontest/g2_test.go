@@ -113,7 +113,8 @@ func TestG2Parallel(t *testing.T) {
 	d.createQueue("g2p")
 	d.subscribeSlots("g2p", "c", 2)
 	k0, k1 := ptr("tenant-3"), ptr("tenant-1") // pinned: slots 0 and 1 of 2
-	for range 8 {                              // max 2: several chunks per slot for both subtests
+	// With max 2, several chunks per slot for both subtests.
+	for range 8 {
 		d.send("g2p", k0)
 		d.send("g2p", k1)
 	}
