@@ -264,6 +264,9 @@ func TestEngineUntouchedSource(t *testing.T) {
 	if files < 10 {
 		t.Fatalf("only %d engine files found", files)
 	}
+	if t.Failed() {
+		t.Log("the engine must stay PgQ: keep slot, lease and routing knowledge (names, rules, messages) in sql/api or sql/partition")
+	}
 }
 
 // TestEngineRuleCatchesMentions shows the rule bites on what it must catch
