@@ -1,3 +1,10 @@
+-- The install script runs with a pinned search_path: column defaults,
+-- CHECK constraints and views bind their functions and operators when they
+-- are created, so a role whose search_path puts public before pg_catalog
+-- would otherwise bind them to whatever an attacker planted in public
+-- (public.now(), public.=(text,text), ...), to run later as the owner.
+select pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+
 -- Roles.
 --
 -- pgque_reader consumes, pgque_writer produces, pgque_admin does both plus
