@@ -101,8 +101,8 @@ func TestRetryRedeliversToThatConsumerOnly(t *testing.T) {
 	r := got[0]
 	if r.MsgID != id || r.RetryCount != 1 || r.Type != orig.Type || r.Payload != orig.Payload ||
 		r.PartitionKey == nil || *r.PartitionKey != "tenant-7" {
-		t.Errorf("redelivered %+v (key %v), want msg %d, retry_count 1, type %s, payload %s, key tenant-7",
-			r, r.PartitionKey, id, orig.Type, orig.Payload)
+		t.Errorf("redelivered msg %d retry_count %d type %s payload %s key %s, want msg %d, retry_count 1, type %s, payload %s, key tenant-7",
+			r.MsgID, r.RetryCount, r.Type, r.Payload, str(r.PartitionKey), id, orig.Type, orig.Payload)
 	}
 	if got := receiveAll(t, pool, "b", 10); len(got) != 0 {
 		t.Errorf("b received %v: the retry copy belongs to a only", msgIDs(got))
@@ -133,10 +133,13 @@ func TestRetryRedeliversToThatConsumerOnly(t *testing.T) {
 	for _, bb := range batches {
 		again = append(again, bb...)
 	}
-	if len(again) != 1 || again[0].ID != eid || again[0].Retry == nil || *again[0].Retry != 1 ||
-		*again[0].Extra1 != "k-raw" || *again[0].Extra2 != "x2" || *again[0].Extra3 != "x3" || *again[0].Extra4 != "x4" ||
-		again[0].data() != "raw data" {
-		t.Errorf("event_retry redelivered %+v, want ev %d with ev_retry 1 and its extra fields", again, eid)
+	if len(again) != 1 {
+		t.Fatalf("event_retry redelivered %v, want [%d]", evIDs(again), eid)
+	}
+	if e := again[0]; e.ID != eid || e.Retry == nil || *e.Retry != 1 || str(e.Extra1) != "k-raw" ||
+		str(e.Extra2) != "x2" || str(e.Extra3) != "x3" || str(e.Extra4) != "x4" || e.data() != "raw data" {
+		t.Errorf("event_retry redelivered ev %d retry %v extras %s/%s/%s/%s data %s, want ev %d with ev_retry 1, k-raw/x2/x3/x4, raw data",
+			e.ID, retry(e.Retry), str(e.Extra1), str(e.Extra2), str(e.Extra3), str(e.Extra4), e.data(), eid)
 	}
 	for _, bb := range drainBatches(t, pool, "q", "b") {
 		if len(bb) != 0 {

@@ -428,8 +428,11 @@ func TestConcurrentNextBatchSameID(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	if r.id == nil || *r.id != b1 {
-		t.Fatalf("second next_batch = %v, want the first caller's batch %d", r.id, b1)
+	if r.id == nil {
+		t.Fatalf("second next_batch = NULL, want the first caller's batch %d", b1)
+	}
+	if *r.id != b1 {
+		t.Fatalf("second next_batch = %d, want the first caller's batch %d", *r.id, b1)
 	}
 
 	// Both callers read the same events; after finish_batch the next batch

@@ -196,6 +196,22 @@ type event struct {
 	Extra4 *string
 }
 
+// str shows a nullable text value.
+func str(p *string) string {
+	if p == nil {
+		return "<NULL>"
+	}
+	return *p
+}
+
+// retry shows a nullable ev_retry.
+func retry(p *int32) string {
+	if p == nil {
+		return "<NULL>"
+	}
+	return fmt.Sprint(*p)
+}
+
 func (e event) data() string {
 	if e.Data == nil {
 		return "<NULL>"

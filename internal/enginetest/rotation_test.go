@@ -46,11 +46,17 @@ func curTable(t testing.TB, q db) int32 {
 	return scalar[int32](t, q, "select queue_cur_table from pgque.queue where queue_name = 'q'")
 }
 
-// maintRotate runs maint() once the rotation period (1 ms) has passed.
+// maintRotate runs maint() once the rotation period (1 ms) has passed. It
+// fails the test when maint() blocks for long: rotation must not wait
+// behind an open transaction.
 func maintRotate(t testing.TB, q db) {
 	t.Helper()
 	time.Sleep(3 * time.Millisecond)
-	exec(t, q, "select pgque.maint()")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := q.Exec(ctx, "select pgque.maint()"); err != nil {
+		t.Fatalf("maint(): %v", err)
+	}
 }
 
 // sendN sends n events in one send_batch and returns their ids.
