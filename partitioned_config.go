@@ -20,6 +20,11 @@ const (
 	// ClaimIntervalDefault is the period of the claim loop (jittered ±20%):
 	// how quickly a free slot is found and the spread rebalanced.
 	ClaimIntervalDefault = time.Second
+	// SlotStatusIntervalDefault is how often the per-slot lag and head-age
+	// gauges are refreshed from partition_slot_status when metrics are
+	// registered. Reading the view counts every slot's pending events, so
+	// its cost grows with N × backlog.
+	SlotStatusIntervalDefault = 15 * time.Second
 )
 
 // FailurePolicy says what happens to a key's later events after a handler
@@ -72,6 +77,10 @@ type PartitionedConsumerConfig struct {
 	// PollInterval is how often an idle slot looks for work without a
 	// notification. Default PollIntervalDefault.
 	PollInterval time.Duration
+	// SlotStatusInterval is how often the per-slot gauges are refreshed.
+	// Default SlotStatusIntervalDefault when Config.Registerer is set, never
+	// otherwise; negative disables.
+	SlotStatusInterval time.Duration
 	// BatchSize is the maximum number of events per chunk. Default
 	// BatchSizeDefault.
 	BatchSize int

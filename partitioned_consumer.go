@@ -34,6 +34,13 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		return nil, err
 	}
 	cfg := config.withDefaults()
+	statusInterval := cfg.SlotStatusInterval
+	switch {
+	case statusInterval < 0 || (statusInterval == 0 && c.config.Registerer == nil):
+		statusInterval = 0
+	case statusInterval == 0:
+		statusInterval = SlotStatusIntervalDefault
+	}
 	pc := &PartitionedConsumer{client: c, config: cfg}
 	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics}
 	pc.pool = workerpool.New(workerpool.Config{
@@ -49,6 +56,7 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		LeaseTTL:       cfg.LeaseTTL,
 		ClaimInterval:  cfg.ClaimInterval,
 		PollInterval:   cfg.PollInterval,
+		StatusInterval: statusInterval,
 		Work:           pc.work,
 		IsLeaseLost:    func(err error) bool { return errors.Is(err, ErrLeaseLost) },
 		LeaseLostCause: ErrLeaseLost,

@@ -68,7 +68,7 @@ func New(connect ConnectFunc, channels []string, logger *slog.Logger) *Notifier 
 // Listen subscribes to channel (one of those given to New); match filters
 // payloads (nil accepts all).
 func (n *Notifier) Listen(channel string, match func(payload string) bool) *Subscription {
-	s := &Subscription{n: n, channel: channel, match: match, c: make(chan string, 64)}
+	s := &Subscription{n: n, channel: channel, match: match, c: make(chan string, 256)}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.subs[s] = struct{}{}

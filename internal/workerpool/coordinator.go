@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pgque/pgque/internal/backoff"
 	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/wakeup"
 )
@@ -23,18 +24,27 @@ func (p *Pool) coordinate(fetchCtx, workCtx context.Context) {
 	}
 }
 
-// pass reads the slots' status, plans, releases, claims, and announces.
+// pass learns who works which slot, plans, releases, claims, and
+// announces.
 func (p *Pool) pass(fetchCtx, workCtx context.Context) {
-	status, err := p.cfg.Queries.PartitionSlotStatus(fetchCtx, p.cfg.Queue, p.cfg.Consumer)
-	if err != nil {
-		if fetchCtx.Err() == nil {
-			p.log().WarnContext(fetchCtx, "pgque: reading partition_slot_status", slog.Any("error", err))
-		}
-		return
-	}
-	p.observe(status)
-
 	now := time.Now()
+	var status []dbq.SlotStatus
+	if p.cfg.Notifier != nil {
+		// Announcements tell who works which slot at no cost.
+		status = p.presence.status(p.cfg.Slots, now)
+	} else {
+		// Without LISTEN the view is the only source; it is expensive with
+		// a large backlog (see presence.go).
+		var err error
+		status, err = p.cfg.Queries.PartitionSlotStatus(fetchCtx, p.cfg.Queue, p.cfg.Consumer)
+		if err != nil {
+			if fetchCtx.Err() == nil {
+				p.log().WarnContext(fetchCtx, "pgque: reading partition_slot_status", slog.Any("error", err))
+			}
+			return
+		}
+	}
+
 	in := planInput{
 		self:      p.cfg.Worker,
 		slots:     p.cfg.Slots,
@@ -66,9 +76,13 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 			owned--
 		}
 	}
-	owners := make(map[int]*string, len(status))
+	owners := make(map[int]string, len(status))
 	for _, s := range status {
-		owners[s.Slot] = s.Owner
+		if s.Owner != nil {
+			owners[s.Slot] = *s.Owner
+		} else {
+			owners[s.Slot] = p.presence.previousOwner(s.Slot)
+		}
 	}
 	for _, slot := range pl.claim {
 		if p.claim(fetchCtx, workCtx, slot, owners[slot]) {
@@ -80,7 +94,7 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 	p.prevFree = pl.free
 	p.mu.Unlock()
 	hungry := owned < pl.target
-	if err := p.cfg.Queries.Notify(fetchCtx, PresenceChannel, p.presence.payload(hungry)); err != nil && fetchCtx.Err() == nil {
+	if err := p.cfg.Queries.Notify(fetchCtx, PresenceChannel, p.presence.payload(hungry, p.Owned())); err != nil && fetchCtx.Err() == nil {
 		p.log().WarnContext(fetchCtx, "pgque: announcing worker", slog.Any("error", err))
 	}
 }
@@ -101,7 +115,7 @@ func (p *Pool) releaseExcess(slots []int, now time.Time) {
 }
 
 // claim tries to take one slot and starts its goroutine on success.
-func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner *string) bool {
+func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner string) bool {
 	at := time.Now()
 	epoch, ok, err := p.cfg.Queries.ClaimSlot(fetchCtx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL)
 	if err != nil {
@@ -114,11 +128,28 @@ func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner *str
 		return false // another worker was faster
 	}
 	p.cfg.Metrics.LeaseClaims.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
-	if prevOwner != nil && *prevOwner != p.cfg.Worker {
+	if prevOwner != "" && prevOwner != p.cfg.Worker {
 		p.cfg.Metrics.LeaseTakeovers.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
 	}
 	p.startRunner(fetchCtx, workCtx, slot, epoch, at)
 	return true
+}
+
+// observeStatus refreshes the per-slot gauges from partition_slot_status
+// every StatusInterval until stop is closed. It runs apart from the claim
+// loop because the view is slow with a large backlog.
+func (p *Pool) observeStatus(ctx context.Context, stop <-chan struct{}) {
+	for {
+		status, err := p.cfg.Queries.PartitionSlotStatus(ctx, p.cfg.Queue, p.cfg.Consumer)
+		if err == nil {
+			p.observe(status)
+		} else if ctx.Err() == nil {
+			p.log().WarnContext(ctx, "pgque: reading partition_slot_status", slog.Any("error", err))
+		}
+		if !backoff.Sleep(stop, backoff.Jitter(p.cfg.StatusInterval, 0.2)) {
+			return
+		}
+	}
 }
 
 // observe publishes the per-slot gauges.

@@ -115,20 +115,30 @@ func TestPresence(t *testing.T) {
 	a := newPresence("q", "c", "a", 0)
 	b := newPresence("q", "c", "b", 0)
 	now := timeZero.Add(1)
-	if !a.record(b.payload(true), now) {
+	if !a.record(b.payload(true, []int{1}), now) {
 		t.Fatal("a new peer is not news")
 	}
-	if a.record(b.payload(true), now) {
+	if a.record(b.payload(true, []int{1}), now) {
 		t.Fatal("the same announcement twice is news")
 	}
-	if a.record(a.payload(true), now) {
+	if a.record(a.payload(true, nil), now) {
 		t.Fatal("own announcement recorded")
 	}
-	if a.record(newPresence("q", "other", "x", 0).payload(true), now) || a.record("garbage", now) {
+	if a.record(newPresence("q", "other", "x", 0).payload(true, nil), now) || a.record("garbage", now) {
 		t.Fatal("foreign or garbled announcement recorded")
 	}
 	if live := a.live(now); len(live) != 1 || !live["b"] {
 		t.Fatalf("live = %v", live)
+	}
+	if !a.record(b.payload(true, []int{1, 2}), now) {
+		t.Fatal("a change of slots is not news")
+	}
+	st := a.status(3, now)
+	if st[0].Owner != nil || st[1].Owner == nil || *st[1].Owner != "b" || !st[2].Live {
+		t.Fatalf("status = %+v", st)
+	}
+	if a.previousOwner(2) != "b" {
+		t.Fatalf("previous owner of slot 2 = %q", a.previousOwner(2))
 	}
 	if live := a.live(now.Add(1)); len(live) != 0 {
 		t.Fatalf("live after the ttl = %v", live)

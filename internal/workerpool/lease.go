@@ -32,8 +32,20 @@ type Lease struct {
 }
 
 // expiryMargin is the fraction of the TTL by which the local view expires
-// before the server's.
-const expiryMargin = 10
+// before the server's: 1/20, i.e. 5%.
+const expiryMargin = 20
+
+// Keeper timing, as fractions of the TTL. After a receive or ack the lease
+// is known to last TTL/2 and expires locally at 0.45·TTL; the keeper looks
+// every TTL/10 and renews leases with less than 0.4·TTL left, so a renewal
+// starts between 0.1·TTL and 0.2·TTL after the last receive or ack and has
+// at least 0.25·TTL to land. A slot that receives more often than every
+// 0.1·TTL is never renewed by the keeper: its receives are the heartbeat.
+const (
+	keeperTickDiv  = 10 // check every TTL/10
+	keeperRenewNum = 2  // renew below 2/5 of the TTL left
+	keeperRenewDen = 5
+)
 
 // newLease records a lease granted by a claim_slot call that started at
 // `at`: claim_slot sets the lease to a full TTL.
@@ -84,28 +96,30 @@ func (l *Lease) close() {
 	l.mu.Unlock()
 }
 
-// keep renews, in the background, every lease with less than a third of
-// the TTL left: slots whose handler runs long, and slots nobody polled. A
-// slot that receives and acks keeps its lease through those calls, so the
-// keeper writes nothing for it. Checking every sixth of the TTL leaves at
-// least a sixth of the TTL for the renewal to land before the local expiry
-// (a tenth before the end) would fence the slot.
+// keep renews, in the background, every lease running short (see the
+// keeper timing above): slots whose handler runs long, and idle slots
+// between polls. Due leases are renewed concurrently, so one slow call does
+// not make the others late.
 func (p *Pool) keep(ctx context.Context, stop <-chan struct{}) {
+	threshold := p.cfg.LeaseTTL * keeperRenewNum / keeperRenewDen
 	for {
-		if !backoff.Sleep(stop, backoff.Jitter(p.cfg.LeaseTTL/6, 0.2)) || ctx.Err() != nil {
+		if !backoff.Sleep(stop, backoff.Jitter(p.cfg.LeaseTTL/keeperTickDiv, 0.1)) || ctx.Err() != nil {
 			return
 		}
 		p.mu.Lock()
 		due := make([]*runner, 0, len(p.running))
 		for _, r := range p.running {
-			if r.lease.left() < p.cfg.LeaseTTL/3 {
+			if r.lease.left() < threshold {
 				due = append(due, r)
 			}
 		}
 		p.mu.Unlock()
+		var wg sync.WaitGroup
 		for _, r := range due {
-			p.renew(ctx, r)
+			wg.Add(1)
+			go func() { defer wg.Done(); p.renew(ctx, r) }()
 		}
+		wg.Wait()
 	}
 }
 

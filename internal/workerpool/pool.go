@@ -3,6 +3,7 @@ package workerpool
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,6 +41,9 @@ type Config struct {
 	LeaseTTL                time.Duration
 	ClaimInterval           time.Duration
 	PollInterval            time.Duration
+	// StatusInterval is how often the per-slot gauges are refreshed from
+	// partition_slot_status; 0 disables the refresh.
+	StatusInterval time.Duration
 
 	Work WorkFunc
 	// IsLeaseLost reports whether an error from Work means the server fenced
@@ -84,7 +88,7 @@ func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 	if n := p.cfg.Notifier; n != nil {
 		ticks := n.Listen(TickChannel, func(payload string) bool { return payload == p.cfg.Queue })
 		defer ticks.Unlisten()
-		peers := n.Listen(PresenceChannel, nil)
+		peers := n.Listen(PresenceChannel, func(payload string) bool { return strings.Contains(payload, p.cfg.Queue) })
 		defer peers.Unlisten()
 		notify, announce = ticks.C(), peers.C()
 	}
@@ -95,8 +99,16 @@ func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 	go func() { defer background.Done(); p.dispatch(stopBackground, notify, announce) }()
 	go func() { defer background.Done(); p.keep(workCtx, stopBackground) }()
 
+	// The status refresher stops with fetching: it serves dashboards only.
+	stopStatus := make(chan struct{})
+	if p.cfg.StatusInterval > 0 {
+		background.Add(1)
+		go func() { defer background.Done(); p.observeStatus(fetchCtx, stopStatus) }()
+	}
+
 	p.coordinate(fetchCtx, workCtx)
 
+	close(stopStatus)
 	p.runners.Wait()
 	close(stopBackground)
 	background.Wait()
