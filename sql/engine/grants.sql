@@ -10,6 +10,9 @@ grant execute on function
     pgque.insert_event(text, text, text, text, text, text, text)
     to pgque_writer, pgque_admin;
 
+-- The engine's consuming calls act on any subscription with no further
+-- check: they are for pgque_admin (and PgQ-style tools run by it). Readers
+-- consume through the layers above, which add their own checks.
 grant execute on function
     pgque.register_consumer(text, text),
     pgque.unregister_consumer(text, text),
@@ -18,7 +21,10 @@ grant execute on function
     pgque.finish_batch(bigint),
     pgque.event_retry(bigint, bigint, integer),
     pgque.event_defer(bigint, bigint, text),
-    pgque.event_undefer(text, text, text),
+    pgque.event_undefer(text, text, text)
+    to pgque_admin;
+
+grant execute on function
     pgque.dlq_list(text, text, integer)
     to pgque_reader, pgque_admin;
 

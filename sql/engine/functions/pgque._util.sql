@@ -24,11 +24,12 @@ begin
 end;
 $$;
 
--- _check_name(kind, name, allow_slot): validates a queue or consumer name.
--- Names are 1..63 bytes of letters, digits, '_', '.', ':' and '-'; with
--- allow_slot, '#' and '/' are allowed too (slot subscriptions "c#k/N").
--- Raises 22004 for NULL and PQ010 otherwise.
-create or replace function pgque._check_name(i_kind text, i_name text, i_allow_slot boolean default false)
+-- _check_name(kind, name): validates a queue or consumer name: 1..63
+-- bytes of letters, digits and '_', '.', ':', '#', '/', '-', not starting
+-- with punctuation. Raises 22004 for NULL and PQ010 otherwise. (Layers
+-- above may reserve some of these characters for names they generate.)
+drop function if exists pgque._check_name(text, text, boolean);
+create or replace function pgque._check_name(i_kind text, i_name text)
 returns text language plpgsql immutable
 set search_path = pg_catalog, pg_temp
 as $$
@@ -44,12 +45,7 @@ begin
             message = format('%s name %s… is %s bytes long; the limit is 63', i_kind,
                              quote_literal(left(i_name, 40)), octet_length(i_name));
     end if;
-    if i_name !~ (case when i_allow_slot then '^[A-Za-z0-9_][A-Za-z0-9_.:#/-]*$'
-                       else '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$' end) then
-        if not i_allow_slot and (strpos(i_name, '#') > 0 or strpos(i_name, '/') > 0) then
-            raise exception using errcode = 'PQ010',
-                message = format('%s name %L uses a reserved character: "#" and "/" name slot subscriptions', i_kind, i_name);
-        end if;
+    if i_name !~ '^[A-Za-z0-9_][A-Za-z0-9_.:#/-]*$' then
         raise exception using errcode = 'PQ010',
             message = format('invalid %s name %L: use letters, digits, "_", ".", ":" and "-", starting with a letter, digit or "_"', i_kind, i_name);
     end if;

@@ -15,6 +15,10 @@ declare
     v_ntab  constant integer := 3;
 begin
     perform pgque._check_name('queue', i_queue);
+    if i_queue ~ '[#/]' then
+        raise exception using errcode = 'PQ010',
+            message = format('invalid queue name %L: "#" and "/" are not allowed in queue names', i_queue);
+    end if;
     -- Serialize queue creation so two callers cannot race on the name.
     perform pg_advisory_xact_lock(hashtext('pgque.create_queue'));
     if exists (select 1 from pgque.queue where queue_name = i_queue) then

@@ -11,7 +11,7 @@ declare
     v_tick bigint;
     v_id   integer;
 begin
-    perform pgque._check_name('consumer', i_consumer, true);
+    perform pgque._check_name('consumer', i_consumer);
     if exists (select 1 from pgque.subscription where sub_queue = q.queue_id and sub_name = i_consumer) then
         return 0;
     end if;
