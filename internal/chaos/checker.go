@@ -300,12 +300,19 @@ func (c *check) checkNoLoss(r *Report) {
 // deliveries come in ev_id order.
 func (c *check) checkG1(r *Report) {
 	for key, ivs := range c.byKey {
-		slot := ivs[0].Slot
+		slot, pinned := c.h.KeySlots[key]
+		if !pinned {
+			slot = ivs[0].Slot
+		}
 		first := map[int64]bool{}
 		var last int64 = -1
 		for _, iv := range ivs {
 			if iv.Slot != slot {
-				r.flag(GG1, key, iv.EvID, "delivered by slot %d, but earlier events of the key by slot %d", iv.Slot, slot)
+				if pinned {
+					r.flag(GG1, key, iv.EvID, "delivered by slot %d, but the key maps to slot %d", iv.Slot, slot)
+				} else {
+					r.flag(GG1, key, iv.EvID, "delivered by slot %d, but earlier events of the key by slot %d", iv.Slot, slot)
+				}
 			}
 			if first[iv.EvID] {
 				continue

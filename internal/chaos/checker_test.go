@@ -129,6 +129,13 @@ func TestCheckFlagsReordering(t *testing.T) {
 	b.h.Attempts[len(b.h.Attempts)-1].Slot = 7
 	mustFlag(t, &b.h, GG1, "slot 7")
 
+	// A key delivered consistently, but by the wrong slot.
+	b = cleanHistory("skip")
+	b.h.KeySlots = map[string]int{"a": 0, "b": 3}
+	mustFlag(t, &b.h, GG1, "maps to slot 3")
+	b.h.KeySlots = map[string]int{"a": 0, "b": 1}
+	mustPass(t, &b.h)
+
 	// Stored out of the producer's order.
 	b = cleanHistory("skip")
 	b.h.Committed[4].Seq = 0

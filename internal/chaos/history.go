@@ -101,6 +101,10 @@ type History struct {
 	// known death end here.
 	End time.Time
 
+	// KeySlots is, when known, the slot each key must be delivered by
+	// (pgque.slot_of(key, N)); G1 affinity is then checked against it.
+	KeySlots map[string]int
+
 	Attempts    []Attempt
 	Committed   []Committed
 	DeadLetters []DeadLetter

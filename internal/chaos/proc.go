@@ -253,7 +253,7 @@ func (p *pauseState) failed(m *pgque.Message) {
 var errInjected = errors.New("chaos: injected handler error")
 
 func runWorker(ctx context.Context, cfg ProcConfig, logger *slog.Logger) error {
-	rec, err := openRecorder(cfg.Record, cfg.ID, false)
+	rec, err := openRecorder(cfg.Record, cfg.ID, true) // starts are fsynced before the body runs
 	if err != nil {
 		return err
 	}

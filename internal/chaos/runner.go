@@ -691,6 +691,13 @@ func (r *runner) history(ctx context.Context, end time.Time) (*History, int64, e
 	if err != nil {
 		return nil, 0, fmt.Errorf("reading dead letters: %w", err)
 	}
+	rows, _ = conn.Query(ctx, `select distinct key, pgque.slot_of(key, $1) from chaos_sent`, r.o.Slots)
+	h.KeySlots = map[string]int{}
+	var key string
+	var slot int
+	if _, err := pgx.ForEachRow(rows, []any{&key, &slot}, func() error { h.KeySlots[key] = slot; return nil }); err != nil {
+		return nil, 0, fmt.Errorf("reading key slots: %w", err)
+	}
 	var epochs int64
 	if err := conn.QueryRow(ctx, `select coalesce(sum(sl_epoch), 0)::bigint from pgque.slot_lease`).Scan(&epochs); err != nil {
 		return nil, 0, fmt.Errorf("reading slot epochs: %w", err)
