@@ -2,8 +2,10 @@ package enginetest
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -200,38 +202,39 @@ func TestBadPayloads(t *testing.T) {
 	if ids := scalar[[]int64](t, pool, "select pgque.send_batch('q', 't', '{}'::jsonb[])"); len(ids) != 0 {
 		t.Errorf("empty send_batch returned %v", ids)
 	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	blob := make([]byte, 10<<20)
-	const alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-\"\\/é€"
-	for i := range blob {
-		blob[i] = alphabet[rng.IntN(len(alphabet))]
-	}
-	big := strings.ToValidUTF8(string(blob), "?")
-	payload, err := json.Marshal(map[string]string{"blob": big})
+	// JSON with every kind of escape round-trips as the same JSON value.
+	tricky := map[string]string{"quote": `"'`, "backslash": `\\`, "ctl": "\t\n\u0001", "uni": "é€😀", "html": "<&>"}
+	trickyJSON, err := json.Marshal(tricky)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(payload) < 10<<20 {
-		t.Fatalf("payload is only %d bytes", len(payload))
-	}
-	bigID := scalar[int64](t, pool, "select pgque.send('q', 'big', $1::text::jsonb, 'k')", string(payload))
+	trickyID := scalar[int64](t, pool, "select pgque.send('q', 'tricky', $1::text::jsonb)", string(trickyJSON))
+
+	// 10 MB: random hex inside a JSON object (sent through send), and as
+	// raw data (insert_event), both compared byte for byte.
+	raw := make([]byte, 5<<20)
+	rand.NewChaCha8([32]byte{1, 2, 3}).Read(raw)
+	big := hex.EncodeToString(raw)
+	bigID := scalar[int64](t, pool, "select pgque.send('q', 'big', jsonb_build_object('blob', $1::text), 'k')", big)
 	rawID := scalar[int64](t, pool, "select pgque.insert_event('q', 'raw', $1)", big)
 	tick(t, pool, "q")
 	ms := mustReceive(t, pool, "q", "c", 10)
-	if len(ms) != 2 || ms[0].MsgID != bigID || ms[1].MsgID != rawID {
-		t.Fatalf("received %v, want [%d %d]", msgIDs(ms), bigID, rawID)
+	if len(ms) != 3 || ms[0].MsgID != trickyID || ms[1].MsgID != bigID || ms[2].MsgID != rawID {
+		t.Fatalf("received %v, want [%d %d %d]", msgIDs(ms), trickyID, bigID, rawID)
 	}
-	var got map[string]string
-	if err := json.Unmarshal([]byte(ms[0].Payload), &got); err != nil {
-		t.Fatal(err)
+	var trickyGot map[string]string
+	if err := json.Unmarshal([]byte(ms[0].Payload), &trickyGot); err != nil || !maps.Equal(trickyGot, tricky) {
+		t.Errorf("payload with escapes came back as %s (%v), want %s", ms[0].Payload, err, trickyJSON)
 	}
-	if got["blob"] != big || len(got) != 1 {
-		t.Errorf("the 10 MB JSON payload did not round-trip intact (got %d bytes)", len(got["blob"]))
+	if want := `{"blob": "` + big + `"}`; ms[1].Payload != want {
+		t.Errorf("the 10 MB JSON payload did not round-trip intact: got %d bytes, want %d", len(ms[1].Payload), len(want))
+	}
+	if len(ms[1].Payload) < 10<<20 {
+		t.Errorf("the big payload is only %d bytes", len(ms[1].Payload))
 	}
 	// Data that is not JSON (written by insert_event) comes back as a JSON string.
-	var rawGot string
-	if err := json.Unmarshal([]byte(ms[1].Payload), &rawGot); err != nil || rawGot != big {
-		t.Errorf("the 10 MB insert_event data did not round-trip intact (err %v, %d bytes)", err, len(rawGot))
+	if want := `"` + big + `"`; ms[2].Payload != want {
+		t.Errorf("the 10 MB insert_event data did not round-trip intact: got %d bytes, want %d", len(ms[2].Payload), len(want))
 	}
 	if a := ack(t, pool, ms[0].BatchID); a != 1 {
 		t.Errorf("ack = %d", a)
