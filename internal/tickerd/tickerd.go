@@ -90,7 +90,7 @@ func (t *Ticker) step(ctx context.Context, s *schedule) error {
 	if !now.Before(s.lead) {
 		ok, err := t.cfg.Queries.TickerLead(ctx, t.cfg.Worker, t.cfg.LeaseTTL)
 		if err != nil {
-			t.setLeader(now.Before(s.leaderUntil))
+			t.setLeader(ctx, now.Before(s.leaderUntil))
 			return err
 		}
 		// ticker_lead renews only when less than half the TTL is left, so
@@ -103,7 +103,7 @@ func (t *Ticker) step(ctx context.Context, s *schedule) error {
 			s.leaderUntil = time.Time{}
 		}
 	}
-	if !t.setLeader(now.Before(s.leaderUntil)) {
+	if !t.setLeader(ctx, now.Before(s.leaderUntil)) {
 		return nil
 	}
 	if _, err := t.cfg.Queries.Ticker(ctx); err != nil {
@@ -125,14 +125,14 @@ func (t *Ticker) step(ctx context.Context, s *schedule) error {
 	return nil
 }
 
-func (t *Ticker) setLeader(leader bool) bool {
+func (t *Ticker) setLeader(ctx context.Context, leader bool) bool {
 	if t.leader.Swap(leader) != leader {
 		v := 0.0
 		if leader {
 			v = 1
 		}
 		t.cfg.Metrics.TickerLeader.Set(v)
-		t.cfg.Logger.Info("pgque: ticker leadership changed", slog.String("worker", t.cfg.Worker), slog.Bool("leader", leader))
+		t.cfg.Logger.InfoContext(ctx, "pgque: ticker leadership changed", slog.String("worker", t.cfg.Worker), slog.Bool("leader", leader))
 	}
 	return leader
 }

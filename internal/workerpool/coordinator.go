@@ -69,7 +69,7 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 	p.mu.Unlock()
 
 	pl := makePlan(in)
-	p.releaseExcess(pl.release, now)
+	p.releaseExcess(fetchCtx, pl.release, now)
 	owned := len(in.running) - len(pl.release)
 	for _, releasing := range in.running {
 		if releasing {
@@ -101,7 +101,7 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 
 // releaseExcess asks runners to give their slot up at the next chunk
 // boundary, and holds the slots off this worker's claims for two passes.
-func (p *Pool) releaseExcess(slots []int, now time.Time) {
+func (p *Pool) releaseExcess(ctx context.Context, slots []int, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, s := range slots {
@@ -109,7 +109,7 @@ func (p *Pool) releaseExcess(slots []int, now time.Time) {
 			r.release.Store(true)
 			r.wake.Fire()
 			p.holdoff[s] = now.Add(2 * p.cfg.ClaimInterval)
-			p.log().Debug("pgque: releasing slot above fair share", slog.Int("slot", s))
+			p.log().DebugContext(ctx, "pgque: releasing slot above fair share", slog.Int("slot", s))
 		}
 	}
 }
@@ -137,16 +137,20 @@ func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner stri
 
 // observeStatus refreshes the per-slot gauges from partition_slot_status
 // every StatusInterval until stop is closed. It runs apart from the claim
-// loop because the view is slow with a large backlog.
+// loop because the view is slow with a large backlog, and it waits at least
+// ten times as long as the last read took, so that it never keeps the
+// database busy more than a tenth of the time.
 func (p *Pool) observeStatus(ctx context.Context, stop <-chan struct{}) {
 	for {
+		start := time.Now()
 		status, err := p.cfg.Queries.PartitionSlotStatus(ctx, p.cfg.Queue, p.cfg.Consumer)
+		took := time.Since(start)
 		if err == nil {
 			p.observe(status)
 		} else if ctx.Err() == nil {
 			p.log().WarnContext(ctx, "pgque: reading partition_slot_status", slog.Any("error", err))
 		}
-		if !backoff.Sleep(stop, backoff.Jitter(p.cfg.StatusInterval, 0.2)) {
+		if !backoff.Sleep(stop, backoff.Jitter(max(p.cfg.StatusInterval, 10*took), 0.2)) {
 			return
 		}
 	}

@@ -156,6 +156,6 @@ func (p *Pool) fence(r *runner, why string, attrs ...any) {
 	}
 	p.cfg.Metrics.LeaseFencings.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
 	args := append([]any{slog.Int("slot", r.lease.Slot), slog.Int64("epoch", r.lease.Epoch), slog.String("reason", why)}, attrs...)
-	p.log().Warn("pgque: slot fenced", args...)
+	p.log().WarnContext(r.workCtx, "pgque: slot fenced", args...)
 	r.cancel(p.cfg.LeaseLostCause)
 }
