@@ -115,14 +115,23 @@ func TestChaosShortRun(t *testing.T) {
 	}
 }
 
-// keepRunDir copies nothing but tells where the failed run's records are:
-// under CI the temporary directory is removed, so the log above carries
-// the violations.
+// keepRunDir copies a failed run's directory (records, faults, logs) out
+// of the test's temporary directory, which is removed when the test ends:
+// to $PGQUE_CHAOS_KEEP, else to a new directory under the system's.
 func keepRunDir(t *testing.T, dir string) {
 	t.Helper()
-	if d := os.Getenv("PGQUE_CHAOS_KEEP"); d != "" {
-		dst := filepath.Join(d, filepath.Base(filepath.Dir(dir)))
-		_ = exec.Command("cp", "-r", dir, dst).Run()
-		t.Logf("run directory copied to %s", dst)
+	base := os.Getenv("PGQUE_CHAOS_KEEP")
+	if base == "" {
+		base = os.TempDir()
 	}
+	dst, err := os.MkdirTemp(base, "pgque-chaos-failed-")
+	if err != nil {
+		t.Logf("keeping the run directory: %v", err)
+		return
+	}
+	if out, err := exec.Command("cp", "-r", dir, dst).CombinedOutput(); err != nil {
+		t.Logf("keeping the run directory: %v: %s", err, out)
+		return
+	}
+	t.Logf("run directory kept in %s", dst)
 }
