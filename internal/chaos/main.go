@@ -69,6 +69,8 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	bouncer := fs.Bool("pgbouncer", true, "put half of the workers behind PgBouncer (when installed)")
 	fs.StringVar(&o.RunDir, "run-dir", "", "directory for records, logs and summary.json (default: a temporary one, kept on failure)")
 	seed := fs.Uint64("seed", 0, "seed of the fault scheduler (0: from the clock)")
+	recheck := fs.String("recheck", "", "check the run directory of a finished run again instead of running")
+	key := fs.String("key", "", "with -recheck: print the timeline of this key")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -78,6 +80,21 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "chaos: unexpected arguments %q\n", fs.Args())
 		return 2
+	}
+	if *recheck != "" {
+		h, rep, err := Recheck(*recheck)
+		if err != nil {
+			fmt.Fprintf(stderr, "chaos: %v\n", err)
+			return 1
+		}
+		if *key != "" {
+			PrintKey(stdout, h, *key)
+		}
+		PrintSummary(stdout, &Summary{Policy: h.Policy, Report: rep, RunDir: *recheck, Faults: map[string]int{}})
+		if !rep.OK() {
+			return 1
+		}
+		return 0
 	}
 	if o.Policy != "pause" && o.Policy != "skip" {
 		fmt.Fprintf(stderr, "chaos: -policy must be pause or skip, not %q\n", o.Policy)

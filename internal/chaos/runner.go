@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -506,6 +507,9 @@ func (r *runner) run(ctx context.Context) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := saveTruth(r.dir, h); err != nil {
+		r.logf("chaos: saving truth.json: %v", err)
+	}
 	rep := Check(h)
 	sum := &Summary{Policy: o.Policy, Duration: end.Sub(start), Drained: drained, Faults: map[string]int{},
 		SlotEpochs: slotEpochs, Report: rep}
@@ -756,4 +760,72 @@ func countInLogs(dir, needle string) int {
 		}
 	}
 	return n
+}
+
+// truthFile keeps, beside the records, what the checker took from the
+// database and the runner (committed events, dead letters, key slots,
+// faults), so a run can be checked again offline with -recheck.
+const truthFile = "truth.json"
+
+func saveTruth(dir string, h *History) error {
+	t := *h
+	t.Attempts = nil
+	b, err := json.Marshal(&t)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, truthFile), b, 0o644)
+}
+
+// Recheck loads a finished run's directory and checks it again.
+func Recheck(dir string) (*History, *Report, error) {
+	b, err := os.ReadFile(filepath.Join(dir, truthFile))
+	if err != nil {
+		return nil, nil, err
+	}
+	var h History
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, nil, err
+	}
+	loader := newAttemptLoader(filepath.Join(dir, "records"))
+	if err := loader.load(); err != nil {
+		return nil, nil, err
+	}
+	h.Attempts = loader.attempts
+	return &h, Check(&h), nil
+}
+
+// PrintKey writes the timeline of one key: its committed events, every
+// handler run, dead letters and the faults, in time order.
+func PrintKey(w io.Writer, h *History, key string) {
+	type line struct {
+		at   time.Time
+		text string
+	}
+	var lines []line
+	for _, a := range h.Attempts {
+		if a.Key == key {
+			lines = append(lines, line{a.Start, fmt.Sprintf("start ev %d seq %d retry %d by %s slot %d epoch %d -> %s (end %s)",
+				a.EvID, a.Seq, a.Retry, a.Proc, a.Slot, a.Epoch, a.Outcome, a.End.Format("15:04:05.000000"))})
+		}
+	}
+	for _, d := range h.DeadLetters {
+		if d.Key == key {
+			lines = append(lines, line{d.Time, fmt.Sprintf("dead letter ev %d (%s)", d.EvID, d.Consumer)})
+		}
+	}
+	for _, f := range h.Faults {
+		lines = append(lines, line{f.Start, fmt.Sprintf("fault %s %s (until %s)", f.Kind, f.Target, f.End.Format("15:04:05.000000"))})
+	}
+	slices.SortStableFunc(lines, func(a, b line) int { return a.at.Compare(b.at) })
+	var evs []string
+	for _, c := range h.Committed {
+		if c.Key == key {
+			evs = append(evs, fmt.Sprintf("%d(seq %d)", c.EvID, c.Seq))
+		}
+	}
+	fmt.Fprintf(w, "key %q (slot %d): committed %s\n", key, h.KeySlots[key], strings.Join(evs, " "))
+	for _, l := range lines {
+		fmt.Fprintf(w, "  %s %s\n", l.at.Format("15:04:05.000000"), l.text)
+	}
 }
