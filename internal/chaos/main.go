@@ -90,6 +90,10 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if *key != "" {
 			PrintKey(stdout, h, *key)
 		}
+		if rep == nil {
+			fmt.Fprintf(stderr, "chaos: %s has no %s: timelines only, no verdict\n", *recheck, truthFile)
+			return 1
+		}
 		PrintSummary(stdout, &Summary{Policy: h.Policy, Report: rep, RunDir: *recheck, Faults: map[string]int{}})
 		if !rep.OK() {
 			return 1

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -779,16 +780,32 @@ func saveTruth(dir string, h *History) error {
 
 // Recheck loads a finished run's directory and checks it again.
 func Recheck(dir string) (*History, *Report, error) {
+	var h History
+	loader := newAttemptLoader(filepath.Join(dir, "records"))
+	if err := loader.load(); err != nil {
+		return nil, nil, err
+	}
 	b, err := os.ReadFile(filepath.Join(dir, truthFile))
+	if errors.Is(err, os.ErrNotExist) {
+		// A run that did not get to save its truth: records and faults
+		// only, enough for timelines, not for a verdict.
+		h.Attempts = loader.attempts
+		fb, err := os.ReadFile(filepath.Join(dir, "faults.jsonl"))
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, l := range bytes.Split(fb, []byte("\n")) {
+			var f Fault
+			if json.Unmarshal(l, &f) == nil {
+				h.Faults = append(h.Faults, f)
+			}
+		}
+		return &h, nil, nil
+	}
 	if err != nil {
 		return nil, nil, err
 	}
-	var h History
 	if err := json.Unmarshal(b, &h); err != nil {
-		return nil, nil, err
-	}
-	loader := newAttemptLoader(filepath.Join(dir, "records"))
-	if err := loader.load(); err != nil {
 		return nil, nil, err
 	}
 	h.Attempts = loader.attempts
