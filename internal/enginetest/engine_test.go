@@ -152,8 +152,9 @@ type stressResult struct {
 // committed.
 func runProducerStress(t *testing.T, rotate bool) stressResult {
 	const (
-		producers = 8
-		duration  = 1500 * time.Millisecond
+		producers   = 8
+		duration    = 1500 * time.Millisecond
+		maxDuration = 20 * time.Second
 	)
 	ctx := context.Background()
 	dsn, admin := setupEngine(t)
@@ -312,7 +313,19 @@ func runProducerStress(t *testing.T, rotate bool) stressResult {
 		}()
 	}
 
-	time.Sleep(duration)
+	// Run for duration, longer (up to maxDuration) on a slow machine until
+	// the run has done enough to prove something.
+	enough := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return res.committedTx >= 20 && res.rolledBackTx >= 5 && (!rotate || res.rotations >= 3)
+	}
+	for start := time.Now(); time.Since(start) < maxDuration && !stop.Load(); {
+		time.Sleep(50 * time.Millisecond)
+		if time.Since(start) >= duration && enough() {
+			break
+		}
+	}
 	stop.Store(true)
 	prod.Wait()
 	bg.Wait()

@@ -263,3 +263,63 @@ func TestConcurrentProducersWithRotation(t *testing.T) {
 		t.Errorf("only %d rotations happened during the run: a full cycle (3) is needed to prove truncation loses nothing", res.rotations)
 	}
 }
+
+// TestRotationKeepsRetryCopies: a retried event's copy, visible to one
+// consumer only, pins its table until that consumer has read it, even when
+// every other consumer is past it.
+func TestRotationKeepsRetryCopies(t *testing.T) {
+	t.Parallel()
+	_, pool := setupRotation(t)
+	exec(t, pool, "select pgque.subscribe('q', 'a')")
+	exec(t, pool, "select pgque.subscribe('q', 'b')")
+	tables := eventTables(t, pool, "q")
+
+	id := scalar[int64](t, pool, `select pgque.send('q', 't', '{"n": 1}'::jsonb, 'k')`)
+	tick(t, pool, "q")
+	ms := mustReceive(t, pool, "q", "a", 10)
+	if len(ms) != 1 || ms[0].MsgID != id {
+		t.Fatalf("a received %v", msgIDs(ms))
+	}
+	exec(t, pool, "select pgque.nack($1, $2, '0', 'later')", ms[0].BatchID, id)
+	ack(t, pool, ms[0].BatchID)
+	receiveAll(t, pool, "b", 10)
+	// Both consumers are past table 0's original event: rotate to table 1,
+	// where the retry copy then lands.
+	maintRotate(t, pool)
+	if cur := curTable(t, pool); cur != 1 {
+		t.Fatalf("current table = %d, want 1", cur)
+	}
+	if n := scalar[int32](t, pool, "select pgque.maint_retry_events()"); n != 1 {
+		t.Fatalf("maint_retry_events = %d", n)
+	}
+	tick(t, pool, "q")
+	if got := receiveAll(t, pool, "b", 10); len(got) != 0 {
+		t.Fatalf("b received the retry copy %v", msgIDs(got))
+	}
+	if rows := tableStates(t, pool, tables)[1].Rows; rows != 1 {
+		t.Fatalf("table 1 holds %d rows, want the retry copy", rows)
+	}
+	// Rotate on: table 2 is free, table 0 is free, table 1 is pinned by a.
+	maintRotate(t, pool)
+	maintRotate(t, pool)
+	if cur := curTable(t, pool); cur != 0 {
+		t.Fatalf("current table = %d, want 0", cur)
+	}
+	for range 2 {
+		maintRotate(t, pool)
+	}
+	if cur := curTable(t, pool); cur != 0 {
+		t.Fatalf("rotation truncated table 1 holding a's unread retry copy (current = %d)", cur)
+	}
+	got := receiveAll(t, pool, "a", 10)
+	if len(got) != 1 || got[0].MsgID != id || got[0].RetryCount != 1 || str(got[0].PartitionKey) != "k" {
+		t.Fatalf("a received %+v, want the retry copy of %d", got, id)
+	}
+	maintRotate(t, pool)
+	if cur := curTable(t, pool); cur != 1 {
+		t.Fatalf("after a read its copy, current table = %d, want 1", cur)
+	}
+	if s := tableStates(t, pool, tables)[1]; s != (tableState{}) {
+		t.Errorf("table 1 after rotation: %+v, want truncated", s)
+	}
+}

@@ -135,6 +135,22 @@ func TestRolesWriterReaderNobody(t *testing.T) {
 	}
 	wantDenied(t, "reader", reader, "select * from pgque.get_batch_cursor($1, 'x', 10, 'true')", ms[0].BatchID)
 	wantDenied(t, "reader", reader, "select * from pgque.get_batch_cursor($1, 'x', 10, null)", ms[0].BatchID)
+	// The engine's consume calls work on any subscription with no lease
+	// check: admin only; readers go through receive/ack/nack.
+	for _, sql := range []string{
+		"select pgque.next_batch('q', 'c')",
+		"select * from pgque.get_batch_events($1)",
+		"select pgque.finish_batch($1)",
+		"select pgque.event_retry($1, 1, 0)",
+		"select pgque.register_consumer('q', 'r2')",
+		"select pgque.unregister_consumer('q', 'c')",
+	} {
+		if strings.Contains(sql, "$1") {
+			wantDenied(t, "reader", reader, sql, ms[0].BatchID)
+		} else {
+			wantDenied(t, "reader", reader, sql)
+		}
+	}
 	wantAllowed(t, "reader", reader, "select pgque.nack($1, $2, '1 hour', 'r')", ms[0].BatchID, ms[0].MsgID)
 	if n := scalar[int32](t, reader, "select pgque.ack($1)", ms[0].BatchID); n != 1 {
 		t.Errorf("reader: ack = %d", n)
