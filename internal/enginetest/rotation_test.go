@@ -3,7 +3,10 @@ package enginetest
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -321,5 +324,244 @@ func TestRotationKeepsRetryCopies(t *testing.T) {
 	}
 	if s := tableStates(t, pool, tables)[1]; s != (tableState{}) {
 		t.Errorf("table 1 after rotation: %+v, want truncated", s)
+	}
+}
+
+// TestRetriesUnderRotation: producers, a ticker, maint() with rotation every
+// millisecond and maint_retry_events run while consumer a nacks a random
+// quarter of what it receives and consumer b acks everything. In the end every
+// committed event reached b exactly once, and a once plus once per nack,
+// with retry_count counting the nacks, or it is in a's dead letters after
+// max_retries + 1 nacks.
+func TestRetriesUnderRotation(t *testing.T) {
+	t.Parallel()
+	const (
+		producers   = 4
+		duration    = 1500 * time.Millisecond
+		maxDuration = 20 * time.Second
+		maxRetries  = 1
+	)
+	ctx := context.Background()
+	_, pool := setupRotation(t)
+	exec(t, pool, "select pgque.subscribe('q', 'a')")
+	exec(t, pool, "select pgque.subscribe('q', 'b')")
+	exec(t, pool, "select pgque.set_queue_config('q', 'ticker_max_lag', '2 ms')")
+	exec(t, pool, fmt.Sprintf("select pgque.set_queue_config('q', 'max_retries', '%d')", maxRetries))
+
+	var (
+		mu        sync.Mutex
+		committed = map[int64]bool{}
+		aGot      = map[int64][]int32{} // retry_count of each delivery to a
+		aNacked   = map[int64]int{}
+		aDead     = map[int64]bool{}
+		bGot      = map[int64]int{}
+		rotations int
+		stop      atomic.Bool
+		wg        sync.WaitGroup
+	)
+	fail := func(format string, args ...any) {
+		t.Errorf(format, args...)
+		stop.Store(true)
+	}
+	for p := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(p), uint64(time.Now().UnixNano())))
+			for !stop.Load() {
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					fail("producer: %v", err)
+					return
+				}
+				var ids []int64
+				for range 1 + rng.IntN(3) {
+					var id int64
+					if err := tx.QueryRow(ctx, "select pgque.send('q', 't', '{}'::jsonb, $1)", fmt.Sprint("k", rng.IntN(5))).Scan(&id); err != nil {
+						fail("producer: %v", err)
+						tx.Rollback(ctx)
+						return
+					}
+					ids = append(ids, id)
+					time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+				}
+				if rng.IntN(5) == 0 {
+					tx.Rollback(ctx)
+					continue
+				}
+				if err := tx.Commit(ctx); err != nil {
+					fail("producer: commit: %v", err)
+					return
+				}
+				mu.Lock()
+				for _, id := range ids {
+					committed[id] = true
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	background := func(name string, pause time.Duration, step func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				if err := step(); err != nil {
+					fail("%s: %v", name, err)
+					return
+				}
+				time.Sleep(pause)
+			}
+		}()
+	}
+	background("ticker", 3*time.Millisecond, func() error {
+		_, err := pool.Exec(ctx, "select pgque.ticker('q')")
+		return err
+	})
+	last := int32(0)
+	background("maint", 5*time.Millisecond, func() error {
+		if _, err := pool.Exec(ctx, "select pgque.maint_retry_events()"); err != nil {
+			return err
+		}
+		if _, err := pool.Exec(ctx, "select pgque.maint()"); err != nil {
+			return err
+		}
+		var cur int32
+		if err := pool.QueryRow(ctx, "select queue_cur_table from pgque.queue where queue_name = 'q'").Scan(&cur); err != nil {
+			return err
+		}
+		if cur != last {
+			mu.Lock()
+			rotations++
+			mu.Unlock()
+			last = cur
+		}
+		return nil
+	})
+	rng := rand.New(rand.NewPCG(99, uint64(time.Now().UnixNano())))
+	consumeA := func() (int, error) {
+		ms, err := receive(pool, "q", "a", 20)
+		if err != nil || len(ms) == 0 {
+			return 0, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range ms {
+			aGot[m.MsgID] = append(aGot[m.MsgID], m.RetryCount)
+			if rng.IntN(4) == 0 && !stop.Load() {
+				var n int32
+				if err := pool.QueryRow(ctx, "select pgque.nack($1, $2, '0', 'random')", m.BatchID, m.MsgID).Scan(&n); err != nil {
+					return 0, err
+				}
+				aNacked[m.MsgID]++
+				if n == 0 {
+					aDead[m.MsgID] = true
+				}
+			}
+		}
+		_, err = pool.Exec(ctx, "select pgque.ack($1)", ms[0].BatchID)
+		return len(ms), err
+	}
+	consumeB := func() (int, error) {
+		ms, err := receive(pool, "q", "b", 20)
+		if err != nil || len(ms) == 0 {
+			return 0, err
+		}
+		mu.Lock()
+		for _, m := range ms {
+			bGot[m.MsgID]++
+		}
+		mu.Unlock()
+		_, err = pool.Exec(ctx, "select pgque.ack($1)", ms[0].BatchID)
+		return len(ms), err
+	}
+	for name, consume := range map[string]func() (int, error){"a": consumeA, "b": consumeB} {
+		background("consumer "+name, time.Millisecond, func() error {
+			_, err := consume()
+			return err
+		})
+	}
+
+	for start := time.Now(); time.Since(start) < maxDuration && !stop.Load(); {
+		time.Sleep(50 * time.Millisecond)
+		mu.Lock()
+		enough := rotations >= 3 && len(aNacked) >= 20 && len(aDead) >= 1
+		mu.Unlock()
+		if time.Since(start) >= duration && enough {
+			break
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	// Drain: move due retries, tick, consume, until nothing is left.
+	for range 50 {
+		exec(t, pool, "select pgque.maint_retry_events()")
+		tick(t, pool, "q")
+		n := 0
+		for _, consume := range []func() (int, error){consumeA, consumeB} {
+			for {
+				k, err := consume()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if k == 0 {
+					break
+				}
+				n += k
+			}
+		}
+		if n == 0 && scalar[int64](t, pool, "select count(*) from pgque.retry_queue") == 0 {
+			break
+		}
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	dead := map[int64]bool{}
+	for _, id := range column[int64](t, pool, "select ev_id from pgque.dlq_list('q', 'a', 100000)") {
+		if dead[id] {
+			t.Errorf("event %d is dead-lettered twice", id)
+		}
+		dead[id] = true
+	}
+	t.Logf("%d events committed, %d nacked by a, %d dead-lettered, %d rotations", len(committed), len(aNacked), len(dead), rotations)
+	if rotations < 3 || len(aNacked) < 20 || len(dead) < 1 {
+		t.Errorf("the run proves too little: %d rotations, %d events nacked, %d dead letters", rotations, len(aNacked), len(dead))
+	}
+	for id := range committed {
+		if bGot[id] != 1 {
+			t.Errorf("b got event %d %d times, want 1", id, bGot[id])
+		}
+		got, nacks := aGot[id], aNacked[id]
+		want := nacks + 1
+		if dead[id] {
+			want = nacks
+		}
+		if len(got) != want {
+			t.Errorf("a got event %d %d times (retry counts %v) after %d nacks (dead-lettered: %v), want %d",
+				id, len(got), got, nacks, dead[id], want)
+			continue
+		}
+		for i, rc := range got {
+			if rc != int32(i) {
+				t.Errorf("a's delivery %d of event %d has retry_count %d, want %d", i, id, rc, i)
+			}
+		}
+		if dead[id] != (nacks == maxRetries+1) {
+			t.Errorf("event %d nacked %d times: dead-lettered %v, want %v", id, nacks, dead[id], nacks == maxRetries+1)
+		}
+	}
+	for id := range aGot {
+		if !committed[id] {
+			t.Errorf("a got event %d that was never committed", id)
+		}
+	}
+	for id := range bGot {
+		if !committed[id] {
+			t.Errorf("b got event %d that was never committed", id)
+		}
 	}
 }
