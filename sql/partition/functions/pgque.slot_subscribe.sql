@@ -116,7 +116,7 @@ $$;
 -- subscribe_slot(queue, consumer, slot, nslots, policy): subscribes one
 -- slot, setting the failure policy ('skip' or 'pause') when the consumer's
 -- first slot is created; NULL keeps the persisted one (skip by default). A different
--- policy for an existing consumer raises PQ030: use set_failure_policy.
+-- policy for an existing consumer raises PQ031: use set_failure_policy.
 create or replace function pgque.subscribe_slot(i_queue text, i_consumer text, i_slot integer, i_nslots integer,
                                                 i_policy text)
 returns integer language plpgsql security definer
@@ -143,7 +143,7 @@ begin
     perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for update;
     g := pgque._slot_group(i_queue, i_consumer, i_nslots);
     if i_policy is not null and g.sg_policy <> i_policy then
-        raise exception using errcode = 'PQ030',
+        raise exception using errcode = 'PQ031',
             message = format('consumer %L on queue %L has failure policy %s, not %s; use set_failure_policy',
                              i_consumer, i_queue, g.sg_policy, i_policy);
     end if;
