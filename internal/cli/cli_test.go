@@ -267,6 +267,17 @@ func TestEndToEnd(t *testing.T) {
 		t.Errorf("tail after everything was acked printed %q", out)
 	}
 
+	// --from-now skips (and consumes) the backlog: only the event sent
+	// after tail started is printed.
+	before := evIDs(t, c.ok("", "send", "files", `{"when":"before"}`, "--key", "tenant-4"))
+	tail = c.background("tail", "files", "--consumer", "audit", "--from-now", "--json", "--max", "1", "--timeout", "30s")
+	time.Sleep(500 * time.Millisecond)
+	after := evIDs(t, c.ok("", "send", "files", `{"when":"after"}`, "--key", "tenant-4"))
+	if r := tail.wait(); len(tailEvents(t, r.stdout)) != 1 || tailEvents(t, r.stdout)[0].EvID != after[0] {
+		t.Errorf("tail --from-now (events %v before, %v after): %v", before, after, r)
+	}
+	ids = append(ids, before[0], after[0])
+
 	// A slot: tenant-1's three events, in order, through a lease;
 	// --no-ack first leaves them there.
 	slot := c.slotOf("tenant-1", 4)

@@ -42,6 +42,8 @@ type tailOptions struct {
 	max      int
 	timeout  time.Duration
 	poll     time.Duration
+	// invoked is when the command started, by the local clock.
+	invoked time.Time
 }
 
 func (a *app) tailCommand() *cobra.Command {
@@ -69,6 +71,7 @@ slot wait for it; keep such sessions short).
 and --timeout after a duration.`,
 		Args: exactArgs("queue"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			o.invoked = time.Now()
 			o.queue = args[0]
 			if err := o.validate(); err != nil {
 				return err
@@ -137,7 +140,16 @@ type tailer struct {
 
 // runTail sets up the subscription or slot, runs the loop and cleans up.
 func (a *app) runTail(ctx context.Context, s *session, o *tailOptions) (err error) {
-	t := &tailer{o: o, db: s.pool, start: time.Now()}
+	t := &tailer{o: o, db: s.pool}
+	if o.fromNow {
+		// Events carry the server's time: translate the moment tail was
+		// invoked to the server's clock, so clock skew does not matter.
+		var now time.Time
+		if err := s.pool.QueryRow(ctx, `select clock_timestamp()`).Scan(&now); err != nil {
+			return fmt.Errorf("reading the server's clock: %w", err)
+		}
+		t.start = now.Add(-time.Since(o.invoked))
+	}
 	if o.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.timeout)

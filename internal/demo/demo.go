@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -36,6 +37,10 @@ const stopTimeout = 15 * time.Second
 // ErrVerificationFailed is returned by Run when the run completed but one of
 // the checks failed (or a guarantee was broken during the run).
 var ErrVerificationFailed = errors.New("verification failed")
+
+// errInterrupted is returned when Run's context ends before the run could
+// be verified.
+var errInterrupted = errors.New("demo interrupted before it could be verified")
 
 // pausePolicy is the FailurePolicy that holds a tenant's later events while
 // a failed one is retried, or 0 while the library offers none. With it, runs
@@ -135,6 +140,9 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	o := opts.withDefaults()
 	env, err := setup(ctx, &o)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, errInterrupted
+		}
 		return nil, err
 	}
 	defer func() {
@@ -175,19 +183,27 @@ func run(ctx context.Context, o *Options, env *environment) (*Result, error) {
 	fmt.Fprintf(o.Progress, "demo: producing %d events for %d tenants; %d worker processes share %d slots\n",
 		o.Events, o.Tenants, o.Workers, o.Slots)
 	start := time.Now()
-	expected, sent, prodErr := produce(runCtx, o, env, tenants, commits, &res.ProduceElapsed)
-	res.Sent = sent
-	if prodErr != nil && runCtx.Err() == nil {
-		return nil, prodErr
+	prod := &production{done: make(chan struct{})}
+	go prod.run(runCtx, o, env, tenants, commits)
+	waitErr := waitDrained(runCtx, o, env, ws, prod, start)
+	if waitErr != nil {
+		abort(waitErr) // stops the producers
 	}
-	waitErr := waitDrained(runCtx, o, env, ws, sent, start)
-	res.Elapsed = time.Since(start)
+	<-prod.done
+	res.Sent, res.ProduceElapsed = prod.total(), prod.took
+	if _, last := ws.progress(); !last.IsZero() {
+		res.Elapsed = last.Sub(start)
+	}
 	stopAll()
+	if prod.err != nil && runCtx.Err() == nil {
+		return nil, prod.err
+	}
 	if cause := context.Cause(runCtx); cause != nil && ctx.Err() == nil && errors.Is(cause, ErrVerificationFailed) {
 		waitErr = cause
 	}
+	expected := prod.gens
 	if ctx.Err() != nil {
-		return nil, fmt.Errorf("demo interrupted: %w", ctx.Err())
+		return nil, errInterrupted
 	}
 	res.collect(ws, commits)
 	if err := verify(ctx, env.admin, o, expected, ws, res); err != nil {
@@ -275,16 +291,40 @@ func retryDelay(retry int) time.Duration {
 	return min(100*time.Millisecond<<min(retry, 5), 2*time.Second)
 }
 
-// produce runs the producers and returns the expected final state and the
-// number of events sent.
-func produce(ctx context.Context, o *Options, env *environment, tenants []string, commits *commitLog, took *time.Duration) (expected map[string]*tenantGen, sent int, err error) {
+// production runs the producers in the background.
+type production struct {
+	sent atomic.Int64  // events committed so far
+	done chan struct{} // closed when every producer returned
+	// Set before done is closed:
+	gens map[string]*tenantGen // every tenant's events and expected state
+	took time.Duration
+	err  error
+}
+
+// total returns the number of events sent so far.
+func (p *production) total() int { return int(p.sent.Load()) }
+
+// finished reports whether every producer returned.
+func (p *production) finished() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// run starts the producers, each owning a share of the tenants, and waits
+// for them.
+func (p *production) run(ctx context.Context, o *Options, env *environment, tenants []string, commits *commitLog) {
+	defer close(p.done)
 	start := time.Now()
 	n := min(producersMax, len(tenants))
-	gens := make(map[string]*tenantGen, len(tenants))
+	p.gens = make(map[string]*tenantGen, len(tenants))
 	prods := make([]*producer, n)
 	for i := range prods {
 		prods[i] = &producer{client: env.client, queue: Queue, commits: commits, rate: o.Rate / float64(n),
-			events: o.Events / n, rng: rand.New(rand.NewPCG(uint64(i)+1, 0x5eed))}
+			events: o.Events / n, rng: rand.New(rand.NewPCG(uint64(i)+1, 0x5eed)), sent: &p.sent}
 		if i < o.Events%n {
 			prods[i].events++
 		}
@@ -294,27 +334,25 @@ func produce(ctx context.Context, o *Options, env *environment, tenants []string
 	}
 	for i, t := range tenants {
 		g := newTenantGen(t)
-		gens[t] = g
+		p.gens[t] = g
 		prods[i%n].tenants = append(prods[i%n].tenants, g)
 	}
 	var wg sync.WaitGroup
-	counts := make([]int, n)
 	errs := make([]error, n)
-	for i, p := range prods {
-		wg.Go(func() { counts[i], errs[i] = p.run(ctx) })
+	for i, pr := range prods {
+		wg.Go(func() { errs[i] = pr.run(ctx) })
 	}
 	wg.Wait()
-	*took = time.Since(start)
-	for _, c := range counts {
-		sent += c
-	}
-	return gens, sent, errors.Join(errs...)
+	p.took = time.Since(start)
+	p.err = errors.Join(errs...)
 }
 
-// waitDrained waits until every sent event was handled, reporting
-// progress. It fails on a stall, on dead letters, or when ctx ends.
-func waitDrained(ctx context.Context, o *Options, env *environment, ws *workers, sent int, start time.Time) error {
-	pr := newProgress(o.Progress, sent, start)
+// waitDrained waits until the producers are done and every event they
+// sent was handled, reporting progress. It fails on a stall (no event
+// handled for StallTimeout while some are outstanding), on dead letters, or
+// when ctx ends.
+func waitDrained(ctx context.Context, o *Options, env *environment, ws *workers, prod *production, start time.Time) error {
+	pr := newProgress(o.Progress, o.Events, start)
 	defer pr.finish()
 	tk := time.NewTicker(100 * time.Millisecond)
 	defer tk.Stop()
@@ -322,12 +360,17 @@ func waitDrained(ctx context.Context, o *Options, env *environment, ws *workers,
 	stallSince := time.Now()
 	lastDone := -1
 	for {
+		finished := prod.finished() // before reading the count: no send can follow
+		sent := prod.total()
 		done, _ := ws.progress()
+		if finished {
+			pr.setTotal(sent)
+		}
 		pr.update(done)
-		if done >= sent {
+		if finished && done >= sent {
 			return nil
 		}
-		if done != lastDone {
+		if done != lastDone || done >= sent {
 			lastDone, stallSince = done, time.Now()
 		} else if time.Since(stallSince) > o.StallTimeout {
 			return fmt.Errorf("no progress for %v: %d of %d events handled", o.StallTimeout, done, sent)

@@ -22,11 +22,12 @@ type progress struct {
 	done     int
 	start    time.Time
 	lastLine time.Time
+	printed  int // done as of the last plain line, -1 before any
 }
 
 // newProgress shows progress towards total; rates count from start.
 func newProgress(w io.Writer, total int, start time.Time) *progress {
-	p := &progress{w: w, total: total, start: start, lastLine: time.Now()}
+	p := &progress{w: w, total: total, start: start, lastLine: time.Now(), printed: -1}
 	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		p.bar = progressbar.NewOptions(total,
 			progressbar.OptionSetWriter(w),
@@ -43,6 +44,18 @@ func newProgress(w io.Writer, total int, start time.Time) *progress {
 	return p
 }
 
+// setTotal changes the total once it is known (a run capped by Duration
+// sends fewer events than asked for).
+func (p *progress) setTotal(total int) {
+	if total == p.total {
+		return
+	}
+	p.total = total
+	if p.bar != nil {
+		p.bar.ChangeMax(total)
+	}
+}
+
 // update shows that done events are handled.
 func (p *progress) update(done int) {
 	p.done = done
@@ -57,6 +70,7 @@ func (p *progress) update(done int) {
 }
 
 func (p *progress) line() {
+	p.printed = p.done
 	rate := float64(p.done) / time.Since(p.start).Seconds()
 	fmt.Fprintf(p.w, "demo: applied %d/%d events (%.0f ev/s)\n", p.done, p.total, rate)
 }
@@ -72,5 +86,7 @@ func (p *progress) finish() {
 		}
 		return
 	}
-	p.line()
+	if p.printed != p.done {
+		p.line()
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgque/pgque"
@@ -126,21 +127,22 @@ type producer struct {
 	until   time.Time
 	rng     *rand.Rand
 	commits *commitLog
+	sent    *atomic.Int64 // shared by every producer
 }
 
 // run sends the producer's events; it stops early at p.until or when ctx
-// ends. It returns the number of events sent.
-func (p *producer) run(ctx context.Context) (int, error) {
+// ends.
+func (p *producer) run(ctx context.Context) error {
 	start := time.Now()
 	sent := 0
 	batch := make([]pgque.Event, 0, sendBatchSize)
 	gens := make([]*tenantGen, 0, sendBatchSize)
 	for sent < p.events {
 		if ctx.Err() != nil {
-			return sent, ctx.Err()
+			return ctx.Err()
 		}
 		if !p.until.IsZero() && time.Now().After(p.until) {
-			return sent, nil
+			return nil
 		}
 		batch = batch[:0]
 		gens = gens[:0]
@@ -152,25 +154,26 @@ func (p *producer) run(ctx context.Context) (int, error) {
 		}
 		ids, err := p.client.SendBatch(ctx, p.queue, batch)
 		if err != nil {
-			return sent, fmt.Errorf("producing: %w", err)
+			return fmt.Errorf("producing: %w", err)
 		}
 		p.commits.record(ids, time.Now())
 		for _, g := range gens {
 			g.sent++
 		}
 		sent += len(ids)
+		p.sent.Add(int64(len(ids)))
 		if p.rate > 0 {
 			due := start.Add(time.Duration(float64(sent) / p.rate * float64(time.Second)))
 			if d := time.Until(due); d > 0 {
 				select {
 				case <-ctx.Done():
-					return sent, ctx.Err()
+					return ctx.Err()
 				case <-time.After(d):
 				}
 			}
 		}
 	}
-	return sent, nil
+	return nil
 }
 
 // commitLog records when each event's transaction committed and when its
