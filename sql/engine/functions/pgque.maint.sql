@@ -72,6 +72,9 @@ $$;
 
 -- _tick_cleanup(queue_id): deletes the ticks no subscription needs: those
 -- before the oldest cursor (or all but the latest when nobody subscribes).
+-- A subscription being registered is not visible yet but holds a key-share
+-- lock on the queue row until it commits: the clean-up then skips the queue
+-- until the next maint(), so the new subscription's starting tick survives.
 -- Returns the number of ticks deleted.
 create or replace function pgque._tick_cleanup(i_queue_id integer)
 returns integer language plpgsql
@@ -81,6 +84,10 @@ declare
     v_keep bigint;
     v_n    integer;
 begin
+    perform 1 from pgque.queue where queue_id = i_queue_id for update skip locked;
+    if not found then
+        return 0;
+    end if;
     select min(sub_last_tick) into v_keep from pgque.subscription where sub_queue = i_queue_id;
     if v_keep is null then
         select max(tick_id) into v_keep from pgque.tick where tick_queue = i_queue_id;

@@ -15,6 +15,10 @@ begin
     if exists (select 1 from pgque.subscription where sub_queue = q.queue_id and sub_name = i_consumer) then
         return 0;
     end if;
+    -- Until this transaction ends, the key-share lock on the queue row keeps
+    -- _tick_cleanup from deleting the starting tick (it cannot see this
+    -- subscription before the commit).
+    perform 1 from pgque.queue where queue_id = q.queue_id for key share;
     select tick_id into v_tick from pgque.tick where tick_queue = q.queue_id order by tick_id desc limit 1;
     begin
         v_id := nextval('pgque.subscription_id_seq');
