@@ -473,3 +473,83 @@ func TestConcurrentNextBatchSameID(t *testing.T) {
 		t.Errorf("next_batch while batch %d is open = %d", b3, b4)
 	}
 }
+
+// TestRegisterWhileMaintCleansTicks: a consumer registered in a transaction
+// that stays open while the ticker, the other consumers and maint() move on
+// still has its starting tick when it commits, and receives every event
+// committed after that tick.
+func TestRegisterWhileMaintCleansTicks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, pool := setupEngine(t)
+	tick(t, pool, "q")
+	drainBatches(t, pool, "q", "c")
+
+	late := pgtest.Conn(t, dsn)
+	tx, err := late.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if n := scalar[int32](t, tx, "select pgque.subscribe('q', 'late')"); n != 1 {
+		t.Fatalf("subscribe = %d", n)
+	}
+	start := scalar[int64](t, tx, "select sub_last_tick from pgque.subscription where sub_name = 'late'")
+
+	// Meanwhile: an event, a tick, c moves past it, maintenance runs.
+	e1 := scalar[int64](t, pool, "select pgque.insert_event('q', 't', 'e1')")
+	tick(t, pool, "q")
+	drainBatches(t, pool, "q", "c")
+	done := make(chan error, 1)
+	go func() {
+		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_, err := pool.Exec(mctx, "select pgque.maint()")
+		done <- err
+	}()
+	// maint() may wait for the registering transaction; it must not fail.
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("maint(): %v", err)
+		}
+		done <- nil
+	case <-time.After(500 * time.Millisecond):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("maint(): %v", err)
+	}
+	if !scalar[bool](t, pool, "select exists (select 1 from pgque.tick where tick_id = $1)", start) {
+		t.Errorf("tick %d, where the new subscription starts, was deleted by maint() while the subscription was being registered", start)
+	}
+
+	e2 := scalar[int64](t, pool, "select pgque.insert_event('q', 't', 'e2')")
+	tick(t, pool, "q")
+	var got []int64
+	for range 10 {
+		evs, ok, err := consumeBatch(pool, "q", "late")
+		if err != nil {
+			t.Fatalf("consuming as the late subscription: %v", err)
+		}
+		if !ok {
+			break
+		}
+		got = append(got, evIDs(evs)...)
+	}
+	if !slices.Equal(got, []int64{e1, e2}) {
+		t.Errorf("the late subscription received %v, want %v (everything committed after its starting tick %d)", got, []int64{e1, e2}, start)
+	}
+	// With no registration in flight, maint() cleans the ticks up again.
+	drainBatches(t, pool, "q", "c")
+	exec(t, pool, "select pgque.maint()")
+	if n := scalar[int64](t, pool, `select count(*) from pgque.tick
+		 where tick_id < (select min(sub_last_tick) from pgque.subscription)`); n != 0 {
+		t.Errorf("%d ticks older than every cursor survive maint()", n)
+	}
+	if n := scalar[int64](t, pool, "select count(*) from pgque.tick"); n != 1 {
+		t.Errorf("%d ticks left after every consumer caught up and maint() ran, want 1", n)
+	}
+}
