@@ -9,6 +9,7 @@
 //	pgque queue create|drop|list|config           queue admin
 //	pgque subscribe | unsubscribe <queue> <consumer>
 //	pgque slots subscribe|unsubscribe|status      partitioned consumers' slots
+//	pgque slots policy|blocked|unblock|retry-now  the pause failure policy
 //	pgque send <queue> [payload]                  argument, or JSON lines on stdin
 //	pgque tail <queue>                            a console consumer
 //	pgque status [queue] [--watch]                queues, consumers, slots, warnings

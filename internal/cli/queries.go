@@ -148,6 +148,66 @@ func (q *queries) slotStatus(ctx context.Context, queue, consumer string) ([]slo
 	return out, dbErr("reading partition_slot_status", err)
 }
 
+// subscribeSlotPolicy calls subscribe_slot(queue, consumer, slot, nslots,
+// policy) and reports whether the slot is new.
+func (q *queries) subscribeSlotPolicy(ctx context.Context, queue, consumer string, slot, nslots int, policy string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.subscribe_slot($1::text, $2::text, $3::int, $4::int, $5::text)`,
+		queue, consumer, slot, nslots, policy).Scan(&n)
+	return n == 1, err
+}
+
+// setFailurePolicy calls set_failure_policy(queue, consumer, policy).
+func (q *queries) setFailurePolicy(ctx context.Context, queue, consumer, policy string) error {
+	_, err := q.db.Exec(ctx, `select pgque.set_failure_policy($1::text, $2::text, $3::text)`, queue, consumer, policy)
+	return dbErr(fmt.Sprintf("setting the failure policy of %q on queue %q", consumer, queue), err)
+}
+
+// blockedKey is one row of blocked_keys.
+type blockedKey struct {
+	Queue    string `json:"queue"`
+	Consumer string `json:"consumer"`
+	Slot     int    `json:"slot"`
+	// Key is nil for the NULL key.
+	Key      *string   `json:"key"`
+	State    string    `json:"state"`
+	HeadEvID int64     `json:"head_ev_id"`
+	Since    time.Time `json:"since"`
+	Failures int       `json:"failures"`
+	Reason   *string   `json:"reason"`
+	Deferred int64     `json:"deferred"`
+}
+
+// blockedKeys calls blocked_keys(queue, consumer).
+func (q *queries) blockedKeys(ctx context.Context, queue, consumer string) ([]blockedKey, error) {
+	rows, err := q.db.Query(ctx, `select queue, consumer, slot, key, state, head_ev_id, since, failures, reason, deferred
+		from pgque.blocked_keys($1::text, $2::text)`, queue, nullIfEmpty(consumer))
+	if err != nil {
+		return nil, dbErr(fmt.Sprintf("listing blocked keys of queue %q", queue), err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (blockedKey, error) {
+		var b blockedKey
+		err := r.Scan(&b.Queue, &b.Consumer, &b.Slot, &b.Key, &b.State, &b.HeadEvID, &b.Since, &b.Failures, &b.Reason, &b.Deferred)
+		return b, err
+	})
+	return out, dbErr(fmt.Sprintf("listing blocked keys of queue %q", queue), err)
+}
+
+// unblockKey calls unblock_key(queue, consumer, key) and returns the
+// dead-lettered ev_id.
+func (q *queries) unblockKey(ctx context.Context, queue, consumer string, key *string) (int64, error) {
+	var evID int64
+	err := q.db.QueryRow(ctx, `select pgque.unblock_key($1::text, $2::text, $3::text)`, queue, consumer, key).Scan(&evID)
+	return evID, dbErr(fmt.Sprintf("unblocking a key of %q on queue %q", consumer, queue), err)
+}
+
+// retryKeyNow calls retry_key_now(queue, consumer, key).
+func (q *queries) retryKeyNow(ctx context.Context, queue, consumer string, key *string) (int, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.retry_key_now($1::text, $2::text, $3::text)`, queue, consumer, key).Scan(&n)
+	return n, dbErr(fmt.Sprintf("retrying a key of %q on queue %q", consumer, queue), err)
+}
+
 // deadLetter is one row of dlq_list.
 type deadLetter struct {
 	ID         int64     `json:"dl_id"`

@@ -78,6 +78,8 @@ type statusReport struct {
 	Queues    []queueStatus  `json:"queues"`
 	Consumers []consumerInfo `json:"consumers"`
 	Slots     []slotRow      `json:"slots"`
+	// Blocked are the keys the pause policy holds back after a failure.
+	Blocked []blockedKey `json:"blocked_keys"`
 	// Warnings collects every warning, each naming what it is about.
 	Warnings []string `json:"warnings"`
 }
@@ -96,7 +98,7 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 	if err != nil {
 		return nil, err
 	}
-	rep := &statusReport{Time: time.Now(), Consumers: []consumerInfo{}, Slots: nonNil(slots), Warnings: []string{}}
+	rep := &statusReport{Time: time.Now(), Consumers: []consumerInfo{}, Slots: nonNil(slots), Blocked: []blockedKey{}, Warnings: []string{}}
 	for _, c := range subs {
 		if strings.Contains(c.Consumer, "#") {
 			continue // a slot: reported with its slot group
@@ -133,6 +135,15 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("queue %s: %s", q.Name, w))
 		}
 		rep.Queues = append(rep.Queues, qs)
+		blocked, err := s.q.blockedKeys(ctx, q.Name, "")
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range blocked {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("queue %s, consumer %s, slot %d: key %s %s for %s (head event %d, %d failures, %d deferred): %s",
+				b.Queue, b.Consumer, b.Slot, fmtKey(b.Key), b.State, fmtSeconds(time.Since(b.Since).Seconds()), b.HeadEvID, b.Failures, b.Deferred, deref(b.Reason)))
+		}
+		rep.Blocked = append(rep.Blocked, blocked...)
 	}
 	rep.Queues = nonNil(rep.Queues)
 	return rep, nil
@@ -181,7 +192,7 @@ plain consumer with its cursor's age and pending events; every slot of every
 partitioned consumer with its owner, epoch, lag and oldest pending event; and
 warnings: stuck or unpolled slots and consumers (they pin table rotation), a
 rotation that is overdue and the subscription pinning it, a ticker that does
-not run, dead letters.
+not run, dead letters, keys blocked by the pause policy.
 
 --watch refreshes every second until interrupted; with --json it prints one
 JSON document per line per refresh.`,

@@ -1,0 +1,78 @@
+package cli
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/pgque/pgque/internal/pgtest"
+)
+
+// TestPauseCommands: a consumer subscribed with --policy pause; a failed
+// head blocks its key, which slots blocked and status show; unblock
+// dead-letters the head; the policy can be changed, but not by
+// re-subscribing with another one.
+func TestPauseCommands(t *testing.T) {
+	t.Parallel()
+	c := &cli{t: t, dsn: pgtest.NewInstalledDB(t)}
+	ctx := context.Background()
+	c.ok("", "queue", "create", "q")
+	c.ok("", "slots", "subscribe", "q", "--consumer", "p", "--slots", "2", "--policy", "pause")
+	checkOneLine(t, nil, c.exec("", "slots", "subscribe", "q", "--consumer", "p", "--slots", "2", "--policy", "skip"), ExitFailure, "use set_failure_policy")
+	checkOneLine(t, nil, c.exec("", "slots", "subscribe", "q", "--consumer", "p", "--slots", "2", "--policy", "stop"), ExitUsage, "must be skip or pause")
+	c.ok("", "slots", "policy", "q", "skip", "--consumer", "p")
+	if out := c.ok("", "slots", "policy", "q", "pause", "--consumer", "p"); !strings.Contains(out, "now has failure policy pause") {
+		t.Errorf("slots policy printed %q", out)
+	}
+
+	ids := evIDs(t, c.ok("{\"n\":1}\n{\"n\":2}\n", "send", "q", "--key", "k"))
+	slot := c.slotOf("k", 2)
+	conn := c.conn()
+	_, err := conn.Exec(ctx, `select pgque.force_next_tick('q'); select pgque.ticker('q')`)
+	if err == nil {
+		_, err = conn.Exec(ctx, `select pgque.claim_slot('q', 'p', $1, 'w')`, slot)
+	}
+	if err == nil {
+		_, err = conn.Exec(ctx, `select count(*) from pgque.receive_partitioned('q', 'p', $1, 2, 'w')`, slot)
+	}
+	if err == nil {
+		_, err = conn.Exec(ctx, `select pgque.nack_partitioned('q', 'p', $1, 2, 'w', $2, '1 hour', 'disk full')`, slot, ids[0])
+	}
+	if err == nil {
+		_, err = conn.Exec(ctx, `select pgque.ack_partitioned('q', 'p', $1, 2, 'w')`, slot)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var blocked []blockedKey
+	c.okJSON(&blocked, "slots", "blocked", "q", "--json")
+	if len(blocked) != 1 || *blocked[0].Key != "k" || blocked[0].HeadEvID != ids[0] || blocked[0].Slot != slot ||
+		blocked[0].State != "blocked" || blocked[0].Deferred != 1 || *blocked[0].Reason != "disk full" {
+		t.Fatalf("slots blocked --json = %+v, want key k blocked at event %d with 1 deferred", blocked, ids[0])
+	}
+	if out := c.ok("", "slots", "blocked", "q"); !strings.Contains(out, `"k"`) || !strings.Contains(out, "disk full") {
+		t.Errorf("slots blocked printed %q", out)
+	}
+	var st statusReport
+	c.okJSON(&st, "status", "--json")
+	if len(st.Blocked) != 1 || !strings.Contains(strings.Join(st.Warnings, "\n"), `key "k" blocked`) {
+		t.Errorf("status --json: blocked %+v, warnings %q", st.Blocked, st.Warnings)
+	}
+
+	checkOneLine(t, nil, c.exec("", "slots", "unblock", "q", "--consumer", "p"), ExitUsage, "--key")
+	if out := c.ok("", "slots", "unblock", "q", "--consumer", "p", "--key", "k"); !strings.Contains(out, "dead-lettered event "+strconv.FormatInt(ids[0], 10)) {
+		t.Errorf("slots unblock printed %q", out)
+	}
+	var dls []deadLetter
+	c.okJSON(&dls, "dlq", "list", "q", "--json")
+	if len(dls) != 1 || dls[0].EvID != ids[0] || dls[0].Consumer != "p#"+strconv.Itoa(slot)+"/2" {
+		t.Errorf("dlq list after unblock = %+v", dls)
+	}
+	// The key now releases its deferred event: no retry to hurry.
+	if out := c.ok("", "slots", "retry-now", "q", "--consumer", "p", "--key", "k"); !strings.Contains(out, "no pending retry") {
+		t.Errorf("slots retry-now printed %q", out)
+	}
+	checkOneLine(t, nil, c.exec("", "slots", "retry-now", "q", "--consumer", "p", "--key", "other"), ExitFailure, "is not blocked")
+}
