@@ -21,7 +21,8 @@ func (a *app) benchCommand() *cobra.Command {
 each figure with its reference and ratio, measured in one run on one cluster.
 Without --dsn it starts a throwaway PostgreSQL from the local server binaries;
 with --dsn every suite works in its own fresh database on that server (the
-role needs CREATEDB). report.json and SVG charts go to --out ("-": none).`,
+role needs CREATEDB; $PGQUE_DSN and $DATABASE_URL are not used). report.json
+and SVG charts go to --out ("-": none).`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, name := range o.Suites {
@@ -29,10 +30,7 @@ role needs CREATEDB). report.json and SVG charts go to --out ("-": none).`,
 					return usagef("unknown benchmark suite %q (known: %s)", name, strings.Join(bench.SuiteNames(), ", "))
 				}
 			}
-			dsn, err := a.resolveDSN()
-			if err == nil {
-				o.DSN = dsn
-			}
+			o.DSN = a.dsn // only an explicit --dsn: without it bench never touches a real server
 			o.Progress = a.stderr
 			rep, err := bench.Run(cmd.Context(), o)
 			if asJSON && rep != nil {

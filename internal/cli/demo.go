@@ -36,15 +36,15 @@ idempotent and order-insensitive, such reorders are counted and reported,
 and only retried events may be reordered.
 
 With --dsn the demo re-creates queue pgque_demo and schema pgque_demo in that
-database and drops them after a passing run.`,
+database and drops them after a passing run. Only an explicit --dsn counts:
+$PGQUE_DSN and $DATABASE_URL are ignored, so that a plain 'pgque demo' never
+writes into a real database.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.Validate(); err != nil {
 				return usagef("%v", err)
 			}
-			if dsn, err := a.resolveDSN(); err == nil {
-				o.DSN = dsn
-			}
+			o.DSN = a.dsn // only an explicit --dsn: without it the demo never touches a real database
 			o.Progress = a.stderr
 			level := slog.LevelError
 			if verbose {

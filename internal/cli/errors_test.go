@@ -97,7 +97,7 @@ func TestUsageErrors(t *testing.T) {
 func TestUnreachableDatabase(t *testing.T) {
 	t.Parallel()
 	commands := [][]string{
-		{"install"}, {"upgrade"}, {"uninstall", "--yes"}, {"version"},
+		{"install"}, {"upgrade"}, {"uninstall", "--yes"}, {"version", "--json"},
 		{"ticker"},
 		{"queue", "create", "q"}, {"queue", "drop", "q", "--yes"}, {"queue", "list"}, {"queue", "config", "q"},
 		{"subscribe", "q", "c"}, {"unsubscribe", "q", "c"},

@@ -165,29 +165,29 @@ func (a *app) versionCommand() *cobra.Command {
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := map[string]any{"binary": binaryVersion(), "schema": sqlfiles.Version}
-			var installed string
-			dsn, _ := a.resolveDSN()
-			if dsn != "" {
+			if !asJSON {
+				fmt.Fprintf(a.stdout, "pgque %s (schema %s)\n", binaryVersion(), sqlfiles.Version)
+			}
+			if dsn, _ := a.resolveDSN(); dsn != "" {
 				pool, err := a.openPool(cmd.Context())
 				if err != nil {
 					return err
 				}
 				defer pool.Close()
-				if installed, err = install.InstalledVersion(cmd.Context(), pool); err != nil {
+				installed, err := install.InstalledVersion(cmd.Context(), pool)
+				if err != nil {
 					return err
 				}
 				out["installed"] = installed
+				if !asJSON {
+					if installed == "" {
+						installed = "none (run 'pgque install')"
+					}
+					fmt.Fprintf(a.stdout, "installed: %s\n", installed)
+				}
 			}
 			if asJSON {
 				return a.printJSON(out)
-			}
-			fmt.Fprintf(a.stdout, "pgque %s (schema %s)\n", binaryVersion(), sqlfiles.Version)
-			switch {
-			case dsn == "":
-			case installed == "":
-				fmt.Fprintln(a.stdout, "installed: none (run 'pgque install')")
-			default:
-				fmt.Fprintf(a.stdout, "installed: %s\n", installed)
 			}
 			return nil
 		},
