@@ -30,6 +30,13 @@ begin
     if clock_timestamp() - q.queue_switch_time < q.queue_rotation_period then
         return 0;
     end if;
+    -- A subscription being registered is invisible to the check below, yet
+    -- the events committed after its starting tick are its to receive. It
+    -- holds a key-share lock on the queue row until it commits: rotate later.
+    perform 1 from pgque.queue where queue_id = i_queue_id for update skip locked;
+    if not found then
+        return 0;
+    end if;
     v_next := (q.queue_cur_table + 1) % q.queue_ntables;
     v_tbl := pgque._event_table(q.queue_id, v_next);
 
