@@ -565,3 +565,61 @@ func TestRetriesUnderRotation(t *testing.T) {
 		}
 	}
 }
+
+// TestRotationWaitsForRegistration: a subscription being registered (its
+// transaction still open) is invisible to rotation's safety check, but the
+// events committed after its starting tick are its to receive: rotation
+// must not truncate them before the registration commits.
+func TestRotationWaitsForRegistration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, pool := setupRotation(t, "c")
+	tables := eventTables(t, pool, "q")
+
+	// A producer writes into table 0 and stays open across two rotations.
+	producer := pgtest.Conn(t, dsn)
+	ptx, err := producer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptx.Rollback(ctx)
+	e1 := scalar[int64](t, ptx, "select pgque.insert_event('q', 't', 'long producer')")
+	maintRotate(t, pool)
+	maintRotate(t, pool)
+	if cur := curTable(t, pool); cur != 2 {
+		t.Fatalf("current table = %d, want 2", cur)
+	}
+
+	// A new subscription is registered; its transaction stays open.
+	reg := pgtest.Conn(t, dsn)
+	rtx, err := reg.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rtx.Rollback(ctx)
+	exec(t, rtx, "select pgque.subscribe('q', 'late')")
+
+	// The producer commits after the new subscription's starting tick; c
+	// reads its event; rotation comes round to table 0.
+	if err := ptx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tick(t, pool, "q")
+	if b := drainBatches(t, pool, "q", "c"); len(b) != 1 || !slices.Equal(evIDs(b[0]), []int64{e1}) {
+		t.Fatalf("c received %v, want [[%d]]", batchIDs(b), e1)
+	}
+	maintRotate(t, pool)
+	if err := rtx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := drainBatches(t, pool, "q", "late")
+	if len(got) != 1 || !slices.Equal(evIDs(got[0]), []int64{e1}) {
+		t.Errorf("the late subscription received %v, want [[%d]]: rotation truncated %s (now %+v) before the registration committed",
+			batchIDs(got), e1, tables[0], tableStates(t, pool, tables)[0])
+	}
+	// Once it has read it, rotation proceeds.
+	maintRotate(t, pool)
+	if cur := curTable(t, pool); cur != 0 {
+		t.Errorf("current table = %d after the late subscription caught up, want 0", cur)
+	}
+}
