@@ -154,10 +154,13 @@ func evIDs(t *testing.T, out string) []int64 {
 }
 
 // TestEndToEnd drives a fresh database through the whole life cycle with
-// the command line alone (plus SQL to produce dead letters): install, queue
-// and slot admin, send from arguments and stdin, tail of a temporary
-// subscription, of a named one and of a slot, status --json, the dead-letter
-// commands, and uninstall.
+// the command line alone (plus SQL to produce dead letters), a ticker
+// command running in the background: install, upgrade, version; queue
+// create and config; subscribe and slots subscribe; send from an argument,
+// from stdin JSON lines and from envelopes, with keys; tail of a temporary
+// subscription, of a named one (also --from-now) and of a slot (also
+// --no-ack); status --json and --watch; the dead-letter commands;
+// unsubscribing, dropping and uninstall.
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	c := setup(t)
@@ -315,7 +318,32 @@ func TestEndToEnd(t *testing.T) {
 		t.Errorf("slots status printed %q", out)
 	}
 
+	// status --watch refreshes until interrupted, one JSON document a line.
+	watch := c.background("status", "--watch", "--json")
+	time.Sleep(1500 * time.Millisecond)
+	if r := watch.stop(); r.code != 0 || strings.Count(r.stdout, "\n") < 2 || !strings.HasPrefix(r.stdout, `{"time":`) {
+		t.Errorf("status --watch --json: %v", r)
+	}
+
 	testDeadLetters(t, c)
+
+	// Unsubscribing and dropping.
+	c.ok("", "unsubscribe", "files", "audit")
+	if out := c.ok("", "slots", "unsubscribe", "files", "--consumer", "appliers", "--slots", "4"); !strings.Contains(out, "unsubscribed the 4 slots") {
+		t.Errorf("slots unsubscribe printed %q", out)
+	}
+	st = statusReport{}
+	c.okJSON(&st, "status", "files", "--json")
+	if len(st.Consumers) != 0 || len(st.Slots) != 0 {
+		t.Errorf("after unsubscribing: consumers %+v, slots %+v", st.Consumers, st.Slots)
+	}
+	c.ok("", "queue", "drop", "files", "--yes")
+	c.ok("", "queue", "drop", "jobs", "--yes", "--force")
+	queues = nil
+	c.okJSON(&queues, "queue", "list", "--json")
+	if len(queues) != 0 {
+		t.Errorf("queues left after dropping: %+v", queues)
+	}
 
 	if r := ticker.stop(); r.code != 0 || !strings.Contains(r.stderr, "ticker stopped") {
 		t.Errorf("ticker after its context ended: %v", r)
@@ -431,6 +459,8 @@ func sameJSON(got json.RawMessage, want string) bool {
 	return fmt.Sprint(a) == fmt.Sprint(b)
 }
 
+// dump logs the engine's state (events, ticks, subscriptions, delivery
+// progress), to diagnose an event that was not delivered.
 func dump(t *testing.T, c *cli) {
 	conn := c.conn()
 	for _, q := range []string{
