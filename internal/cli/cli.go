@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -48,9 +49,24 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return newApp(stdin, stdout, stderr).run(ctx, args)
 }
 
-// run executes args and maps the outcome to an exit code.
-func (a *app) run(ctx context.Context, args []string) int {
+// EnvDebug, when set to a non-empty value, makes an internal error (a panic
+// in a command) print its stack trace too.
+const EnvDebug = "PGQUE_DEBUG"
+
+// run executes args and maps the outcome to an exit code. A panic in a
+// command is an internal error: one line (and the stack with $PGQUE_DEBUG),
+// exit 1.
+func (a *app) run(ctx context.Context, args []string) (code int) {
 	stderr := a.stderr
+	defer func() {
+		if v := recover(); v != nil {
+			fmt.Fprintf(stderr, "pgque: internal error: %s (set %s=1 for the stack trace)\n", oneLine(fmt.Sprint(v)), EnvDebug)
+			if os.Getenv(EnvDebug) != "" {
+				fmt.Fprintf(stderr, "%s", debug.Stack())
+			}
+			code = ExitFailure
+		}
+	}()
 	root := a.rootCommand()
 	if args == nil {
 		args = []string{} // nil would make cobra read os.Args

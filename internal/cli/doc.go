@@ -27,7 +27,8 @@
 //     1. A mistake in the command line (unknown command or flag, wrong
 //     arguments, a flag value that does not parse, a missing --yes) is one
 //     line ending with a pointer to --help, and exit code 2. Neither ever
-//     prints a stack trace or dumps the usage text.
+//     prints a stack trace or dumps the usage text; even a panic in a
+//     command is one line, exit 1 (the stack only with PGQUE_DEBUG=1).
 //   - Destructive commands (uninstall, queue drop, dlq purge) ask for --yes.
 //   - Long-running commands (ticker, tail, status --watch, demo) stop
 //     cleanly on SIGINT or SIGTERM and exit 0; a second signal kills.

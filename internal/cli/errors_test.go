@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgque/pgque/internal/demo"
 	"github.com/pgque/pgque/internal/pgtest"
 )
 
@@ -165,4 +166,15 @@ func TestRuntimeErrors(t *testing.T) {
 	for _, args := range [][]string{{"queue", "list"}, {"send", "q", "{}"}, {"status"}} {
 		checkOneLine(t, args, empty.exec("", args...), ExitFailure, "pgque is not installed")
 	}
+}
+
+// TestPanicIsOneLine: an internal error (a panic in a command) is still one
+// line on stderr and exit 1.
+func TestPanicIsOneLine(t *testing.T) {
+	t.Parallel()
+	hook := func(a *app) {
+		a.demoHook = func(*demo.Options) { panic("boom\nsecond line") }
+	}
+	r := execIn(context.Background(), hook, "", "demo", "--dsn", unreachable)
+	checkOneLine(t, []string{"demo"}, r, ExitFailure, "internal error: boom; second line")
 }
