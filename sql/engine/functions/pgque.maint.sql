@@ -106,7 +106,10 @@ end;
 $$;
 
 -- maint(): runs rotation and tick clean-up for every queue. Returns the
--- number of operations that did something.
+-- number of operations that did something. Like the ticker it refuses to
+-- run under REPEATABLE READ or SERIALIZABLE: rotation's safety check must
+-- see every transaction that committed before its table lock was granted,
+-- and a transaction snapshot may predate them.
 create or replace function pgque.maint()
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -115,6 +118,10 @@ declare
     v_id integer;
     v_n  integer := 0;
 begin
+    if current_setting('transaction_isolation') <> 'read committed' then
+        raise exception using errcode = 'PQ011',
+            message = format('maint() must run in READ COMMITTED, not %s', current_setting('transaction_isolation'));
+    end if;
     for v_id in select queue_id from pgque.queue order by queue_id loop
         v_n := v_n + pgque._rotate(v_id);
         if pgque._tick_cleanup(v_id) > 0 then
