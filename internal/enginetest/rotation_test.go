@@ -623,3 +623,51 @@ func TestRotationWaitsForRegistration(t *testing.T) {
 		t.Errorf("current table = %d after the late subscription caught up, want 0", cur)
 	}
 }
+
+// TestRotationUnderRepeatableRead: maint() run in a REPEATABLE READ (or
+// SERIALIZABLE) transaction would check rotation's safety against a
+// snapshot older than its table lock, and could truncate events committed
+// in between. It must refuse (PQ011, like the ticker) or leave them alone.
+func TestRotationUnderRepeatableRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, pool := setupRotation(t, "c")
+	producer := pgtest.Conn(t, dsn)
+	ptx, err := producer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptx.Rollback(ctx)
+	e1 := scalar[int64](t, ptx, "select pgque.insert_event('q', 't', 'long producer')")
+	maintRotate(t, pool)
+	maintRotate(t, pool)
+
+	// The maintenance transaction's snapshot is taken while the producer
+	// runs; the producer commits before maint() locks table 0.
+	m := pgtest.Conn(t, dsn)
+	exec(t, m, "begin isolation level repeatable read")
+	exec(t, m, "select 1")
+	if err := ptx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Millisecond)
+	if err := queryErr(m, "select pgque.maint()"); err != nil {
+		wantCode(t, "maint() under repeatable read", err, "PQ011", "repeatable read")
+		exec(t, m, "rollback")
+	} else {
+		exec(t, m, "commit")
+	}
+	tick(t, pool, "q")
+	b := drainBatches(t, pool, "q", "c")
+	if len(b) != 1 || !slices.Equal(evIDs(b[0]), []int64{e1}) {
+		t.Errorf("c received %v, want [[%d]]: maint() under REPEATABLE READ truncated a committed event", batchIDs(b), e1)
+	}
+
+	for _, iso := range []string{"repeatable read", "serializable"} {
+		exec(t, m, "begin isolation level "+iso)
+		if err := queryErr(m, "select pgque.maint()"); err != nil {
+			wantCode(t, "maint() under "+iso, err, "PQ011", iso)
+		}
+		exec(t, m, "rollback")
+	}
+}
