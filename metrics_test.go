@@ -41,15 +41,30 @@ func TestMetrics(t *testing.T) {
 	}
 	waitFor(t, 20*time.Second, "all events", func() bool { return chk.distinct() == 3 })
 
-	body := scrape(t, client)
-	for _, want := range []string{
+	wants := []string{
 		`pgque_events_sent_total{queue="` + env.queue + `"} 3`,
 		`pgque_events_processed_total{consumer="c",queue="` + env.queue + `"} 3`,
 		`pgque_lease_claims_total{consumer="c",queue="` + env.queue + `"} 2`,
 		`pgque_handler_duration_seconds_count{consumer="c",queue="` + env.queue + `"} 3`,
 		`pgque_slot_lag_events{consumer="c",queue="` + env.queue + `",slot="0"}`,
 		`pgque_ticker_leader 1`,
-	} {
+	}
+	// The slot gauges come from a refresher that may not have run yet.
+	var body string
+	complete := func() bool {
+		body = scrape(t, client)
+		for _, want := range wants {
+			if !strings.Contains(body, want) {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !complete() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, want := range wants {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
 		}
