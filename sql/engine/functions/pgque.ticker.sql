@@ -8,7 +8,16 @@
 -- committed), and refuses to run under REPEATABLE READ or SERIALIZABLE,
 -- whose snapshot could predate the previous tick.
 
--- _tick_due(queue, last tick, now): whether a tick is due.
+-- _tick_due(queue, last tick, force): whether a tick is due: the event
+-- count reached ticker_max_count, or events are pending and ticker_max_lag
+-- passed, or ticker_idle_period passed.
+--
+-- "Events are pending" is first read from the event sequence. That misses a
+-- producer that took its ev_id before the last tick but committed after it
+-- (the sequence did not move since), so when the sequence is still, the
+-- index is asked whether any committed event is missing from the last
+-- tick's snapshot: an event at or past its xmax, or of a transaction it
+-- listed as running. On an idle queue that is an empty index probe.
 create or replace function pgque._tick_due(q pgque.queue, t pgque.tick, i_force boolean)
 returns boolean language plpgsql stable
 set search_path = pg_catalog, pg_temp
@@ -17,10 +26,18 @@ declare
     v_seq bigint := coalesce(pg_sequence_last_value(q.queue_event_seq), 0);
     v_age interval := clock_timestamp() - t.tick_time;
 begin
-    return i_force
-        or v_seq - t.tick_event_seq >= q.queue_ticker_max_count
-        or (v_seq > t.tick_event_seq and v_age >= q.queue_ticker_max_lag)
-        or v_age >= q.queue_ticker_idle_period;
+    if i_force or v_seq - t.tick_event_seq >= q.queue_ticker_max_count
+       or v_age >= q.queue_ticker_idle_period then
+        return true;
+    end if;
+    if v_age < q.queue_ticker_max_lag then
+        return false;
+    end if;
+    return v_seq > t.tick_event_seq or exists (
+        select 1 from pgque.event e
+         where e.ev_part >= q.queue_id * 16 and e.ev_part < q.queue_id * 16 + 16
+           and (e.ev_txid >= pg_snapshot_xmax(t.tick_snapshot)
+                or e.ev_txid = any(array(select pg_snapshot_xip(t.tick_snapshot)))));
 end;
 $$;
 
