@@ -89,6 +89,7 @@ func setupPgBoss(ctx context.Context, e *env) (*pgbossDriver, error) {
 type pgbossResult struct {
 	Events          int     `json:"events"`
 	Handled         int     `json:"handled"`
+	TimedOut        bool    `json:"timed_out"`
 	LoadMS          float64 `json:"load_ms"`
 	WorkMS          float64 `json:"work_ms"`
 	FirstMS         float64 `json:"first_ms"`
@@ -97,7 +98,9 @@ type pgbossResult struct {
 }
 
 // run executes the per-tenant ordered workload against database dsn.
-func (d *pgbossDriver) run(ctx context.Context, dsn string, events, workers int, cost time.Duration) (*pgbossResult, error) {
+// The drain stops after budget; the result then says how many jobs were
+// handled (TimedOut).
+func (d *pgbossDriver) run(ctx context.Context, dsn string, events, workers int, cost, budget time.Duration) (*pgbossResult, error) {
 	cc, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -108,7 +111,7 @@ func (d *pgbossDriver) run(ctx context.Context, dsn string, events, workers int,
 		},
 		"events": events, "tenants": tenants, "workers": workers,
 		"batchSize": 100, "handlerMs": cost.Milliseconds(),
-		"timeoutMs": drainTimeout(events, cost, workers).Milliseconds(),
+		"timeoutMs": budget.Milliseconds(),
 	}
 	arg, _ := json.Marshal(cfg)
 	cmd := exec.CommandContext(ctx, "node", "driver.mjs", string(arg))
@@ -139,4 +142,10 @@ func tail(s string) string {
 		return "..." + s[len(s)-2000:]
 	}
 	return s
+}
+
+// rate is the drain rate: jobs handled per second from the first handler
+// call to the end (all handled, or the budget spent).
+func (r *pgbossResult) rate() float64 {
+	return float64(r.Handled) / ((r.WorkMS - r.FirstMS) / 1000)
 }

@@ -85,7 +85,7 @@ func (l *latencies) missing(ctx context.Context, p *pgqueDB, queue string, sent 
 	var status string
 	_ = p.pool.QueryRow(ctx, `select string_agg(format('slot %s: owner %s lag %s', slot, owner, lag), '; ' order by slot)
 	   from pgque.partition_slot_status where queue = $1`, queue).Scan(&status)
-	return fmt.Errorf("%d of %d sent events not handled 30s after the last send (at-least-once violated or delivery stuck): %s; slots: %s",
+	return fmt.Errorf("%d of %d sent events not handled, and none for 30 s (at-least-once violated or delivery stuck): %s; slots: %s",
 		n, sent, strings.Join(lost, ", "), status)
 }
 
@@ -161,9 +161,12 @@ func latencyRun(ctx context.Context, p *pgqueDB, client *pgque.Client, rate int,
 	if err := con.Start(ctx); err != nil {
 		return nil, 0, err
 	}
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	defer con.Stop(stopCtx)
+	stop := func() error {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		return con.Stop(stopCtx)
+	}
+	defer stop() // Stop is idempotent: this only matters on the error paths.
 	if !waitFor(ctx, 15*time.Second, ready) {
 		return nil, 0, fmt.Errorf("consumer of %s not ready after 15s", q)
 	}
@@ -183,11 +186,20 @@ func latencyRun(ctx context.Context, p *pgqueDB, client *pgque.Client, rate int,
 		defer l.mu.Unlock()
 		return len(l.seqs)
 	}
-	if !waitFor(ctx, 30*time.Second, func() bool { return handled() >= sent }) {
-		return nil, 0, l.missing(ctx, p, q, sent)
+	// Wait while events keep arriving: a loaded machine may take long to
+	// drain, but 30 s without progress means delivery is stuck.
+	last, lastChange := handled(), time.Now()
+	for h := last; h < sent; h = handled() {
+		if h != last {
+			last, lastChange = h, time.Now()
+		}
+		if time.Since(lastChange) > 30*time.Second || ctx.Err() != nil {
+			return nil, 0, l.missing(ctx, p, q, sent)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if err := con.Stop(stopCtx); err != nil {
-		return nil, 0, err
+	if err := stop(); err != nil {
+		return nil, 0, fmt.Errorf("stopping the consumer: %w", err)
 	}
 	l.mu.Lock()
 	ms := slices.Clone(l.ms)

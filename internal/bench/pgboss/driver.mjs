@@ -12,7 +12,9 @@
 // Phases: (1) load `events` jobs, one per tenant per round, round after
 // round, each round one insert() so created_on orders a tenant's jobs;
 // (2) timed: `workers` local workers drain the queue, each job's handler
-// checks that its tenant's jobs arrive in order and sleeps handlerMs.
+// checks that its tenant's jobs arrive in order and sleeps handlerMs. The
+// drain has a time budget (timeoutMs); past it the driver reports what was
+// handled so far (timed_out: true).
 import { PgBoss } from 'pg-boss';
 
 const cfg = JSON.parse(process.argv[2]);
@@ -77,15 +79,19 @@ try {
     }
     if (done >= cfg.events) finished();
   });
-  const timeout = setTimeout(() => finished(), cfg.timeoutMs ?? 600000);
+  // A time budget rather than a failure: pg-boss slows down as its backlog
+  // grows, and what it handled within the budget is its measured rate.
+  let timedOut = false;
+  const timeout = setTimeout(() => { timedOut = true; finished(); }, cfg.timeoutMs ?? 600000);
   await allDone;
   clearTimeout(timeout);
   const workMs = performance.now() - workStart;
+  const handled = done;
   await boss.stop({ graceful: false, close: true, timeout: 2000 });
   if (bossError) fail('pg-boss error: ' + (bossError.stack ?? bossError));
-  if (done < cfg.events) fail(`only ${done} of ${cfg.events} jobs handled before the timeout`);
+  if (handled === 0) fail(`no job handled within ${cfg.timeoutMs} ms`);
   process.stdout.write(JSON.stringify({
-    events: cfg.events, handled: done, load_ms: loadMs, work_ms: workMs, first_ms: firstMs,
+    events: cfg.events, handled, timed_out: timedOut, load_ms: loadMs, work_ms: workMs, first_ms: firstMs,
     order_violations: violations, total_ms: performance.now() - startAll,
   }) + '\n');
   process.exit(0);
