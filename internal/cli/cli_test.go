@@ -182,7 +182,7 @@ func TestEndToEnd(t *testing.T) {
 	// tick when the tick before it saw its transaction's sequence value but
 	// not its commit (ticker() then sees no new events until the idle
 	// period passes; the default is 60 s).
-	if out := c.ok("", "queue", "create", "files", "--set", "ticker_max_count=100", "--set", "ticker_idle_period=1s"); out != "created queue files\n" {
+	if out := c.ok("", "queue", "create", "files", "--set", "ticker_max_count=100"); out != "created queue files\n" {
 		t.Errorf("queue create printed %q", out)
 	}
 	if out := c.ok("", "queue", "create", "files"); !strings.Contains(out, "already exists") {
@@ -365,7 +365,7 @@ func TestEndToEnd(t *testing.T) {
 // lists them, replays one — its consumer receives it again — and purges
 // the other.
 func testDeadLetters(t *testing.T, c *cli) {
-	c.ok("", "queue", "create", "jobs", "--set", "max_retries=0", "--set", "ticker_idle_period=1s")
+	c.ok("", "queue", "create", "jobs", "--set", "max_retries=0")
 	c.ok("", "subscribe", "jobs", "worker")
 	ids := evIDs(t, c.ok("{\"job\":1}\n{\"job\":2}\n", "send", "jobs", "--type", "Job", "--key", "k"))
 	nackAll(t, c.conn(), "jobs", "worker", len(ids))

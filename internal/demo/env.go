@@ -13,9 +13,6 @@ import (
 	"github.com/pgque/pgque/internal/pgcluster"
 )
 
-// idlePeriod is the demo queue's ticker_idle_period.
-const idlePeriod = "1 second"
-
 // clusterTimeout bounds starting and stopping the throwaway cluster.
 const clusterTimeout = 2 * time.Minute
 
@@ -79,13 +76,6 @@ func setup(ctx context.Context, o *Options) (env *environment, err error) {
 		return env, err
 	}
 	if _, err := env.client.CreateQueue(ctx, Queue); err != nil {
-		return env, err
-	}
-	// A tick can see a producer's sequence values before its commit; the
-	// events then wait for the next tick, which ticker() makes only once
-	// more events arrive or the idle period passes. A short idle period
-	// bounds that wait when the run's last transactions hit it.
-	if err := env.client.SetQueueConfig(ctx, Queue, "ticker_idle_period", idlePeriod); err != nil {
 		return env, err
 	}
 	return env, nil
