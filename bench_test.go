@@ -35,7 +35,6 @@ func benchEnv(b *testing.B) (*pgxpool.Pool, *pgque.Client, string) {
 	if _, err := client.CreateQueue(context.Background(), queue); err != nil {
 		b.Fatal(err)
 	}
-	idlePeriodWorkaround(b, client, queue)
 	return pool, client, queue
 }
 

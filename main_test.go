@@ -43,24 +43,7 @@ func setup(t *testing.T) *testEnv {
 	if _, err := client.CreateQueue(ctx, queue); err != nil {
 		t.Fatal(err)
 	}
-	idlePeriodWorkaround(t, client, queue)
 	return &testEnv{dsn: dsn, pool: pool, client: client, queue: queue}
-}
-
-// idlePeriodWorkaround shortens the queue's ticker_idle_period to 200 ms.
-//
-// Workaround for an engine bug reported to the SQL owner: when a tick is
-// taken while a producing transaction is still in progress, the tick's
-// tick_event_seq already counts that transaction's events
-// (pg_sequence_last_value sees uncommitted nextval calls), so once it
-// commits no tick is "due" (no new sequence values) and its events wait for
-// ticker_idle_period — 60 s by default. Remove once _tick_due also treats
-// "a transaction in progress at the last tick has finished" as due.
-func idlePeriodWorkaround(t testing.TB, client *pgque.Client, queue string) {
-	t.Helper()
-	if err := client.SetQueueConfig(context.Background(), queue, "ticker_idle_period", "200 ms"); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // newClient returns a client over pool that logs through t.
