@@ -23,4 +23,4 @@ grant execute on function
     to pgque_admin;
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
-grant select on pgque.partition_slot_status to pgque_reader, pgque_writer, pgque_admin;
+grant select on pgque.partition_slot_status, pgque.partition_slot_leases to pgque_reader, pgque_writer, pgque_admin;

@@ -1,24 +1,27 @@
 -- _slot_pending(sub_id, slot, nslots): events of one slot committed after
 -- its cursor (pending, including retried copies owned by it) and the age of
--- the oldest. Reads the index range above the cursor's xmin only.
+-- the oldest. The slot predicate is _slot_filter's, so the routing index
+-- answers it: the cost is the slot's own backlog, not the stream's.
+-- SECURITY DEFINER and granted, because the view below calls it with the
+-- caller's privileges.
 create or replace function pgque._slot_pending(i_sub integer, i_slot integer, i_nslots integer,
                                                out o_lag bigint, out o_oldest interval)
 language plpgsql stable security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    s pgque.subscription;
+    s      pgque.subscription;
     v_snap pg_snapshot;
 begin
     select * into s from pgque.subscription where sub_id = i_sub;
     select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
-    select count(*), clock_timestamp() - min(e.ev_time) into o_lag, o_oldest
-      from pgque.event e
-     where e.ev_part >= s.sub_queue * 16 and e.ev_part < s.sub_queue * 16 + 16
-       and e.ev_txid >= pg_snapshot_xmin(v_snap)
-       and not pg_visible_in_snapshot(e.ev_txid, v_snap)
-       and (e.ev_owner is null or e.ev_owner = s.sub_id)
-       and pgque.slot_of(e.ev_extra1, i_nslots) = i_slot;
+    execute 'select count(*), pg_catalog.clock_timestamp() - min(ev_time) from pgque.event'
+         || ' where ev_part >= $1 and ev_part < $2 and ev_txid >= $3'
+         || ' and not pg_catalog.pg_visible_in_snapshot(ev_txid, $4)'
+         || ' and (ev_owner is null or ev_owner = $5)'
+         || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '')
+       into o_lag, o_oldest
+      using s.sub_queue * 16, s.sub_queue * 16 + 16, pg_snapshot_xmin(v_snap), v_snap, s.sub_id;
 end;
 $$;
 
@@ -43,3 +46,18 @@ select q.queue_name      as queue,
   join pgque.queue q on q.queue_id = l.sl_queue
   join pgque.subscription s on s.sub_id = l.sl_sub
   cross join lateral pgque._slot_pending(l.sl_sub, l.sl_slot, g.sg_nslots) p;
+
+-- partition_slot_leases: the slots and their leases only, without the lag
+-- (which costs a read of each slot's backlog): cheap enough to poll.
+create or replace view pgque.partition_slot_leases as
+select q.queue_name  as queue,
+       l.sl_consumer as consumer,
+       l.sl_slot     as slot,
+       g.sg_nslots   as nslots,
+       case when l.sl_until > clock_timestamp() then l.sl_owner end as owner,
+       l.sl_until    as lease_until,
+       l.sl_epoch    as epoch,
+       g.sg_policy   as policy
+  from pgque.slot_lease l
+  join pgque.slot_group g on g.sg_queue = l.sl_queue and g.sg_consumer = l.sl_consumer
+  join pgque.queue q on q.queue_id = l.sl_queue;
