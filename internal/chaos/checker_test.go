@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -180,9 +181,19 @@ func TestCheckFlagsG3Skip(t *testing.T) {
 	b = cleanHistory("pause")
 	b.try("w2", 1, "b", 11, 0, OutcomeOK, 30, 31)
 	mustFlag(t, &b.h, GG3, "no takeover")
-	// ... unless Postgres restarted in between.
+	// ... unless Postgres restarted in between,
+	b2 := *b
+	b2.h.Faults = slices.Clone(b.h.Faults)
 	b.fault(FaultPGRestart, "", 20, 22)
 	mustPass(t, &b.h)
+	// ... or the worker fenced the slot itself (same epoch afterwards: the
+	// server still had its lease).
+	slot := 1
+	b2.h.Faults = append(b2.h.Faults, Fault{Kind: FaultFence, Target: "w2", Slot: &slot, Start: ms(25), End: ms(25)})
+	mustPass(t, &b2.h)
+	other := 0
+	b2.h.Faults[len(b2.h.Faults)-1].Slot = &other // a fence of another slot explains nothing
+	mustFlag(t, &b2.h, GG3, "no takeover")
 }
 
 func TestCheckFlagsPhantom(t *testing.T) {

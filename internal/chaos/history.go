@@ -80,6 +80,13 @@ const (
 	FaultLeaseExpiry   = "lease-expiry"   // a fenced zombie was observed (counted from attempts)
 	FaultShutdown      = "shutdown"       // orderly stop at the end of the run
 	FaultProcessExit   = "process-exit"   // a process exited by itself (crash)
+	// Observed in the workers' logs, not injected: the worker fenced a slot
+	// itself (its local view of the lease expired, or a renewal found
+	// another epoch), or a receive/ack/nack of a slot failed. Either way
+	// the chunk in hand was not acknowledged and comes again, possibly
+	// under the same epoch when the server still had the lease.
+	FaultFence     = "fence"
+	FaultWorkError = "work-error"
 )
 
 // Fault is one injected (or observed) fault. Target is a process id, or ""
@@ -87,6 +94,7 @@ const (
 type Fault struct {
 	Kind   string    `json:"kind"`
 	Target string    `json:"target,omitempty"`
+	Slot   *int      `json:"slot,omitempty"` // fence and work-error: the slot
 	Start  time.Time `json:"start"`
 	End    time.Time `json:"end"` // when the fault was lifted (SIGCONT, restart done)
 }

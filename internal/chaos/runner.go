@@ -11,7 +11,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -245,7 +247,11 @@ func (r *runner) logf(format string, args ...any) {
 // the queue, the slots, the failure policy and the chaos_sent table.
 func (r *runner) setupDB(ctx context.Context) error {
 	if r.o.DSN == "" {
-		c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{"max_connections": "500"}})
+		c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{
+			"max_connections": "500",
+			// Slow statements go to the server log, kept with the run.
+			"log_min_duration_statement": "1s",
+		}})
 		if err != nil {
 			return err
 		}
@@ -316,6 +322,9 @@ func (r *runner) teardown() {
 		r.bouncer.remove(filepath.Join(r.dir, "logs", "pgbouncer.log"))
 	}
 	if r.cluster != nil {
+		if data, err := os.ReadFile(r.cluster.LogPath()); err == nil {
+			_ = os.WriteFile(filepath.Join(r.dir, "logs", "postgres.log"), data, 0o644)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if err := r.cluster.Stop(ctx); err != nil {
@@ -515,7 +524,9 @@ func (r *runner) run(ctx context.Context) (*Summary, error) {
 	sum := &Summary{Policy: o.Policy, Duration: end.Sub(start), Drained: drained, Faults: map[string]int{},
 		SlotEpochs: slotEpochs, Report: rep}
 	for _, f := range h.Faults {
-		if f.Kind != FaultShutdown {
+		switch f.Kind {
+		case FaultShutdown, FaultFence, FaultWorkError:
+		default:
 			sum.Faults[f.Kind]++
 		}
 	}
@@ -681,6 +692,7 @@ func (r *runner) history(ctx context.Context, end time.Time) (*History, int64, e
 	r.mu.Lock()
 	h.Faults = slices.Clone(r.faults)
 	r.mu.Unlock()
+	h.Faults = append(h.Faults, logFaults(filepath.Join(r.dir, "logs"))...)
 	conn, err := connectRetry(ctx, r.dsn)
 	if err != nil {
 		return nil, 0, err
@@ -739,6 +751,9 @@ func PrintSummary(w io.Writer, s *Summary) {
 	fmt.Fprintf(w, "  violations:\n")
 	for _, g := range []string{GNoLoss, GG1, GG2, GG3, GPhantom} {
 		row("    "+g, rep.ByGuarantee[g])
+	}
+	for _, c := range slices.Sorted(mapKeys(rep.ByCheck)) {
+		row("    "+c, rep.ByCheck[c])
 	}
 	for _, v := range rep.Violations {
 		fmt.Fprintf(w, "  ! %s\n", v)
@@ -800,6 +815,7 @@ func Recheck(dir string) (*History, *Report, error) {
 				h.Faults = append(h.Faults, f)
 			}
 		}
+		h.Faults = append(h.Faults, logFaults(filepath.Join(dir, "logs"))...)
 		return &h, nil, nil
 	}
 	if err != nil {
@@ -807,6 +823,9 @@ func Recheck(dir string) (*History, *Report, error) {
 	}
 	if err := json.Unmarshal(b, &h); err != nil {
 		return nil, nil, err
+	}
+	if !slices.ContainsFunc(h.Faults, func(f Fault) bool { return f.Kind == FaultFence || f.Kind == FaultWorkError }) {
+		h.Faults = append(h.Faults, logFaults(filepath.Join(dir, "logs"))...) // a run from before they were saved
 	}
 	h.Attempts = loader.attempts
 	return &h, Check(&h), nil
@@ -845,4 +864,50 @@ func PrintKey(w io.Writer, h *History, key string) {
 	for _, l := range lines {
 		fmt.Fprintf(w, "  %s %s\n", l.at.Format("15:04:05.000000"), l.text)
 	}
+}
+
+var (
+	logTime   = regexp.MustCompile(`^time=(\S+) `)
+	logWorker = regexp.MustCompile(` worker=(\S+)`)
+	logSlot   = regexp.MustCompile(` slot=([0-9]+)`)
+)
+
+// logFaults reads the workers' logs for the slots they fenced themselves
+// and the slot calls that failed: the explanations of same-epoch
+// redeliveries.
+func logFaults(dir string) []Fault {
+	files, _ := filepath.Glob(filepath.Join(dir, "w*.log"))
+	var out []Fault
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			var kind string
+			switch {
+			case strings.Contains(line, `msg="pgque: slot fenced"`):
+				kind = FaultFence
+			case strings.Contains(line, `msg="pgque: working slot"`):
+				kind = FaultWorkError
+			default:
+				continue
+			}
+			tm, wk := logTime.FindStringSubmatch(line), logWorker.FindStringSubmatch(line)
+			if tm == nil || wk == nil {
+				continue
+			}
+			at, err := time.Parse(time.RFC3339Nano, tm[1])
+			if err != nil {
+				continue
+			}
+			flt := Fault{Kind: kind, Target: wk[1], Start: at, End: at}
+			if sl := logSlot.FindStringSubmatch(line); sl != nil {
+				n, _ := strconv.Atoi(sl[1])
+				flt.Slot = &n
+			}
+			out = append(out, flt)
+		}
+	}
+	return out
 }
