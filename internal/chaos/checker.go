@@ -538,8 +538,18 @@ func (c *check) checkG3(r *Report) {
 					break
 				}
 			}
-			if _, dead := c.dead[ev]; dead && res.IsZero() && len(ivs) > 0 {
-				res = ivs[len(ivs)-1].Start
+			if _, dead := c.dead[ev]; dead {
+				// Dead-lettered after its last failed attempt; a fenced
+				// zombie may still have run it successfully later, which
+				// does not hold the key back.
+				for i := len(ivs) - 1; i >= 0; i-- {
+					if ivs[i].Outcome != OutcomeOK {
+						if res.IsZero() || ivs[i].Start.Before(res) {
+							res = ivs[i].Start
+						}
+						break
+					}
+				}
 			}
 			prevEv, prevRes = ev, res
 		}
@@ -547,6 +557,9 @@ func (c *check) checkG3(r *Report) {
 		var order []int64
 		seen := map[int64]bool{}
 		for _, iv := range c.byKey[key] {
+			if _, dead := c.dead[iv.EvID]; dead {
+				continue // its order is held by the dead letter, not a late zombie success
+			}
 			if iv.Outcome == OutcomeOK && !seen[iv.EvID] {
 				seen[iv.EvID] = true
 				order = append(order, iv.EvID)

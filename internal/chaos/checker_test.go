@@ -177,6 +177,20 @@ func TestCheckFlagsG3Skip(t *testing.T) {
 	b.h.Policy = "skip"
 	mustPass(t, &b.h)
 
+	// A head dead-lettered by the new owner while a frozen zombie still
+	// held it: the zombie's late success does not hold the key back.
+	b = newHB("pause")
+	b.try("w1", 1, "a", 10, 0, OutcomeError, 0, 1).
+		try("w2", 2, "a", 10, 1, OutcomeError, 3000, 3001). // last retry: dead-lettered
+		try("w2", 2, "a", 12, 0, OutcomeOK, 3100, 3101).
+		try("w1", 1, "a", 10, 1, OutcomeOK, 4000, 4001). // the zombie wakes up
+		try("w2", 2, "a", 14, 0, OutcomeOK, 4100, 4101).
+		try("w3", 1, "b", 11, 0, OutcomeOK, 0, 1).
+		try("w3", 1, "b", 13, 0, OutcomeOK, 2, 3).
+		fault(FaultWorkerStop, "w1", 100, 3995)
+	b.h.DeadLetters = []DeadLetter{{EvID: 10, Key: "a"}}
+	mustPass(t, &b.h)
+
 	// A success repeated without any cause breaks exactly-once.
 	b = cleanHistory("pause")
 	b.try("w2", 1, "b", 11, 0, OutcomeOK, 30, 31)
