@@ -24,7 +24,7 @@ type pgqueDB struct {
 
 const (
 	pgqueQueue        = "bench"
-	pgqueSendSQL      = `select pgque.send('bench', $1, $2::jsonb, $3)`
+	pgqueSendSQL      = `select pgque.send($1, $2, $3::jsonb, $4)`
 	pgqueSendBatchSQL = `select pgque.send_batch('bench', $1, $2::jsonb[], $3::text[])`
 )
 
@@ -57,9 +57,14 @@ func (p *pgqueDB) fresh(prefix string) string {
 // sendRate measures pgque.send with a partition key, one per transaction,
 // on conns connections; events per second.
 func (p *pgqueDB) sendRate(ctx context.Context, conns int, d time.Duration) (float64, error) {
+	return p.sendRateTo(ctx, pgqueQueue, conns, d)
+}
+
+// sendRateTo is sendRate to another queue.
+func (p *pgqueDB) sendRateTo(ctx context.Context, queue string, conns int, d time.Duration) (float64, error) {
 	return connLoop(ctx, p.pool, conns, d, func(ctx context.Context, c *pgx.Conn) (int, error) {
 		i := int(p.next.Add(1))
-		_, err := c.Exec(ctx, pgqueSendSQL, eventType, payload(i), tenantKey(i))
+		_, err := c.Exec(ctx, pgqueSendSQL, queue, eventType, payload(i), tenantKey(i))
 		return 1, err
 	})
 }

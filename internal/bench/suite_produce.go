@@ -34,6 +34,14 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 	if shapeNote != "" {
 		e.logf("   WARNING: %s", shapeNote)
 	}
+	// A second queue with a 16-slot partitioned consumer subscribed: the
+	// partition layer adds a routing index to its event tables, which every
+	// send then maintains.
+	const routed = "routed"
+	if err := execAll(ctx, p.dsn, "select pgque.create_queue('routed')",
+		"select pgque.subscribe_slot('routed', 'workers', k, 16) from generate_series(0, 15) k"); err != nil {
+		return err
+	}
 	q, err := newPgQ(ctx, e)
 	if err != nil {
 		return err
@@ -53,6 +61,7 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 		trial{"send_16conn", func(ctx context.Context) (float64, error) { return p.sendRate(ctx, 16, d) }},
 		trial{"floor_insert_16conn", func(ctx context.Context) (float64, error) { return f.insertRate(ctx, 16, d) }},
 		trial{"pgq_insert_event_16conn", func(ctx context.Context) (float64, error) { return q.insertRate(ctx, 16, d) }},
+		trial{"send_16conn_routed_N16", func(ctx context.Context) (float64, error) { return p.sendRateTo(ctx, routed, 16, d) }},
 		trial{"go_send_16", func(ctx context.Context) (float64, error) { return gc.sendRate(ctx, 16, d) }},
 		trial{"send_batch_1000", func(ctx context.Context) (float64, error) { return p.sendBatchRate(ctx, d) }},
 		trial{"floor_insert_select_1000", func(ctx context.Context) (float64, error) { return f.insertSelectRate(ctx, d) }},
@@ -71,6 +80,9 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 	r.compare("send_1conn", m["send_1conn"], "pgq_insert_event_1conn", m["pgq_insert_event_1conn"], u, nil, "")
 	r.compare("send_16conn", m["send_16conn"], "floor_insert_16conn", m["floor_insert_16conn"], u, atLeast(0.9), floorNote)
 	r.compare("send_16conn", m["send_16conn"], "pgq_insert_event_16conn", m["pgq_insert_event_16conn"], u, atLeast(1.2), "")
+	r.compare("send_16conn_routed_N16", m["send_16conn_routed_N16"], "send_16conn", m["send_16conn"], u, nil,
+		"send to a queue with a 16-slot consumer subscribed (its routing index is maintained on every insert) vs a queue without")
+	r.compare("send_16conn_routed_N16", m["send_16conn_routed_N16"], "floor_insert_16conn", m["floor_insert_16conn"], u, nil, "")
 	r.compare("go_send_16", m["go_send_16"], "send_16conn", m["send_16conn"], u, nil,
 		"Client.Send from 16 goroutines over the client's pool vs the same SQL on 16 raw connections")
 	r.compare("go_send_16", m["go_send_16"], "floor_insert_16conn", m["floor_insert_16conn"], u, nil, "")
