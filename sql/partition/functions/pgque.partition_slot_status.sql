@@ -3,17 +3,26 @@
 -- the oldest. The slot predicate is _slot_filter's, so the routing index
 -- answers it: the cost is the slot's own backlog, not the stream's.
 -- SECURITY DEFINER and granted, because the view below calls it with the
--- caller's privileges.
+-- caller's privileges; STRICT, so NULL arguments give NULL, and the slot is
+-- validated before it is turned into SQL text.
 create or replace function pgque._slot_pending(i_sub integer, i_slot integer, i_nslots integer,
                                                out o_lag bigint, out o_oldest interval)
-language plpgsql stable security definer
+language plpgsql stable strict security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     s      pgque.subscription;
     v_snap pg_snapshot;
 begin
+    -- Callable directly by every pgque role: validate what goes into the
+    -- statement text (a NULL slot or N would make it a syntax error, N = 0
+    -- a division by zero).
+    perform pgque._check_slot(i_slot, i_nslots);
+    perform pgque._check_slot(i_slot, i_nslots);
     select * into s from pgque.subscription where sub_id = i_sub;
+    if not found then
+        return;
+    end if;
     select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
     execute 'select count(*), pg_catalog.clock_timestamp() - min(ev_time) from pgque.event'
          || ' where ev_part >= $1 and ev_part < $2 and ev_txid >= $3'
