@@ -186,10 +186,10 @@ var functions = map[string]fn{
 		cases: []badCase{bc("22012", "'k'", "0"), bc("", "'k'", "-3")}},
 	// The view partition_slot_status calls it with the caller's rights, so
 	// every role that may read the view may call it.
-	// Finding: internal, yet callable directly; unvalidated (NULLs accepted,
-	// N = 0 divides by zero).
-	"pgque._slot_pending(integer,integer,integer)": {roles: "rwa", args: []string{"1", "0", "2"}, nullAs: map[int]string{0: "", 1: "", 2: ""},
-		cases: []badCase{bc("22012", "1", "0", "0")}},
+	// Internal, yet callable directly (the views call it with the caller's
+	// rights): it validates slot and N like the public slot functions.
+	"pgque._slot_pending(integer,integer,integer)": {roles: "rwa", args: []string{"1", "0", "2"}, nullAs: map[int]string{0: ""},
+		cases: []badCase{bc("PQ011", "1", "0", "0"), bc("PQ011", "1", "2", "2"), bc("PQ011", "1", "-1", "2")}},
 }
 
 // fixture creates the objects the valid arguments refer to.

@@ -25,6 +25,7 @@ var relations = map[string]string{
 	"event_seq_<queue>":     "",
 	"key_block":             "",
 	"partition_slot_status": "rwa",
+	"partition_slot_leases": "rwa",
 	"queue":                 "a",
 	"queue_id_seq":          "",
 	"retry_queue":           "a",
