@@ -3,11 +3,10 @@
 -- the oldest. The slot predicate is _slot_filter's, so the routing index
 -- answers it: the cost is the slot's own backlog, not the stream's.
 -- SECURITY DEFINER and granted, because the view below calls it with the
--- caller's privileges; STRICT, so NULL arguments give NULL, and the slot is
--- validated before it is turned into SQL text.
+-- caller's privileges. The slot is validated before it becomes SQL text.
 create or replace function pgque._slot_pending(i_sub integer, i_slot integer, i_nslots integer,
                                                out o_lag bigint, out o_oldest interval)
-language plpgsql stable strict security definer
+language plpgsql stable security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
