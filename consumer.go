@@ -102,7 +102,7 @@ func (con *Consumer) chunk(fetchCtx, workCtx context.Context) (bool, error) {
 		return false, nil
 	}
 	msgs := toMessages(rows, con.config.Queue, con.config.Consumer, 0)
-	failures, aborted := con.invoker.handleChunk(workCtx, msgs)
+	failures, _, aborted := con.invoker.handleChunk(workCtx, msgs, false)
 	if aborted {
 		return false, errors.Join(errAborted, workCtx.Err())
 	}

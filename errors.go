@@ -34,6 +34,9 @@ var (
 	// ErrSlotCountMismatch: the slot count differs from the one persisted for
 	// (queue, consumer) (PQ030).
 	ErrSlotCountMismatch = errors.New("pgque: slot count mismatch")
+	// ErrPolicyMismatch: the failure policy differs from the one persisted
+	// for (queue, consumer) (PQ031); change it with Client.SetFailurePolicy.
+	ErrPolicyMismatch = errors.New("pgque: failure policy mismatch")
 	// ErrLeaseLost: this worker does not hold the slot's lease any more —
 	// taken over, released, or expired (PQ032). A handler's context is
 	// cancelled with this cause when its slot is fenced.
@@ -72,6 +75,7 @@ var sqlstates = map[string]error{
 	"PQ020": ErrBatchNotOpen,
 	"PQ022": ErrEventNotInBatch,
 	"PQ030": ErrSlotCountMismatch,
+	"PQ031": ErrPolicyMismatch,
 	"PQ032": ErrLeaseLost,
 	"PQ033": ErrSlotSubscription,
 	"PQ034": ErrSlotNotSubscribed,

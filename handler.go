@@ -41,21 +41,35 @@ type invoker struct {
 }
 
 // handleChunk runs the handler on each message in order and returns the
-// failures. It stops early, reporting aborted, when ctx ends: the chunk must
-// then not be acked.
-func (iv *invoker) handleChunk(ctx context.Context, msgs []*Message) (failures []failure, aborted bool) {
+// failures. With holdKeys (the pause policy), once the handler failed on an
+// event of a key, the chunk's later events of that key are not handled:
+// nacking the failure defers them on the server. held counts them. It
+// stops early, reporting aborted, when ctx ends: the chunk must then not be
+// acked.
+func (iv *invoker) handleChunk(ctx context.Context, msgs []*Message, holdKeys bool) (failures []failure, held int, aborted bool) {
+	var failed map[KeyRef]bool // keys failed in this chunk (holdKeys only)
 	for _, m := range msgs {
 		if ctx.Err() != nil {
-			return failures, true
+			return failures, held, true
+		}
+		if failed != nil && failed[m.Key()] {
+			held++
+			continue
 		}
 		if err := iv.call(ctx, m); err != nil {
 			if ctx.Err() != nil {
-				return failures, true
+				return failures, held, true
 			}
 			failures = append(failures, failure{msg: m, err: err})
+			if holdKeys {
+				if failed == nil {
+					failed = make(map[KeyRef]bool)
+				}
+				failed[m.Key()] = true
+			}
 		}
 	}
-	return failures, ctx.Err() != nil
+	return failures, held, ctx.Err() != nil
 }
 
 // call runs the handler once; a panic becomes an error wrapping

@@ -19,6 +19,7 @@ type Message struct {
 	// Payload is the event's JSON body.
 	Payload json.RawMessage
 	// PartitionKey is the event's key, empty when it was sent without one.
+	// Key tells the NULL key from an empty one.
 	PartitionKey string
 	// RetryCount is 0 on first delivery and counts redeliveries after nacks.
 	RetryCount int
@@ -33,6 +34,19 @@ type Message struct {
 	// it is a fencing token: a side effect stamped with the epoch can be
 	// rejected downstream once a newer epoch has been seen for the slot.
 	Epoch int64
+
+	// keyed is set when the event has a key, even an empty one (only SQL
+	// can send the empty key; Go sends "" as the NULL key).
+	keyed bool
+}
+
+// Key returns the event's partition key, the NULL key when it was sent
+// without one. Pass it to Client.UnblockKey or Client.RetryKeyNow.
+func (m *Message) Key() KeyRef {
+	if m.keyed || m.PartitionKey != "" {
+		return KeyOf(m.PartitionKey)
+	}
+	return NullKey
 }
 
 // Decode unmarshals the payload into v.

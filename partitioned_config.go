@@ -28,7 +28,9 @@ const (
 )
 
 // FailurePolicy says what happens to a key's later events after a handler
-// fails on one of them.
+// fails on one of them. It is persisted per (queue, consumer) in the
+// database, with the consumer's first slot, and shared by every process of
+// the pool; Client.SetFailurePolicy changes it.
 type FailurePolicy int
 
 const (
@@ -36,9 +38,18 @@ const (
 	// redelivered after its retry delay; later events of the same key go on
 	// and may overtake it (at-least-once, G3 skip).
 	FailurePolicySkip FailurePolicy = iota + 1
+	// FailurePolicyPause: the failed event's key is blocked on its slot. No
+	// later event of the key is handled until the failed one succeeds on a
+	// retry or is dead-lettered (past the queue's max_retries, or by
+	// Client.UnblockKey); then the held events are delivered in ev_id order,
+	// each exactly once, and waiting never counts as a retry (G3 pause).
+	// Other keys keep flowing meanwhile. Client.BlockedKeys lists the blocked
+	// keys.
+	FailurePolicyPause
 )
 
-// FailurePolicyDefault is the policy a zero FailurePolicy means.
+// FailurePolicyDefault is the policy a consumer gets when its first slot is
+// subscribed by a PartitionedConsumerConfig that leaves FailurePolicy zero.
 const FailurePolicyDefault = FailurePolicySkip
 
 // String names the policy as the SQL does.
@@ -46,8 +57,27 @@ func (p FailurePolicy) String() string {
 	switch p {
 	case FailurePolicySkip:
 		return "skip"
+	case FailurePolicyPause:
+		return "pause"
 	default:
 		return fmt.Sprintf("FailurePolicy(%d)", int(p))
+	}
+}
+
+// valid reports whether p is a known policy.
+func (p FailurePolicy) valid() bool {
+	return p == FailurePolicySkip || p == FailurePolicyPause
+}
+
+// parseFailurePolicy reads a policy as the SQL names it.
+func parseFailurePolicy(s string) (FailurePolicy, error) {
+	switch s {
+	case "skip":
+		return FailurePolicySkip, nil
+	case "pause":
+		return FailurePolicyPause, nil
+	default:
+		return 0, fmt.Errorf("unknown failure policy %q", s)
 	}
 }
 
@@ -86,8 +116,14 @@ type PartitionedConsumerConfig struct {
 	BatchSize int
 	// Handler processes each message. Required.
 	Handler HandlerFunc
-	// FailurePolicy is what a handler failure does to the key. Default
-	// FailurePolicyDefault.
+	// FailurePolicy is what a handler failure does to the key. Zero keeps the
+	// policy persisted for (queue, consumer), which is FailurePolicyDefault
+	// for a new consumer. Any other value is persisted with the consumer's
+	// first slot; when a different policy is already persisted, Start fails
+	// with ErrPolicyMismatch (change it with Client.SetFailurePolicy). The
+	// pool follows the persisted policy: if it is changed while the pool
+	// runs, a chunk with failures that was handled under the old policy is
+	// not acknowledged but handled again under the new one.
 	FailurePolicy FailurePolicy
 	// RetryDelay returns how long a failed event waits before redelivery.
 	// Default RetryDelayDefault.
@@ -114,9 +150,6 @@ func (c *PartitionedConsumerConfig) withDefaults() PartitionedConsumerConfig {
 	if out.BatchSize == 0 {
 		out.BatchSize = BatchSizeDefault
 	}
-	if out.FailurePolicy == 0 {
-		out.FailurePolicy = FailurePolicyDefault
-	}
 	if out.RetryDelay == nil {
 		out.RetryDelay = RetryDelayDefault
 	}
@@ -141,7 +174,7 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig.LeaseTTL %v is below the minimum %v", c.LeaseTTL, LeaseTTLMin)
 	case c.ClaimInterval < 0 || c.PollInterval < 0 || c.BatchSize < 0:
 		return invalidConfig("PartitionedConsumerConfig intervals and BatchSize must not be negative")
-	case c.FailurePolicy != 0 && c.FailurePolicy != FailurePolicySkip:
+	case c.FailurePolicy != 0 && !c.FailurePolicy.valid():
 		return invalidConfig("PartitionedConsumerConfig.FailurePolicy %v is not supported", c.FailurePolicy)
 	}
 	return nil

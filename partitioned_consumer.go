@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +28,10 @@ type PartitionedConsumer struct {
 	invoker invoker
 	pool    *workerpool.Pool
 	service startstop.Service
+	// policy is the failure policy persisted for the consumer, as last read
+	// from the server: Start reads it, and settling a chunk with failures
+	// checks it again.
+	policy atomic.Int32
 }
 
 // NewPartitionedConsumer returns a PartitionedConsumer; Start runs it.
@@ -70,23 +76,38 @@ func (pc *PartitionedConsumer) WorkerID() string { return pc.config.WorkerID }
 // OwnedSlots returns the slots this process works right now.
 func (pc *PartitionedConsumer) OwnedSlots() []int { return pc.pool.Owned() }
 
+// Policy returns the failure policy the pool follows: the one persisted for
+// the consumer, as last read from the server (0 before Start).
+func (pc *PartitionedConsumer) Policy() FailurePolicy { return FailurePolicy(pc.policy.Load()) }
+
 // Start subscribes all N slots (idempotently; a different N persisted for
-// the consumer fails with ErrSlotCountMismatch) and starts the worker pool
-// in the background. It returns at once. Cancelling ctx abandons everything
-// like a crash: nothing more is acked, leases expire after the TTL.
+// the consumer fails with ErrSlotCountMismatch, a different failure policy
+// with ErrPolicyMismatch) and starts the worker pool in the background. It
+// returns at once. Cancelling ctx abandons everything like a crash: nothing
+// more is acked, leases expire after the TTL.
 func (pc *PartitionedConsumer) Start(ctx context.Context) error {
+	cfg := &pc.config
+	var policy *string
+	if cfg.FailurePolicy != 0 {
+		s := cfg.FailurePolicy.String()
+		policy = &s
+	}
+	var persisted FailurePolicy
 	err := pgx.BeginFunc(ctx, pc.client.pool, func(tx pgx.Tx) error {
 		q := dbq.New(tx)
-		for slot := range pc.config.Slots {
-			if _, err := q.SubscribeSlot(ctx, pc.config.Queue, pc.config.Consumer, slot, pc.config.Slots); err != nil {
+		for slot := range cfg.Slots {
+			if _, err := q.SubscribeSlotPolicy(ctx, cfg.Queue, cfg.Consumer, slot, cfg.Slots, policy); err != nil {
 				return err
 			}
 		}
-		return nil
+		var err error
+		persisted, err = serverPolicy(ctx, q, cfg.Queue, cfg.Consumer)
+		return err
 	})
 	if err != nil {
-		return mapError(fmt.Sprintf("subscribing %d slots of %q to queue %q", pc.config.Slots, pc.config.Consumer, pc.config.Queue), err)
+		return mapError(fmt.Sprintf("subscribing %d slots of %q to queue %q", cfg.Slots, cfg.Consumer, cfg.Queue), err)
 	}
+	pc.policy.Store(int32(persisted))
 	if err := pc.service.Start(ctx, pc.pool.Run); err != nil {
 		return fmt.Errorf("starting partitioned consumer %q: %w", pc.config.Consumer, ErrAlreadyStarted)
 	}
@@ -118,9 +139,15 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		return false, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
 	}
 	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
-	failures, aborted := pc.invoker.handleChunk(workCtx, msgs)
+	policy := pc.Policy()
+	failures, held, aborted := pc.invoker.handleChunk(workCtx, msgs, policy == FailurePolicyPause)
 	if aborted {
 		return false, errors.Join(errAborted, context.Cause(workCtx))
+	}
+	if held > 0 {
+		pc.client.logger.DebugContext(workCtx, "pgque: holding events of failed keys",
+			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot),
+			slog.Int("failed", len(failures)), slog.Int("held", held))
 	}
 	ackStart := time.Now()
 	s := settler{
@@ -130,6 +157,22 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		},
 		ack: func(ctx context.Context, q *dbq.Queries) (bool, error) {
 			return q.AckPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID)
+		},
+		// The chunk was handled under policy: its nacks and ack are right
+		// only if the server still applies that policy (an operator may have
+		// switched it). Otherwise nothing is settled, and the chunk is
+		// received again and handled under the new policy.
+		check: func(ctx context.Context, q *dbq.Queries) error {
+			now, err := serverPolicy(ctx, q, cfg.Queue, cfg.Consumer)
+			if err != nil {
+				return err
+			}
+			if now != policy {
+				pc.policy.CompareAndSwap(int32(policy), int32(now))
+				return fmt.Errorf("chunk of slot %d was handled under failure policy %s, the consumer's policy is now %s; it is handled again: %w",
+					lease.Slot, policy, now, ErrPolicyMismatch)
+			}
+			return nil
 		},
 	}
 	if err := s.settle(workCtx, pc.client.pool, failures); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -46,8 +47,14 @@ func (p *process) fencings(t *testing.T) float64 {
 // startProcess starts a partitioned consumer as a separate "process".
 func startProcess(t *testing.T, env *testEnv, cfg pgque.PartitionedConsumerConfig) *process {
 	t.Helper()
+	return startProcessLogger(t, env, cfg, testLogger(t))
+}
+
+// startProcessLogger is startProcess with its own logger.
+func startProcessLogger(t *testing.T, env *testEnv, cfg pgque.PartitionedConsumerConfig, logger *slog.Logger) *process {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	client, err := pgque.NewClient(env.pool, &pgque.Config{Logger: testLogger(t), Registerer: reg})
+	client, err := pgque.NewClient(env.pool, &pgque.Config{Logger: logger, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,10 @@ type settler struct {
 	nack func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error)
 	// ack acknowledges the chunk and reports whether the batch finished.
 	ack func(ctx context.Context, q *dbq.Queries) (bool, error)
+	// check, when set, runs in the settling transaction before the nacks
+	// and again before the ack (only when there are failures); an error
+	// rolls the transaction back, leaving the chunk unacknowledged.
+	check func(ctx context.Context, q *dbq.Queries) error
 }
 
 // settle runs the nacks and the ack over db: in one transaction when there
@@ -37,6 +41,11 @@ func (s *settler) settle(ctx context.Context, db beginner, failures []failure) e
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		q := dbq.New(tx)
 		retried, dead = 0, 0
+		if s.check != nil {
+			if err := s.check(ctx, q); err != nil {
+				return err
+			}
+		}
 		for _, f := range failures {
 			ok, err := s.nack(ctx, q, f.msg, s.retryDelay(f.msg.RetryCount), reason(f.err))
 			if err != nil {
@@ -46,6 +55,11 @@ func (s *settler) settle(ctx context.Context, db beginner, failures []failure) e
 				retried++
 			} else {
 				dead++
+			}
+		}
+		if s.check != nil {
+			if err := s.check(ctx, q); err != nil {
+				return err
 			}
 		}
 		_, err := s.ack(ctx, q)
@@ -75,7 +89,7 @@ func toMessages(rows []dbq.Row, queue, consumer string, slot int) []*Message {
 			RetryCount: r.RetryCount, CreatedAt: r.CreatedAt, BatchID: r.BatchID, Slot: slot, Epoch: r.Epoch,
 		}
 		if r.PartitionKey != nil {
-			m.PartitionKey = *r.PartitionKey
+			m.PartitionKey, m.keyed = *r.PartitionKey, true
 		}
 		msgs[i] = m
 	}

@@ -124,3 +124,81 @@ func (q *Queries) PartitionSlotStatus(ctx context.Context, queue, consumer strin
 	}
 	return out, rows.Err()
 }
+
+// SubscribeSlotPolicy calls pgque.subscribe_slot(queue, consumer, slot,
+// nslots, policy) and reports whether the slot is new. A nil policy keeps
+// the persisted one (skip for a new consumer); another policy than the
+// persisted one raises PQ031.
+func (q *Queries) SubscribeSlotPolicy(ctx context.Context, queue, consumer string, slot, nslots int, policy *string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.subscribe_slot($1::text, $2::text, $3::int, $4::int, $5::text)`,
+		queue, consumer, slot, nslots, policy).Scan(&n)
+	return n == 1, err
+}
+
+// SlotPolicy reads the failure policy persisted for (queue, consumer) from
+// the partition_slot_leases view; pgx.ErrNoRows when the consumer has no
+// slots.
+func (q *Queries) SlotPolicy(ctx context.Context, queue, consumer string) (string, error) {
+	var policy string
+	err := q.db.QueryRow(ctx, `select policy from pgque.partition_slot_leases
+		where queue = $1::text and consumer = $2::text limit 1`, queue, consumer).Scan(&policy)
+	return policy, err
+}
+
+// SetFailurePolicy calls pgque.set_failure_policy(queue, consumer, policy).
+func (q *Queries) SetFailurePolicy(ctx context.Context, queue, consumer, policy string) error {
+	_, err := q.db.Exec(ctx, `select pgque.set_failure_policy($1::text, $2::text, $3::text)`, queue, consumer, policy)
+	return err
+}
+
+// BlockedKey is one row of blocked_keys.
+type BlockedKey struct {
+	Queue, Consumer string
+	Slot            int
+	// Key is nil for the NULL key.
+	Key      *string
+	State    string
+	HeadEvID int64
+	Since    time.Time
+	Failures int
+	Reason   *string
+	Deferred int64
+}
+
+// BlockedKeys calls pgque.blocked_keys(queue, consumer); a nil consumer
+// lists every consumer of the queue.
+func (q *Queries) BlockedKeys(ctx context.Context, queue string, consumer *string) ([]BlockedKey, error) {
+	rows, err := q.db.Query(ctx, `select queue, consumer, slot, key, state, head_ev_id, since, failures, reason, deferred
+		from pgque.blocked_keys($1::text, $2::text)`, queue, consumer)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []BlockedKey
+	for rows.Next() {
+		var b BlockedKey
+		if err := rows.Scan(&b.Queue, &b.Consumer, &b.Slot, &b.Key, &b.State, &b.HeadEvID, &b.Since,
+			&b.Failures, &b.Reason, &b.Deferred); err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, rows.Err()
+}
+
+// UnblockKey calls pgque.unblock_key(queue, consumer, key) and returns the
+// dead-lettered head's ev_id. A nil key is the NULL key.
+func (q *Queries) UnblockKey(ctx context.Context, queue, consumer string, key *string) (int64, error) {
+	var id int64
+	err := q.db.QueryRow(ctx, `select pgque.unblock_key($1::text, $2::text, $3::text)`, queue, consumer, key).Scan(&id)
+	return id, err
+}
+
+// RetryKeyNow calls pgque.retry_key_now(queue, consumer, key) and reports
+// whether a retry of the key's head was pending. A nil key is the NULL key.
+func (q *Queries) RetryKeyNow(ctx context.Context, queue, consumer string, key *string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.retry_key_now($1::text, $2::text, $3::text)`, queue, consumer, key).Scan(&n)
+	return n == 1, err
+}

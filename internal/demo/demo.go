@@ -43,9 +43,9 @@ var ErrVerificationFailed = errors.New("verification failed")
 var errInterrupted = errors.New("demo interrupted before it could be verified")
 
 // pausePolicy is the FailurePolicy that holds a tenant's later events while
-// a failed one is retried, or 0 while the library offers none. With it, runs
-// with injected failures stay strict.
-var pausePolicy pgque.FailurePolicy
+// a failed one is retried (0 would fall back to skip and lenient runs). With
+// it, runs with injected failures stay strict.
+const pausePolicy = pgque.FailurePolicyPause
 
 // Options configures Run. Zero fields take their defaults.
 type Options struct {

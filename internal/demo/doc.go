@@ -20,13 +20,17 @@
 //
 // With --failure-rate > 0 the handler fails that fraction of first
 // deliveries before applying anything, and the library redelivers them.
-// Under the default skip policy (the only policy the library offers so far;
-// see pausePolicy) later events of the same tenant may then overtake the
-// failed one, which is allowed. The run is then lenient: the apply function
-// is idempotent and order-insensitive (each file keeps the state of its
-// highest applied sequence number, and an event already applied is not
-// applied twice), and every application that overtook a later one is
-// counted as a reorder and reported, not failed.
+// The workers then run under the pause policy (see pausePolicy): a tenant
+// whose event failed is held until that event succeeds on its retry, so
+// the run stays strict: every tenant's events are applied exactly in order,
+// failures or not.
+//
+// The apply function also has a lenient mode, for a run under the skip
+// policy (pausePolicy 0), where later events of a tenant may overtake a
+// failed one: it is then idempotent and order-insensitive (each file keeps
+// the state of its highest applied sequence number, and an event already
+// applied is not applied twice), and every application that overtook a
+// later one is counted as a reorder and reported, not failed.
 //
 // # Verification
 //
