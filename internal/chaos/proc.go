@@ -208,7 +208,9 @@ func runProducer(ctx context.Context, cfg ProcConfig, logger *slog.Logger) error
 
 // pauseState is, per slot, the keys that failed in the chunk being handled:
 // under pause their later events in the chunk are not run (the server
-// defers them when the failure is nacked).
+// defers them when the failure is nacked). The Go consumer does the same
+// itself under FailurePolicyPause (it then never calls the handler for such
+// an event); this is the handler's own guard, and records what it skipped.
 type pauseState struct {
 	mu    sync.Mutex
 	slots map[int]*chunkFailures
@@ -316,7 +318,12 @@ func runWorker(ctx context.Context, cfg ProcConfig, logger *slog.Logger) error {
 		return nil
 	}
 	retry := cfg.RetryDelay
+	policy := pgque.FailurePolicySkip
+	if cfg.Policy == "pause" {
+		policy = pgque.FailurePolicyPause
+	}
 	pc, err := c.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
+		FailurePolicy: policy,
 		Queue: cfg.Queue, Consumer: cfg.Consumer, Slots: cfg.Slots, WorkerID: cfg.ID,
 		LeaseTTL: cfg.LeaseTTL, ClaimInterval: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond,
 		BatchSize: cfg.BatchSize, Handler: handler,
