@@ -3,7 +3,7 @@
 -- the oldest. The slot predicate is _slot_filter's, so the routing index
 -- answers it: the cost is the slot's own backlog, not the stream's.
 -- SECURITY DEFINER and granted, because the view below calls it with the
--- caller's privileges. The slot is validated before it becomes SQL text.
+-- caller's privileges.
 create or replace function pgque._slot_pending(i_sub integer, i_slot integer, i_nslots integer,
                                                out o_lag bigint, out o_oldest interval)
 language plpgsql stable security definer
@@ -16,7 +16,6 @@ begin
     -- Callable directly by every pgque role: validate what goes into the
     -- statement text (a NULL slot or N would make it a syntax error, N = 0
     -- a division by zero).
-    perform pgque._check_slot(i_slot, i_nslots);
     perform pgque._check_slot(i_slot, i_nslots);
     select * into s from pgque.subscription where sub_id = i_sub;
     if not found then
