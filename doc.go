@@ -39,9 +39,23 @@
 // for side effects. The algorithm is described in docs/worker-pool.md.
 //
 // Delivery is at least once: after a crash or a hard stop, the chunk in
-// flight is delivered again to the next owner. With FailurePolicySkip (the
-// only policy today), a failed event is retried later while the key's later
-// events go on.
+// flight is delivered again to the next owner.
+//
+// # Failures
+//
+// A handler that returns an error or panics fails its event, which is
+// retried after RetryDelay, up to the queue's max_retries, and then
+// dead-lettered. What happens meanwhile to the key's later events is the
+// consumer's FailurePolicy (G3), persisted per queue and consumer. With
+// FailurePolicySkip (the default) they go on and may overtake the failed
+// one. With FailurePolicyPause the key is blocked on its slot: the pool
+// does not handle the chunk's later events of the key, the server holds
+// back every later event of it, and other keys go on; once the failed event
+// succeeds on a retry or is dead-lettered, the held events are delivered in
+// ev_id order, each once, with RetryCount untouched. Events sent without a
+// key share the NULL key (Message.Key, KeyRef). Client.BlockedKeys lists
+// blocked keys; Client.RetryKeyNow and Client.UnblockKey act on them, and
+// Client.SetFailurePolicy changes the policy.
 //
 // # Lifecycle
 //
