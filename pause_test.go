@@ -841,3 +841,109 @@ func hashString(s string) uint64 {
 	}
 	return h
 }
+
+// TestPausePolicySwitchRacesNack: set_failure_policy(skip) commits while a
+// nack under pause is in flight (nack_partitioned reads the policy without
+// a lock, and set_failure_policy releases only the blocks it can see), so
+// the block that nack commits outlives the switch. It must not hold the
+// key for good: under skip, the ack of the chunk that redelivered the head
+// resolves it, even when the head was dead-lettered there, and the key's
+// held and later events are delivered.
+func TestPausePolicySwitchRacesNack(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q := dbq.New(env.pool)
+	if err := env.client.SetQueueConfig(ctx, env.queue, "max_retries", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.SubscribeSlotPolicy(ctx, env.queue, "c", 0, 1, sptr("pause")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := q.ClaimSlot(ctx, env.queue, "c", 0, "w", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	ids := sendKevs(t, env, seq("a", 1, 2)...)
+	forceTick(t, env.pool, env.queue)
+	receive := func() []int64 {
+		t.Helper()
+		rows, err := q.ReceivePartitioned(ctx, env.queue, "c", 0, 1, "w", 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int64
+		for _, r := range rows {
+			got = append(got, r.MsgID)
+		}
+		return got
+	}
+	if got := receive(); !slices.Equal(got, ids) {
+		t.Fatalf("received %v, want %v", got, ids)
+	}
+	// a#1 fails under pause: the nack blocks "a" and defers a#2 ...
+	tx, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := dbq.New(tx).NackPartitioned(ctx, env.queue, "c", 0, 1, "w", ids[0], 0, "a#1 fails"); err != nil {
+		t.Fatal(err)
+	}
+	// ... while an operator switches the consumer to skip (today it does
+	// not wait for the nack's transaction; if it ever does, it finishes
+	// after the commit).
+	switched := make(chan error, 1)
+	go func() { switched <- env.client.SetFailurePolicy(ctx, env.queue, "c", pgque.FailurePolicySkip) }()
+	select {
+	case err := <-switched:
+		switched <- err
+	case <-time.After(time.Second):
+	}
+	if _, err := dbq.New(tx).AckPartitioned(ctx, env.queue, "c", 0, 1, "w"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-switched; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("blocked keys after the race: %+v", blockedKeys(t, env, "c"))
+	// a#1 keeps failing: its retry is dead-lettered (max_retries 1). a#3
+	// is sent meanwhile. Under skip, a#2 and a#3 are delivered, in order.
+	ids = append(ids, sendKevs(t, env, kev{"a", 3})...)
+	var got []int64
+	for range 10 {
+		if _, err := q.MaintRetryEvents(ctx); err != nil {
+			t.Fatal(err)
+		}
+		forceTick(t, env.pool, env.queue)
+		r := receive()
+		if len(r) == 0 {
+			continue
+		}
+		for _, id := range r {
+			if id == ids[0] {
+				if _, err := q.NackPartitioned(ctx, env.queue, "c", 0, 1, "w", id, 0, "a#1 fails again"); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			got = append(got, id)
+		}
+		if _, err := q.AckPartitioned(ctx, env.queue, "c", 0, 1, "w"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if dead := deadLetters(t, env); len(dead) != 1 || dead[ids[0]] != 1 {
+		t.Errorf("dead letters %v, want a#1 (%d) after 1 retry", dead, ids[0])
+	}
+	if !slices.Equal(got, ids[1:]) {
+		bks, _ := env.client.BlockedKeys(ctx, env.queue, "c")
+		t.Fatalf("under skip, after a#1 was dead-lettered, received %v, want a#2 and a#3 %v; blocked keys %+v", got, ids[1:], bks)
+	}
+	if bks := blockedKeys(t, env, "c"); len(bks) != 0 {
+		t.Fatalf("blocked keys left under skip: %+v", bks)
+	}
+}
