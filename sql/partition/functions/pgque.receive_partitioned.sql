@@ -21,6 +21,7 @@ declare
     v_batch  bigint;
     v_out    integer;
     v_round  integer := 0;
+    v_kids   text[];
 begin
     -- Fast path: no blocked key on this slot (always so under skip).
     if not exists (select 1 from pgque.key_block where kb_sub = l.sl_sub) then
@@ -28,13 +29,17 @@ begin
         return;
     end if;
     -- Pause with blocked keys: defer what must wait; a chunk that was all
-    -- deferred is acknowledged here and the next one is fetched.
+    -- deferred is acknowledged here and the next one is fetched. The slot's
+    -- blocked keys are read once per call, so rows of healthy keys cost one
+    -- array test, not a lookup.
+    v_kids := array(select kb_kid from pgque.key_block where kb_sub = l.sl_sub);
     loop
         v_batch := null;
         v_out := 0;
         for r in select * from pgque._deliver(i_queue, v_sub, i_max, v_filter) loop
             v_batch := r.batch_id;
-            if pgque._pause_keep(l.sl_sub, r.batch_id, r.msg_id, r.partition_key) then
+            if not ((case when r.partition_key is null then 'n' else 'k' || r.partition_key end) = any(v_kids))
+               or pgque._pause_keep(l.sl_sub, r.batch_id, r.msg_id, r.partition_key) then
                 msg_id := r.msg_id;
                 batch_id := r.batch_id;
                 type := r.type;
