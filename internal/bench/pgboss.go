@@ -40,7 +40,7 @@ type pgbossDriver struct {
 func setupPgBoss(ctx context.Context, e *env) (*pgbossDriver, error) {
 	node, err := exec.LookPath("node")
 	if err != nil {
-		return nil, fmt.Errorf("%w: pg-boss needs Node.js (node not on PATH; install Node.js >= 22.12, e.g. apt-get install nodejs)", errSkipped)
+		return nil, fmt.Errorf("%w: pg-boss needs Node.js and npm (node is not on PATH; install Node.js 20 or newer: pg-boss 12 declares 22.12 but runs on 20)", errSkipped)
 	}
 	out, err := exec.CommandContext(ctx, node, "--version").Output()
 	if err != nil {
