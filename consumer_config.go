@@ -5,7 +5,10 @@ import "time"
 // Defaults for consumer configuration.
 const (
 	// BatchSizeDefault is the default number of events received per chunk.
-	BatchSizeDefault = 100
+	// It is twice a queue's default ticker_max_count, so a batch usually
+	// arrives as one chunk: each further chunk of a batch costs the server
+	// another read of the batch's rows.
+	BatchSizeDefault = 1000
 	// PollIntervalDefault is how often an idle consumer looks for work when
 	// no notification arrives (jittered ±20%). Notifications normally wake it
 	// within milliseconds of a tick; the poll covers lost notifications and

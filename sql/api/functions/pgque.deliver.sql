@@ -49,10 +49,10 @@ declare
     v_sub   integer;
     p       pgque.sub_progress;
     v_from  bigint;
-    v_last  bigint;
+    v_where text;
+    v_rows  pgque.message[];
     v_n     integer;
     v_empty integer := 0;
-    r       record;
     c       refcursor;
 begin
     if i_max is null then
@@ -69,30 +69,32 @@ begin
         v_sub := (v_batch % 1048576)::integer;
         select * into p from pgque.sub_progress where sub_id = v_sub;
         v_from := case when p.batch_id = v_batch then p.acked_to end;
+        v_where := pgque._and(i_where, v_from);
         c := 'pgque_deliver_' || v_batch;
-        v_n := 0;
-        for r in select * from pgque.get_batch_cursor(v_batch, c::text, i_max, pgque._and(i_where, v_from)) loop
-            msg_id := r.ev_id;
-            batch_id := v_batch;
-            type := r.ev_type;
-            payload := pgque._payload(r.ev_data);
-            retry_count := coalesce(r.ev_retry, 0);
-            created_at := r.ev_time;
-            partition_key := r.ev_extra1;
-            extra2 := r.ev_extra2;
-            extra3 := r.ev_extra3;
-            extra4 := r.ev_extra4;
-            return next;
-            v_n := v_n + 1;
-            v_last := r.ev_id;
-        end loop;
+        -- The chunk in one statement. Payloads written by send are JSON; only
+        -- insert_event can store other text, and then the chunk is read
+        -- again with such data wrapped as a JSON string (one subtransaction
+        -- per chunk, none per row).
+        begin
+            v_rows := array(
+                select row(g.ev_id, v_batch, g.ev_type, g.ev_data::jsonb, coalesce(g.ev_retry, 0), g.ev_time,
+                           g.ev_extra1, g.ev_extra2, g.ev_extra3, g.ev_extra4)::pgque.message
+                  from pgque.get_batch_cursor(v_batch, c::text, i_max, v_where) g);
+        exception when invalid_text_representation then
+            v_rows := array(
+                select row(g.ev_id, v_batch, g.ev_type, pgque._payload(g.ev_data), coalesce(g.ev_retry, 0), g.ev_time,
+                           g.ev_extra1, g.ev_extra2, g.ev_extra3, g.ev_extra4)::pgque.message
+                  from pgque.get_batch_cursor(v_batch, c::text, i_max, v_where) g);
+        end;
         close c;
+        v_n := cardinality(v_rows);
         if v_n > 0 then
             insert into pgque.sub_progress as sp (sub_id, batch_id, acked_to, delivered_to, delivered_all)
-            values (v_sub, v_batch, v_from, v_last, v_n < i_max)
+            values (v_sub, v_batch, v_from, (v_rows[v_n]).msg_id, v_n < i_max)
             on conflict (sub_id) do update
                set batch_id = excluded.batch_id, acked_to = excluded.acked_to,
                    delivered_to = excluded.delivered_to, delivered_all = excluded.delivered_all;
+            return query select * from unnest(v_rows);
             return;
         end if;
         -- Nothing (left) for this consumer in the batch: finish it, go on.

@@ -11,3 +11,24 @@ create table if not exists pgque.sub_progress (
     delivered_to  bigint,            -- last ev_id handed out by the last receive
     delivered_all boolean not null default false  -- the last receive reached the batch's end
 ) with (fillfactor = 50);
+
+-- pgque.message: one delivered event, as receive returns it.
+do $message$
+begin
+    if not exists (select 1 from pg_catalog.pg_type t join pg_catalog.pg_namespace n on n.oid = t.typnamespace
+                    where n.nspname = 'pgque' and t.typname = 'message') then
+        create type pgque.message as (
+            msg_id        bigint,
+            batch_id      bigint,
+            type          text,
+            payload       jsonb,
+            retry_count   integer,
+            created_at    timestamptz,
+            partition_key text,
+            extra2        text,
+            extra3        text,
+            extra4        text
+        );
+    end if;
+end
+$message$;

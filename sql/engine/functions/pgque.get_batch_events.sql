@@ -96,7 +96,6 @@ declare
     s   pgque.subscription := pgque._batch(i_batch_id);
     b   record;
     c   refcursor := i_cursor_name;
-    v_n integer := 0;
 begin
     if i_cursor_name is null or i_fetch is null then
         raise exception using errcode = '22004', message = 'cursor name and fetch count must not be NULL';
@@ -108,12 +107,10 @@ begin
     open c no scroll for execute pgque._batch_query(nullif(i_extra_where, ''))
         using b.o_part_lo, b.o_part_hi, b.o_prev_xmax, b.o_cur_xmax, b.o_prev_xip, b.o_cur_snap,
               s.sub_id, null::bigint;
-    while v_n < i_fetch loop
-        fetch c into ev_id, ev_time, ev_txid, ev_retry, ev_type, ev_data,
-                     ev_extra1, ev_extra2, ev_extra3, ev_extra4;
-        exit when not found;
-        v_n := v_n + 1;
-        return next;
-    end loop;
+    -- One FETCH for the whole first part, not a PL/pgSQL loop per row
+    -- (FETCH FORWARD 0 would mean "the current row": skip it).
+    if i_fetch > 0 then
+        return query execute format('fetch forward %s from %I', i_fetch, i_cursor_name);
+    end if;
 end;
 $$;
