@@ -71,7 +71,7 @@ or postgres:// URL); without it, PGQUE_DSN and then DATABASE_URL are used.`,
 		a.tickerCommand(),
 		a.queueCommand(), a.subscribeCommand(), a.unsubscribeCommand(), a.slotsCommand(),
 		a.sendCommand(), a.tailCommand(), a.statusCommand(), a.dlqCommand(),
-		a.demoCommand(), a.benchCommand(),
+		a.demoCommand(), a.benchCommand(), a.chaosCommand(),
 	)
 	a.markRuns(root)
 	return root

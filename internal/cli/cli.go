@@ -76,6 +76,10 @@ func (a *app) run(ctx context.Context, args []string) (code int) {
 	if err == nil {
 		return ExitOK
 	}
+	var ce *exitCodeError
+	if errors.As(err, &ce) {
+		return ce.code
+	}
 	var ue *usageError
 	if !a.ran || errors.As(err, &ue) {
 		path := root.Name()

@@ -180,10 +180,10 @@ var functions = map[string]fn{
 		cases: []badCase{bc("PQ011", "'q1'", "'sc'", "'k1'")}},
 	"pgque.retry_key_now(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ011"},
 		cases: []badCase{bc("PQ011", "'q1'", "'sc'", "'k1'")}},
-	// Finding: slot_of does not validate N (NULL gives NULL, 0 divides by
-	// zero, a negative N gives a number ≤ 0).
-	"pgque.slot_of(text,integer)": {roles: "ra", args: []string{"'k'", "2"}, nullable: []int{0}, nullAs: map[int]string{1: ""},
-		cases: []badCase{bc("22012", "'k'", "0"), bc("", "'k'", "-3")}},
+	// slot_of validates N like the other slot functions; a NULL key is the
+	// NULL key (slot 0).
+	"pgque.slot_of(text,integer)": {roles: "ra", args: []string{"'k'", "2"}, nullable: []int{0},
+		cases: []badCase{bc("PQ011", "'k'", "0"), bc("PQ011", "'k'", "-3"), bc("PQ011", "'k'", "5000")}},
 	// The view partition_slot_status calls it with the caller's rights, so
 	// every role that may read the view may call it.
 	// Internal, yet callable directly (the views call it with the caller's

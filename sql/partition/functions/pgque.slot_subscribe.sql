@@ -43,13 +43,22 @@ as $$
 $$;
 
 -- slot_of(key, nslots): the slot a partition key maps to (G1). Lets
--- operators and tests ask where a key goes.
+-- operators and tests ask where a key goes. nslots is validated like
+-- everywhere else (22004, PQ011).
 create or replace function pgque.slot_of(i_key text, i_nslots integer)
-returns integer language sql immutable
+returns integer language plpgsql immutable
 set search_path = pg_catalog, pg_temp
 as $$
-    select case when i_key is null then 0
-                else ((hashtextextended(i_key, 0) % i_nslots + i_nslots) % i_nslots)::integer end
+begin
+    if i_nslots is null then
+        raise exception using errcode = '22004', message = 'nslots must not be NULL';
+    end if;
+    if i_nslots < 1 or i_nslots > 1024 then
+        raise exception using errcode = 'PQ011', message = format('nslots must be between 1 and 1024, not %s', i_nslots);
+    end if;
+    return case when i_key is null then 0
+                else ((hashtextextended(i_key, 0) % i_nslots + i_nslots) % i_nslots)::integer end;
+end;
 $$;
 
 -- _slot_group(queue_id, consumer, nslots): checks N against the persisted
