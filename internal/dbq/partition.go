@@ -125,6 +125,27 @@ func (q *Queries) PartitionSlotStatus(ctx context.Context, queue, consumer strin
 	return out, rows.Err()
 }
 
+// PartitionSlotLeases reads the partition_slot_leases view for one
+// consumer: owners and epochs without the per-slot lag, so it costs the same
+// whatever the backlog (Lag and OldestPendingAge are left zero).
+func (q *Queries) PartitionSlotLeases(ctx context.Context, queue, consumer string) ([]SlotStatus, error) {
+	rows, err := q.db.Query(ctx, `select slot, nslots, owner, coalesce(lease_until > now(), false), coalesce(epoch, 0)
+		from pgque.partition_slot_leases where queue = $1::text and consumer = $2::text order by slot`, queue, consumer)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []SlotStatus
+	for rows.Next() {
+		var s SlotStatus
+		if err := rows.Scan(&s.Slot, &s.NSlots, &s.Owner, &s.Live, &s.Epoch); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
 // SubscribeSlotPolicy calls pgque.subscribe_slot(queue, consumer, slot,
 // nslots, policy) and reports whether the slot is new. A nil policy keeps
 // the persisted one (skip for a new consumer); another policy than the

@@ -33,13 +33,13 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 		// Announcements tell who works which slot at no cost.
 		status = p.presence.status(p.cfg.Slots, now)
 	} else {
-		// Without LISTEN the view is the only source; it is expensive with
-		// a large backlog (see presence.go).
+		// Without LISTEN the leases are read from the database: the
+		// lease-only view, which costs the same whatever the backlog.
 		var err error
-		status, err = p.cfg.Queries.PartitionSlotStatus(fetchCtx, p.cfg.Queue, p.cfg.Consumer)
+		status, err = p.cfg.Queries.PartitionSlotLeases(fetchCtx, p.cfg.Queue, p.cfg.Consumer)
 		if err != nil {
 			if fetchCtx.Err() == nil {
-				p.log().WarnContext(fetchCtx, "pgque: reading partition_slot_status", slog.Any("error", err))
+				p.log().WarnContext(fetchCtx, "pgque: reading partition_slot_leases", slog.Any("error", err))
 			}
 			return
 		}
