@@ -324,7 +324,7 @@ func runWorker(ctx context.Context, cfg ProcConfig, logger *slog.Logger) error {
 	}
 	pc, err := c.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
 		FailurePolicy: policy,
-		Queue: cfg.Queue, Consumer: cfg.Consumer, Slots: cfg.Slots, WorkerID: cfg.ID,
+		Queue:         cfg.Queue, Consumer: cfg.Consumer, Slots: cfg.Slots, WorkerID: cfg.ID,
 		LeaseTTL: cfg.LeaseTTL, ClaimInterval: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond,
 		BatchSize: cfg.BatchSize, Handler: handler,
 		RetryDelay: func(n int) time.Duration { return retry * time.Duration(n+1) },
