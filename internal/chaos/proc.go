@@ -323,11 +323,17 @@ func runWorker(ctx context.Context, cfg ProcConfig, logger *slog.Logger) error {
 		policy = pgque.FailurePolicyPause
 	}
 	pc, err := c.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
+		Queue:         cfg.Queue,
+		Consumer:      cfg.Consumer,
+		Slots:         cfg.Slots,
+		WorkerID:      cfg.ID,
 		FailurePolicy: policy,
-		Queue:         cfg.Queue, Consumer: cfg.Consumer, Slots: cfg.Slots, WorkerID: cfg.ID,
-		LeaseTTL: cfg.LeaseTTL, ClaimInterval: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond,
-		BatchSize: cfg.BatchSize, Handler: handler,
-		RetryDelay: func(n int) time.Duration { return retry * time.Duration(n+1) },
+		LeaseTTL:      cfg.LeaseTTL,
+		ClaimInterval: 200 * time.Millisecond,
+		PollInterval:  100 * time.Millisecond,
+		BatchSize:     cfg.BatchSize,
+		Handler:       handler,
+		RetryDelay:    func(n int) time.Duration { return retry * time.Duration(n+1) },
 	})
 	if err != nil {
 		return err
