@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"time"
@@ -315,11 +316,13 @@ func (f *keyFlags) keyArg(cmd *cobra.Command) (*string, error) {
 	return &f.key, nil
 }
 
-func (a *app) slotsUnblockCommand() *cobra.Command {
+// keyCommand is a command on one blocked key of a consumer: it parses
+// --consumer and --key/--null-key, connects, and runs do with the queue.
+func (a *app) keyCommand(use, short string, do func(ctx context.Context, s *session, queue, consumer string, key *string) error) *cobra.Command {
 	var f keyFlags
 	cmd := &cobra.Command{
-		Use:   "unblock <queue> --consumer c --key k",
-		Short: "Dead-letter a blocked key's failing head and release the events behind it",
+		Use:   use,
+		Short: short,
 		Args:  exactArgs("queue"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key, err := f.keyArg(cmd)
@@ -332,49 +335,41 @@ func (a *app) slotsUnblockCommand() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			evID, err := s.q.unblockKey(ctx, args[0], f.consumer, key)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(a.stdout, "dead-lettered event %d; key %s released for %s\n", evID, fmtKey(key), f.consumer)
-			return nil
+			return do(ctx, s, args[0], f.consumer, key)
 		},
 	}
 	f.add(cmd)
 	return cmd
 }
 
+func (a *app) slotsUnblockCommand() *cobra.Command {
+	return a.keyCommand("unblock <queue> --consumer c --key k",
+		"Dead-letter a blocked key's failing head and release the events behind it",
+		func(ctx context.Context, s *session, queue, consumer string, key *string) error {
+			evID, err := s.q.unblockKey(ctx, queue, consumer, key)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "dead-lettered event %d; key %s released for %s\n", evID, fmtKey(key), consumer)
+			return nil
+		})
+}
+
 func (a *app) slotsRetryNowCommand() *cobra.Command {
-	var f keyFlags
-	cmd := &cobra.Command{
-		Use:   "retry-now <queue> --consumer c --key k",
-		Short: "Redeliver a blocked key's failing head now instead of after its backoff",
-		Args:  exactArgs("queue"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			key, err := f.keyArg(cmd)
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			s, err := a.connect(ctx)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			n, err := s.q.retryKeyNow(ctx, args[0], f.consumer, key)
+	return a.keyCommand("retry-now <queue> --consumer c --key k",
+		"Redeliver a blocked key's failing head now instead of after its backoff",
+		func(ctx context.Context, s *session, queue, consumer string, key *string) error {
+			n, err := s.q.retryKeyNow(ctx, queue, consumer, key)
 			if err != nil {
 				return err
 			}
 			if n == 0 {
-				fmt.Fprintf(a.stdout, "key %s of %s has no pending retry to hurry (its events are being delivered)\n", fmtKey(key), f.consumer)
+				fmt.Fprintf(a.stdout, "key %s of %s has no pending retry to hurry (its events are being delivered)\n", fmtKey(key), consumer)
 			} else {
-				fmt.Fprintf(a.stdout, "key %s of %s: head scheduled for redelivery now\n", fmtKey(key), f.consumer)
+				fmt.Fprintf(a.stdout, "key %s of %s: head scheduled for redelivery now\n", fmtKey(key), consumer)
 			}
 			return nil
-		},
-	}
-	f.add(cmd)
-	return cmd
+		})
 }
 
 // fmtKey renders a partition key; nil is the NULL key.
