@@ -3,6 +3,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"github.com/pgque/pgque/internal/pgbouncer"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -97,13 +98,13 @@ func TestChaosShortRun(t *testing.T) {
 			kinds := o.Faults
 			if tc.allKinds || kinds == nil {
 				kinds = append(AllFaults, FaultHandlerError, FaultHandlerPanic)
-				if _, err := os.Stat(PgBouncerPath); err != nil {
-					t.Logf("no %s: PgBouncer faults not injected", PgBouncerPath)
+				if _, err := os.Stat(pgbouncer.Path); err != nil {
+					t.Logf("no %s: PgBouncer faults not injected", pgbouncer.Path)
 				}
 			}
 			for _, k := range kinds {
 				if k == FaultPgBouncerKill {
-					if _, err := os.Stat(PgBouncerPath); err != nil {
+					if _, err := os.Stat(pgbouncer.Path); err != nil {
 						continue
 					}
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/pgque/pgque/internal/pgbouncer"
 	"io"
 	"os"
 	"os/signal"
@@ -119,7 +120,7 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		o.Faults = append(o.Faults, f)
 	}
-	if _, err := os.Stat(PgBouncerPath); err != nil {
+	if _, err := os.Stat(pgbouncer.Path); err != nil {
 		*bouncer = false
 	}
 	o.PgBouncer = bouncer

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgque/pgque/internal/install"
+	"github.com/pgque/pgque/internal/pgbouncer"
 	"github.com/pgque/pgque/internal/pgcluster"
 )
 
@@ -126,7 +127,7 @@ func (o Options) withDefaults() Options {
 		o.Faults = AllFaults
 	}
 	if o.PgBouncer == nil {
-		_, err := os.Stat(PgBouncerPath)
+		_, err := os.Stat(pgbouncer.Path)
 		v := err == nil
 		o.PgBouncer = &v
 	}
@@ -169,7 +170,7 @@ type runner struct {
 	dir     string
 	cluster *pgcluster.Cluster
 	dsn     string // direct
-	bouncer *bouncer
+	bouncer *pgbouncer.Bouncer
 	rng     *rand.Rand
 
 	mu     sync.Mutex
@@ -290,11 +291,11 @@ func (r *runner) setupDB(ctx context.Context) error {
 		}
 	}
 	if *r.o.PgBouncer {
-		b, err := newBouncer(r.cluster.Host(), r.cluster.Port(), dbName, pgcluster.Superuser)
+		b, err := pgbouncer.New(pgbouncer.Options{Host: r.cluster.Host(), Port: r.cluster.Port(), User: pgcluster.Superuser})
 		if err != nil {
 			return err
 		}
-		if err := b.start(ctx); err != nil {
+		if err := b.Start(ctx); err != nil {
 			return err
 		}
 		r.bouncer = b
@@ -319,7 +320,7 @@ func (r *runner) teardown() {
 		<-p.done
 	}
 	if r.bouncer != nil {
-		r.bouncer.remove(filepath.Join(r.dir, "logs", "pgbouncer.log"))
+		r.bouncer.Remove(filepath.Join(r.dir, "logs", "pgbouncer.log"))
 	}
 	if r.cluster != nil {
 		if data, err := os.ReadFile(r.cluster.LogPath()); err == nil {
@@ -600,9 +601,9 @@ func (r *runner) inject(ctx context.Context, kind string) error {
 	case FaultPgBouncerKill:
 		r.logf("chaos: SIGKILL pgbouncer")
 		at := time.Now()
-		r.bouncer.kill()
+		r.bouncer.Kill()
 		time.Sleep(300 * time.Millisecond)
-		err := r.bouncer.start(context.WithoutCancel(ctx))
+		err := r.bouncer.Start(context.WithoutCancel(ctx))
 		r.addFault(Fault{Kind: kind, Start: at, End: time.Now()})
 		return err
 	default:

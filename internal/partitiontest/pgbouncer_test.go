@@ -1,170 +1,56 @@
 package partitiontest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-)
 
-// pgbouncerUser runs pgbouncer when the tests run as root (it refuses
-// root); it is the unprivileged user the harness runs postgres as.
-const pgbouncerUser = "pgque"
+	"github.com/pgque/pgque/internal/pgbouncer"
+)
 
 // pgbouncerPoolSize is the number of server connections pgbouncer may open:
 // fewer than the clients, so clients share them.
 const pgbouncerPoolSize = 2
 
-// syncBuffer collects a child's output while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startPgBouncer starts pgbouncer in transaction pooling mode in front of
-// the server dsn points at, listening on a Unix socket in a private
-// directory, and returns the pool configuration of a DSN through it. It
-// fails the test, with pgbouncer's output, when pgbouncer cannot be started.
+// the server dsn points at, on a Unix socket, and returns the pool
+// configuration of a DSN through it. It fails the test, with pgbouncer's
+// log, when pgbouncer cannot be started.
 func startPgBouncer(t *testing.T, dsn string) *pgxpool.Config {
 	t.Helper()
-	bin, err := exec.LookPath("pgbouncer")
-	if err != nil {
-		bin = "/usr/sbin/pgbouncer"
-		if _, err := os.Stat(bin); err != nil {
-			t.Fatalf("pgbouncer is not installed (not in PATH, no %s): install the Debian package pgbouncer "+
-				"(apt-get install pgbouncer); this test must run through a transaction-mode pooler", bin)
-		}
+	if _, err := os.Stat(pgbouncer.Path); err != nil {
+		t.Fatalf("pgbouncer is not installed (no %s): install the Debian package pgbouncer "+
+			"(apt-get install pgbouncer); this test must run through a transaction-mode pooler", pgbouncer.Path)
 	}
 	server, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A short path: the socket's path must fit in sun_path.
-	dir, err := os.MkdirTemp("/tmp", "pgque-pgb-")
+	b, err := pgbouncer.New(pgbouncer.Options{Host: server.Host, Port: int(server.Port), User: server.User,
+		PoolSize: pgbouncerPoolSize, Unix: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup(pgbouncerUser)
-		if err != nil {
-			t.Fatalf("pgbouncer refuses to run as root and user %s does not exist: %v", pgbouncerUser, err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	t.Cleanup(func() { b.Remove("") })
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		log, _ := os.ReadFile(b.LogPath())
+		t.Fatalf("%v; pgbouncer's log:\n%s", err, log)
 	}
-	const port = 6432 // names the socket file only
-	users := filepath.Join(dir, "users.txt")
-	ini := filepath.Join(dir, "pgbouncer.ini")
-	write := func(path, body string) {
-		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if cred != nil {
-			if err := os.Chown(path, int(cred.Uid), int(cred.Gid)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	write(users, fmt.Sprintf("%q %q\n", server.User, server.Password))
-	write(ini, fmt.Sprintf(`[databases]
-* = host=%s port=%d
-
-[pgbouncer]
-listen_addr =
-listen_port = %d
-unix_socket_dir = %s
-auth_type = trust
-auth_file = %s
-pool_mode = transaction
-default_pool_size = %d
-max_db_connections = %d
-max_client_conn = 200
-ignore_startup_parameters = extra_float_digits
-`, server.Host, server.Port, port, dir, users, pgbouncerPoolSize, pgbouncerPoolSize))
-
-	cmd := exec.Command(bin, ini)
-	cmd.Dir = dir
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", bin, err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGINT) // pgbouncer: safe shutdown
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-
-	cfg, err := pgxpool.ParseConfig(fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable",
-		dir, port, server.User, server.Database))
+	cfg, err := pgxpool.ParseConfig(b.DSN(server.Database, server.User))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.Password = server.Password
-	// pgbouncer 1.18 in transaction mode keeps no prepared statements
-	// across transactions: use the simple protocol.
-	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		select {
-		case err := <-exited:
-			t.Fatalf("pgbouncer exited at start (%v); its output:\n%s", err, out.String())
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
-		if err == nil {
-			err = conn.Ping(ctx)
-			conn.Close(ctx)
-		}
-		cancel()
-		if err == nil {
-			return cfg
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pgbouncer did not accept connections within 15 s: %v; its output:\n%s", err, out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return cfg
 }
 
 // Through PgBouncer in transaction mode: several workers, each on its own
