@@ -35,20 +35,12 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     s pgque.subscription := pgque._batch(i_batch_id);
-    b record;
     e record;
 begin
     if i_ev_id is null or i_group is null then
         raise exception using errcode = '22004', message = 'event id and group must not be NULL';
     end if;
-    b := pgque._batch_bounds(s);
-    execute pgque._batch_query(null)
-       into e
-      using b.o_part_lo, b.o_part_hi, b.o_prev_xmax, b.o_cur_xmax, b.o_prev_xip, b.o_cur_snap,
-            s.sub_id, i_ev_id;
-    if e.ev_id is null then
-        raise exception using errcode = 'PQ022', message = format('event %s is not in batch %s', i_ev_id, i_batch_id);
-    end if;
+    select * into e from pgque._batch_event(s, i_ev_id);
     return pgque._defer_row(s.sub_id, i_group, e.ev_id, e.ev_time, e.ev_retry, e.ev_type, e.ev_data,
                             e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4);
 end;

@@ -16,7 +16,6 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     s   pgque.subscription := pgque._batch(i_batch_id);
-    b   record;
     e   record;
     q   pgque.queue;
 begin
@@ -26,14 +25,7 @@ begin
     if i_retry_after < interval '0' then
         raise exception using errcode = 'PQ011', message = format('retry delay must not be negative, not %s', i_retry_after);
     end if;
-    b := pgque._batch_bounds(s);
-    execute pgque._batch_query(null)
-       into e
-      using b.o_part_lo, b.o_part_hi, b.o_prev_xmax, b.o_cur_xmax, b.o_prev_xip, b.o_cur_snap,
-            s.sub_id, i_ev_id;
-    if e.ev_id is null then
-        raise exception using errcode = 'PQ022', message = format('event %s is not in batch %s', i_ev_id, i_batch_id);
-    end if;
+    select * into e from pgque._batch_event(s, i_ev_id);
     select * into q from pgque.queue where queue_id = s.sub_queue;
 
     if coalesce(e.ev_retry, 0) >= q.queue_max_retries then

@@ -60,6 +60,27 @@ begin
 end;
 $$;
 
+-- _batch_event(sub, ev_id): the one event ev_id of the subscription's open
+-- batch, as get_batch_events returns it; PQ022 when it is not in the batch.
+-- Used by event_retry and event_defer.
+create or replace function pgque._batch_event(s pgque.subscription, i_ev_id bigint)
+returns table (ev_id bigint, ev_time timestamptz, ev_txid bigint, ev_retry integer, ev_type text,
+               ev_data text, ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text)
+language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    b record := pgque._batch_bounds(s);
+begin
+    return query execute pgque._batch_query(null)
+        using b.o_part_lo, b.o_part_hi, b.o_prev_xmax, b.o_cur_xmax, b.o_prev_xip, b.o_cur_snap,
+              s.sub_id, i_ev_id;
+    if not found then
+        raise exception using errcode = 'PQ022', message = format('event %s is not in batch %s', i_ev_id, s.sub_batch);
+    end if;
+end;
+$$;
+
 -- get_batch_events(batch_id): the batch's events in ev_id order.
 create or replace function pgque.get_batch_events(i_batch_id bigint)
 returns table (ev_id bigint, ev_time timestamptz, ev_txid bigint, ev_retry integer, ev_type text,
