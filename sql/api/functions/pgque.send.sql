@@ -3,11 +3,19 @@
 -- send stores the JSON payload as the event's data and the partition key
 -- in ev_extra1. send_batch inserts a whole array with one set-based INSERT.
 
--- send(queue, type, payload, partition_key): returns the ev_id.
-create or replace function pgque.send(i_queue text, i_type text, i_payload jsonb, i_partition_key text)
+-- send(queue, type, payload, partition_key): returns the ev_id. The
+-- parameters carry the documented names so that callers can write
+-- partition_key => 'tenant-42'; the body uses i_ aliases.
+drop function if exists pgque.send(text, text, jsonb, text);
+create or replace function pgque.send(queue text, type text, payload jsonb, partition_key text)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    i_queue         alias for $1;
+    i_type          alias for $2;
+    i_payload       alias for $3;
+    i_partition_key alias for $4;
 begin
     if i_payload is null or i_type is null then
         raise exception using errcode = '22004', message = 'event type and payload must not be NULL';
@@ -41,14 +49,20 @@ end;
 $$;
 
 -- send_batch(queue, type, payloads, partition_keys): one INSERT for the
--- whole array. partition_keys is NULL or as long as payloads. ev_ids are
+-- whole array (parameters named as documented, aliased i_ in the body).
+-- partition_keys is NULL or as long as payloads. ev_ids are
 -- taken in array order, so they are returned in input order.
-create or replace function pgque.send_batch(i_queue text, i_type text, i_payloads jsonb[],
-                                            i_partition_keys text[] default null)
+drop function if exists pgque.send_batch(text, text, jsonb[], text[]);
+create or replace function pgque.send_batch(queue text, type text, payloads jsonb[],
+                                            partition_keys text[] default null)
 returns bigint[] language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    i_queue          alias for $1;
+    i_type           alias for $2;
+    i_payloads       alias for $3;
+    i_partition_keys alias for $4;
     v_part integer;
     v_seq  regclass;
     v_ids  bigint[];
