@@ -180,6 +180,18 @@ var functions = map[string]fn{
 		cases: []badCase{bc("PQ011", "'q1'", "'sc'", "'k1'")}},
 	"pgque.retry_key_now(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ011"},
 		cases: []badCase{bc("PQ011", "'q1'", "'sc'", "'k1'")}},
+	// The key views read only; a NULL slot means every slot.
+	"pgque.key_heads(text,text,integer,integer,integer)": {roles: "rwa", args: []string{"'q1'", "'sc'", "0", "10", "1000"},
+		nullable: []int{2}, nullAs: map[int]string{1: "PQ034"}, cases: []badCase{
+			bc("PQ001", "'nope'", "'sc'", "null", "10", "10"), bc("PQ034", "'q1'", "'nope'", "null", "10", "10"),
+			bc("PQ011", "'q1'", "'sc'", "2", "10", "10"), bc("PQ011", "'q1'", "'sc'", "null", "0", "10"),
+			bc("PQ011", "'q1'", "'sc'", "null", "10", "0"), bc("PQ011", "'q1'", "'sc'", "null", "10001", "10"),
+		}},
+	"pgque.key_shares(text,text,integer)": {roles: "rwa", args: []string{"'q1'", "'sc'", "1000"}, nullAs: map[int]string{1: "PQ034"},
+		cases: []badCase{bc("PQ034", "'q1'", "'c1'", "10"), bc("PQ011", "'q1'", "'sc'", "-1")}},
+	"pgque.hot_keys(text,interval,integer,integer)": {roles: "rwa", args: []string{"'q1'", "'1 minute'", "10", "1000"},
+		cases: []badCase{bc("PQ001", "'nope'", "'1 minute'", "10", "10"), bc("PQ011", "'q1'", "'-1 s'", "10", "10"),
+			bc("PQ011", "'q1'", "'2 days'", "10", "10"), bc("PQ011", "'q1'", "'1 minute'", "0", "10")}},
 	// slot_of validates N like the other slot functions; a NULL key is the
 	// NULL key (slot 0).
 	"pgque.slot_of(text,integer)": {roles: "ra", args: []string{"'k'", "2"}, nullable: []int{0},

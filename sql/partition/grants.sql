@@ -24,3 +24,10 @@ grant execute on function
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
 grant select on pgque.partition_slot_status, pgque.partition_slot_leases to pgque_reader, pgque_writer, pgque_admin;
+
+-- Per-key visibility (pgque.key_status.sql): read-only, for every pgque role.
+grant execute on function
+    pgque.key_heads(text, text, integer, integer, integer),
+    pgque.key_shares(text, text, integer),
+    pgque.hot_keys(text, interval, integer, integer)
+    to pgque_reader, pgque_writer, pgque_admin;
