@@ -1,0 +1,54 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/pgque/pgque/internal/keyview"
+	"github.com/pgque/pgque/internal/pgtest"
+)
+
+// TestKeysCommand: keys lists a consumer's keys with their pending heads,
+// oldest first, the hottest keys, and warns about a slot that one key
+// dominates; bad flags are usage errors.
+func TestKeysCommand(t *testing.T) {
+	t.Parallel()
+	c := &cli{t: t, dsn: pgtest.NewInstalledDB(t)}
+	c.ok("", "queue", "create", "q")
+	c.ok("", "slots", "subscribe", "q", "--consumer", "p", "--slots", "2")
+	old := evIDs(t, c.ok("{\"n\":0}\n", "send", "q", "--key", "quiet"))
+	c.ok(strings.Repeat("{\"n\":1}\n", 9), "send", "q", "--key", "busy")
+
+	var r keyview.Report
+	c.okJSON(&r, "keys", "q", "--consumer", "p", "--json")
+	if len(r.Heads) != 2 || *r.Heads[0].Key != "quiet" || r.Heads[0].HeadID != old[0] || r.Heads[0].State != "flowing" ||
+		*r.Heads[1].Key != "busy" || r.Heads[1].Pending != 9 || r.Heads[0].Slot != c.slotOf("quiet", 2) {
+		t.Fatalf("keys --json heads = %+v, want quiet (1 event, oldest) then busy (9)", r.Heads)
+	}
+	if len(r.Hot) != 2 || *r.Hot[0].Key != "busy" || r.Hot[0].Events != 9 {
+		t.Errorf("keys --json hot = %+v, want busy first with 9 events", r.Hot)
+	}
+	busySlot := c.slotOf("busy", 2)
+	// Whether or not quiet shares busy's slot, busy holds most of it (9 of
+	// 9 or of 10); a slot whose top key has a single event is not hot.
+	if len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0], `key "busy"`) {
+		t.Errorf("keys --json warnings = %q, want one naming busy", r.Warnings)
+	}
+	for _, s := range r.Shares {
+		if s.Hot != (s.Slot == busySlot) {
+			t.Errorf("slot %d hot = %v", s.Slot, s.Hot)
+		}
+	}
+	out := c.ok("", "keys", "q", "--consumer", "p")
+	for _, want := range []string{"Oldest pending heads", `"quiet"`, "flowing", "Hottest keys", `"busy"`, "WARNING: slot"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("keys printed no %q:\n%s", want, out)
+		}
+	}
+	if out := c.ok("", "keys", "q", "--consumer", "p", "--slot", "0", "--hot-share", "0.95", "--json"); strings.Contains(out, "WARNING") {
+		t.Errorf("keys with --hot-share 0.95 warned:\n%s", out)
+	}
+	checkOneLine(t, nil, c.exec("", "keys", "q", "--consumer", "p", "--hot-share", "2"), ExitUsage, "--hot-share")
+	checkOneLine(t, nil, c.exec("", "keys", "q", "--consumer", "nope"), ExitFailure, "no slots")
+	checkOneLine(t, nil, c.exec("", "keys", "q", "--consumer", "p", "--slot", "7"), ExitFailure, "slot must be between")
+}
