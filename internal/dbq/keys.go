@@ -107,3 +107,24 @@ func (q *Queries) HotKeys(ctx context.Context, queue string, window time.Duratio
 	}
 	return out, rows.Err()
 }
+
+// SlotHeads calls pgque.slot_heads(queue, consumer) and returns the age of
+// each slot's first pending event; caught-up slots are absent.
+func (q *Queries) SlotHeads(ctx context.Context, queue, consumer string) (map[int]time.Duration, error) {
+	rows, err := q.db.Query(ctx, `select slot, extract(epoch from head_age)::float8
+		from pgque.slot_heads($1::text, $2::text) where head_age is not null`, queue, consumer)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[int]time.Duration)
+	for rows.Next() {
+		var slot int
+		var age float64
+		if err := rows.Scan(&slot, &age); err != nil {
+			return nil, err
+		}
+		out[slot] = time.Duration(age * float64(time.Second))
+	}
+	return out, rows.Err()
+}

@@ -192,6 +192,8 @@ var functions = map[string]fn{
 	"pgque.hot_keys(text,interval,integer,integer)": {roles: "rwa", args: []string{"'q1'", "'1 minute'", "10", "1000"},
 		cases: []badCase{bc("PQ001", "'nope'", "'1 minute'", "10", "10"), bc("PQ011", "'q1'", "'-1 s'", "10", "10"),
 			bc("PQ011", "'q1'", "'2 days'", "10", "10"), bc("PQ011", "'q1'", "'1 minute'", "0", "10")}},
+	"pgque.slot_heads(text,text)": {roles: "rwa", args: []string{"'q1'", "'sc'"}, nullAs: map[int]string{1: "PQ034"},
+		cases: []badCase{bc("PQ001", "'nope'", "'sc'"), bc("PQ034", "'q1'", "'c1'")}},
 	// slot_of validates N like the other slot functions; a NULL key is the
 	// NULL key (slot 0).
 	"pgque.slot_of(text,integer)": {roles: "ra", args: []string{"'k'", "2"}, nullable: []int{0},

@@ -45,6 +45,8 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 		}
 	}
 
+	status = p.withHeadAges(fetchCtx, status)
+
 	in := planInput{
 		self:      p.cfg.Worker,
 		slots:     p.cfg.Slots,
@@ -97,6 +99,39 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 	if err := p.cfg.Queries.Notify(fetchCtx, PresenceChannel, p.presence.payload(hungry, p.Owned())); err != nil && fetchCtx.Err() == nil {
 		p.log().WarnContext(fetchCtx, "pgque: announcing worker", slog.Any("error", err))
 	}
+}
+
+// withHeadAges fills in the age of each free slot's oldest pending event,
+// so that the plan claims the most behind free slot first. It reads
+// slot_heads (two index probes per slot, whatever the backlog) only when
+// there is a choice to make: at least two slots this process does not run
+// are free. On an error the ages stay zero and the order is random, which
+// is what claiming did before.
+func (p *Pool) withHeadAges(ctx context.Context, status []dbq.SlotStatus) []dbq.SlotStatus {
+	p.mu.Lock()
+	free := 0
+	for _, s := range status {
+		if _, mine := p.running[s.Slot]; !mine && !(s.Live && s.Owner != nil) {
+			free++
+		}
+	}
+	p.mu.Unlock()
+	if free < 2 {
+		return status
+	}
+	ages, err := p.cfg.Queries.SlotHeads(ctx, p.cfg.Queue, p.cfg.Consumer)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.log().WarnContext(ctx, "pgque: reading slot_heads", slog.Any("error", err))
+		}
+		return status
+	}
+	out := make([]dbq.SlotStatus, len(status))
+	for i, s := range status {
+		s.OldestPendingAge = ages[s.Slot]
+		out[i] = s
+	}
+	return out
 }
 
 // releaseExcess asks runners to give their slot up at the next chunk

@@ -29,5 +29,6 @@ grant select on pgque.partition_slot_status, pgque.partition_slot_leases to pgqu
 grant execute on function
     pgque.key_heads(text, text, integer, integer, integer),
     pgque.key_shares(text, text, integer),
-    pgque.hot_keys(text, interval, integer, integer)
+    pgque.hot_keys(text, interval, integer, integer),
+    pgque.slot_heads(text, text)
     to pgque_reader, pgque_writer, pgque_admin;

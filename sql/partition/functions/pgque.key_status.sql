@@ -125,6 +125,7 @@ declare
     v_slots integer;
     v_budget integer;
     v_nslots integer;
+    v_now    timestamptz := clock_timestamp();
 begin
     perform pgque._key_scan_args(i_limit, i_scan);
     select count(*)::integer into v_slots from pgque._key_slots(i_queue, i_consumer, i_slot);
@@ -170,7 +171,7 @@ begin
                 when j.retrying then 'retrying'
                 when j.in_batch then 'in flight'
                 else 'flowing' end,
-           j.head_ev_id, clock_timestamp() - j.head_time, j.pending,
+           j.head_ev_id, v_now - j.head_time, j.pending,
            j.kb_failures, j.kb_reason, j.retry_at, coalesce(j.deferred, 0),
            coalesce(est.truncated, false)
       from j left join est on est.sl_slot = j.sl_slot
@@ -256,5 +257,67 @@ begin
      group by w.ev_extra1, t.n, t.span, t.cut
      order by count(*) desc, w.ev_extra1 nulls first
      limit i_limit;
+end;
+$$;
+
+-- _slot_head(sub_id, slot, nslots): the first pending event of one slot in
+-- ev_txid order (its ev_id and ev_time), NULL when nothing is pending. Pending
+-- is what _slot_pending counts, spelled so that an index probe answers it:
+-- an event is not visible in the cursor's snapshot exactly when its
+-- transaction is at or after the snapshot's xmax, or was in progress at the
+-- tick (the snapshot's xip list). Two probes of the routing index, so the
+-- cost does not grow with the backlog.
+create or replace function pgque._slot_head(i_sub integer, i_slot integer, i_nslots integer,
+                                            out o_ev_id bigint, out o_time timestamptz)
+language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s      pgque.subscription;
+    v_snap pg_snapshot;
+    v_from text;
+begin
+    perform pgque._check_slot(i_slot, i_nslots);
+    select * into s from pgque.subscription where sub_id = i_sub;
+    if not found then
+        return;
+    end if;
+    select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
+    v_from := 'select ev_id, ev_time, ev_txid from pgque.event where ev_part >= $1 and ev_part < $2'
+           || ' and (ev_owner is null or ev_owner = $5)'
+           || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '');
+    execute 'select ev_id, ev_time from ('
+         || '(' || v_from || ' and ev_txid >= $3 order by ev_txid limit 1)'
+         || ' union all (' || v_from || ' and ev_txid = any ($4) order by ev_txid limit 1)'
+         || ') h order by ev_txid limit 1'
+       into o_ev_id, o_time
+      using s.sub_queue * 16, s.sub_queue * 16 + 16, pg_snapshot_xmax(v_snap),
+            array(select pg_snapshot_xip(v_snap)), s.sub_id;
+end;
+$$;
+
+-- slot_heads(queue, consumer): per slot of a consumer, the first pending
+-- event in ev_txid order and its age (NULL when the slot is caught up).
+-- Cheap whatever the backlog (two index probes per slot), so the worker
+-- pool reads it on every claim pass to claim the most behind free slot
+-- first. Reads slot_group, slot_lease, subscription, tick, event.
+create or replace function pgque.slot_heads(i_queue text, i_consumer text)
+returns table (slot integer, head_ev_id bigint, head_age interval)
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_nslots integer;
+    -- One clock reading for every slot, so that ages compare exactly.
+    v_now    timestamptz := clock_timestamp();
+begin
+    select g.sg_nslots into v_nslots
+      from pgque.slot_group g join pgque.queue q on q.queue_id = g.sg_queue
+     where q.queue_name = i_queue and g.sg_consumer = i_consumer;
+    return query
+    select sl.sl_slot, h.o_ev_id, v_now - h.o_time
+      from pgque._key_slots(i_queue, i_consumer, null) sl
+     cross join lateral pgque._slot_head(sl.sl_sub, sl.sl_slot, v_nslots) h
+     order by sl.sl_slot;
 end;
 $$;

@@ -1,0 +1,73 @@
+package workerpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque/internal/metrics"
+	"github.com/pgque/pgque/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// Lag-aware claiming: with two free slots and room for one, a pool claims
+// the slot whose oldest pending event is older. Each round puts the older
+// head on the other slot, so a pool that picked at random (the order
+// before head ages were read) would pass all six rounds only once in 64
+// runs.
+func TestClaimsOldestHeadFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.NewInstalledDB(t))
+	q := dbq.New(pool)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec("select pgque.create_queue('lag')")
+	// tenant-3 maps to slot 0 of 2, tenant-1 to slot 1.
+	keyOf := map[int]string{0: "tenant-3", 1: "tenant-1"}
+	for round, older := range []int{1, 0, 1, 0, 0, 1} {
+		consumer := fmt.Sprintf("c%d", round)
+		// A tick first, so that the new slots start after every earlier
+		// round's events.
+		exec("select pgque.force_next_tick('lag'); select pgque.ticker('lag')")
+		exec("select pgque.subscribe_slot('lag', $1, s, 2) from generate_series(0, 1) s", consumer)
+		exec("select pgque.send('lag', 't', '{}'::jsonb, $1)", keyOf[older])
+		exec("select pgque.send('lag', 't', '{}'::jsonb, $1)", keyOf[1-older])
+
+		p := New(Config{
+			Queries: q, Logger: slog.New(slog.DiscardHandler), Metrics: metrics.New(nil),
+			Queue: "lag", Consumer: consumer, Worker: "w", Slots: 2, MaxActive: 1,
+			LeaseTTL: time.Minute, ClaimInterval: time.Hour, PollInterval: time.Hour,
+			Work:           func(context.Context, context.Context, *Lease) (bool, error) { return false, nil },
+			IsLeaseLost:    func(error) bool { return false },
+			LeaseLostCause: errors.New("lease lost"),
+		})
+		fetchCtx, stop := context.WithCancel(ctx)
+		workCtx, kill := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); p.Run(fetchCtx, workCtx) }()
+		deadline := time.Now().Add(10 * time.Second)
+		for len(p.Owned()) == 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		owned := p.Owned()
+		stop()
+		<-done
+		kill()
+		if !slices.Equal(owned, []int{older}) {
+			heads, err := q.SlotHeads(ctx, "lag", consumer)
+			t.Logf("slot heads: %v %v", heads, err)
+			t.Fatalf("round %d: the pool claimed %v, want only slot %d, whose head is older", round, owned, older)
+		}
+	}
+}
