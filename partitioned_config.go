@@ -111,6 +111,12 @@ type PartitionedConsumerConfig struct {
 	// Default SlotStatusIntervalDefault when Config.Registerer is set, never
 	// otherwise; negative disables.
 	SlotStatusInterval time.Duration
+	// HotKeyShare: with the slot status refresh on, when one key holds more
+	// than this share (0..1) of a slot's pending events, a warning is
+	// logged and the pgque_slot_top_key_share gauge shows it: that slot
+	// goes no faster than one key's handler. Default HotKeyShareDefault;
+	// negative disables the check.
+	HotKeyShare float64
 	// BatchSize is the maximum number of events per chunk. Default
 	// BatchSizeDefault.
 	BatchSize int
@@ -150,6 +156,9 @@ func (c *PartitionedConsumerConfig) withDefaults() PartitionedConsumerConfig {
 	if out.BatchSize == 0 {
 		out.BatchSize = BatchSizeDefault
 	}
+	if out.HotKeyShare == 0 {
+		out.HotKeyShare = HotKeyShareDefault
+	}
 	if out.RetryDelay == nil {
 		out.RetryDelay = RetryDelayDefault
 	}
@@ -174,6 +183,8 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig.LeaseTTL %v is below the minimum %v", c.LeaseTTL, LeaseTTLMin)
 	case c.ClaimInterval < 0 || c.PollInterval < 0 || c.BatchSize < 0:
 		return invalidConfig("PartitionedConsumerConfig intervals and BatchSize must not be negative")
+	case c.HotKeyShare > 1:
+		return invalidConfig("PartitionedConsumerConfig.HotKeyShare %v is above 1", c.HotKeyShare)
 	case c.FailurePolicy != 0 && !c.FailurePolicy.valid():
 		return invalidConfig("PartitionedConsumerConfig.FailurePolicy %v is not supported", c.FailurePolicy)
 	}

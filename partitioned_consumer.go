@@ -58,6 +58,7 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		Consumer:       cfg.Consumer,
 		Worker:         cfg.WorkerID,
 		Slots:          cfg.Slots,
+		HotKeyShare:    max(cfg.HotKeyShare, 0),
 		MaxActive:      cfg.MaxActiveSlots,
 		LeaseTTL:       cfg.LeaseTTL,
 		ClaimInterval:  cfg.ClaimInterval,

@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -117,4 +120,34 @@ func (a *app) printKeys(r *keyview.Report) error {
 		fmt.Fprintf(a.stdout, "\nWARNING: %s\n", w)
 	}
 	return nil
+}
+
+// statusKeyScan bounds the pending events status reads per consumer to find
+// hot keys: enough to see which key dominates, cheap on any backlog.
+const statusKeyScan = 20000
+
+// hotKeyWarnings warns, for every partitioned consumer with pending events,
+// about each slot whose top key holds more than HotKeyShareDefault of them.
+func hotKeyWarnings(ctx context.Context, s *session, groupLag map[[2]string]int64) ([]string, error) {
+	groups := make([][2]string, 0, len(groupLag))
+	for g, lag := range groupLag {
+		if lag > 0 {
+			groups = append(groups, g)
+		}
+	}
+	slices.SortFunc(groups, func(a, b [2]string) int { return strings.Compare(a[0]+"\x00"+a[1], b[0]+"\x00"+b[1]) })
+	var out []string
+	for _, g := range groups {
+		shares, err := s.KeyShares(ctx, g[0], g[1], pgque.KeyQuery{Scan: statusKeyScan})
+		if err != nil {
+			return nil, err
+		}
+		for _, sh := range shares {
+			if sh.Hot(pgque.HotKeyShareDefault) {
+				out = append(out, fmt.Sprintf("queue %s, consumer %s, slot %d: hot key %s holds %.0f%% of %d pending events",
+					g[0], g[1], sh.Slot, sh.TopKey, 100*sh.Share, sh.Pending))
+			}
+		}
+	}
+	return out, nil
 }

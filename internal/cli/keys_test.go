@@ -48,6 +48,11 @@ func TestKeysCommand(t *testing.T) {
 	if out := c.ok("", "keys", "q", "--consumer", "p", "--slot", "0", "--hot-share", "0.95", "--json"); strings.Contains(out, "WARNING") {
 		t.Errorf("keys with --hot-share 0.95 warned:\n%s", out)
 	}
+	var st statusReport
+	c.okJSON(&st, "status", "--json")
+	if w := strings.Join(st.Warnings, "\n"); !strings.Contains(w, `hot key "busy" holds`) {
+		t.Errorf("status warnings = %q, want the hot key busy", st.Warnings)
+	}
 	checkOneLine(t, nil, c.exec("", "keys", "q", "--consumer", "p", "--hot-share", "2"), ExitUsage, "--hot-share")
 	checkOneLine(t, nil, c.exec("", "keys", "q", "--consumer", "nope"), ExitFailure, "no slots")
 	checkOneLine(t, nil, c.exec("", "keys", "q", "--consumer", "p", "--slot", "7"), ExitFailure, "slot must be between")

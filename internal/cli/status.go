@@ -118,6 +118,11 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("queue %s, consumer %s, slot %d/%d: %s", sl.Queue, sl.Consumer, sl.Slot, sl.NSlots, w))
 		}
 	}
+	hot, err := hotKeyWarnings(ctx, s, groupLag)
+	if err != nil {
+		return nil, err
+	}
+	rep.Warnings = append(rep.Warnings, hot...)
 	for _, q := range queues {
 		qs := queueStatus{queueInfo: q}
 		for _, c := range rep.Consumers {
@@ -192,7 +197,8 @@ plain consumer with its cursor's age and pending events; every slot of every
 partitioned consumer with its owner, epoch, lag and oldest pending event; and
 warnings: stuck or unpolled slots and consumers (they pin table rotation), a
 rotation that is overdue and the subscription pinning it, a ticker that does
-not run, dead letters, keys blocked by the pause policy.
+not run, dead letters, keys blocked by the pause policy, and a key that holds
+most of a slot's pending events (see 'pgque keys').
 
 --watch refreshes every second until interrupted; with --json it prints one
 JSON document per line per refresh.`,

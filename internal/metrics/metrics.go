@@ -38,6 +38,9 @@ type Metrics struct {
 	SlotLag *prometheus.GaugeVec
 	// SlotHeadAge is the age of each slot's oldest pending event, in seconds.
 	SlotHeadAge *prometheus.GaugeVec
+	// SlotTopKeyShare is the share (0..1) of each slot's pending events
+	// held by its busiest key.
+	SlotTopKeyShare *prometheus.GaugeVec
 	// LeaseClaims counts slot leases acquired (new epochs) by this process.
 	LeaseClaims *prometheus.CounterVec
 	// LeaseRenewals counts explicit background renewals.
@@ -70,6 +73,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		HandlerDuration: histogram(reg, "handler_duration_seconds", "Time spent in one handler call.", latency, qc...),
 		SlotLag:         gauge(reg, "slot_lag_events", "Events of each slot committed after its cursor (pending).", qcs...),
 		SlotHeadAge:     gauge(reg, "slot_head_age_seconds", "Age of each slot's oldest pending event.", qcs...),
+		SlotTopKeyShare: gauge(reg, "slot_top_key_share", "Share of each slot's pending events held by its busiest key.", qcs...),
 		LeaseClaims:     counter(reg, "lease_claims_total", "Slot leases acquired by this process.", qc...),
 		LeaseRenewals:   counter(reg, "lease_renewals_total", "Background slot lease renewals.", qc...),
 		LeaseTakeovers:  counter(reg, "lease_takeovers_total", "Slot leases taken over from another worker.", qc...),

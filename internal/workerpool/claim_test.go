@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/metrics"
 	"github.com/pgque/pgque/internal/pgtest"
@@ -70,4 +73,79 @@ func TestClaimsOldestHeadFirst(t *testing.T) {
 			t.Fatalf("round %d: the pool claimed %v, want only slot %d, whose head is older", round, owned, older)
 		}
 	}
+}
+
+// logSignal is a slog handler that sends each record's message.
+type logSignal struct{ msgs chan string }
+
+func (h logSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (h logSignal) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case h.msgs <- r.Message:
+	default:
+	}
+	return nil
+}
+func (h logSignal) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h logSignal) WithGroup(string) slog.Handler      { return h }
+
+// The hot-key check: when one key holds most of a slot's pending events,
+// the status refresher logs a warning and the top-key-share gauge shows it.
+func TestHotKeyWarning(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.NewInstalledDB(t))
+	for _, sql := range []string{
+		"select pgque.create_queue('hot')",
+		"select pgque.subscribe_slot('hot', 'c', s, 2) from generate_series(0, 1) s",
+		// tenant-3 maps to slot 0 of 2: 9 of its 10 pending events.
+		"select pgque.send('hot', 't', '{}'::jsonb, 'tenant-3') from generate_series(1, 9)",
+		"select pgque.send('hot', 't', '{}'::jsonb, 'acme')",
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	m := metrics.New(prometheus.NewRegistry())
+	logs := logSignal{msgs: make(chan string, 100)}
+	p := New(Config{
+		Queries: dbq.New(pool), Logger: slog.New(logs), Metrics: m,
+		Queue: "hot", Consumer: "c", Worker: "w", Slots: 2, MaxActive: 2,
+		LeaseTTL: time.Minute, ClaimInterval: time.Hour, PollInterval: time.Hour,
+		StatusInterval: time.Hour, HotKeyShare: 0.5,
+		Work:           func(context.Context, context.Context, *Lease) (bool, error) { return false, nil },
+		IsLeaseLost:    func(error) bool { return false },
+		LeaseLostCause: errors.New("lease lost"),
+	})
+	fetchCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(fetchCtx, ctx) }()
+	defer func() { stop(); <-done }()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case msg := <-logs.msgs:
+			if msg != "pgque: hot key holds most of a slot's pending events" {
+				continue
+			}
+			if g := gaugeValue(t, m.SlotTopKeyShare.WithLabelValues("hot", "c", "0")); g != 0.9 {
+				t.Errorf("slot 0 top key share gauge = %v, want 0.9", g)
+			}
+			if g := gaugeValue(t, m.SlotTopKeyShare.WithLabelValues("hot", "c", "1")); g != 0 {
+				t.Errorf("slot 1 top key share gauge = %v, want 0 (nothing pending)", g)
+			}
+			return
+		case <-timeout:
+			t.Fatal("no hot-key warning was logged")
+		}
+	}
+}
+
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var out dto.Metric
+	if err := g.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.GetGauge().GetValue()
 }

@@ -44,6 +44,9 @@ type Config struct {
 	// StatusInterval is how often the per-slot gauges are refreshed from
 	// partition_slot_status; 0 disables the refresh.
 	StatusInterval time.Duration
+	// HotKeyShare: with the status refresh, warn when one key holds more
+	// than this share of a slot's pending events; 0 disables.
+	HotKeyShare float64
 
 	Work WorkFunc
 	// IsLeaseLost reports whether an error from Work means the server fenced
