@@ -19,6 +19,9 @@ const (
 	// HotKeyShareDefault is the share of a slot's pending events above
 	// which one key counts as hot (see KeyShare.Hot).
 	HotKeyShareDefault = 0.5
+	// HotKeyMinPending is the backlog below which no slot counts as hot: a
+	// slot with a handful of pending events is not behind, whoever owns them.
+	HotKeyMinPending = 100
 )
 
 // Key states of a KeyHead, in order of precedence.
@@ -131,9 +134,9 @@ type KeyShare struct {
 }
 
 // Hot reports whether the top key holds more than share of the slot's
-// pending events (and more than one event): that slot goes only as fast as
-// one key's handler.
-func (s KeyShare) Hot(share float64) bool { return s.TopPending > 1 && s.Share > share }
+// pending events, on a slot with at least HotKeyMinPending of them: that
+// slot goes only as fast as one key's handler.
+func (s KeyShare) Hot(share float64) bool { return s.Pending >= HotKeyMinPending && s.Share > share }
 
 // KeyShares returns, per slot of consumer, its pending events and the key
 // holding most of them. Only q.Scan matters.

@@ -17,20 +17,20 @@ func TestKeysCommand(t *testing.T) {
 	c.ok("", "queue", "create", "q")
 	c.ok("", "slots", "subscribe", "q", "--consumer", "p", "--slots", "2")
 	old := evIDs(t, c.ok("{\"n\":0}\n", "send", "q", "--key", "quiet"))
-	c.ok(strings.Repeat("{\"n\":1}\n", 9), "send", "q", "--key", "busy")
+	c.ok(strings.Repeat("{\"n\":1}\n", 150), "send", "q", "--key", "busy")
 
 	var r keyview.Report
 	c.okJSON(&r, "keys", "q", "--consumer", "p", "--json")
 	if len(r.Heads) != 2 || *r.Heads[0].Key != "quiet" || r.Heads[0].HeadID != old[0] || r.Heads[0].State != "flowing" ||
-		*r.Heads[1].Key != "busy" || r.Heads[1].Pending != 9 || r.Heads[0].Slot != c.slotOf("quiet", 2) {
+		*r.Heads[1].Key != "busy" || r.Heads[1].Pending != 150 || r.Heads[0].Slot != c.slotOf("quiet", 2) {
 		t.Fatalf("keys --json heads = %+v, want quiet (1 event, oldest) then busy (9)", r.Heads)
 	}
-	if len(r.Hot) != 2 || *r.Hot[0].Key != "busy" || r.Hot[0].Events != 9 {
-		t.Errorf("keys --json hot = %+v, want busy first with 9 events", r.Hot)
+	if len(r.Hot) != 2 || *r.Hot[0].Key != "busy" || r.Hot[0].Events != 150 {
+		t.Errorf("keys --json hot = %+v, want busy first with 150 events", r.Hot)
 	}
 	busySlot := c.slotOf("busy", 2)
-	// Whether or not quiet shares busy's slot, busy holds most of it (9 of
-	// 9 or of 10); a slot whose top key has a single event is not hot.
+	// Whether or not quiet shares busy's slot, busy holds most of it (150
+	// of 150 or of 151); a slot with one pending event is not hot.
 	if len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0], `key "busy"`) {
 		t.Errorf("keys --json warnings = %q, want one naming busy", r.Warnings)
 	}
@@ -45,8 +45,8 @@ func TestKeysCommand(t *testing.T) {
 			t.Errorf("keys printed no %q:\n%s", want, out)
 		}
 	}
-	if out := c.ok("", "keys", "q", "--consumer", "p", "--slot", "0", "--hot-share", "0.95", "--json"); strings.Contains(out, "WARNING") {
-		t.Errorf("keys with --hot-share 0.95 warned:\n%s", out)
+	if out := c.ok("", "keys", "q", "--consumer", "p", "--slot", "0", "--hot-share", "1", "--json"); strings.Contains(out, "holds") {
+		t.Errorf("keys with --hot-share 1 warned:\n%s", out)
 	}
 	var st statusReport
 	c.okJSON(&st, "status", "--json")

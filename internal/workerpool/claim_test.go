@@ -98,9 +98,10 @@ func TestHotKeyWarning(t *testing.T) {
 	for _, sql := range []string{
 		"select pgque.create_queue('hot')",
 		"select pgque.subscribe_slot('hot', 'c', s, 2) from generate_series(0, 1) s",
-		// tenant-3 maps to slot 0 of 2: 9 of its 10 pending events.
-		"select pgque.send('hot', 't', '{}'::jsonb, 'tenant-3') from generate_series(1, 9)",
-		"select pgque.send('hot', 't', '{}'::jsonb, 'acme')",
+		// tenant-3 and acme map to slot 0 of 2: tenant-3 has 90 of its
+		// 100 pending events.
+		"select pgque.send('hot', 't', '{}'::jsonb, 'tenant-3') from generate_series(1, 90)",
+		"select pgque.send('hot', 't', '{}'::jsonb, 'acme') from generate_series(1, 10)",
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)

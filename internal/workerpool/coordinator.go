@@ -199,6 +199,10 @@ func (p *Pool) observeStatus(ctx context.Context, stop <-chan struct{}) {
 // see which key dominates a slot, cheap on any backlog.
 const hotKeyScan = 20000
 
+// hotKeyMinPending is the backlog below which no slot counts as hot
+// (pgque.HotKeyMinPending).
+const hotKeyMinPending = 100
+
 // observeKeys publishes each slot's top key share and logs a warning when a
 // slot turns hot (one key above HotKeyShare of its pending events), and
 // again when it cools down; hot holds the slots that are hot now.
@@ -212,7 +216,7 @@ func (p *Pool) observeKeys(ctx context.Context, hot map[int]bool) {
 	}
 	for _, s := range shares {
 		p.cfg.Metrics.SlotTopKeyShare.WithLabelValues(p.cfg.Queue, p.cfg.Consumer, strconv.Itoa(s.Slot)).Set(s.Share)
-		isHot := s.TopPending > 1 && s.Share > p.cfg.HotKeyShare
+		isHot := s.Pending >= hotKeyMinPending && s.Share > p.cfg.HotKeyShare
 		switch {
 		case isHot && !hot[s.Slot]:
 			key := "NULL"
