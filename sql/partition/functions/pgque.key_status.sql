@@ -3,6 +3,10 @@
 -- pending work is shared between its keys, and which keys produce the most
 -- events right now.
 --
+-- The functions turn JIT off: their row estimates are guesses (the scans
+-- are bounded by budgets the planner cannot see), and compiling a plan
+-- costs more than running it.
+--
 -- Nothing here is written per event: every answer is computed when asked,
 -- from the log itself, with bounded scans. A slot's pending events are read
 -- through the routing index ((hash expr), ev_txid) in ev_txid order, so the
@@ -21,7 +25,7 @@
 create or replace function pgque._slot_keys(i_sub integer, i_slot integer, i_nslots integer, i_scan integer)
 returns table (key text, head_ev_id bigint, head_time timestamptz, pending bigint, in_batch bigint,
                scanned bigint, truncated boolean)
-language plpgsql stable
+language plpgsql stable rows 100
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -77,7 +81,7 @@ $$;
 -- queue, PQ034 when the consumer has no slots, PQ011 for a slot out of
 -- range.
 create or replace function pgque._key_slots(i_queue text, i_consumer text, i_slot integer)
-returns setof pgque.slot_lease language plpgsql stable
+returns setof pgque.slot_lease language plpgsql stable rows 16
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -120,6 +124,7 @@ returns table (slot integer, key text, state text, head_ev_id bigint, head_age i
                failures integer, reason text, retry_at timestamptz, deferred bigint, estimated boolean)
 language plpgsql stable security definer
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     v_slots integer;
@@ -133,48 +138,46 @@ begin
       from pgque.slot_group g join pgque.queue q on q.queue_id = g.sg_queue
      where q.queue_name = i_queue and g.sg_consumer = i_consumer;
     v_budget := greatest(1, i_scan / greatest(v_slots, 1));
+    -- One row per (slot, key) and source (log, retry queue, deferred),
+    -- folded by grouping rather than joined: the sources have no
+    -- statistics, and a join of two large ones would loop. kid spells the
+    -- key with NULL distinct, as key_block does (_kid, inlined).
     return query
     with sl as (select * from pgque._key_slots(i_queue, i_consumer, i_slot)),
-    k as (select sl.sl_slot, sl.sl_sub, pgque._kid(x.key) as kid, x.*
-            from sl cross join lateral pgque._slot_keys(sl.sl_sub, sl.sl_slot, v_nslots, v_budget) x),
-    r as (select sl.sl_slot, sl.sl_sub, pgque._kid(rq.ev_extra1) as kid, rq.ev_extra1 as key,
-                 min(rq.ev_id) as head_ev_id, min(rq.ev_time) as head_time, count(*) as pending,
-                 min(rq.ev_retry_after) as retry_at
-            from sl join pgque.retry_queue rq on rq.ev_owner = sl.sl_sub
-           group by 1, 2, 3, 4),
-    d as (select sl.sl_slot, sl.sl_sub, de.ev_group as kid, min(de.ev_id) as head_ev_id,
-                 min(de.ev_time) as head_time, count(*) as pending
-            from sl join pgque.deferred de on de.ev_owner = sl.sl_sub
-           group by 1, 2, 3),
-    b as (select sl.sl_slot, sl.sl_sub, kb.kb_kid as kid, kb.kb_key as key, kb.kb_state, kb.kb_head,
-                 kb.kb_failures, kb.kb_reason
-            from sl join pgque.key_block kb on kb.kb_sub = sl.sl_sub),
-    est as (select k.sl_slot, bool_or(k.truncated) as truncated from k group by 1),
-    ids as (select k.sl_slot, k.kid, k.key from k
-            union select r.sl_slot, r.kid, r.key from r
-            union select b.sl_slot, b.kid, b.key from b),
-    j as (select ids.sl_slot, ids.key, b.kb_state, b.kb_failures, b.kb_reason, r.retry_at,
-                 coalesce(k.in_batch, 0) > 0 as in_batch,
-                 r.kid is not null as retrying,
-                 least(k.head_ev_id, r.head_ev_id, d.head_ev_id, b.kb_head) as head_ev_id,
-                 least(k.head_time, r.head_time, d.head_time) as head_time,
-                 coalesce(k.pending, 0) + coalesce(r.pending, 0) + coalesce(d.pending, 0) as pending,
-                 d.pending as deferred
-            from ids
-            left join k on k.sl_slot = ids.sl_slot and k.kid = ids.kid
-            left join r on r.sl_slot = ids.sl_slot and r.kid = ids.kid
-            left join d on d.sl_slot = ids.sl_slot and d.kid = ids.kid
-            left join b on b.sl_slot = ids.sl_slot and b.kid = ids.kid)
+    src as (
+        select sl.sl_slot, case when x.key is null then 'n' else 'k' || x.key end as kid, x.key,
+               x.head_ev_id, x.head_time, x.pending, x.in_batch > 0 as in_batch, false as retrying,
+               null::timestamptz as retry_at, 0::bigint as deferred, x.truncated
+          from sl cross join lateral pgque._slot_keys(sl.sl_sub, sl.sl_slot, v_nslots, v_budget) x
+        union all
+        select sl.sl_slot, case when rq.ev_extra1 is null then 'n' else 'k' || rq.ev_extra1 end, rq.ev_extra1,
+               min(rq.ev_id), min(rq.ev_time), count(*), false, true, min(rq.ev_retry_after), 0, false
+          from sl join pgque.retry_queue rq on rq.ev_owner = sl.sl_sub
+         group by 1, 2, 3
+        union all
+        select sl.sl_slot, de.ev_group, min(de.ev_extra1), min(de.ev_id), min(de.ev_time), count(*), false, false,
+               null, count(*), false
+          from sl join pgque.deferred de on de.ev_owner = sl.sl_sub
+         group by 1, 2),
+    est as (select src.sl_slot, bool_or(src.truncated) as truncated from src group by 1),
+    j as (select src.sl_slot, src.kid, min(src.key) as key, min(src.head_ev_id) as head_ev_id,
+                 min(src.head_time) as head_time, sum(src.pending)::bigint as pending,
+                 bool_or(src.in_batch) as in_batch, bool_or(src.retrying) as retrying,
+                 min(src.retry_at) as retry_at, sum(src.deferred)::bigint as deferred
+            from src group by 1, 2)
     select j.sl_slot, j.key,
-           case when j.kb_state = 'blocked' then 'blocked'
-                when j.kb_state = 'releasing' then 'held'
+           case when b.kb_state = 'blocked' then 'blocked'
+                when b.kb_state = 'releasing' then 'held'
                 when j.retrying then 'retrying'
                 when j.in_batch then 'in flight'
                 else 'flowing' end,
-           j.head_ev_id, v_now - j.head_time, j.pending,
-           j.kb_failures, j.kb_reason, j.retry_at, coalesce(j.deferred, 0),
+           least(j.head_ev_id, b.kb_head), v_now - j.head_time, j.pending,
+           b.kb_failures, b.kb_reason, j.retry_at, j.deferred,
            coalesce(est.truncated, false)
-      from j left join est on est.sl_slot = j.sl_slot
+      from j
+      left join est on est.sl_slot = j.sl_slot
+      left join (select sl.sl_slot, kb.* from sl join pgque.key_block kb on kb.kb_sub = sl.sl_sub) b
+        on b.sl_slot = j.sl_slot and b.kb_kid = j.kid
      order by j.head_time nulls last, j.head_ev_id
      limit i_limit;
 end;
@@ -191,6 +194,7 @@ returns table (slot integer, pending bigint, top_key text, top_pending bigint, s
                keys bigint, estimated boolean)
 language plpgsql stable security definer
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     v_slots integer;
@@ -229,6 +233,7 @@ returns table (key text, events bigint, rate double precision, share double prec
                span interval, estimated boolean)
 language plpgsql stable security definer
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     q pgque.queue := pgque._queue(i_queue);
@@ -305,6 +310,7 @@ create or replace function pgque.slot_heads(i_queue text, i_consumer text)
 returns table (slot integer, head_ev_id bigint, head_age interval)
 language plpgsql stable security definer
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     v_nslots integer;
