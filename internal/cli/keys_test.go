@@ -57,3 +57,13 @@ func TestKeysCommand(t *testing.T) {
 	checkOneLine(t, nil, c.exec("", "keys", "q", "--consumer", "nope"), ExitFailure, "no slots")
 	checkOneLine(t, nil, c.exec("", "keys", "q", "--consumer", "p", "--slot", "7"), ExitFailure, "slot must be between")
 }
+
+// TestWebCommandFlags: pgque web refuses a bad --listen and a short
+// action token before it serves anything. Not parallel: it sets the
+// environment.
+func TestWebCommandFlags(t *testing.T) {
+	c := &cli{t: t, dsn: pgtest.NewInstalledDB(t)}
+	checkOneLine(t, nil, c.exec("", "web", "--listen", "no-port"), ExitUsage, "--listen")
+	t.Setenv(EnvWebToken, "short")
+	checkOneLine(t, nil, c.exec("", "web", "--listen", "127.0.0.1:0", "--allow-actions"), ExitUsage, "token of at least 16")
+}

@@ -37,7 +37,7 @@ func BenchmarkKeyViews(b *testing.B) {
 	for off := 0; off < events; off += chunk {
 		// One event in ten is the hot key's; the rest spread over the keys.
 		exec(`select pgque.send_batch('kb', 't', array_agg('{"n":1}'::jsonb),
-				array_agg(case when i % 10 = 0 then 'hot' else 'tenant-' || (i * 7919 % $2) end))
+				array_agg(case when i % 10 = 0 then 'hot' else 'tenant-' || (i::bigint * 7919 % $2) end))
 			from generate_series($1::int, $1::int + $3 - 1) i`, off, keys, min(chunk, events-off))
 	}
 	exec("select pgque.force_next_tick('kb'); select pgque.ticker('kb')")
@@ -48,9 +48,11 @@ func BenchmarkKeyViews(b *testing.B) {
 		{"partition_slot_status", "select count(*) from pgque.partition_slot_status where queue = 'kb'"},
 		{"slot_heads", "select count(*) from pgque.slot_heads('kb', 'c')"},
 		{"key_heads_all_slots", "select count(*) from pgque.key_heads('kb', 'c')"},
+		{"key_heads_all_slots_scan20k", "select count(*) from pgque.key_heads('kb', 'c', null, 20, 20000)"},
 		{"key_heads_one_slot", "select count(*) from pgque.key_heads('kb', 'c', 3)"},
-		{"key_shares_20k", "select count(*) from pgque.key_shares('kb', 'c', 20000)"},
-		{"hot_keys_1min", "select count(*) from pgque.hot_keys('kb', '1 hour')"},
+		{"key_shares_scan20k", "select count(*) from pgque.key_shares('kb', 'c', 20000)"},
+		{"hot_keys", "select count(*) from pgque.hot_keys('kb', '1 hour')"},
+		{"hot_keys_sample20k", "select count(*) from pgque.hot_keys('kb', '1 hour', 10, 20000)"},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			for b.Loop() {

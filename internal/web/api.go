@@ -189,7 +189,7 @@ func (s *Server) apiKeys(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "name a queue and a partitioned consumer (?queue=&consumer=)")
 		return
 	}
-	rep, err := keyview.Collect(r.Context(), s.cfg.Client, queue, consumer, keyview.Options{})
+	rep, err := keyview.Collect(r.Context(), s.cfg.Client, queue, consumer, keyview.Options{KeyQuery: pgque.KeyQuery{Scan: ConsoleKeyScan}})
 	if err != nil {
 		writeDBError(w, err)
 		return

@@ -17,6 +17,10 @@
 // forge one. The database role the console connects as bounds what any
 // action can do.
 //
+// The keys page refreshes every five seconds and reads its views with a
+// budget of ConsoleKeyScan events each; the other pages every two seconds,
+// from the sampler.
+//
 // Goroutines: the HTTP server's, and one sampler (Server.Run) that reads
 // queue rates and slot lag every Config.SampleInterval (at least ten times
 // as long as the last read took) into a ring of the last HistoryLength

@@ -26,6 +26,10 @@ const (
 	// HistoryLength is how many samples the charts keep (10 minutes at the
 	// default interval).
 	HistoryLength = 300
+	// ConsoleKeyScan bounds the events one refresh of the keys page reads
+	// (per view): a fifth of pgque.KeyScanDefault, since the page refreshes
+	// every five seconds. The heads found are the oldest either way.
+	ConsoleKeyScan = 20000
 	// TokenHeader carries the action token.
 	TokenHeader = "X-Pgque-Token"
 )

@@ -252,5 +252,5 @@ document.addEventListener("DOMContentLoaded", () => {
   t.value = token();
   t.addEventListener("input", () => sessionStorage.setItem("pgque-token", t.value));
   refresh();
-  setInterval(refresh, page === "dlq" ? 5000 : 2000);
+  setInterval(refresh, page === "dlq" || page === "keys" ? 5000 : 2000);
 });

@@ -27,6 +27,11 @@ returns table (key text, head_ev_id bigint, head_time timestamptz, pending bigin
                scanned bigint, truncated boolean)
 language plpgsql stable rows 100
 set search_path = pg_catalog, pg_temp
+-- Only a walk of the routing index in ev_txid order stops after the budget:
+-- a slot's events are spread over every heap page, so the bitmap scan and
+-- sort the planner may prefer for a large budget read the whole table.
+set enable_seqscan = off
+set enable_bitmapscan = off
 as $$
 declare
     s      pgque.subscription;
@@ -276,6 +281,8 @@ create or replace function pgque._slot_head(i_sub integer, i_slot integer, i_nsl
                                             out o_ev_id bigint, out o_time timestamptz)
 language plpgsql stable
 set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+set enable_bitmapscan = off
 as $$
 declare
     s      pgque.subscription;
