@@ -318,3 +318,65 @@ func TestSlotHeads(t *testing.T) {
 		t.Errorf("partition_slot_status lag of slot 0 = %d, want 2 (the same pending set)", n)
 	}
 }
+
+// A key whose failed head succeeded on its retry is "held" while the events
+// deferred behind it are put back and delivered, and "flowing" once they
+// are acknowledged; a key with a retry pending under skip is "retrying".
+func TestKeyHeadsHeldAndRetrying(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	d.createQueue("kr")
+	d.exec("select pgque.subscribe_slot('kr', 'p', 0, 1, 'pause')")
+	d.exec("select pgque.subscribe_slot('kr', 's', 0, 1, 'skip')")
+	mustClaim(t, d.pool, "kr", "p", 0, "w", "1 hour")
+	mustClaim(t, d.pool, "kr", "s", 0, "w", "1 hour")
+	p := slotRef{q: "kr", c: "p", slot: 0, n: 1, worker: "w", max: 100}
+	s := slotRef{q: "kr", c: "s", slot: 0, n: 1, worker: "w", max: 100}
+	k := ptr("tenant-9")
+	a1 := d.send("kr", k)
+	a2 := d.send("kr", k)
+	d.tick("kr")
+	for _, sl := range []slotRef{p, s} {
+		if ms := mustReceive(t, d.pool, sl); len(ms) != 2 {
+			t.Fatalf("%s received %v", sl, ids(ms))
+		}
+		if n, err := nack(ctx, d.pool, sl, a1, "0 seconds"); err != nil || n != 1 {
+			t.Fatalf("nack on %s: %d %v", sl, n, err)
+		}
+		mustAck(t, d.pool, sl)
+	}
+	state := func(c string) keyHead {
+		t.Helper()
+		hs := keyHeads(t, d, "kr", c, nil, 10, 1000)
+		if len(hs) != 1 {
+			t.Fatalf("consumer %s: key_heads = %+v, want one key", c, hs)
+		}
+		return hs[0]
+	}
+	if h := state("s"); h.State != "retrying" || h.Head != a1 || h.Pending != 1 || h.RetryAt == nil {
+		t.Errorf("skip consumer: %+v, want tenant-9 retrying at head %d with 1 pending", h, a1)
+	}
+	if h := state("p"); h.State != "blocked" || h.Head != a1 || h.Pending != 2 || h.Deferred != 1 {
+		t.Errorf("pause consumer: %+v, want blocked at %d, 2 pending, 1 deferred", h, a1)
+	}
+	// The retry comes back and succeeds: the deferred event is put back.
+	d.exec("select pgque.maint_retry_events()")
+	d.tick("kr")
+	ms := mustReceive(t, d.pool, p)
+	if len(ms) != 1 || ms[0].ID != a1 {
+		t.Fatalf("pause consumer redelivered %v, want [%d]", ids(ms), a1)
+	}
+	mustAck(t, d.pool, p)
+	if h := state("p"); h.State != "held" || h.Head != a2 || h.Pending != 1 || h.Deferred != 0 || h.Failures == nil {
+		t.Errorf("after the head succeeded: %+v, want held at %d with 1 pending", h, a2)
+	}
+	d.tick("kr")
+	if ms := mustReceive(t, d.pool, p); len(ms) != 1 || ms[0].ID != a2 {
+		t.Fatalf("pause consumer delivered %v, want [%d]", ids(ms), a2)
+	}
+	mustAck(t, d.pool, p)
+	if hs := keyHeads(t, d, "kr", "p", nil, 10, 1000); len(hs) != 0 {
+		t.Errorf("after the held event was acknowledged: %+v, want no pending key", hs)
+	}
+}

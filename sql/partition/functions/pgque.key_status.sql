@@ -176,7 +176,7 @@ begin
                 when j.retrying then 'retrying'
                 when j.in_batch then 'in flight'
                 else 'flowing' end,
-           least(j.head_ev_id, b.kb_head), v_now - j.head_time, j.pending,
+           j.head_ev_id, v_now - j.head_time, j.pending,
            b.kb_failures, b.kb_reason, j.retry_at, j.deferred,
            coalesce(est.truncated, false)
       from j
