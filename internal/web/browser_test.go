@@ -226,6 +226,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#blocked button.danger`)),
 		until(`!document.querySelector("#notice").hidden`))
 	waitFor(t, "tenant-stuck to be unblocked", 10*time.Second, func() bool { return !w.blockedKey(t, stuckKey) })
+	b.do(t, "seeing the key unblocked", until(`!document.querySelector("#blocked").textContent.includes("tenant-stuck") && document.querySelector("#error").hidden`))
 	b.screenshot(t, "keys-unblocked")
 
 	// The read-only console shows no action and refuses one sent anyway.

@@ -98,6 +98,7 @@ async function act(action, body, what) {
     });
     const res = await r.json();
     if (!r.ok) throw new Error(res.error || r.statusText);
+    showError("");
     notice(what + ": done (" + JSON.stringify(res.result) + ")");
     refresh();
   } catch (e) {
