@@ -39,3 +39,7 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
 			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 		done; \
 	done
+
+.PHONY: screenshots
+screenshots: deps ## Regenerate the web console's screenshots in docs/console (needs chromium).
+	PGQUE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run TestConsoleInBrowser ./internal/web/
