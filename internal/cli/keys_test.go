@@ -1,11 +1,18 @@
 package cli
 
 import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/keyview"
 	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/web"
 )
 
 // TestKeysCommand: keys lists a consumer's keys with their pending heads,
@@ -66,4 +73,40 @@ func TestWebCommandFlags(t *testing.T) {
 	checkOneLine(t, nil, c.exec("", "web", "--listen", "no-port"), ExitUsage, "--listen")
 	t.Setenv(EnvWebToken, "short")
 	checkOneLine(t, nil, c.exec("", "web", "--listen", "127.0.0.1:0", "--allow-actions"), ExitUsage, "token of at least 16")
+}
+
+// serveWeb serves the console until its context ends, then shuts down
+// cleanly (nil error, sampler stopped).
+func TestServeWeb(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewInstalledDB(t)
+	pool := pgtest.Pool(t, dsn)
+	client, err := pgque.NewClient(pool, &pgque.Config{Logger: slog.New(slog.DiscardHandler), PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := web.New(web.Config{Client: client, Queries: dbq.New(pool), Logger: slog.New(slog.DiscardHandler),
+		AllowedHosts: defaultWebHosts("127.0.0.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveWeb(ctx, ln, srv) }()
+	resp, err := http.Get("http://" + ln.Addr().String() + "/api/overview")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Security-Policy") == "" {
+		t.Errorf("GET /api/overview: %d, CSP %q", resp.StatusCode, resp.Header.Get("Content-Security-Policy"))
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("serveWeb after cancel: %v", err)
+	}
 }
