@@ -106,6 +106,11 @@ func (r *Relay) Handle(ctx context.Context, m *pgque.Message) error {
 			if attempt > 1 {
 				r.endpointBack(ctx, m, attempt)
 			}
+			if res.err != nil && ctx.Err() == nil {
+				r.cfg.Logger.WarnContext(ctx, "pgque relay: delivery failed; the event is handed back to the consumer",
+					slog.String("to", r.url), slog.Any("error", res.err), slog.Int64("ev_id", m.ID), slog.Int("slot", m.Slot),
+					slog.Int("retry_count", m.RetryCount), slog.Bool("dead_letter", pgque.IsDeadLetter(res.err)))
+			}
 			return res.err
 		}
 		r.cfg.Metrics.Unreachable.WithLabelValues(res.reason).Inc()

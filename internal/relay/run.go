@@ -27,7 +27,8 @@ type RunConfig struct {
 	// Consumer configures the partitioned consumer; Handler must be nil
 	// (the relay is the handler).
 	Consumer pgque.PartitionedConsumerConfig
-	// Relay configures the delivery.
+	// Relay configures the delivery; its Queue and Consumer default to the
+	// consumer's.
 	Relay Config
 	// Ticker, when set, also runs a ticker in this process.
 	Ticker *pgque.TickerConfig
@@ -55,6 +56,9 @@ func Run(ctx context.Context, rc *RunConfig) error {
 	}
 	rcfg := rc.Relay
 	rcfg.Logger = log
+	if rcfg.Queue == "" && rcfg.Consumer == "" {
+		rcfg.Queue, rcfg.Consumer = rc.Consumer.Queue, rc.Consumer.Consumer
+	}
 	r, err := New(&rcfg)
 	if err != nil {
 		return err
