@@ -169,7 +169,8 @@ func relayEnvName(flag string) string {
 }
 
 // flagsFromEnv sets every flag not given on the command line from its
-// environment variable, when that is set.
+// environment variable, when that is set and not empty (an empty variable
+// counts as unset, as deployment files often leave them).
 func flagsFromEnv(fs *pflag.FlagSet) error {
 	var errs []error
 	fs.VisitAll(func(fl *pflag.Flag) {
@@ -177,8 +178,8 @@ func flagsFromEnv(fs *pflag.FlagSet) error {
 			return
 		}
 		name := relayEnvName(fl.Name)
-		v, ok := os.LookupEnv(name)
-		if !ok {
+		v := os.Getenv(name)
+		if v == "" {
 			return
 		}
 		if err := fs.Set(fl.Name, v); err != nil {
