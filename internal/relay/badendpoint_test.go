@@ -57,6 +57,13 @@ const inProcWorker = "relay-in-proc"
 // doubling to 1 s, a 300 ms request timeout.
 func startInProc(t *testing.T, url string) *inProc {
 	t.Helper()
+	return startInProcListen(t, url, "")
+}
+
+// startInProcListen is startInProc serving /metrics, /healthz and /readyz
+// on listen.
+func startInProcListen(t *testing.T, url, listen string) *inProc {
+	t.Helper()
 	dsn := pgtest.NewInstalledDB(t)
 	p := &inProc{pool: pgtest.Pool(t, dsn), queue: "q", logs: &syncBuffer{}}
 	ctx := context.Background()
@@ -87,6 +94,8 @@ func startInProc(t *testing.T, url string) *inProc {
 			},
 			ShutdownTimeout: 10 * time.Second,
 			Logger:          log,
+			Listen:          listen,
+			MetricsHandler:  client.MetricsHandler(),
 		})
 	}()
 	var once sync.Once
