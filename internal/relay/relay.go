@@ -113,6 +113,11 @@ func (r *Relay) Handle(ctx context.Context, m *pgque.Message) error {
 			}
 			return res.err
 		}
+		if attempt == 1 {
+			// This request now waits for the endpoint until it returns.
+			r.endpointDown()
+			defer r.endpointUp()
+		}
 		r.cfg.Metrics.Unreachable.WithLabelValues(res.reason).Inc()
 		wait := jitter(backoff)
 		log := r.cfg.Logger.WarnContext
@@ -122,24 +127,31 @@ func (r *Relay) Handle(ctx context.Context, m *pgque.Message) error {
 		log(ctx, "pgque relay: endpoint unreachable or misconfigured; the event is not charged a retry, the request is repeated",
 			slog.String("to", r.url), slog.String("reason", res.reason), slog.Any("error", res.err),
 			slog.Int64("ev_id", m.ID), slog.Int("slot", m.Slot), slog.Int("attempt", attempt), slog.Duration("next_in", wait))
-		if err := r.waitUnreachable(ctx, wait); err != nil {
+		if err := r.sleep(ctx, wait); err != nil {
 			return err
 		}
 		backoff = min(backoff*2, r.cfg.UnreachableBackoffMax)
 	}
 }
 
-// waitUnreachable sleeps d while counting as a waiter. It returns an error
-// (the event is handed back) when the relay is stopping or ctx ends.
-func (r *Relay) waitUnreachable(ctx context.Context, d time.Duration) error {
+// endpointDown and endpointUp count the requests waiting for an
+// unreachable endpoint; the gauge is 0 while there is any.
+func (r *Relay) endpointDown() {
 	if r.waiting.Add(1) == 1 {
 		r.cfg.Metrics.EndpointUp.Set(0)
 	}
-	defer func() {
-		if r.waiting.Add(-1) == 0 {
-			r.cfg.Metrics.EndpointUp.Set(1)
-		}
-	}()
+}
+
+func (r *Relay) endpointUp() {
+	if r.waiting.Add(-1) == 0 {
+		r.cfg.Metrics.EndpointUp.Set(1)
+	}
+}
+
+// sleep waits d before the next attempt at an unreachable endpoint. It
+// returns an error (the event is handed back) when the relay is stopping
+// or ctx ends.
+func (r *Relay) sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
