@@ -101,7 +101,7 @@ func benchRelay(b *testing.B, cost time.Duration, slots int, viaHTTP bool) {
 			sink.seen(created)
 		}))
 		defer srv.Close()
-		r, err := relay.New(&relay.Config{URL: srv.URL, Queue: "bench", Consumer: "c", Logger: quiet})
+		r, err := relay.New(&relay.Config{URL: srv.URL, Queue: "bench", Consumer: "c", Logger: quiet, MaxInFlight: slots})
 		if err != nil {
 			b.Fatal(err)
 		}
