@@ -163,15 +163,18 @@ func (c *Config) httpClient(u *url.URL) (*http.Client, error) {
 	}
 	dialer := &net.Dialer{Timeout: min(c.Timeout, 10*time.Second), KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           dialer.DialContext,
-		TLSClientConfig:       tlsConfig,
-		TLSHandshakeTimeout:   min(c.Timeout, 10*time.Second),
-		ForceAttemptHTTP2:     u.Scheme == "https",
-		MaxIdleConns:          c.MaxInFlight,
-		MaxIdleConnsPerHost:   c.MaxInFlight,
-		MaxConnsPerHost:       c.MaxInFlight,
-		IdleConnTimeout:       90 * time.Second,
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         dialer.DialContext,
+		TLSClientConfig:     tlsConfig,
+		TLSHandshakeTimeout: min(c.Timeout, 10*time.Second),
+		ForceAttemptHTTP2:   u.Scheme == "https",
+		MaxIdleConns:        c.MaxInFlight,
+		MaxIdleConnsPerHost: c.MaxInFlight,
+		MaxConnsPerHost:     c.MaxInFlight,
+		// Below Node.js's default keepAliveTimeout (5 s), so that the relay
+		// drops an idle connection before the server does and rarely sends
+		// on one the server is closing.
+		IdleConnTimeout:       4 * time.Second,
 		ExpectContinueTimeout: time.Second,
 		// The payload is JSON the application reads: compressing responses
 		// buys nothing, and a transparent gzip would hide the body size.

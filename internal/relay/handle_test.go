@@ -159,7 +159,7 @@ func TestHandleHeaders(t *testing.T) {
 		"Ce-Time": "2026-01-02T03:04:05.000006Z", "Content-Type": "application/json",
 		"Pgque-Slot": "5", "Pgque-Epoch": "9", "Pgque-Retry-Count": "3", "Pgque-Ev-Id": "42",
 		"Pgque-Queue": "q", "Pgque-Consumer": "c", "X-Token": "s3cret",
-		"Pgque-Partition-Key": "tenant%2F%C3%BC%20%25%0A",
+		"Pgque-Partition-Key": "tenant%2F%C3%BC%20%25%0A", "Idempotency-Key": "q/42",
 	}
 	for k, v := range want {
 		if g := req.Header.Get(k); g != v {

@@ -276,7 +276,13 @@ func (r *Relay) classify(resp *http.Response, body []byte) result {
 func (r *Relay) setHeaders(h http.Header, m *pgque.Message) {
 	h.Set("Content-Type", "application/json")
 	h.Set("ce-specversion", "1.0")
-	h.Set("ce-id", r.cfg.Queue+"/"+strconv.FormatInt(m.ID, 10))
+	id := r.cfg.Queue + "/" + strconv.FormatInt(m.ID, 10)
+	h.Set("ce-id", id)
+	// The event id is the request's idempotency key. It also lets the
+	// transport resend the POST when a kept-alive connection turns out to
+	// have been closed by the server before the request went out, instead
+	// of failing (and charging) the event.
+	h.Set("Idempotency-Key", id)
 	h.Set("ce-source", r.source)
 	h.Set("ce-type", m.Type)
 	h.Set("ce-time", m.CreatedAt.UTC().Format(time.RFC3339Nano))
