@@ -57,12 +57,19 @@ const inProcWorker = "relay-in-proc"
 // doubling to 1 s, a 300 ms request timeout.
 func startInProc(t *testing.T, url string) *inProc {
 	t.Helper()
-	return startInProcListen(t, url, "")
+	return startInProcWith(t, url, "", nil)
 }
 
 // startInProcListen is startInProc serving /metrics, /healthz and /readyz
 // on listen.
 func startInProcListen(t *testing.T, url, listen string) *inProc {
+	t.Helper()
+	return startInProcWith(t, url, listen, nil)
+}
+
+// startInProcWith is startInProcListen with the run's config adjusted by
+// mod.
+func startInProcWith(t *testing.T, url, listen string, mod func(*relay.RunConfig)) *inProc {
 	t.Helper()
 	dsn := pgtest.NewInstalledDB(t)
 	p := &inProc{pool: pgtest.Pool(t, dsn), queue: "q", logs: &syncBuffer{}}
@@ -80,24 +87,27 @@ func startInProcListen(t *testing.T, url, listen string) *inProc {
 	p.metrics, p.reg = relay.NewMetrics(reg), reg
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- relay.Run(runCtx, &relay.RunConfig{
-			Client: client,
-			Consumer: pgque.PartitionedConsumerConfig{
-				Queue: p.queue, Consumer: "c", Slots: 2, WorkerID: inProcWorker, LeaseTTL: 2 * time.Second,
-				ClaimInterval: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond,
-				RetryDelay: backoff.Policy{Base: 200 * time.Millisecond, Max: time.Second}.Delay,
-			},
-			Relay: relay.Config{
-				URL: url, Timeout: 300 * time.Millisecond, Metrics: p.metrics,
-				UnreachableBackoffMin: 50 * time.Millisecond, UnreachableBackoffMax: 400 * time.Millisecond,
-			},
-			ShutdownTimeout: 10 * time.Second,
-			Logger:          log,
-			Listen:          listen,
-			MetricsHandler:  client.MetricsHandler(),
-		})
-	}()
+	rc := &relay.RunConfig{
+		Client: client,
+		Consumer: pgque.PartitionedConsumerConfig{
+			Queue: p.queue, Consumer: "c", Slots: 2, WorkerID: inProcWorker, LeaseTTL: 2 * time.Second,
+			ClaimInterval: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond,
+			RetryDelay: backoff.Policy{Base: 200 * time.Millisecond, Max: time.Second}.Delay,
+		},
+		Relay: relay.Config{
+			URL: url, Timeout: 300 * time.Millisecond, Metrics: p.metrics,
+			UnreachableBackoffMin: 50 * time.Millisecond, UnreachableBackoffMax: 400 * time.Millisecond,
+		},
+		ShutdownTimeout: 10 * time.Second,
+		Logger:          log,
+		Listen:          listen,
+		MetricsHandler:  client.MetricsHandler(),
+	}
+	if mod != nil {
+		mod(rc)
+	}
+	slots := rc.Consumer.Slots
+	go func() { done <- relay.Run(runCtx, rc) }()
 	var once sync.Once
 	p.stop = func() {
 		once.Do(func() {
@@ -108,7 +118,7 @@ func startInProcListen(t *testing.T, url, listen string) *inProc {
 		})
 	}
 	t.Cleanup(p.stop)
-	waitFor(t, 20*time.Second, "both slots owned", func() bool { return p.ownedSlots(t) == 2 })
+	waitFor(t, 20*time.Second, "every slot owned", func() bool { return p.ownedSlots(t) == slots })
 	return p
 }
 
