@@ -98,9 +98,16 @@ their chunks are acknowledged and the slot leases released.`,
 			if authEnv != "" {
 				rcfg.AuthValue = os.Getenv(authEnv)
 			}
-			if _, err := relay.New(&rcfg); err != nil {
+			// Check the delivery settings before connecting, so that a bad
+			// URL is a usage error; Run builds the relay again with the
+			// real logger (and warns about skipped verification once).
+			check := rcfg
+			check.Logger = slog.New(slog.DiscardHandler)
+			probe, err := relay.New(&check)
+			if err != nil {
 				return usagef("%v", strings.TrimPrefix(err.Error(), relay.ErrInvalidConfig.Error()+": "))
 			}
+			probe.Close()
 			level := slog.LevelInfo
 			if verbose {
 				level = slog.LevelDebug
