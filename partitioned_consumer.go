@@ -156,6 +156,9 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
 			return q.NackPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, m.ID, after, reason)
 		},
+		deadLetter: func(ctx context.Context, q *dbq.Queries, m *Message, reason string) error {
+			return q.DeadLetterPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, m.ID, reason)
+		},
 		ack: func(ctx context.Context, q *dbq.Queries) (bool, error) {
 			return q.AckPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID)
 		},

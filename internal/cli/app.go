@@ -72,6 +72,7 @@ or postgres:// URL); without it, PGQUE_DSN and then DATABASE_URL are used.`,
 		a.queueCommand(), a.subscribeCommand(), a.unsubscribeCommand(), a.slotsCommand(),
 		a.sendCommand(), a.tailCommand(), a.statusCommand(), a.dlqCommand(), a.keysCommand(), a.webCommand(),
 		a.demoCommand(), a.benchCommand(), a.chaosCommand(),
+		a.relayCommand(),
 	)
 	a.markRuns(root)
 	return root

@@ -16,6 +16,7 @@
 //	pgque dlq list|replay|purge <queue>           dead letters
 //	pgque demo                                    the multi-tenant workload, verified
 //	pgque bench                                   the benchmark suites
+//	pgque relay --to URL                          each key's events POSTed in order (internal/relay)
 //
 // Conventions every command follows:
 //
