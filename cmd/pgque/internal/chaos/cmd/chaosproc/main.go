@@ -6,7 +6,7 @@ package main
 import (
 	"os"
 
-	"github.com/pgque/pgque/internal/chaos"
+	"github.com/pgque/pgque/cmd/pgque/internal/chaos"
 )
 
 func main() {

@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/cmd/pgque/internal/demo"
 	"github.com/pgque/pgque/internal/dbq"
-	"github.com/pgque/pgque/internal/demo"
 	"github.com/pgque/pgque/internal/install"
 )
 

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgque/pgque/internal/chaos"
+	"github.com/pgque/pgque/cmd/pgque/internal/chaos"
 )
 
 // chaosCommand runs a fault-injection run (internal/chaos; docs/chaos.md).

@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgque/pgque/internal/bench"
+	"github.com/pgque/pgque/cmd/pgque/internal/bench"
 )
 
 func (a *app) benchCommand() *cobra.Command {

@@ -12,7 +12,7 @@ import (
 )
 
 // Version is the binary's version. Release builds set it with
-// -ldflags "-X github.com/pgque/pgque/internal/cli.Version=v1.2.3"; otherwise
+// -ldflags "-X github.com/pgque/pgque/cmd/pgque/internal/cli.Version=v1.2.3"; otherwise
 // it is read from the module's build information.
 var Version = ""
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgque/pgque/internal/demo"
+	"github.com/pgque/pgque/cmd/pgque/internal/demo"
 	"github.com/pgque/pgque/internal/pgtest"
 )
 

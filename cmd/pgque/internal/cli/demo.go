@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgque/pgque/internal/demo"
+	"github.com/pgque/pgque/cmd/pgque/internal/demo"
 )
 
 func (a *app) demoCommand() *cobra.Command {
