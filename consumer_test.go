@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/pgque/pgque/internal/leakcheck"
 
 	"github.com/pgque/pgque"
 )
@@ -197,12 +197,12 @@ func TestConsumerStartUnknownQueue(t *testing.T) {
 	}
 }
 
-// TestConsumerStopLeavesNoGoroutines is not parallel: goleak inspects every
+// TestConsumerStopLeavesNoGoroutines is not parallel: leakcheck inspects every
 // goroutine of the binary.
 func TestConsumerStopLeavesNoGoroutines(t *testing.T) {
 	env := setup(t)
 	ctx := context.Background()
-	before := goleak.IgnoreCurrent()
+	before := leakcheck.Take()
 	tk, err := env.client.NewTicker(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -230,7 +230,7 @@ func TestConsumerStopLeavesNoGoroutines(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	goleak.VerifyNone(t, before)
+	leakcheck.Verify(t, before)
 }
 
 func TestConsumerGracefulStopAcksInFlightChunk(t *testing.T) {

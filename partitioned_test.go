@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgque/pgque/internal/leakcheck"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/goleak"
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/dbq"
@@ -272,12 +272,12 @@ func TestPartitionedFencing(t *testing.T) {
 	}
 }
 
-// TestPartitionedStopLeavesNoGoroutinesAndReleases is not parallel: goleak
+// TestPartitionedStopLeavesNoGoroutinesAndReleases is not parallel: leakcheck
 // inspects every goroutine of the binary.
 func TestPartitionedStopLeavesNoGoroutinesAndReleases(t *testing.T) {
 	env := setup(t)
 	ctx := context.Background()
-	before := goleak.IgnoreCurrent()
+	before := leakcheck.Take()
 	tk, err := env.client.NewTicker(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -306,7 +306,7 @@ func TestPartitionedStopLeavesNoGoroutinesAndReleases(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	goleak.VerifyNone(t, before)
+	leakcheck.Verify(t, before)
 	if owners := slotOwners(t, env, "c"); owners[""] != 4 {
 		t.Fatalf("after Stop the slots are owned: %v", owners)
 	}
