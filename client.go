@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,6 +29,8 @@ type Client struct {
 	queries  *dbq.Queries
 	// notifier is nil when Config.PollOnly is set.
 	notifier *notifier.Notifier
+	// schemaChecked is set once CheckSchema succeeded.
+	schemaChecked atomic.Bool
 }
 
 // NewClient returns a Client over pool. The caller keeps ownership of pool:
@@ -57,7 +60,9 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 }
 
 // Connect opens a pool from dsn (a libpq connection string or URL) and
-// returns a Client that owns it: Close closes the pool.
+// returns a Client that owns it: Close closes the pool. It fails with
+// ErrSchemaVersion or ErrNotInstalled when the database does not hold this
+// library's SchemaVersion (see CheckSchema).
 func Connect(ctx context.Context, dsn string, config *Config) (*Client, error) {
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
@@ -65,6 +70,10 @@ func Connect(ctx context.Context, dsn string, config *Config) (*Client, error) {
 	}
 	c, err := NewClient(pool, config)
 	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if err := c.CheckSchema(ctx); err != nil {
 		pool.Close()
 		return nil, err
 	}

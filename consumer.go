@@ -45,6 +45,9 @@ func (c *Client) NewConsumer(config *ConsumerConfig) (*Consumer, error) {
 // returns at once. Cancelling ctx abandons the work in flight, like a crash:
 // prefer Stop.
 func (con *Consumer) Start(ctx context.Context) error {
+	if err := con.client.CheckSchema(ctx); err != nil {
+		return err
+	}
 	if _, err := con.client.queries.Subscribe(ctx, con.config.Queue, con.config.Consumer); err != nil {
 		return mapError(fmt.Sprintf("subscribing %q to queue %q", con.config.Consumer, con.config.Queue), err)
 	}

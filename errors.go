@@ -57,6 +57,11 @@ var (
 	ErrAlreadyStarted = errors.New("pgque: already started")
 	// ErrNotStarted: Stop was called on a service that was never started.
 	ErrNotStarted = errors.New("pgque: not started")
+	// ErrSchemaVersion: the database holds another pgque schema version than
+	// the library's SchemaVersion (a *SchemaVersionError says which).
+	ErrSchemaVersion = errors.New("pgque: schema version mismatch")
+	// ErrNotInstalled: pgque is not installed in the database.
+	ErrNotInstalled = errors.New("pgque: not installed")
 	// ErrHandlerPanic wraps the value of a recovered handler panic; the event
 	// is nacked like any other failure.
 	ErrHandlerPanic = errors.New("pgque: handler panicked")

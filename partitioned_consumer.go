@@ -87,18 +87,14 @@ func (pc *PartitionedConsumer) Policy() FailurePolicy { return FailurePolicy(pc.
 // more is acked, leases expire after the TTL.
 func (pc *PartitionedConsumer) Start(ctx context.Context) error {
 	cfg := &pc.config
-	var policy *string
-	if cfg.FailurePolicy != 0 {
-		s := cfg.FailurePolicy.String()
-		policy = &s
+	if err := pc.client.CheckSchema(ctx); err != nil {
+		return err
 	}
 	var persisted FailurePolicy
 	err := pgx.BeginFunc(ctx, pc.client.pool, func(tx pgx.Tx) error {
 		q := dbq.New(tx)
-		for slot := range cfg.Slots {
-			if _, err := q.SubscribeSlotPolicy(ctx, cfg.Queue, cfg.Consumer, slot, cfg.Slots, policy); err != nil {
-				return err
-			}
+		if _, err := subscribeSlotsTx(ctx, q, cfg.Queue, cfg.Consumer, cfg.Slots, cfg.FailurePolicy); err != nil {
+			return err
 		}
 		var err error
 		persisted, err = serverPolicy(ctx, q, cfg.Queue, cfg.Consumer)

@@ -32,10 +32,12 @@ func (q *Queries) Subscribe(ctx context.Context, queue, consumer string) (bool, 
 	return n == 1, err
 }
 
-// Unsubscribe calls pgque.unsubscribe(queue, consumer).
-func (q *Queries) Unsubscribe(ctx context.Context, queue, consumer string) error {
-	_, err := q.db.Exec(ctx, `select pgque.unsubscribe($1::text, $2::text)`, queue, consumer)
-	return err
+// Unsubscribe calls pgque.unsubscribe(queue, consumer) and reports whether
+// the subscription existed.
+func (q *Queries) Unsubscribe(ctx context.Context, queue, consumer string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.unsubscribe($1::text, $2::text)`, queue, consumer).Scan(&n)
+	return n == 1, err
 }
 
 // Row is one delivered event, as receive and receive_partitioned return it.

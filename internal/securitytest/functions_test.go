@@ -96,6 +96,7 @@ var functions = map[string]fn{
 	"pgque.maint()":              {roles: "a"},
 	"pgque.get_queue_info(text)": {roles: "rwa", args: []string{"'q1'"}, nullable: []int{0},
 		cases: []badCase{bc("PQ001", "'nope'")}},
+	"pgque.schema_version()": {roles: "rwa"},
 	"pgque.get_consumer_info(text,text)": {roles: "rwa", args: []string{"'q1'", "'c1'"}, nullable: []int{0, 1},
 		cases: []badCase{bc("PQ001", "'nope'", "null")}},
 	"pgque.set_queue_config(text,text,text)": {roles: "a", args: []string{"'q1'", "'max_retries'", "'3'"}, cases: []badCase{

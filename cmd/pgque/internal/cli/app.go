@@ -15,8 +15,6 @@ import (
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/cmd/pgque/internal/demo"
-	"github.com/pgque/pgque/internal/dbq"
-	"github.com/pgque/pgque/internal/install"
 )
 
 // Environment variables that name the database when --dsn is not given, in
@@ -201,8 +199,6 @@ func (a *app) openPool(ctx context.Context) (*pgxpool.Pool, error) {
 type session struct {
 	*pgque.Client
 	pool *pgxpool.Pool
-	dbq  *dbq.Queries // the library's data layer (read-only use)
-	q    *queries     // the CLI's own monitoring and dead-letter SQL
 }
 
 // Close closes the pool.
@@ -221,21 +217,19 @@ func (a *app) connectWith(ctx context.Context, config *pgque.Config) (*session, 
 	if err != nil {
 		return nil, err
 	}
-	v, err := install.InstalledVersion(ctx, pool)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	if v == "" {
-		pool.Close()
-		return nil, errors.New("pgque is not installed in this database (run 'pgque install')")
-	}
 	c, err := pgque.NewClient(pool, config)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	return &session{Client: c, pool: pool, dbq: dbq.New(pool), q: &queries{db: pool}}, nil
+	if err := c.CheckSchema(ctx); err != nil {
+		pool.Close()
+		if errors.Is(err, pgque.ErrNotInstalled) {
+			return nil, errors.New("pgque is not installed in this database (run 'pgque install')")
+		}
+		return nil, err
+	}
+	return &session{Client: c, pool: pool}, nil
 }
 
 // logger returns a text logger on stderr at level.

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"fmt"
+
+	"github.com/pgque/pgque"
 	"strconv"
 	"time"
 
@@ -33,7 +35,7 @@ func (a *app) dlqListCommand() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			dls, err := s.q.dlqList(ctx, args[0], consumer, max)
+			dls, err := s.deadLetters(ctx, args[0], consumer, max)
 			if err != nil {
 				return err
 			}
@@ -92,7 +94,7 @@ dead-letter table. Name them by id, or pass --all (optionally with
 			defer s.Close()
 			for all {
 				// Replaying removes them, so every page is new.
-				dls, err := s.q.dlqList(ctx, queue, consumer, 1000)
+				dls, err := s.deadLetters(ctx, queue, consumer, 1000)
 				if err != nil || len(dls) == 0 {
 					return err
 				}
@@ -115,7 +117,7 @@ dead-letter table. Name them by id, or pass --all (optionally with
 // replay replays ids one by one and prints each new event id.
 func (a *app) replay(cmd *cobra.Command, s *session, queue string, ids []int64) error {
 	for _, id := range ids {
-		evID, err := s.q.dlqReplay(cmd.Context(), queue, id)
+		evID, err := s.ReplayDeadLetter(cmd.Context(), queue, id)
 		if err != nil {
 			return err
 		}
@@ -147,7 +149,7 @@ func (a *app) dlqPurgeCommand() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			n, err := s.q.dlqPurge(ctx, args[0], consumer, olderThan)
+			n, err := s.PurgeDeadLetters(ctx, args[0], &pgque.PurgeFilter{Consumer: consumer, OlderThan: olderThan})
 			if err != nil {
 				return err
 			}

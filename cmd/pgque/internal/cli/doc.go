@@ -33,6 +33,9 @@
 //   - Long-running commands (ticker, tail, status --watch, demo) stop
 //     cleanly on SIGINT or SIGTERM and exit 0; a second signal kills.
 //
-// The monitoring and dead-letter SQL functions that internal/dbq does not
-// bind are bound in queries.go, one method per function, the same way.
+// Every command works through the library's public API (package pgque and
+// pgquemigrate), the same calls a service makes; views.go shapes its results
+// into the JSON the commands print. The one exception is tail, which reads a
+// subscription batch by batch, inside a transaction it may roll back, over
+// the library's data layer.
 package cli

@@ -7,8 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgque/pgque/internal/install"
-	sqlfiles "github.com/pgque/pgque/sql"
+	"github.com/pgque/pgque/pgquemigrate"
 )
 
 // Version is the binary's version. Release builds set it with
@@ -76,7 +75,7 @@ func (a *app) runInstall(ctx context.Context, asJSON, upgrade bool) error {
 		return err
 	}
 	defer pool.Close()
-	res, err := install.Install(ctx, pool)
+	res, err := pgquemigrate.Install(ctx, pool)
 	if err != nil {
 		return err
 	}
@@ -114,11 +113,11 @@ roles that nothing else uses any more. It asks for --yes.`,
 				return err
 			}
 			defer pool.Close()
-			prev, err := install.InstalledVersion(cmd.Context(), pool)
+			prev, err := pgquemigrate.InstalledVersion(cmd.Context(), pool)
 			if err != nil {
 				return err
 			}
-			if err := install.Uninstall(cmd.Context(), pool, dropRoles); err != nil {
+			if err := pgquemigrate.Uninstall(cmd.Context(), pool, dropRoles); err != nil {
 				return err
 			}
 			switch {
@@ -147,7 +146,7 @@ binary cannot connect:
   pgque sql > pgque.sql && psql -1 -f pgque.sql "$DATABASE_URL"`,
 		Args: exactArgs(),
 		RunE: func(*cobra.Command, []string) error {
-			script, err := sqlfiles.Script()
+			script, err := pgquemigrate.Script()
 			if err != nil {
 				return err
 			}
@@ -164,9 +163,9 @@ func (a *app) versionCommand() *cobra.Command {
 		Short: "Print the binary's version, and the installed schema version when a database is given",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			out := map[string]any{"binary": binaryVersion(), "schema": sqlfiles.Version}
+			out := map[string]any{"binary": binaryVersion(), "schema": pgquemigrate.Version}
 			if !asJSON {
-				fmt.Fprintf(a.stdout, "pgque %s (schema %s)\n", binaryVersion(), sqlfiles.Version)
+				fmt.Fprintf(a.stdout, "pgque %s (schema %s)\n", binaryVersion(), pgquemigrate.Version)
 			}
 			if dsn, _ := a.resolveDSN(); dsn != "" {
 				pool, err := a.openPool(cmd.Context())
@@ -174,7 +173,7 @@ func (a *app) versionCommand() *cobra.Command {
 					return err
 				}
 				defer pool.Close()
-				installed, err := install.InstalledVersion(cmd.Context(), pool)
+				installed, err := pgquemigrate.InstalledVersion(cmd.Context(), pool)
 				if err != nil {
 					return err
 				}

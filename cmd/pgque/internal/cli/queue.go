@@ -8,8 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
-
-	"github.com/pgque/pgque/internal/dbq"
 )
 
 func (a *app) queueCommand() *cobra.Command {
@@ -94,7 +92,7 @@ func (a *app) queueListCommand() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			infos, err := s.q.queueInfo(ctx, "")
+			infos, err := s.queueInfos(ctx, "")
 			if err != nil {
 				return err
 			}
@@ -144,7 +142,7 @@ changes them first, all in one transaction. Parameters:
 			if err := setConfig(ctx, s, args[0], params); err != nil {
 				return err
 			}
-			infos, err := s.q.queueInfo(ctx, args[0])
+			infos, err := s.queueInfos(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -191,11 +189,10 @@ func setConfig(ctx context.Context, s *session, queue string, params []param) er
 	if len(params) == 0 {
 		return nil
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		q := dbq.New(tx)
+	return pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
 		for _, p := range params {
-			if err := q.SetQueueConfig(ctx, queue, p.name, p.value); err != nil {
-				return dbErr(fmt.Sprintf("setting %s of queue %q", p.name, queue), err)
+			if err := s.SetQueueConfigTx(ctx, tx, queue, p.name, p.value); err != nil {
+				return err
 			}
 		}
 		return nil

@@ -6,10 +6,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
-	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque"
 )
 
 func (a *app) slotsCommand() *cobra.Command {
@@ -72,30 +71,15 @@ policy; change it with 'pgque slots policy'.`,
 				return err
 			}
 			defer s.Close()
-			created := 0
-			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-				q := dbq.New(tx)
-				created = 0
-				pq := &queries{db: tx}
-				for slot := range f.slots {
-					var isNew bool
-					var err error
-					if policy == "" {
-						isNew, err = q.SubscribeSlot(ctx, args[0], f.consumer, slot, f.slots)
-					} else {
-						isNew, err = pq.subscribeSlotPolicy(ctx, args[0], f.consumer, slot, f.slots, policy)
-					}
-					if err != nil {
-						return err
-					}
-					if isNew {
-						created++
-					}
+			var pol pgque.FailurePolicy
+			if policy != "" {
+				if pol, err = pgque.ParseFailurePolicy(policy); err != nil {
+					return usagef("%v", err)
 				}
-				return nil
-			})
+			}
+			created, err := s.SubscribeSlots(ctx, args[0], f.consumer, f.slots, pol)
 			if err != nil {
-				return dbErr(fmt.Sprintf("subscribing %d slots of %q to queue %q", f.slots, f.consumer, args[0]), err)
+				return err
 			}
 			fmt.Fprintf(a.stdout, "subscribed %s to queue %s with %d slots (%d new)\n", f.consumer, args[0], f.slots, created)
 			return nil
@@ -122,17 +106,8 @@ func (a *app) slotsUnsubscribeCommand() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-				q := dbq.New(tx)
-				for slot := range f.slots {
-					if err := q.UnsubscribeSlot(ctx, args[0], f.consumer, slot, f.slots); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				return dbErr(fmt.Sprintf("unsubscribing %d slots of %q from queue %q", f.slots, f.consumer, args[0]), err)
+			if err := s.UnsubscribeSlots(ctx, args[0], f.consumer, f.slots); err != nil {
+				return err
 			}
 			fmt.Fprintf(a.stdout, "unsubscribed the %d slots of %s from queue %s\n", f.slots, f.consumer, args[0])
 			return nil
@@ -169,11 +144,11 @@ stuck or unpolled, and pins the queue's table rotation.`,
 			}
 			defer s.Close()
 			if queue != "" {
-				if _, err := s.q.queueInfo(ctx, queue); err != nil { // names an unknown queue
+				if _, err := s.Queues(ctx, queue); err != nil { // names an unknown queue
 					return err
 				}
 			}
-			slots, err := s.q.slotStatus(ctx, queue, consumer)
+			slots, err := s.slotRows(ctx, queue, consumer)
 			if err != nil {
 				return err
 			}
@@ -234,7 +209,11 @@ func (a *app) slotsPolicyCommand() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			if err := s.q.setFailurePolicy(ctx, args[0], consumer, args[1]); err != nil {
+			pol, err := pgque.ParseFailurePolicy(args[1])
+			if err != nil {
+				return usagef("%v", err)
+			}
+			if err := s.SetFailurePolicy(ctx, args[0], consumer, pol); err != nil {
 				return err
 			}
 			fmt.Fprintf(a.stdout, "consumer %s on queue %s now has failure policy %s\n", consumer, args[0], args[1])
@@ -266,7 +245,7 @@ head at once; 'pgque slots unblock' dead-letters it and releases the rest.`,
 				return err
 			}
 			defer s.Close()
-			keys, err := s.q.blockedKeys(ctx, args[0], consumer)
+			keys, err := s.blockedKeys(ctx, args[0], consumer)
 			if err != nil {
 				return err
 			}
@@ -346,7 +325,7 @@ func (a *app) slotsUnblockCommand() *cobra.Command {
 	return a.keyCommand("unblock <queue> --consumer c --key k",
 		"Dead-letter a blocked key's failing head and release the events behind it",
 		func(ctx context.Context, s *session, queue, consumer string, key *string) error {
-			evID, err := s.q.unblockKey(ctx, queue, consumer, key)
+			evID, err := s.UnblockKey(ctx, queue, consumer, keyRefOf(key))
 			if err != nil {
 				return err
 			}
@@ -359,11 +338,11 @@ func (a *app) slotsRetryNowCommand() *cobra.Command {
 	return a.keyCommand("retry-now <queue> --consumer c --key k",
 		"Redeliver a blocked key's failing head now instead of after its backoff",
 		func(ctx context.Context, s *session, queue, consumer string, key *string) error {
-			n, err := s.q.retryKeyNow(ctx, queue, consumer, key)
+			pending, err := s.RetryKeyNow(ctx, queue, consumer, keyRefOf(key))
 			if err != nil {
 				return err
 			}
-			if n == 0 {
+			if !pending {
 				fmt.Fprintf(a.stdout, "key %s of %s has no pending retry to hurry (its events are being delivered)\n", fmtKey(key), consumer)
 			} else {
 				fmt.Fprintf(a.stdout, "key %s of %s: head scheduled for redelivery now\n", fmtKey(key), consumer)

@@ -86,15 +86,15 @@ type statusReport struct {
 
 // gatherStatus reads everything and runs the checks.
 func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds) (*statusReport, error) {
-	queues, err := s.q.queueInfo(ctx, queue)
+	queues, err := s.queueInfos(ctx, queue)
 	if err != nil {
 		return nil, err
 	}
-	subs, err := s.q.consumerInfo(ctx, queue)
+	subs, err := s.consumerInfos(ctx, queue)
 	if err != nil {
 		return nil, err
 	}
-	slots, err := s.q.slotStatus(ctx, queue, "")
+	slots, err := s.slotRows(ctx, queue, "")
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +135,7 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("queue %s: %s", q.Name, w))
 		}
 		rep.Queues = append(rep.Queues, qs)
-		blocked, err := s.q.blockedKeys(ctx, q.Name, "")
+		blocked, err := s.blockedKeys(ctx, q.Name, "")
 		if err != nil {
 			return nil, err
 		}

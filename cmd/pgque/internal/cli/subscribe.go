@@ -18,9 +18,9 @@ func (a *app) subscribeCommand() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			created, err := s.dbq.Subscribe(ctx, args[0], args[1])
+			created, err := s.Subscribe(ctx, args[0], args[1])
 			if err != nil {
-				return dbErr(fmt.Sprintf("subscribing %q to queue %q", args[1], args[0]), err)
+				return err
 			}
 			if created {
 				fmt.Fprintf(a.stdout, "subscribed %s to queue %s\n", args[1], args[0])
@@ -44,8 +44,8 @@ func (a *app) unsubscribeCommand() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			if err := s.dbq.Unsubscribe(ctx, args[0], args[1]); err != nil {
-				return dbErr(fmt.Sprintf("unsubscribing %q from queue %q", args[1], args[0]), err)
+			if _, err := s.Unsubscribe(ctx, args[0], args[1]); err != nil {
+				return err
 			}
 			fmt.Fprintf(a.stdout, "unsubscribed %s from queue %s\n", args[1], args[0])
 			return nil

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
 	"github.com/pgque/pgque/internal/dbq"
@@ -176,7 +177,7 @@ func (a *app) runTail(ctx context.Context, s *session, o *tailOptions) (err erro
 			defer func() {
 				cctx, cancel := context.WithTimeout(cleanup, cleanupTimeout)
 				defer cancel()
-				if uerr := t.q.Unsubscribe(cctx, o.queue, o.consumer); uerr != nil {
+				if _, uerr := t.q.Unsubscribe(cctx, o.queue, o.consumer); uerr != nil {
 					err = errors.Join(err, dbErr(fmt.Sprintf("removing the temporary subscription %s (remove it with 'pgque unsubscribe %s %s')", o.consumer, o.queue, o.consumer), uerr))
 				}
 			}()
@@ -265,6 +266,33 @@ func (t *tailer) ack(ctx context.Context, batchID int64) error {
 	}
 	_, err := t.q.Ack(ctx, batchID)
 	return dbErr(fmt.Sprintf("acknowledging batch %d", batchID), err)
+}
+
+// dbError is an error from pgque's SQL, worded like the library's errors:
+// "doing: message (SQLSTATE code)". It unwraps to the *pgconn.PgError.
+// Tail is the one command that reads a subscription batch by batch itself,
+// over the library's data layer, so it words those errors itself.
+type dbError struct {
+	doing string
+	pg    *pgconn.PgError
+}
+
+func (e *dbError) Error() string {
+	return fmt.Sprintf("%s: %s (SQLSTATE %s)", e.doing, e.pg.Message, e.pg.Code)
+}
+
+func (e *dbError) Unwrap() error { return e.pg }
+
+// dbErr wraps err, if any, as "doing: error".
+func dbErr(doing string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return &dbError{doing: doing, pg: pgErr}
+	}
+	return fmt.Errorf("%s: %w", doing, err)
 }
 
 // tailEvent is one event as tail --json prints it.

@@ -115,7 +115,7 @@ func (a *app) runTicker(ctx context.Context, s *session, cfg *pgque.TickerConfig
 
 // logQueueStats logs one line per queue.
 func logQueueStats(ctx context.Context, s *session, log *slog.Logger) {
-	infos, err := s.q.queueInfo(ctx, "")
+	infos, err := s.queueInfos(ctx, "")
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Warn("pgque: reading queue stats", slog.Any("error", err))
