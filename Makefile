@@ -10,7 +10,7 @@ GO       ?= go
 FUZZTIME ?= 30s
 # Every module of the workspace (go.work): `./...` stops at a nested go.mod,
 # so each module is named.
-PKGS     := ./... ./cmd/pgque/...
+PKGS     := ./... ./cmd/pgque/... ./pgqueprom/...
 
 .PHONY: help deps test lint demo bench fuzz
 

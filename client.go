@@ -4,13 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/metrics"
@@ -29,6 +26,9 @@ type Client struct {
 	queries  *dbq.Queries
 	// notifier is nil when Config.PollOnly is set.
 	notifier *notifier.Notifier
+	// observed reports that Config.Observer was set, so measurements that
+	// cost queries (the slot gauges) are worth making.
+	observed bool
 	// schemaChecked is set once CheckSchema succeeded.
 	schemaChecked atomic.Bool
 }
@@ -44,11 +44,12 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 	}
 	cfg := config.withDefaults()
 	c := &Client{
-		pool:    pool,
-		config:  cfg,
-		logger:  cfg.Logger,
-		metrics: metrics.New(cfg.Registerer),
-		queries: dbq.New(pool),
+		pool:     pool,
+		config:   cfg,
+		logger:   cfg.Logger,
+		metrics:  metrics.New(observerSink{cfg.Observer}),
+		queries:  dbq.New(pool),
+		observed: config != nil && config.Observer != nil,
 	}
 	if !cfg.PollOnly {
 		connConfig := pool.Config().ConnConfig
@@ -91,14 +92,4 @@ func (c *Client) Close() {
 	if c.ownsPool {
 		c.pool.Close()
 	}
-}
-
-// MetricsHandler serves the client's metrics in the Prometheus exposition
-// format. It serves Config.Registerer when that is also a Gatherer (a
-// *prometheus.Registry is both), and prometheus.DefaultGatherer otherwise.
-func (c *Client) MetricsHandler() http.Handler {
-	if g, ok := c.config.Registerer.(prometheus.Gatherer); ok {
-		return promhttp.HandlerFor(g, promhttp.HandlerOpts{})
-	}
-	return promhttp.HandlerFor(prometheus.DefaultGatherer, promhttp.HandlerOpts{})
 }

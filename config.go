@@ -3,8 +3,6 @@ package pgque
 import (
 	"fmt"
 	"log/slog"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config configures a Client. The zero value is valid; a nil *Config means
@@ -14,10 +12,10 @@ type Config struct {
 	// "error"). Nil means slog.Default().
 	Logger *slog.Logger
 
-	// Registerer receives the client's Prometheus collectors. Nil means no
-	// metrics are registered. Several Clients may share one Registerer: they
-	// share the collectors.
-	Registerer prometheus.Registerer
+	// Observer receives the client's measurements and brackets its sends
+	// and handler calls (see Observer; pgqueprom and pgqueotel implement
+	// it). Nil means NopObserver.
+	Observer Observer
 
 	// PollOnly disables LISTEN/NOTIFY wake-ups, for connections through a
 	// transaction-mode pooler (PgBouncer) where a LISTEN session cannot be
@@ -35,6 +33,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
+	}
+	if out.Observer == nil {
+		out.Observer = NopObserver{}
 	}
 	return out
 }

@@ -31,7 +31,7 @@ func (c *Client) NewConsumer(config *ConsumerConfig) (*Consumer, error) {
 	}
 	cfg := config.withDefaults()
 	con := &Consumer{client: c, config: cfg}
-	con.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics}
+	con.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer}
 	con.settler = settler{
 		retryDelay: cfg.RetryDelay, metrics: c.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
 		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {

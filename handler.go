@@ -38,6 +38,7 @@ type invoker struct {
 	consumer string
 	logger   *slog.Logger
 	metrics  *metrics.Metrics
+	observer Observer
 }
 
 // handleChunk runs the handler on each message in order and returns the
@@ -75,6 +76,11 @@ func (iv *invoker) handleChunk(ctx context.Context, msgs []*Message, holdKeys bo
 // call runs the handler once; a panic becomes an error wrapping
 // ErrHandlerPanic.
 func (iv *invoker) call(ctx context.Context, m *Message) (err error) {
+	obs := iv.observer
+	if obs == nil {
+		obs = NopObserver{}
+	}
+	ctx = obs.HandleStart(ctx, m)
 	start := time.Now()
 	defer func() {
 		if v := recover(); v != nil {
@@ -83,7 +89,9 @@ func (iv *invoker) call(ctx context.Context, m *Message) (err error) {
 				slog.String("queue", iv.queue), slog.String("consumer", iv.consumer),
 				slog.Int64("msg_id", m.ID), slog.Any("error", err), slog.String("stack", string(debug.Stack())))
 		}
-		iv.metrics.HandlerDuration.WithLabelValues(iv.queue, iv.consumer).Observe(time.Since(start).Seconds())
+		took := time.Since(start)
+		obs.HandleEnd(ctx, m, HandleResult{Err: err, Duration: took})
+		iv.metrics.HandlerDuration.WithLabelValues(iv.queue, iv.consumer).Observe(took.Seconds())
 		if err != nil {
 			iv.metrics.Failed.WithLabelValues(iv.queue, iv.consumer).Inc()
 		} else {

@@ -108,7 +108,7 @@ type PartitionedConsumerConfig struct {
 	// notification. Default PollIntervalDefault.
 	PollInterval time.Duration
 	// SlotStatusInterval is how often the per-slot gauges are refreshed.
-	// Default SlotStatusIntervalDefault when Config.Registerer is set, never
+	// Default SlotStatusIntervalDefault when Config.Observer is set, never
 	// otherwise; negative disables.
 	SlotStatusInterval time.Duration
 	// BatchSize is the maximum number of events per chunk. Default

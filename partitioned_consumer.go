@@ -42,13 +42,13 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	cfg := config.withDefaults()
 	statusInterval := cfg.SlotStatusInterval
 	switch {
-	case statusInterval < 0 || (statusInterval == 0 && c.config.Registerer == nil):
+	case statusInterval < 0 || (statusInterval == 0 && !c.observed):
 		statusInterval = 0
 	case statusInterval == 0:
 		statusInterval = SlotStatusIntervalDefault
 	}
 	pc := &PartitionedConsumer{client: c, config: cfg}
-	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics}
+	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer}
 	pc.pool = workerpool.New(workerpool.Config{
 		Queries:        c.queries,
 		Notifier:       c.notifier,

@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/pgqueprom"
 )
 
 // tickerStopTimeout bounds a clean ticker shutdown (resigning the lease).
@@ -44,7 +46,11 @@ SIGTERM, resigning the lease.`,
 			}
 			log := a.logger(level)
 			reg := prometheus.NewRegistry()
-			s, err := a.connectWith(cmd.Context(), &pgque.Config{Logger: log, PollOnly: true, Registerer: reg})
+			obs, err := pgqueprom.New(reg)
+			if err != nil {
+				return err
+			}
+			s, err := a.connectWith(cmd.Context(), &pgque.Config{Logger: log, PollOnly: true, Observer: obs})
 			if err != nil {
 				return err
 			}
@@ -52,7 +58,7 @@ SIGTERM, resigning the lease.`,
 			if cfg.WorkerID == "" {
 				cfg.WorkerID = defaultWorkerID()
 			}
-			return a.runTicker(cmd.Context(), s, &cfg, log, statsEvery, metricsAddr)
+			return a.runTicker(cmd.Context(), s, &cfg, log, statsEvery, metricsAddr, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		},
 	}
 	f := cmd.Flags()
@@ -68,13 +74,13 @@ SIGTERM, resigning the lease.`,
 }
 
 // runTicker runs the ticker until ctx ends, then stops it cleanly.
-func (a *app) runTicker(ctx context.Context, s *session, cfg *pgque.TickerConfig, log *slog.Logger, statsEvery time.Duration, metricsAddr string) error {
+func (a *app) runTicker(ctx context.Context, s *session, cfg *pgque.TickerConfig, log *slog.Logger, statsEvery time.Duration, metricsAddr string, metrics http.Handler) error {
 	t, err := s.NewTicker(cfg)
 	if err != nil {
 		return usagef("%v", err)
 	}
 	if metricsAddr != "" {
-		stop, err := serveMetrics(metricsAddr, s.MetricsHandler(), log)
+		stop, err := serveMetrics(metricsAddr, metrics, log)
 		if err != nil {
 			return err
 		}
