@@ -10,7 +10,7 @@ GO       ?= go
 FUZZTIME ?= 30s
 # Every module of the workspace (go.work): `./...` stops at a nested go.mod,
 # so each module is named.
-PKGS     := ./... ./cmd/pgque/... ./pgqueprom/...
+PKGS     := ./... ./cmd/pgque/... ./pgqueotel/... ./pgqueprom/...
 
 .PHONY: help deps test lint demo bench fuzz
 
@@ -24,11 +24,12 @@ test: deps ## Vet, then run every test with the race detector.
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 25m $(PKGS)
 
-lint: ## Check formatting (gofmt), go vet, and that every module's go.mod/go.sum is tidy.
+lint: ## Check formatting (gofmt), go vet, that every go.mod/go.sum is tidy, and that importers get no tool dependencies.
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@scripts/tidy -check
+	@scripts/importcheck
 
 demo: deps ## Start a throwaway Postgres and run the multi-tenant workload end to end.
 	$(GO) run ./cmd/pgque demo
