@@ -2,6 +2,7 @@ package pgque_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -190,5 +191,27 @@ func TestAdminDeadLetterFiltersAndPurge(t *testing.T) {
 	}
 	if n, err := env.client.PurgeDeadLetters(ctx, env.queue, nil); err != nil || n != 3 {
 		t.Fatalf("purge the rest = %d, %v; want 3", n, err)
+	}
+}
+
+// TestSendPayloadPostgresCannotStore: valid JSON that PostgreSQL's jsonb
+// refuses (a NUL character) comes back as ErrInvalidPayload with its
+// SQLSTATE, and nothing is sent.
+func TestSendPayloadPostgresCannotStore(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	_, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: json.RawMessage(`{"name": "a\u0000b"}`)})
+	var pe *pgque.Error
+	if !errors.Is(err, pgque.ErrInvalidPayload) || !errors.As(err, &pe) || pe.Code != "22P05" {
+		t.Fatalf("Send with a NUL in the payload = %v, want ErrInvalidPayload (22P05)", err)
+	}
+	_, err = env.client.SendBatch(ctx, env.queue, []pgque.Event{{Payload: 1}, {Payload: json.RawMessage(`"\u0000"`)}})
+	if !errors.Is(err, pgque.ErrInvalidPayload) {
+		t.Fatalf("SendBatch with a NUL in a payload = %v, want ErrInvalidPayload", err)
+	}
+	qs, err := env.client.Queues(ctx, env.queue)
+	if err != nil || qs[0].Unticked != 0 {
+		t.Fatalf("events after refused sends: %+v, %v", qs, err)
 	}
 }

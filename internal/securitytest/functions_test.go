@@ -177,10 +177,10 @@ var functions = map[string]fn{
 	}},
 	"pgque.blocked_keys(text,text)": {roles: "ra", args: []string{"'q1'", "'sc'"}, nullable: []int{1},
 		cases: []badCase{bc("PQ001", "'nope'", "null")}},
-	"pgque.unblock_key(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ011"},
-		cases: []badCase{bc("PQ011", "'q1'", "'sc'", "'k1'")}},
-	"pgque.retry_key_now(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ011"},
-		cases: []badCase{bc("PQ011", "'q1'", "'sc'", "'k1'")}},
+	"pgque.unblock_key(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ036"},
+		cases: []badCase{bc("PQ036", "'q1'", "'sc'", "'k1'")}},
+	"pgque.retry_key_now(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ036"},
+		cases: []badCase{bc("PQ036", "'q1'", "'sc'", "'k1'")}},
 	// slot_of validates N like the other slot functions; a NULL key is the
 	// NULL key (slot 0).
 	"pgque.slot_of(text,integer)": {roles: "ra", args: []string{"'k'", "2"}, nullable: []int{0},
