@@ -11,10 +11,10 @@ import (
 // DeadLetterFilter.Limit is zero.
 const DeadLetterLimitDefault = 100
 
-// DeadLetter is an event that failed more than the queue's max_retries times
+// DeadLetterEntry is an event that failed more than the queue's max_retries times
 // (or was dead-lettered at once by a handler returning DeadLetter(err), or by
 // UnblockKey), kept with the consumer it failed for.
-type DeadLetter struct {
+type DeadLetterEntry struct {
 	// ID identifies the dead letter within its queue (ReplayDeadLetter).
 	ID       int64
 	Consumer string
@@ -44,7 +44,7 @@ type DeadLetterFilter struct {
 
 // DeadLetters lists the dead letters of queue, oldest first. A nil filter is
 // the zero filter. Requires pgque_reader or pgque_admin.
-func (c *Client) DeadLetters(ctx context.Context, queue string, filter *DeadLetterFilter) ([]DeadLetter, error) {
+func (c *Client) DeadLetters(ctx context.Context, queue string, filter *DeadLetterFilter) ([]DeadLetterEntry, error) {
 	var f DeadLetterFilter
 	if filter != nil {
 		f = *filter
@@ -59,9 +59,9 @@ func (c *Client) DeadLetters(ctx context.Context, queue string, filter *DeadLett
 	if err != nil {
 		return nil, mapError(fmt.Sprintf("listing dead letters of queue %q", queue), err)
 	}
-	out := make([]DeadLetter, len(rows))
+	out := make([]DeadLetterEntry, len(rows))
 	for i, r := range rows {
-		out[i] = DeadLetter{
+		out[i] = DeadLetterEntry{
 			ID: r.ID, Consumer: r.Consumer, DeadSince: r.Time, Reason: deref(r.Reason),
 			EventID: r.EvID, EventTime: r.EvTime, Type: deref(r.Type), Key: keyRefOf(r.Key), RetryCount: r.RetryCount,
 		}

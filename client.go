@@ -2,6 +2,7 @@ package pgque
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -92,4 +93,17 @@ func (c *Client) Close() {
 	if c.ownsPool {
 		c.pool.Close()
 	}
+}
+
+// reportError hands a background error to Config.OnError, if set, as an
+// *Error when it came from the database.
+func (c *Client) reportError(ctx context.Context, err error) {
+	if c.config.OnError == nil || err == nil {
+		return
+	}
+	var mapped *Error
+	if !errors.As(err, &mapped) {
+		err = mapError("pgque background work", err)
+	}
+	c.config.OnError(ctx, err)
 }

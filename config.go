@@ -1,6 +1,7 @@
 package pgque
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 )
@@ -16,6 +17,15 @@ type Config struct {
 	// and handler calls (see Observer; pgqueprom and pgqueotel implement
 	// it). Nil means NopObserver.
 	Observer Observer
+
+	// OnError, when set, receives every error the client's background work
+	// meets and survives: a consumer's or ticker's failed round (a dropped
+	// queue, a permission error, a closed pool, a lost connection), which is
+	// also logged and retried after a backoff. Database errors arrive as
+	// *Error, so errors.Is(err, ErrQueueNotFound) and the like work; a
+	// service that cannot recover can stop its consumers from here. It is
+	// called on the failing goroutine and must return quickly.
+	OnError func(ctx context.Context, err error)
 
 	// PollOnly disables LISTEN/NOTIFY wake-ups, for connections through a
 	// transaction-mode pooler (PgBouncer) where a LISTEN session cannot be

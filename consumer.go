@@ -31,7 +31,7 @@ func (c *Client) NewConsumer(config *ConsumerConfig) (*Consumer, error) {
 	}
 	cfg := config.withDefaults()
 	con := &Consumer{client: c, config: cfg}
-	con.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer}
+	con.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer, timeout: cfg.HandlerTimeout}
 	con.settler = settler{
 		retryDelay: cfg.RetryDelay, metrics: c.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
 		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
@@ -82,6 +82,7 @@ func (con *Consumer) run(fetchCtx, workCtx context.Context) {
 			return
 		case err != nil:
 			log.WarnContext(fetchCtx, "pgque: consuming", slog.Any("error", err))
+			con.client.reportError(fetchCtx, err)
 			backoff.Sleep(fetchCtx.Done(), backoff.Errors.Delay(failures))
 			failures++
 		case more:

@@ -68,6 +68,12 @@ var (
 	ErrSchemaVersion = errors.New("pgque: schema version mismatch")
 	// ErrNotInstalled: pgque is not installed in the database.
 	ErrNotInstalled = errors.New("pgque: not installed")
+	// ErrDeadLetter marks a handler error made by DeadLetter: the event is
+	// dead-lettered at once, without further retries.
+	ErrDeadLetter = errors.New("pgque: dead-lettered by the handler")
+	// ErrHandlerTimeout: the handler ran longer than its consumer's
+	// HandlerTimeout (its context's cause); the event is nacked.
+	ErrHandlerTimeout = errors.New("pgque: handler timed out")
 	// ErrHandlerPanic wraps the value of a recovered handler panic; the event
 	// is nacked like any other failure.
 	ErrHandlerPanic = errors.New("pgque: handler panicked")

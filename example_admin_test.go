@@ -74,7 +74,7 @@ func ExampleClient_DeadLetters() {
 	id, _ := client.Send(ctx, "files_dlq", pgque.Event{Type: "FileCreated", Payload: FileEvent{Tenant: "acme", Path: "/cat.png"}})
 	<-attempts // the failed attempt
 
-	var dls []pgque.DeadLetter
+	var dls []pgque.DeadLetterEntry
 	for len(dls) == 0 { // the nack lands just after the handler returned
 		dls, err = client.DeadLetters(ctx, "files_dlq", &pgque.DeadLetterFilter{Consumer: "thumbnailer"})
 		if err != nil {

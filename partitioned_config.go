@@ -116,6 +116,9 @@ type PartitionedConsumerConfig struct {
 	BatchSize int
 	// Handler processes each message. Required.
 	Handler HandlerFunc
+	// HandlerTimeout, when positive, bounds each handler call as in
+	// ConsumerConfig.HandlerTimeout. Zero means no timeout.
+	HandlerTimeout time.Duration
 	// FailurePolicy is what a handler failure does to the key. Zero keeps the
 	// policy persisted for (queue, consumer), which is FailurePolicyDefault
 	// for a new consumer. Any other value is persisted with the consumer's
@@ -176,6 +179,8 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig intervals and BatchSize must not be negative")
 	case c.FailurePolicy != 0 && !c.FailurePolicy.valid():
 		return invalidConfig("PartitionedConsumerConfig.FailurePolicy %v is not supported", c.FailurePolicy)
+	case c.HandlerTimeout < 0:
+		return invalidConfig("PartitionedConsumerConfig.HandlerTimeout is negative (%v)", c.HandlerTimeout)
 	}
 	return nil
 }

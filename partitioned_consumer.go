@@ -48,12 +48,13 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		statusInterval = SlotStatusIntervalDefault
 	}
 	pc := &PartitionedConsumer{client: c, config: cfg}
-	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer}
+	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer, timeout: cfg.HandlerTimeout}
 	pc.pool = workerpool.New(workerpool.Config{
 		Queries:        c.queries,
 		Notifier:       c.notifier,
 		Logger:         c.logger,
 		Metrics:        c.metrics,
+		OnError:        c.reportError,
 		Queue:          cfg.Queue,
 		Consumer:       cfg.Consumer,
 		Worker:         cfg.WorkerID,

@@ -99,6 +99,7 @@ func (c *Client) NewTicker(config *TickerConfig) (*Ticker, error) {
 		Queries:       c.queries,
 		Logger:        c.logger,
 		Metrics:       c.metrics,
+		OnError:       c.reportError,
 		Worker:        cfg.WorkerID,
 		LeaseTTL:      cfg.LeaseTTL,
 		TickInterval:  cfg.TickInterval,

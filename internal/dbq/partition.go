@@ -72,7 +72,7 @@ func (q *Queries) AckPartitioned(ctx context.Context, queue, consumer string, sl
 func (q *Queries) NackPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
 	var n int
 	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::interval, $8::text)`,
-		queue, consumer, slot, nslots, worker, msgID, retryAfter, reason).Scan(&n)
+		queue, consumer, slot, nslots, worker, msgID, retryArg(retryAfter), reason).Scan(&n)
 	return n == 1, err
 }
 

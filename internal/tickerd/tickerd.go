@@ -27,6 +27,15 @@ type Config struct {
 	TickInterval  time.Duration
 	RetryInterval time.Duration
 	MaintInterval time.Duration
+	// OnError, when set, receives each error the ticker logs (optional).
+	OnError func(context.Context, error)
+}
+
+// reportError hands err to Config.OnError, if set.
+func (t *Ticker) reportError(ctx context.Context, err error) {
+	if t.cfg.OnError != nil {
+		t.cfg.OnError(ctx, err)
+	}
 }
 
 // Ticker is the service.
@@ -59,6 +68,7 @@ func (t *Ticker) Run(fetchCtx, workCtx context.Context) {
 			t.cfg.Metrics.TickerLeader.Set(0)
 			if _, err := t.cfg.Queries.TickerResign(workCtx, t.cfg.Worker); err != nil && workCtx.Err() == nil {
 				log.WarnContext(workCtx, "pgque: resigning ticker lease", slog.Any("error", err))
+				t.reportError(workCtx, err)
 			}
 		}
 	}()
@@ -70,6 +80,7 @@ func (t *Ticker) Run(fetchCtx, workCtx context.Context) {
 		wait := t.cfg.TickInterval
 		if err != nil {
 			log.WarnContext(fetchCtx, "pgque: ticker", slog.Any("error", err))
+			t.reportError(fetchCtx, err)
 			wait = backoff.Errors.Delay(failures)
 			failures++
 		} else {

@@ -225,7 +225,7 @@ type deadLetter struct {
 	Key        *string   `json:"partition_key"`
 }
 
-func deadLettersOf(dls []pgque.DeadLetter) []deadLetter {
+func deadLettersOf(dls []pgque.DeadLetterEntry) []deadLetter {
 	out := make([]deadLetter, len(dls))
 	for i, d := range dls {
 		out[i] = deadLetter{ID: d.ID, Consumer: d.Consumer, DeadSince: d.DeadSince, Reason: nilIfEmpty(d.Reason),
