@@ -2,6 +2,8 @@ package pgque_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,8 +70,22 @@ func TestTickerExactlyOneLeads(t *testing.T) {
 func TestTickerConfigValidation(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
-	if _, err := env.client.NewTicker(&pgque.TickerConfig{LeaseTTL: time.Millisecond}); err == nil {
-		t.Fatal("a 1 ms lease was accepted")
+	for _, c := range []struct {
+		cfg  pgque.TickerConfig
+		want string
+	}{
+		{pgque.TickerConfig{LeaseTTL: time.Millisecond}, "LeaseTTL 1ms is below the minimum"},
+		{pgque.TickerConfig{TickInterval: -time.Second}, "must not be negative"},
+		{pgque.TickerConfig{RetryInterval: -time.Second}, "must not be negative"},
+		{pgque.TickerConfig{MaintInterval: -time.Second}, "must not be negative"},
+	} {
+		_, err := env.client.NewTicker(&c.cfg)
+		if !errors.Is(err, pgque.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("NewTicker(%+v) = %v, want ErrInvalidArgument saying %q", c.cfg, err, c.want)
+		}
+	}
+	if _, err := env.client.NewTicker(&pgque.TickerConfig{LeaseTTL: pgque.LeaseTTLMin}); err != nil {
+		t.Errorf("the minimum lease was refused: %v", err)
 	}
 	tk, err := env.client.NewTicker(nil)
 	if err != nil {
