@@ -13,6 +13,7 @@ import (
 	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/metrics"
 	"github.com/pgque/pgque/internal/notifier"
+	"github.com/pgque/pgque/internal/tickerd"
 	"github.com/pgque/pgque/internal/workerpool"
 )
 
@@ -56,7 +57,7 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 		connConfig := pool.Config().ConnConfig
 		c.notifier = notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
 			return pgx.ConnectConfig(ctx, connConfig.Copy())
-		}, []string{workerpool.TickChannel, workerpool.PresenceChannel}, cfg.Logger)
+		}, []string{workerpool.TickChannel, workerpool.PresenceChannel, tickerd.ResignChannel}, cfg.Logger)
 	}
 	return c, nil
 }

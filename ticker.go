@@ -100,6 +100,7 @@ func (c *Client) NewTicker(config *TickerConfig) (*Ticker, error) {
 		Logger:        c.logger,
 		Metrics:       c.metrics,
 		OnError:       c.reportError,
+		Notifier:      c.notifier,
 		Worker:        cfg.WorkerID,
 		LeaseTTL:      cfg.LeaseTTL,
 		TickInterval:  cfg.TickInterval,

@@ -14,6 +14,7 @@ import (
 	"github.com/pgque/pgque/internal/backoff"
 	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/metrics"
+	"github.com/pgque/pgque/internal/notifier"
 )
 
 // Config configures a Ticker. Every field is required.
@@ -29,7 +30,14 @@ type Config struct {
 	MaintInterval time.Duration
 	// OnError, when set, receives each error the ticker logs (optional).
 	OnError func(context.Context, error)
+	// Notifier, when set, wakes a standing ticker when the leader resigns
+	// (ResignChannel), so it takes the lease over at once (optional).
+	Notifier *notifier.Notifier
 }
+
+// ResignChannel is notified by ticker_resign when a leader gives the lease
+// up.
+const ResignChannel = "pgque_ticker"
 
 // reportError hands err to Config.OnError, if set.
 func (t *Ticker) reportError(ctx context.Context, err error) {
@@ -72,6 +80,12 @@ func (t *Ticker) Run(fetchCtx, workCtx context.Context) {
 			}
 		}
 	}()
+	var resigned <-chan string // nil: never
+	if t.cfg.Notifier != nil {
+		sub := t.cfg.Notifier.Listen(ResignChannel, nil)
+		defer sub.Unlisten()
+		resigned = sub.C()
+	}
 	for fetchCtx.Err() == nil {
 		err := t.step(fetchCtx, &s)
 		if fetchCtx.Err() != nil {
@@ -89,10 +103,25 @@ func (t *Ticker) Run(fetchCtx, workCtx context.Context) {
 				wait = time.Until(s.lead)
 			}
 		}
-		if !backoff.Sleep(fetchCtx.Done(), wait) {
+		if !t.sleep(fetchCtx, wait, resigned, &s) {
 			return
 		}
 	}
+}
+
+// sleep waits d, or until a leader resigns (then the lease is sought at
+// once). It reports false when ctx ended.
+func (t *Ticker) sleep(ctx context.Context, d time.Duration, resigned <-chan string, s *schedule) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+	case <-resigned:
+		s.lead = time.Time{}
+	}
+	return true
 }
 
 // step renews or seeks leadership when due, then does the leader's duties.
