@@ -1,3 +1,10 @@
+// The pgque command. It requires the library (and pgqueprom) at a released
+// version; during development go.work maps the placeholder version below to
+// the checkout. A release tags the library vX.Y.Z, updates these
+// requirements to it (GOWORK=off go get github.com/pgque/pgque@vX.Y.Z, then
+// scripts/tidy) and tags cmd/pgque/vX.Y.Z, so that
+// go install github.com/pgque/pgque/cmd/pgque@vX.Y.Z works from the module
+// proxy without any replace directive (see docs/design.md).
 module github.com/pgque/pgque/cmd/pgque
 
 go 1.26.0
