@@ -35,7 +35,6 @@
 //
 // Every command works through the library's public API (package pgque and
 // pgquemigrate), the same calls a service makes; views.go shapes its results
-// into the JSON the commands print. The one exception is tail, which reads a
-// subscription batch by batch, inside a transaction it may roll back, over
-// the library's data layer.
+// into the JSON the commands print; tail reads chunk by chunk through
+// pgque.Receiver, inside a transaction it may roll back.
 package cli

@@ -11,10 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
-	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque"
 )
 
 // Tail defaults.
@@ -130,18 +129,17 @@ func (o *tailOptions) validate() error {
 	return nil
 }
 
-// tailer reads one subscription or slot over db (the pool, or the
-// transaction of a --no-ack run).
+// tailer reads one subscription or slot through a Receiver (over the pool,
+// or in the transaction of a --no-ack run).
 type tailer struct {
 	o     *tailOptions
-	db    dbq.DBTX
-	q     *dbq.Queries
+	r     *pgque.Receiver
 	start time.Time
 }
 
 // runTail sets up the subscription or slot, runs the loop and cleans up.
 func (a *app) runTail(ctx context.Context, s *session, o *tailOptions) (err error) {
-	t := &tailer{o: o, db: s.pool}
+	t := &tailer{o: o, r: s.Receiver(nil)}
 	if o.fromNow {
 		// Events carry the server's time: translate the moment tail was
 		// invoked to the server's clock, so clock skew does not matter.
@@ -163,29 +161,28 @@ func (a *app) runTail(ctx context.Context, s *session, o *tailOptions) (err erro
 		}
 		// Everything tail did (subscribe, claim, acks) is undone.
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		t.db = tx
+		t.r = s.Receiver(tx)
 	}
-	t.q = dbq.New(t.db)
 	cleanup := context.WithoutCancel(ctx)
 	switch {
 	case o.consumer == "":
 		o.consumer = "tail." + randomHex(4)
-		if _, err := t.q.Subscribe(ctx, o.queue, o.consumer); err != nil {
-			return dbErr(fmt.Sprintf("subscribing %s to queue %q", o.consumer, o.queue), err)
+		if _, err := t.r.Subscribe(ctx, o.queue, o.consumer); err != nil {
+			return err
 		}
 		if !o.noAck {
 			defer func() {
 				cctx, cancel := context.WithTimeout(cleanup, cleanupTimeout)
 				defer cancel()
-				if _, uerr := t.q.Unsubscribe(cctx, o.queue, o.consumer); uerr != nil {
-					err = errors.Join(err, dbErr(fmt.Sprintf("removing the temporary subscription %s (remove it with 'pgque unsubscribe %s %s')", o.consumer, o.queue, o.consumer), uerr))
+				if _, uerr := t.r.Unsubscribe(cctx, o.queue, o.consumer); uerr != nil {
+					err = errors.Join(err, fmt.Errorf("removing the temporary subscription %s (remove it with 'pgque unsubscribe %s %s'): %w", o.consumer, o.queue, o.consumer, uerr))
 				}
 			}()
 		}
 	case o.nslots > 0:
-		_, ok, err := t.q.ClaimSlot(ctx, o.queue, o.consumer, o.slot, o.worker, tailSlotTTL)
+		_, ok, err := t.r.ClaimSlot(ctx, o.queue, o.consumer, o.slot, o.worker, tailSlotTTL)
 		if err != nil {
-			return dbErr(fmt.Sprintf("claiming slot %d/%d of %q", o.slot, o.nslots, o.consumer), err)
+			return err
 		}
 		if !ok {
 			return fmt.Errorf("slot %d/%d of consumer %q on queue %q is held by another live worker (see 'pgque slots status %s')", o.slot, o.nslots, o.consumer, o.queue, o.queue)
@@ -194,8 +191,8 @@ func (a *app) runTail(ctx context.Context, s *session, o *tailOptions) (err erro
 			defer func() {
 				cctx, cancel := context.WithTimeout(cleanup, cleanupTimeout)
 				defer cancel()
-				if _, rerr := t.q.ReleaseSlot(cctx, o.queue, o.consumer, o.slot, o.worker); rerr != nil {
-					err = errors.Join(err, dbErr("releasing the slot", rerr))
+				if _, rerr := t.r.ReleaseSlot(cctx, o.queue, o.consumer, o.slot, o.worker); rerr != nil {
+					err = errors.Join(err, rerr)
 				}
 			}()
 		}
@@ -230,7 +227,7 @@ func (t *tailer) loop(ctx context.Context, a *app) error {
 			if o.fromNow && r.CreatedAt.Before(t.start) {
 				continue
 			}
-			if err := t.print(a, &r); err != nil {
+			if err := t.print(a, r); err != nil {
 				return err
 			}
 			printed++
@@ -248,51 +245,22 @@ func (t *tailer) loop(ctx context.Context, a *app) error {
 	}
 }
 
-func (t *tailer) receive(ctx context.Context, n int) ([]dbq.Row, error) {
+func (t *tailer) receive(ctx context.Context, n int) ([]*pgque.Message, error) {
 	o := t.o
 	if o.nslots > 0 {
-		rows, err := t.q.ReceivePartitioned(ctx, o.queue, o.consumer, o.slot, o.nslots, o.worker, n)
-		return rows, dbErr(fmt.Sprintf("receiving slot %d/%d of %q", o.slot, o.nslots, o.consumer), err)
+		return t.r.ReceiveSlot(ctx, o.queue, o.consumer, o.slot, o.nslots, o.worker, n)
 	}
-	rows, err := t.q.Receive(ctx, o.queue, o.consumer, n)
-	return rows, dbErr(fmt.Sprintf("receiving for %q", o.consumer), err)
+	return t.r.Receive(ctx, o.queue, o.consumer, n)
 }
 
 func (t *tailer) ack(ctx context.Context, batchID int64) error {
 	o := t.o
 	if o.nslots > 0 {
-		_, err := t.q.AckPartitioned(ctx, o.queue, o.consumer, o.slot, o.nslots, o.worker)
-		return dbErr(fmt.Sprintf("acknowledging slot %d/%d of %q", o.slot, o.nslots, o.consumer), err)
+		_, err := t.r.AckSlot(ctx, o.queue, o.consumer, o.slot, o.nslots, o.worker)
+		return err
 	}
-	_, err := t.q.Ack(ctx, batchID)
-	return dbErr(fmt.Sprintf("acknowledging batch %d", batchID), err)
-}
-
-// dbError is an error from pgque's SQL, worded like the library's errors:
-// "doing: message (SQLSTATE code)". It unwraps to the *pgconn.PgError.
-// Tail is the one command that reads a subscription batch by batch itself,
-// over the library's data layer, so it words those errors itself.
-type dbError struct {
-	doing string
-	pg    *pgconn.PgError
-}
-
-func (e *dbError) Error() string {
-	return fmt.Sprintf("%s: %s (SQLSTATE %s)", e.doing, e.pg.Message, e.pg.Code)
-}
-
-func (e *dbError) Unwrap() error { return e.pg }
-
-// dbErr wraps err, if any, as "doing: error".
-func dbErr(doing string, err error) error {
-	if err == nil {
-		return nil
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return &dbError{doing: doing, pg: pgErr}
-	}
-	return fmt.Errorf("%s: %w", doing, err)
+	_, err := t.r.Ack(ctx, batchID)
+	return err
 }
 
 // tailEvent is one event as tail --json prints it.
@@ -307,9 +275,9 @@ type tailEvent struct {
 	Slot       *int            `json:"slot,omitempty"`
 }
 
-func (t *tailer) print(a *app, r *dbq.Row) error {
+func (t *tailer) print(a *app, r *pgque.Message) error {
 	if t.o.asJSON {
-		ev := tailEvent{EvID: r.MsgID, Type: r.Type, Key: r.PartitionKey, Payload: r.Payload,
+		ev := tailEvent{EvID: r.ID, Type: r.Type, Key: keyArgOf(r.Key()), Payload: r.Payload,
 			RetryCount: r.RetryCount, CreatedAt: r.CreatedAt, BatchID: r.BatchID}
 		if t.o.nslots > 0 {
 			ev.Slot = &t.o.slot
@@ -317,14 +285,14 @@ func (t *tailer) print(a *app, r *dbq.Row) error {
 		return a.printJSONLine(ev)
 	}
 	key := "-"
-	if r.PartitionKey != nil {
-		key = *r.PartitionKey
+	if k, ok := r.Key().Value(); ok {
+		key = k
 	}
 	retry := ""
 	if r.RetryCount > 0 {
 		retry = fmt.Sprintf(" (retry %d)", r.RetryCount)
 	}
-	_, err := fmt.Fprintf(a.stdout, "%d\t%s\t%s\t%s\t%s%s\n", r.MsgID, r.CreatedAt.Format("2006-01-02T15:04:05.000Z07:00"),
+	_, err := fmt.Fprintf(a.stdout, "%d\t%s\t%s\t%s\t%s%s\n", r.ID, r.CreatedAt.Format("2006-01-02T15:04:05.000Z07:00"),
 		r.Type, key, r.Payload, retry)
 	return err
 }
