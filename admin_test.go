@@ -215,3 +215,56 @@ func TestSendPayloadPostgresCannotStore(t *testing.T) {
 		t.Fatalf("events after refused sends: %+v, %v", qs, err)
 	}
 }
+
+// TestReceiver reads a subscription by hand: what is received stays
+// received until acknowledged, and work done in a rolled-back transaction
+// is undone.
+func TestReceiver(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	tx, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.client.Receiver(tx).Subscribe(ctx, env.queue, "in_tx"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if subs, err := env.client.Consumers(ctx, env.queue); err != nil || len(subs) != 0 {
+		t.Fatalf("subscription survived the rollback: %+v, %v", subs, err)
+	}
+
+	r := env.client.Receiver(nil)
+	if _, err := r.Subscribe(ctx, env.queue, "r"); err != nil {
+		t.Fatal(err)
+	}
+	startTicker(t, env.client)
+	id, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 1, PartitionKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*pgque.Message
+	waitFor(t, 20*time.Second, "the event", func() bool {
+		msgs, err = r.Receive(ctx, env.queue, "r", 10)
+		return err == nil && len(msgs) == 1
+	})
+	if m := msgs[0]; m.ID != id || m.Key() != pgque.KeyOf("k") || m.Consumer != "r" {
+		t.Fatalf("received %+v", m)
+	}
+	again, err := r.Receive(ctx, env.queue, "r", 10)
+	if err != nil || len(again) != 1 || again[0].ID != id {
+		t.Fatalf("before the ack the chunk is received again; got %v, %v", again, err)
+	}
+	if _, err := r.Ack(ctx, msgs[0].BatchID); err != nil {
+		t.Fatal(err)
+	}
+	if rest, err := r.Receive(ctx, env.queue, "r", 10); err != nil || len(rest) != 0 {
+		t.Fatalf("after the ack: %v, %v; want nothing", rest, err)
+	}
+	if _, err := r.Receive(ctx, "nope", "r", 10); !errors.Is(err, pgque.ErrQueueNotFound) {
+		t.Fatalf("Receive on an unknown queue = %v", err)
+	}
+}
