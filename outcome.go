@@ -7,9 +7,9 @@ import (
 )
 
 // A handler's error may say more than "failed": RetryAfter asks for a
-// particular redelivery delay, DeadLetter gives up on the event at once.
-// Both wrap the handler's own error, which stays the nack reason and stays
-// visible to errors.Is and errors.As.
+// particular redelivery delay, DeadLetter (handler.go) gives up on the event
+// at once. Both wrap the handler's own error, which stays the nack reason and
+// stays visible to errors.Is and errors.As.
 
 // RetryAfter wraps err so that the failed event is redelivered after d
 // instead of after the consumer's RetryDelay (for instance when a
@@ -22,20 +22,10 @@ func RetryAfter(err error, d time.Duration) error {
 	return &retryAfterError{err: orFailed(err), after: d}
 }
 
-// DeadLetter wraps err so that the failed event is dead-lettered at once,
-// whatever its retry count: the handler knows it can never succeed. A
-// PartitionedConsumer honours it (under FailurePolicyPause the key is then
-// released at once); a plain Consumer nacks it like any other failure.
-func DeadLetter(err error) error {
-	return &deadLetterError{err: orFailed(err)}
-}
-
 // IsDeadLetter reports whether err asks for the event to be dead-lettered
-// at once (it wraps an error made by DeadLetter).
-func IsDeadLetter(err error) bool {
-	var d *deadLetterError
-	return errors.As(err, &d)
-}
+// at once (it wraps an error made by DeadLetter); the same as
+// errors.Is(err, ErrDeadLetter).
+func IsDeadLetter(err error) bool { return errors.Is(err, ErrDeadLetter) }
 
 // RetryDelayOf returns the delay err asks for with RetryAfter, and false
 // when it asks for none.
@@ -57,12 +47,6 @@ func (e *retryAfterError) Error() string {
 }
 
 func (e *retryAfterError) Unwrap() error { return e.err }
-
-type deadLetterError struct{ err error }
-
-func (e *deadLetterError) Error() string { return e.err.Error() + " (dead-lettered at once)" }
-
-func (e *deadLetterError) Unwrap() error { return e.err }
 
 // orFailed keeps a nil error from turning into a success.
 func orFailed(err error) error {

@@ -108,7 +108,7 @@ type PartitionedConsumerConfig struct {
 	// notification. Default PollIntervalDefault.
 	PollInterval time.Duration
 	// SlotStatusInterval is how often the per-slot gauges are refreshed.
-	// Default SlotStatusIntervalDefault when Config.Registerer is set, never
+	// Default SlotStatusIntervalDefault when Config.Observer is set, never
 	// otherwise; negative disables.
 	SlotStatusInterval time.Duration
 	// HotKeyShare: with the slot status refresh on, when one key holds more
@@ -122,6 +122,9 @@ type PartitionedConsumerConfig struct {
 	BatchSize int
 	// Handler processes each message. Required.
 	Handler HandlerFunc
+	// HandlerTimeout, when positive, bounds each handler call as in
+	// ConsumerConfig.HandlerTimeout. Zero means no timeout.
+	HandlerTimeout time.Duration
 	// FailurePolicy is what a handler failure does to the key. Zero keeps the
 	// policy persisted for (queue, consumer), which is FailurePolicyDefault
 	// for a new consumer. Any other value is persisted with the consumer's
@@ -187,6 +190,8 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig.HotKeyShare %v is above 1", c.HotKeyShare)
 	case c.FailurePolicy != 0 && !c.FailurePolicy.valid():
 		return invalidConfig("PartitionedConsumerConfig.FailurePolicy %v is not supported", c.FailurePolicy)
+	case c.HandlerTimeout < 0:
+		return invalidConfig("PartitionedConsumerConfig.HandlerTimeout is negative (%v)", c.HandlerTimeout)
 	}
 	return nil
 }

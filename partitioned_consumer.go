@@ -42,18 +42,19 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	cfg := config.withDefaults()
 	statusInterval := cfg.SlotStatusInterval
 	switch {
-	case statusInterval < 0 || (statusInterval == 0 && c.config.Registerer == nil):
+	case statusInterval < 0 || (statusInterval == 0 && !c.observed):
 		statusInterval = 0
 	case statusInterval == 0:
 		statusInterval = SlotStatusIntervalDefault
 	}
 	pc := &PartitionedConsumer{client: c, config: cfg}
-	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics}
+	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer, timeout: cfg.HandlerTimeout}
 	pc.pool = workerpool.New(workerpool.Config{
 		Queries:        c.queries,
 		Notifier:       c.notifier,
 		Logger:         c.logger,
 		Metrics:        c.metrics,
+		OnError:        c.reportError,
 		Queue:          cfg.Queue,
 		Consumer:       cfg.Consumer,
 		Worker:         cfg.WorkerID,
@@ -88,18 +89,14 @@ func (pc *PartitionedConsumer) Policy() FailurePolicy { return FailurePolicy(pc.
 // more is acked, leases expire after the TTL.
 func (pc *PartitionedConsumer) Start(ctx context.Context) error {
 	cfg := &pc.config
-	var policy *string
-	if cfg.FailurePolicy != 0 {
-		s := cfg.FailurePolicy.String()
-		policy = &s
+	if err := pc.client.CheckSchema(ctx); err != nil {
+		return err
 	}
 	var persisted FailurePolicy
 	err := pgx.BeginFunc(ctx, pc.client.pool, func(tx pgx.Tx) error {
 		q := dbq.New(tx)
-		for slot := range cfg.Slots {
-			if _, err := q.SubscribeSlotPolicy(ctx, cfg.Queue, cfg.Consumer, slot, cfg.Slots, policy); err != nil {
-				return err
-			}
+		if _, err := subscribeSlotsTx(ctx, q, cfg.Queue, cfg.Consumer, cfg.Slots, cfg.FailurePolicy); err != nil {
+			return err
 		}
 		var err error
 		persisted, err = serverPolicy(ctx, q, cfg.Queue, cfg.Consumer)
@@ -155,9 +152,6 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		retryDelay: cfg.RetryDelay, metrics: pc.client.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
 		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
 			return q.NackPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, m.ID, after, reason)
-		},
-		deadLetter: func(ctx context.Context, q *dbq.Queries, m *Message, reason string) error {
-			return q.DeadLetterPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, m.ID, reason)
 		},
 		ack: func(ctx context.Context, q *dbq.Queries) (bool, error) {
 			return q.AckPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID)

@@ -2,6 +2,7 @@ package pgque
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,9 +25,6 @@ type settler struct {
 	nack func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error)
 	// ack acknowledges the chunk and reports whether the batch finished.
 	ack func(ctx context.Context, q *dbq.Queries) (bool, error)
-	// deadLetter, when set, dead-letters one failed message at once; it is
-	// used for failures wrapped with DeadLetter. Without it they are nacked.
-	deadLetter func(ctx context.Context, q *dbq.Queries, m *Message, reason string) error
 	// check, when set, runs in the settling transaction before the nacks
 	// and again before the ack (only when there are failures); an error
 	// rolls the transaction back, leaving the chunk unacknowledged.
@@ -50,13 +48,6 @@ func (s *settler) settle(ctx context.Context, db beginner, failures []failure) e
 			}
 		}
 		for _, f := range failures {
-			if s.deadLetter != nil && IsDeadLetter(f.err) {
-				if err := s.deadLetter(ctx, q, f.msg, reason(f.err)); err != nil {
-					return fmt.Errorf("dead-lettering event %d: %w", f.msg.ID, err)
-				}
-				dead++
-				continue
-			}
 			ok, err := s.nack(ctx, q, f.msg, s.delay(f), reason(f.err))
 			if err != nil {
 				return fmt.Errorf("nacking event %d: %w", f.msg.ID, err)
@@ -83,9 +74,13 @@ func (s *settler) settle(ctx context.Context, db beginner, failures []failure) e
 	return nil
 }
 
-// delay is how long a failed message waits: what its error asks for with
-// RetryAfter, else the consumer's RetryDelay.
+// delay is how long a failed message waits: dbq.DeadLetterNow for an error
+// made by DeadLetter, what its error asks for with RetryAfter, else the
+// consumer's RetryDelay.
 func (s *settler) delay(f failure) time.Duration {
+	if errors.Is(f.err, ErrDeadLetter) {
+		return dbq.DeadLetterNow
+	}
 	if d, ok := RetryDelayOf(f.err); ok {
 		return d
 	}

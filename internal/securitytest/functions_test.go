@@ -96,6 +96,7 @@ var functions = map[string]fn{
 	"pgque.maint()":              {roles: "a"},
 	"pgque.get_queue_info(text)": {roles: "rwa", args: []string{"'q1'"}, nullable: []int{0},
 		cases: []badCase{bc("PQ001", "'nope'")}},
+	"pgque.schema_version()": {roles: "rwa"},
 	"pgque.get_consumer_info(text,text)": {roles: "rwa", args: []string{"'q1'", "'c1'"}, nullable: []int{0, 1},
 		cases: []badCase{bc("PQ001", "'nope'", "null")}},
 	"pgque.set_queue_config(text,text,text)": {roles: "a", args: []string{"'q1'", "'max_retries'", "'3'"}, cases: []badCase{
@@ -171,19 +172,15 @@ var functions = map[string]fn{
 		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", "1", "'1 s'", "'r'"}, nullable: []int{7},
 		nullAs: map[int]string{1: "PQ034", 5: "PQ032", 6: "PQ032"},
 		cases:  []badCase{bc("PQ032", "'q1'", "'sc'", "0", "2", "'not-owner'", "1", "'1 s'", "null")}},
-	"pgque.dead_letter_partitioned(text,text,integer,integer,text,bigint,text)": {roles: "ra",
-		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", "1", "'r'"}, nullable: []int{6},
-		nullAs: map[int]string{1: "PQ034", 5: "PQ032"},
-		cases:  []badCase{bc("PQ032", "'q1'", "'sc'", "0", "2", "'not-owner'", "1", "null")}},
 	"pgque.set_failure_policy(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'pause'"}, nullAs: map[int]string{1: "PQ034", 2: "PQ011"}, cases: []badCase{
 		bc("PQ011", "'q1'", "'sc'", "'retry'"), bc("PQ034", "'q1'", "'nope'", "'pause'"),
 	}},
 	"pgque.blocked_keys(text,text)": {roles: "ra", args: []string{"'q1'", "'sc'"}, nullable: []int{1},
 		cases: []badCase{bc("PQ001", "'nope'", "null")}},
-	"pgque.unblock_key(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ011"},
-		cases: []badCase{bc("PQ011", "'q1'", "'sc'", "'k1'")}},
-	"pgque.retry_key_now(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ011"},
-		cases: []badCase{bc("PQ011", "'q1'", "'sc'", "'k1'")}},
+	"pgque.unblock_key(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ036"},
+		cases: []badCase{bc("PQ036", "'q1'", "'sc'", "'k1'")}},
+	"pgque.retry_key_now(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ036"},
+		cases: []badCase{bc("PQ036", "'q1'", "'sc'", "'k1'")}},
 	// The key views read only; a NULL slot means every slot.
 	"pgque.key_heads(text,text,integer,integer,integer)": {roles: "rwa", args: []string{"'q1'", "'sc'", "0", "10", "1000"},
 		nullable: []int{2}, nullAs: map[int]string{1: "PQ034"}, cases: []badCase{

@@ -55,6 +55,16 @@ type Config struct {
 	// LeaseLostCause is the cause a slot's workCtx is cancelled with when
 	// its lease is lost.
 	LeaseLostCause error
+	// OnError, when set, receives each error the pool logs and then
+	// retries after a backoff (optional).
+	OnError func(context.Context, error)
+}
+
+// reportError hands err to Config.OnError, if set.
+func (p *Pool) reportError(ctx context.Context, err error) {
+	if p.cfg.OnError != nil {
+		p.cfg.OnError(ctx, err)
+	}
 }
 
 // Pool is one process's worker pool over the slots of one consumer.

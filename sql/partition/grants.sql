@@ -13,7 +13,6 @@ grant execute on function
     pgque.receive_partitioned(text, text, integer, integer, text, integer),
     pgque.ack_partitioned(text, text, integer, integer, text),
     pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text),
-    pgque.dead_letter_partitioned(text, text, integer, integer, text, bigint, text),
     pgque.slot_of(text, integer)
     to pgque_reader, pgque_admin;
 
