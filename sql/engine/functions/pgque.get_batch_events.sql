@@ -38,7 +38,7 @@ create or replace function pgque._batch_bounds(
     out o_part_lo integer, out o_part_hi integer,
     out o_prev_xmax xid8, out o_cur_xmax xid8, out o_prev_xip xid8[],
     out o_cur_snap pg_snapshot)
-language plpgsql stable
+language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -66,7 +66,7 @@ $$;
 create or replace function pgque._batch_event(s pgque.subscription, i_ev_id bigint)
 returns table (ev_id bigint, ev_time timestamptz, ev_txid bigint, ev_retry integer, ev_type text,
                ev_data text, ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text)
-language plpgsql stable
+language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 declare

@@ -25,7 +25,7 @@ declare
 begin
     -- Fast path: no blocked key on this slot (always so under skip).
     if not exists (select 1 from pgque.key_block where kb_sub = l.sl_sub) then
-        return query select d.*, l.sl_epoch from pgque._deliver(i_queue, v_sub, i_max, v_filter) d;
+        return query select d.*, l.sl_epoch from pgque._deliver(i_queue, v_sub, i_max, v_filter, i_max::bigint * i_nslots) d;
         return;
     end if;
     -- Pause with blocked keys: defer what must wait; a chunk that was all
@@ -36,7 +36,7 @@ begin
     loop
         v_batch := null;
         v_out := 0;
-        for r in select * from pgque._deliver(i_queue, v_sub, i_max, v_filter) loop
+        for r in select * from pgque._deliver(i_queue, v_sub, i_max, v_filter, i_max::bigint * i_nslots) loop
             v_batch := r.batch_id;
             if not ((case when r.partition_key is null then 'n' else 'k' || r.partition_key end) = any(v_kids))
                or pgque._pause_keep(l.sl_sub, r.batch_id, r.msg_id, r.partition_key) then
@@ -71,13 +71,13 @@ $$;
 
 -- _slot_batch(lease): the slot's open batch, or PQ020.
 create or replace function pgque._slot_batch(l pgque.slot_lease)
-returns bigint language plpgsql stable
+returns bigint language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_batch bigint;
 begin
-    select sub_batch into v_batch from pgque.subscription where sub_id = l.sl_sub;
+    v_batch := (pgque._sub_state(l.sl_sub)).st_batch;
     if v_batch is null then
         raise exception using errcode = 'PQ020',
             message = format('slot %s of consumer %L has no open batch', l.sl_slot, l.sl_consumer);
