@@ -79,6 +79,9 @@ var sqlstates = map[string]error{
 	"PQ032": ErrLeaseLost,
 	"PQ033": ErrSlotSubscription,
 	"PQ034": ErrSlotNotSubscribed,
+	// A fenced ack or nack named a chunk that is no longer the slot's
+	// current delivery: for this worker it is the same as losing the lease.
+	"PQ036": ErrLeaseLost,
 	"PQ040": ErrDeadLetterNotFound,
 }
 

@@ -39,7 +39,8 @@ $$;
 
 -- _chunk_bytes(): the byte budget of one chunk (sum of the events' data).
 -- A chunk holds at least one event, so a single event larger than the
--- budget is delivered alone.
+-- budget is delivered alone; otherwise its events' data add up to at most
+-- the budget.
 create or replace function pgque._chunk_bytes()
 returns bigint language sql immutable
 set search_path = pg_catalog, pg_temp
@@ -96,20 +97,20 @@ begin
                    max(g.total)
               into v_rows, v_total
               from (select g0.*, row_number() over w as rn, count(*) over () as total,
-                           coalesce(sum(octet_length(g0.ev_data)) over w, 0) - coalesce(octet_length(g0.ev_data), 0) as before
+                           coalesce(sum(octet_length(g0.ev_data)) over w, 0) as run
                       from pgque.get_batch_cursor(v_batch, c::text, i_max + 1, v_where) g0
                     window w as (order by g0.ev_id rows unbounded preceding)) g
-             where g.rn <= i_max and g.before < pgque._chunk_bytes();
+             where g.rn <= i_max and (g.rn = 1 or g.run <= pgque._chunk_bytes());
         exception when data_exception or program_limit_exceeded then
             select array_agg(row(g.ev_id, v_batch, g.ev_type, pgque._payload(g.ev_data), coalesce(g.ev_retry, 0), g.ev_time,
                                  g.ev_extra1, g.ev_extra2, g.ev_extra3, g.ev_extra4)::pgque.message order by g.ev_id),
                    max(g.total)
               into v_rows, v_total
               from (select g0.*, row_number() over w as rn, count(*) over () as total,
-                           coalesce(sum(octet_length(g0.ev_data)) over w, 0) - coalesce(octet_length(g0.ev_data), 0) as before
+                           coalesce(sum(octet_length(g0.ev_data)) over w, 0) as run
                       from pgque.get_batch_cursor(v_batch, c::text, i_max + 1, v_where) g0
                     window w as (order by g0.ev_id rows unbounded preceding)) g
-             where g.rn <= i_max and g.before < pgque._chunk_bytes();
+             where g.rn <= i_max and (g.rn = 1 or g.run <= pgque._chunk_bytes());
         end;
         close c;
         v_n := coalesce(cardinality(v_rows), 0);
