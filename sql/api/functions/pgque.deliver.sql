@@ -5,9 +5,9 @@
 -- state). Acknowledging the chunk that reaches the batch's end finishes the
 -- batch; the batch can never be finished past rows nobody received.
 -- Batches that hold nothing for the consumer are finished at once, so its
--- cursor keeps moving. Both functions reach the engine only through
--- next_batch, get_batch_cursor and finish_batch; i_where is a trusted
--- predicate (NULL, or built by the partition layer from integers).
+-- cursor keeps moving. Both functions reach the engine through its
+-- internal batch functions (_open_batch, _batch_rows, _finish); i_where is
+-- a trusted predicate (NULL, or built by the partition layer from integers).
 
 -- _and(where, after): i_where combined with "ev_id > after".
 create or replace function pgque._and(i_where text, i_after bigint)
@@ -70,7 +70,6 @@ declare
     v_total bigint;
     v_all   boolean;
     v_empty integer := 0;
-    c       refcursor;
 begin
     if i_max is null then
         raise exception using errcode = '22004', message = 'max must not be NULL';
@@ -86,7 +85,9 @@ begin
             return;
         end if;
         v_where := pgque._and(i_where, st.st_acked_to);
-        c := 'pgque_deliver_' || v_batch;
+        s.sub_last_tick := st.st_last_tick;
+        s.sub_next_tick := st.st_next_tick;
+        s.sub_batch := v_batch;
         -- The chunk in one statement. Payloads written by send are JSON; only
         -- insert_event can store other text, and then the chunk is read
         -- again with such data wrapped as a JSON string (one subtransaction
@@ -98,7 +99,7 @@ begin
               into v_rows, v_total
               from (select g0.*, row_number() over w as rn, count(*) over () as total,
                            coalesce(sum(octet_length(g0.ev_data)) over w, 0) as run
-                      from pgque.get_batch_cursor(v_batch, c::text, i_max + 1, v_where) g0
+                      from pgque._batch_rows(s, v_where, i_max + 1) g0
                     window w as (order by g0.ev_id rows unbounded preceding)) g
              where g.rn <= i_max and (g.rn = 1 or g.run <= pgque._chunk_bytes());
         exception when data_exception or program_limit_exceeded then
@@ -108,11 +109,10 @@ begin
               into v_rows, v_total
               from (select g0.*, row_number() over w as rn, count(*) over () as total,
                            coalesce(sum(octet_length(g0.ev_data)) over w, 0) as run
-                      from pgque.get_batch_cursor(v_batch, c::text, i_max + 1, v_where) g0
+                      from pgque._batch_rows(s, v_where, i_max + 1) g0
                     window w as (order by g0.ev_id rows unbounded preceding)) g
              where g.rn <= i_max and (g.rn = 1 or g.run <= pgque._chunk_bytes());
         end;
-        close c;
         v_n := coalesce(cardinality(v_rows), 0);
         if v_n > 0 then
             v_all := v_n >= v_total;
