@@ -244,3 +244,41 @@ func TestLeaseTTLRealDuration(t *testing.T) {
 }
 
 var _ = pgx.ReadCommitted
+
+// T-lease-renewal-appends: renewing a lease (claim_slot by its owner with
+// the same ttl) makes no row version of slot_lease, yet moves the expiry
+// the views report and keeps other workers out.
+func TestLeaseRenewalWritesNoVersion(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	conn := pgtest.Conn(t, d.dsn)
+	one[int32](t, conn, "select pgque.create_queue('q')")
+	one[int32](t, conn, "select pgque.subscribe_slot('q', 'c', 0, 1)")
+	e := mustClaim(t, conn, "q", "c", 0, "w", "1 hour")
+	first := one[time.Time](t, conn, "select lease_until from pgque.partition_slot_leases where slot = 0")
+	before := writeStats(t, conn)
+	for range 50 {
+		if got := mustClaim(t, conn, "q", "c", 0, "w", "1 hour"); got != e {
+			t.Fatalf("renewal changed the epoch: %d, want %d", got, e)
+		}
+	}
+	after := writeStats(t, conn)
+	if dl := after["slot_lease"].minus(before["slot_lease"]); dl.upd != 0 || dl.del != 0 {
+		t.Errorf("50 renewals made %d updates of slot_lease, want 0", dl.upd)
+	}
+	if dl := after["sub_state"].minus(before["sub_state"]); dl.ins != 50 || dl.upd != 0 {
+		t.Errorf("50 renewals: sub_state %+v, want 50 appends", dl)
+	}
+	last := one[time.Time](t, conn, "select lease_until from pgque.partition_slot_leases where slot = 0")
+	if !last.After(first) {
+		t.Errorf("lease_until did not move with the renewals: %v then %v", first, last)
+	}
+	if c := claim(t, conn, "q", "c", 0, "other", "1 hour"); c != nil {
+		t.Errorf("another worker claimed a renewed, live lease (epoch %d)", *c)
+	}
+	// A release frees it at once.
+	one[bool](t, conn, "select pgque.release_slot('q', 'c', 0, 'w')")
+	if c := claim(t, conn, "q", "c", 0, "other", "1 hour"); c == nil || *c != e+1 {
+		t.Errorf("claim after release = %v, want epoch %d", c, e+1)
+	}
+}

@@ -84,3 +84,20 @@ begin
     return st;
 end;
 $$;
+
+-- _touch_state(sub_id): appends a copy of the current state with a new
+-- st_time, for layers that keep time-bound facts (a heartbeat) in the
+-- state's timestamp instead of updating a row. Tables: sub_state (insert),
+-- subscription (lock).
+create or replace function pgque._touch_state(i_sub integer)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    st pgque.sub_state := pgque._lock_sub(i_sub);
+begin
+    if st.st_sub is not null then
+        perform pgque._put_state(st);
+    end if;
+end;
+$$;

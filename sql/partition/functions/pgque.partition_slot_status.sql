@@ -41,8 +41,8 @@ select q.queue_name      as queue,
        l.sl_consumer     as consumer,
        l.sl_slot         as slot,
        g.sg_nslots       as nslots,
-       case when l.sl_until > clock_timestamp() then l.sl_owner end as owner,
-       l.sl_until        as lease_until,
+       case when greatest(l.sl_until, st.st_time + l.sl_ttl) > clock_timestamp() then l.sl_owner end as owner,
+       case when l.sl_owner is not null then greatest(l.sl_until, st.st_time + l.sl_ttl) end as lease_until,
        l.sl_epoch        as epoch,
        p.o_lag           as lag,
        p.o_oldest        as oldest_pending_age,
@@ -64,10 +64,12 @@ select q.queue_name  as queue,
        l.sl_consumer as consumer,
        l.sl_slot     as slot,
        g.sg_nslots   as nslots,
-       case when l.sl_until > clock_timestamp() then l.sl_owner end as owner,
-       l.sl_until    as lease_until,
+       case when greatest(l.sl_until, st.st_time + l.sl_ttl) > clock_timestamp() then l.sl_owner end as owner,
+       case when l.sl_owner is not null then greatest(l.sl_until, st.st_time + l.sl_ttl) end as lease_until,
        l.sl_epoch    as epoch,
        g.sg_policy   as policy
   from pgque.slot_lease l
   join pgque.slot_group g on g.sg_queue = l.sl_queue and g.sg_consumer = l.sl_consumer
-  join pgque.queue q on q.queue_id = l.sl_queue;
+  join pgque.queue q on q.queue_id = l.sl_queue
+  left join lateral (select x.st_time from pgque.sub_state x
+                      where x.st_sub = l.sl_sub order by x.st_seq desc limit 1) st on true;

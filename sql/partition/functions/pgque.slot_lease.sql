@@ -1,5 +1,15 @@
 -- Leases.
 --
+-- Renewals write no row version: the lease row (owner, epoch, ttl, the
+-- expiry set by the claim) changes only when the owner changes. A lease is
+-- live until _lease_until: the later of that expiry and the time of the
+-- slot subscription's newest state record plus the ttl. Every state change
+-- of the slot is made by its owner, so consuming renews the lease, and a
+-- renewal with nothing else to write appends a copy of the state
+-- (_touch_state): an append, reclaimed by the state flips. Records older
+-- than a claim are older than the expiry the claim set, so they never
+-- extend a new owner's lease.
+--
 -- A slot is worked by the worker that holds its lease. claim_slot takes a
 -- free or expired lease (epoch + 1) or renews one already held (same
 -- epoch). Every receive/ack/nack on a slot first checks, under the lease
@@ -56,6 +66,19 @@ begin
 end;
 $$;
 
+-- _lease_until(lease): when the lease expires (see the header).
+create or replace function pgque._lease_until(l pgque.slot_lease)
+returns timestamptz language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_last timestamptz;
+begin
+    select st_time into v_last from pgque.sub_state where st_sub = l.sl_sub order by st_seq desc limit 1;
+    return greatest(l.sl_until, v_last + l.sl_ttl);
+end;
+$$;
+
 -- _lease_ttl(ttl, now): the ttl as the real duration it has from now
 -- (intervals compare a month as 30 days, so '10000 years -3599999 days'
 -- would otherwise pass a 1-day cap), checked to be positive and at most one
@@ -100,7 +123,7 @@ begin
     end if;
     begin
         l := pgque._lease(i_queue, i_consumer, i_slot);
-        if l.sl_owner is distinct from i_worker and l.sl_owner is not null and l.sl_until > v_now then
+        if l.sl_owner is distinct from i_worker and l.sl_owner is not null and pgque._lease_until(l) > v_now then
             -- Refused: undo the row lock with the subtransaction.
             raise exception using errcode = 'PQ099';
         end if;
@@ -108,8 +131,13 @@ begin
         return null;
     end;
     if l.sl_owner = i_worker then
-        update pgque.slot_lease set sl_until = v_now + v_ttl, sl_ttl = v_ttl
-         where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
+        if l.sl_ttl = v_ttl then
+            -- A renewal: an appended state record, no row version.
+            perform pgque._touch_state(l.sl_sub);
+        else
+            update pgque.slot_lease set sl_until = v_now + v_ttl, sl_ttl = v_ttl
+             where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
+        end if;
         return l.sl_epoch;
     end if;
     update pgque.slot_lease
@@ -142,7 +170,8 @@ $$;
 -- _hold_lease(queue, consumer, slot, nslots, worker): the lease row, locked,
 -- after checking N and that worker owns the lease (PQ032 otherwise).
 -- Renews the lease when less than half of its ttl is left: the heartbeat
--- rides on the per-batch calls, at most two writes per ttl.
+-- rides on the per-batch calls, at most two appended state records per ttl
+-- when the slot writes no state otherwise.
 create or replace function pgque._hold_lease(i_queue text, i_consumer text, i_slot integer,
                                              i_nslots integer, i_worker text)
 returns pgque.slot_lease language plpgsql
@@ -162,9 +191,9 @@ begin
                              i_worker, i_slot, i_nslots, i_consumer, coalesce(quote_literal(l.sl_owner), 'none'), l.sl_epoch);
     end if;
     v_now := clock_timestamp();
+    l.sl_until := pgque._lease_until(l);
     if l.sl_until - v_now < l.sl_ttl / 2 then
-        update pgque.slot_lease set sl_until = v_now + sl_ttl
-         where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
+        perform pgque._touch_state(l.sl_sub);
         l.sl_until := v_now + l.sl_ttl;
     end if;
     return l;
