@@ -62,11 +62,23 @@ create table if not exists pgque.tick_1 partition of pgque.tick for values in (1
 create index if not exists tick_queue_id_idx on pgque.tick (tick_queue, tick_id);
 
 do $tick$
+declare
+    f regprocedure;
 begin
     if exists (select 1 from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
                 where n.nspname = 'pgque' and c.relname = 'tick_plain') then
         insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq)
         select tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq from pgque.tick_plain;
+        -- Functions taking the old row type (their files create them again
+        -- later in this install) would keep the old table alive.
+        for f in select d.objid::regprocedure
+                   from pg_catalog.pg_depend d
+                  where d.classid = 'pg_catalog.pg_proc'::regclass
+                    and d.refclassid = 'pg_catalog.pg_type'::regclass
+                    and d.refobjid = (select c.reltype from pg_catalog.pg_class c
+                                       where c.oid = 'pgque.tick_plain'::regclass) loop
+            execute format('drop function %s', f);
+        end loop;
         drop table pgque.tick_plain;
     end if;
 end
