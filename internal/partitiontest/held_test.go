@@ -151,3 +151,70 @@ func fillPayloads(n int) []string {
 	}
 	return out
 }
+
+// T-old-snapshot: a REPEATABLE READ transaction whose snapshot predates a
+// maint() flip cannot see the delivery state (TRUNCATE is not MVCC-safe).
+// It must get a clear error, never act on an older state: receiving there
+// would otherwise redeliver from an old cursor and append that old state.
+func TestOldSnapshotCannotConsume(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	d.createQueue("q")
+	d.exec("select pgque.subscribe('q', 'p')")
+	for range 3 {
+		d.send("q", ptr("k"))
+		d.tick("q")
+		for {
+			var batch *int64
+			var n int
+			rows, err := d.pool.Query(ctx, "select batch_id from pgque.receive('q', 'p', 100)")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				if err := rows.Scan(&batch); err != nil {
+					t.Fatal(err)
+				}
+				n++
+			}
+			rows.Close()
+			if n == 0 {
+				break
+			}
+			d.exec("select pgque.ack($1)", *batch)
+		}
+	}
+	old := pgtest.Conn(t, d.dsn)
+	tx, err := old.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "select 1"); err != nil {
+		t.Fatal(err)
+	}
+	// The flip: the state partition holds superseded records, so it is retired.
+	if n := one[int32](t, d.pool, "select pgque.maint()"); n < 1 {
+		t.Fatalf("maint() did nothing (%d): no flip to test", n)
+	}
+	before := one[int64](t, d.pool, "select count(*) from pgque.sub_state")
+	rows, err := tx.Query(ctx, "select msg_id from pgque.receive('q', 'p', 100)")
+	if err == nil {
+		for rows.Next() {
+		}
+		rows.Close()
+		err = rows.Err()
+	}
+	wantState(t, err, "PQ011", "receive in a REPEATABLE READ transaction older than the last flip")
+	tx.Rollback(ctx)
+	if after := one[int64](t, d.pool, "select count(*) from pgque.sub_state"); after != before {
+		t.Errorf("the refused receive changed the state log: %d records, then %d", before, after)
+	}
+	// READ COMMITTED consumers are unaffected.
+	d.send("q", ptr("k"))
+	d.tick("q")
+	if got := one[int64](t, d.pool, "select count(*) from pgque.receive('q', 'p', 100)"); got != 1 {
+		t.Errorf("after the flip a READ COMMITTED receive got %d events, want 1", got)
+	}
+}
