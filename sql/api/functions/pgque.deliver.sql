@@ -77,7 +77,13 @@ begin
     if i_max < 1 or i_max > 100000 then
         raise exception using errcode = 'PQ011', message = format('max must be between 1 and 100000, not %s', i_max);
     end if;
-    s := pgque._subscription(i_queue, i_sub);
+    -- The row alone (its state is read under the lock below); the full
+    -- lookup only to raise the right error.
+    select s1.* into s from pgque.subscription s1 join pgque.queue q on q.queue_id = s1.sub_queue
+     where q.queue_name = i_queue and s1.sub_name = i_sub;
+    if not found then
+        s := pgque._subscription(i_queue, i_sub);
+    end if;
     loop
         st := pgque._open_batch(s.sub_id, s.sub_queue, i_span);
         v_batch := st.st_batch;
@@ -148,9 +154,14 @@ as $$
 declare
     st pgque.sub_state;
 begin
-    perform pgque._batch(i_batch_id);
+    if i_batch_id is null then
+        raise exception using errcode = '22004', message = 'batch id must not be NULL';
+    end if;
     st := pgque._lock_sub((i_batch_id % 1048576)::integer);
-    if st.st_batch is distinct from i_batch_id or st.st_delivered_to is null then
+    if st.st_batch is distinct from i_batch_id then
+        raise exception using errcode = 'PQ020', message = format('batch %s is not open', i_batch_id);
+    end if;
+    if st.st_delivered_to is null then
         return 0;
     end if;
     if not st.st_delivered_all then
