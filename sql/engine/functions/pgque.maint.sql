@@ -160,14 +160,19 @@ $$;
 -- subscribes. A subscription being registered is not visible yet but holds
 -- a key-share lock on its queue row until it commits; so does nothing else
 -- for long (the ticker's lock is short): such a queue keeps all its ticks.
-create or replace function pgque._tick_keep(out o_queue integer, out o_from bigint)
+-- With i_lock false nothing is locked and registrations are not seen: an
+-- estimate, for deciding whether a flip is worth it.
+drop function if exists pgque._tick_keep();
+create or replace function pgque._tick_keep(i_lock boolean, out o_queue integer, out o_from bigint)
 returns setof record language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 begin
     for o_queue in select queue_id from pgque.queue order by queue_id loop
-        perform 1 from pgque.queue where queue_id = o_queue for update skip locked;
-        if not found then
+        if i_lock then
+            perform 1 from pgque.queue where queue_id = o_queue for update skip locked;
+        end if;
+        if i_lock and not found then
             o_from := 0;
         else
             select min(st.st_last_tick) into o_from
@@ -195,7 +200,7 @@ begin
     perform 1 from pgque.rotation where rot_name = 'tick' for update;
     v_cur := pgque._gen('tick');
     if (select count(*) from pgque.tick where tick_gen = v_cur)
-       <= (select count(*) from pgque.tick t join pgque._tick_keep() k
+       <= (select count(*) from pgque.tick t join pgque._tick_keep(false) k
               on k.o_queue = t.tick_queue and t.tick_id >= k.o_from
            where t.tick_gen = v_cur) then
         return 0;
@@ -207,7 +212,7 @@ begin
     -- Statement snapshots from here on see every committed cursor.
     insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq, tick_gen)
     select t.tick_queue, t.tick_id, t.tick_time, t.tick_snapshot, t.tick_event_seq, 1 - v_cur
-      from pgque.tick t join pgque._tick_keep() k on k.o_queue = t.tick_queue and t.tick_id >= k.o_from
+      from pgque.tick t join pgque._tick_keep(true) k on k.o_queue = t.tick_queue and t.tick_id >= k.o_from
      where t.tick_gen = v_cur;
     execute format('truncate %s', 'pgque.tick_' || v_cur);
     return 1;
