@@ -98,6 +98,9 @@ var sqlstates = map[string]error{
 	"PQ032": ErrLeaseLost,
 	"PQ033": ErrSlotSubscription,
 	"PQ034": ErrSlotNotSubscribed,
+	// A fenced ack or nack named a chunk that is no longer the slot's
+	// current delivery: for this worker it is the same as losing the lease.
+	"PQ035": ErrLeaseLost,
 	"PQ036": ErrKeyNotBlocked,
 	"PQ037": ErrKeyBusy,
 	"PQ040": ErrDeadLetterNotFound,

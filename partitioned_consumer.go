@@ -137,6 +137,9 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		return false, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
 	}
 	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
+	// The settling calls prove which chunk they settle (fencing at the SQL
+	// level, not only in this process).
+	delivery := dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}
 	policy := pc.Policy()
 	failures, held, aborted := pc.invoker.handleChunk(workCtx, msgs, policy == FailurePolicyPause)
 	if aborted {
@@ -151,10 +154,10 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 	s := settler{
 		retryDelay: cfg.RetryDelay, metrics: pc.client.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
 		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
-			return q.NackPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, m.ID, after, reason)
+			return q.NackDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, delivery, m.ID, after, reason)
 		},
 		ack: func(ctx context.Context, q *dbq.Queries) (bool, error) {
-			return q.AckPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID)
+			return q.AckDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, delivery)
 		},
 		// The chunk was handled under policy: its nacks and ack are right
 		// only if the server still applies that policy (an operator may have

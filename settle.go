@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -95,12 +96,17 @@ type beginner interface {
 }
 
 // toMessages converts received rows.
+// chunkSeq numbers the chunks received by this process (Message.Chunk).
+var chunkSeq atomic.Uint64
+
 func toMessages(rows []dbq.Row, queue, consumer string, slot int) []*Message {
 	msgs := make([]*Message, len(rows))
+	chunk := chunkSeq.Add(1)
 	for i, r := range rows {
 		m := &Message{
 			ID: r.MsgID, Queue: queue, Consumer: consumer, Type: r.Type, Payload: r.Payload,
 			RetryCount: r.RetryCount, CreatedAt: r.CreatedAt, BatchID: r.BatchID, Slot: slot, Epoch: r.Epoch,
+			Chunk: chunk,
 		}
 		if r.PartitionKey != nil {
 			m.PartitionKey, m.keyed = *r.PartitionKey, true

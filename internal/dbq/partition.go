@@ -66,6 +66,34 @@ func (q *Queries) AckPartitioned(ctx context.Context, queue, consumer string, sl
 	return n == 1, err
 }
 
+// Delivery names the chunk a slot handed out: the lease epoch and batch id it
+// was received under, and one of its events. The fenced ack and nack present
+// it, so a worker whose lease changed hands since it received cannot settle
+// a chunk only the next owner received.
+type Delivery struct {
+	Epoch, BatchID, MsgID int64
+}
+
+// AckDelivery calls the fenced pgque.ack_partitioned(queue, consumer, slot,
+// nslots, worker, epoch, batch_id, msg_id) and reports whether the batch was
+// finished.
+func (q *Queries) AckDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.ack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::bigint, $8::bigint)`,
+		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, d.MsgID).Scan(&n)
+	return n == 1, err
+}
+
+// NackDelivery calls the fenced pgque.nack_partitioned(queue, consumer, slot,
+// nslots, worker, epoch, batch_id, msg_id, retry_after, reason): msgID is the
+// event to retry, d the chunk it was received in.
+func (q *Queries) NackDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::bigint, $8::bigint, $9::interval, $10::text)`,
+		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, msgID, retryArg(retryAfter), reason).Scan(&n)
+	return n == 1, err
+}
+
 // NackPartitioned calls pgque.nack_partitioned(queue, consumer, slot, nslots,
 // worker, msg_id, retry_after, reason) and reports whether the event was
 // scheduled for retry (false: dead-lettered).

@@ -172,6 +172,13 @@ var functions = map[string]fn{
 		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", "1", "'1 s'", "'r'"}, nullable: []int{7},
 		nullAs: map[int]string{1: "PQ034", 5: "PQ032", 6: "PQ032"},
 		cases:  []badCase{bc("PQ032", "'q1'", "'sc'", "0", "2", "'not-owner'", "1", "'1 s'", "null")}},
+	"pgque.ack_partitioned(text,text,integer,integer,text,bigint,bigint,bigint)": {roles: "ra",
+		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", "1", "1", "1"}, nullAs: map[int]string{1: "PQ034"},
+		cases: []badCase{bc("PQ032", "'q1'", "'sc'", "0", "2", "'not-owner'", "1", "1", "1")}},
+	"pgque.nack_partitioned(text,text,integer,integer,text,bigint,bigint,bigint,interval,text)": {roles: "ra",
+		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", "1", "1", "1", "'1 s'", "'r'"}, nullable: []int{9},
+		nullAs: map[int]string{1: "PQ034", 8: "PQ032"},
+		cases:  []badCase{bc("PQ032", "'q1'", "'sc'", "0", "2", "'not-owner'", "1", "1", "1", "'1 s'", "null")}},
 	"pgque.set_failure_policy(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'pause'"}, nullAs: map[int]string{1: "PQ034", 2: "PQ011"}, cases: []badCase{
 		bc("PQ011", "'q1'", "'sc'", "'retry'"), bc("PQ034", "'q1'", "'nope'", "'pause'"),
 	}},

@@ -12,7 +12,9 @@ grant execute on function
     pgque.release_slot(text, text, integer, text),
     pgque.receive_partitioned(text, text, integer, integer, text, integer),
     pgque.ack_partitioned(text, text, integer, integer, text),
+    pgque.ack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint),
     pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text),
+    pgque.nack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint, interval, text),
     pgque.slot_of(text, integer)
     to pgque_reader, pgque_admin;
 

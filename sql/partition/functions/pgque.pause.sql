@@ -80,8 +80,7 @@ declare
     r      record;
     c      refcursor := 'pgque_pause_' || i_batch;
 begin
-    select delivered_to into v_upto from pgque.sub_progress
-     where sub_id = l.sl_sub and batch_id = i_batch;
+    select st_delivered_to into v_upto from pgque._sub_state(l.sl_sub) where st_batch = i_batch;
     if v_upto is not null and v_upto > i_msg_id then
         for r in select * from pgque.get_batch_cursor(i_batch, c::text, 2147483647,
                      concat_ws(' and ', pgque._slot_filter(l.sl_slot, i_nslots), pgque._key_filter(i_key),

@@ -217,19 +217,19 @@ type pauseState struct {
 }
 
 type chunkFailures struct {
-	batch  int64
+	chunk  uint64
 	failed map[string]int64 // key -> ev_id of the failed head
 }
 
 // skip reports whether m must be skipped because an earlier event of its
-// key failed in this chunk. Seeing the failed event (or an earlier one)
-// again means the chunk is being redelivered: the failure is forgotten.
+// key failed in this chunk. A new chunk (a batch may come in several, and a
+// redelivered chunk is a new one) forgets the failures.
 func (p *pauseState) skip(m *pgque.Message) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := p.slots[m.Slot]
-	if st == nil || st.batch != m.BatchID {
-		st = &chunkFailures{batch: m.BatchID, failed: map[string]int64{}}
+	if st == nil || st.chunk != m.Chunk {
+		st = &chunkFailures{chunk: m.Chunk, failed: map[string]int64{}}
 		p.slots[m.Slot] = st
 	}
 	head, ok := st.failed[m.PartitionKey]
@@ -246,7 +246,7 @@ func (p *pauseState) skip(m *pgque.Message) bool {
 func (p *pauseState) failed(m *pgque.Message) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if st := p.slots[m.Slot]; st != nil && st.batch == m.BatchID {
+	if st := p.slots[m.Slot]; st != nil && st.chunk == m.Chunk {
 		st.failed[m.PartitionKey] = m.ID
 	}
 }

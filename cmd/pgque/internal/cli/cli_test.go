@@ -468,8 +468,8 @@ func dump(t *testing.T, c *cli) {
 	for _, q := range []string{
 		"select ev_id, ev_txid::text, ev_part, coalesce(ev_owner,0), ev_time::text from pgque.event order by ev_id",
 		"select tick_id, tick_time::text, tick_snapshot::text, tick_event_seq from pgque.tick order by tick_id",
-		"select sub_id, sub_name, sub_last_tick, coalesce(sub_next_tick,0), coalesce(sub_batch,0) from pgque.subscription",
-		"select sub_id, batch_id, coalesce(acked_to,0), coalesce(delivered_to,0), delivered_all from pgque.sub_progress",
+		"select sub_id, sub_name, sub_last_tick from pgque.subscription",
+		"select st_sub, st_seq, st_last_tick, coalesce(st_next_tick,0), coalesce(st_batch,0), coalesce(st_acked_to,0), coalesce(st_delivered_to,0), st_delivered_all from pgque.sub_state order by st_seq",
 	} {
 		rows, err := conn.Query(context.Background(), q)
 		if err != nil {
