@@ -94,6 +94,7 @@ var functions = map[string]fn{
 		cases: []badCase{bc("PQ001", "'nope'", "'c1'", "'g'"), bc("PQ002", "'q1'", "'nope'", "'g'")}},
 	"pgque.maint_retry_events()": {roles: "a"},
 	"pgque.maint()":              {roles: "a"},
+	"pgque.version()":            {roles: "rwa"},
 	"pgque.get_queue_info(text)": {roles: "rwa", args: []string{"'q1'"}, nullable: []int{0},
 		cases: []badCase{bc("PQ001", "'nope'")}},
 	"pgque.get_consumer_info(text,text)": {roles: "rwa", args: []string{"'q1'", "'c1'"}, nullable: []int{0, 1},

@@ -29,6 +29,7 @@ grant execute on function
     to pgque_reader, pgque_admin;
 
 grant execute on function
+    pgque.version(),
     pgque.get_queue_info(text),
     pgque.get_consumer_info(text, text)
     to pgque_reader, pgque_writer, pgque_admin;
