@@ -55,5 +55,10 @@ grant execute on function
     to pgque_admin;
 
 grant execute on procedure pgque.run_ticker(integer, text) to pgque_admin;
+-- run_ticker runs as its caller, so the caller needs its two helpers.
+grant execute on function
+    pgque._run_ticker_end(integer),
+    pgque._run_ticker_round(text, timestamptz, timestamptz, timestamptz)
+    to pgque_admin;
 
 grant select on all tables in schema pgque to pgque_admin;
