@@ -93,12 +93,8 @@ func (iv *invoker) call(ctx context.Context, m *Message) (err error) {
 	return iv.handler(ctx, m)
 }
 
-// reason is the text stored with a nack: the error, bounded in size.
+// reason is the text stored with a nack: the error's text made storable
+// (valid UTF-8, no NUL) and bounded to ReasonMaxBytes on a rune boundary.
 func reason(err error) string {
-	const max = 1000
-	s := err.Error()
-	if len(s) > max {
-		s = s[:max]
-	}
-	return s
+	return sanitizeReason(err.Error())
 }

@@ -47,7 +47,7 @@ func (s *settler) settle(ctx context.Context, db beginner, failures []failure) e
 			}
 		}
 		for _, f := range failures {
-			ok, err := s.nack(ctx, q, f.msg, s.retryDelay(f.msg.RetryCount), reason(f.err))
+			ok, err := s.nack(ctx, q, f.msg, safeRetryDelay(s.retryDelay, f.msg.RetryCount), reason(f.err))
 			if err != nil {
 				return fmt.Errorf("nacking event %d: %w", f.msg.ID, err)
 			}

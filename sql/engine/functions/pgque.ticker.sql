@@ -126,7 +126,8 @@ $$;
 
 -- ticker_lead(worker, ttl): leader election for ticker daemons. Returns
 -- true when worker holds the single ticker lease (renewing it when less than
--- half of ttl is left, taking it over when free or expired).
+-- half of ttl is left, taking it over when free or expired). worker is 1 to
+-- 200 bytes; ttl is 1 ms to 1 day of real time (PQ011).
 create or replace function pgque.ticker_lead(i_worker text, i_ttl interval)
 returns boolean language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -134,19 +135,24 @@ as $$
 declare
     l   pgque.ticker_lease;
     v_now timestamptz := clock_timestamp();
+    v_ttl interval;
 begin
-    if i_worker is null or i_worker = '' then
-        raise exception using errcode = 'PQ011', message = 'ticker worker id must not be NULL or empty';
+    if i_worker is null or i_worker = '' or octet_length(i_worker) > 200 then
+        raise exception using errcode = 'PQ011',
+            message = format('ticker worker id must be 1 to 200 bytes, not %s', coalesce(octet_length(i_worker)::text, 'NULL'));
     end if;
-    if i_ttl is null or i_ttl <= interval '0' then
-        raise exception using errcode = 'PQ011', message = format('ticker lease ttl must be positive, not %s', coalesce(i_ttl::text, 'NULL'));
+    if i_ttl is null then
+        raise exception using errcode = 'PQ011', message = 'ticker lease ttl must not be NULL';
     end if;
+    -- Bounded on the real duration, so a lease cannot be taken for years
+    -- with an interval that only compares as short.
+    v_ttl := pgque._check_interval('ticker lease ttl', i_ttl, interval '1 millisecond', interval '1 day');
     select * into l from pgque.ticker_lease;
-    if found and l.owner = i_worker and l.lease_until - v_now > i_ttl / 2 then
+    if found and l.owner = i_worker and l.lease_until - v_now > v_ttl / 2 then
         return true;
     end if;
     insert into pgque.ticker_lease as tl (singleton, owner, lease_until, epoch)
-    values (true, i_worker, v_now + i_ttl, 1)
+    values (true, i_worker, v_now + v_ttl, 1)
     on conflict (singleton) do update
        set owner = excluded.owner,
            lease_until = excluded.lease_until,
