@@ -223,3 +223,14 @@ func (q *Queries) RetryKeyNow(ctx context.Context, queue, consumer string, key *
 	err := q.db.QueryRow(ctx, `select pgque.retry_key_now($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)`, queue, consumer, key).Scan(&n)
 	return n == 1, err
 }
+
+// MaintRouteIndexes calls pgque.maint_route_indexes() and returns how many
+// routing indexes it built.
+func (q *Queries) MaintRouteIndexes(ctx context.Context) (int64, error) {
+	var n *int64
+	err := q.db.QueryRow(ctx, `select pgque.maint_route_indexes()::bigint`).Scan(&n)
+	if n == nil {
+		return 0, err
+	}
+	return *n, err
+}

@@ -121,6 +121,11 @@ func (t *Ticker) step(ctx context.Context, s *schedule) error {
 		if _, err := t.cfg.Queries.Maint(ctx); err != nil {
 			return err
 		}
+		// Routing indexes left out while their tables were full are
+		// built once rotation emptied them, without blocking producers.
+		if _, err := t.cfg.Queries.MaintRouteIndexes(ctx); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -19,7 +19,8 @@ grant execute on function
 grant execute on function
     pgque.set_failure_policy(text, text, text),
     pgque.unblock_key(text, text, text),
-    pgque.retry_key_now(text, text, text)
+    pgque.retry_key_now(text, text, text),
+    pgque.maint_route_indexes()
     to pgque_admin;
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
