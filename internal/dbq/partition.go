@@ -3,6 +3,8 @@ package dbq
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // SubscribeSlot calls pgque.subscribe_slot(queue, consumer, slot, nslots).
@@ -233,4 +235,33 @@ func (q *Queries) MaintRouteIndexes(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	return *n, err
+}
+
+// Peer is another worker of a partitioned consumer as announce_worker
+// returns it.
+type Peer struct {
+	Worker string
+	Hungry bool
+	Slots  []int32
+	Age    time.Duration
+}
+
+// AnnounceWorker calls pgque.announce_worker: it records this worker's
+// presence and returns the other workers heard from within maxAge.
+func (q *Queries) AnnounceWorker(ctx context.Context, queue, consumer, worker string, hungry bool, slots []int, maxAge time.Duration) ([]Peer, error) {
+	s32 := make([]int32, len(slots))
+	for i, s := range slots {
+		s32[i] = int32(s)
+	}
+	rows, err := q.db.Query(ctx, `select worker, hungry, slots, age
+		from pgque.announce_worker($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text, $4::pg_catalog.bool, $5::int[], $6::interval)`,
+		queue, consumer, worker, hungry, s32, maxAge)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Peer, error) {
+		var p Peer
+		err := r.Scan(&p.Worker, &p.Hungry, &p.Slots, &p.Age)
+		return p, err
+	})
 }

@@ -38,6 +38,7 @@ var relations = map[string]string{
 	"tick_id_seq":           "",
 	"ticker_lease":          "a",
 	"version":               "a",
+	"worker_presence":       "", // through announce_worker only
 }
 
 var (

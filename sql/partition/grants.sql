@@ -13,7 +13,8 @@ grant execute on function
     pgque.receive_partitioned(text, text, integer, integer, text, integer),
     pgque.ack_partitioned(text, text, integer, integer, text),
     pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text),
-    pgque.slot_of(text, integer)
+    pgque.slot_of(text, integer),
+    pgque.announce_worker(text, text, text, boolean, integer[], interval)
     to pgque_reader, pgque_admin;
 
 grant execute on function
