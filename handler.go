@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/pgque/pgque/internal/backoff"
@@ -38,6 +40,51 @@ type invoker struct {
 	consumer string
 	logger   *slog.Logger
 	metrics  *metrics.Metrics
+	// inFlight, when set, tracks the handler calls in progress, so that a
+	// Stop that gives up can say which handlers ignore their context.
+	inFlight *inFlight
+}
+
+// inFlight is the set of handler calls in progress.
+type inFlight struct {
+	mu    sync.Mutex
+	seq   uint64
+	calls map[uint64]string
+}
+
+// begin records a call and returns its key for end.
+func (f *inFlight) begin(m *Message, start time.Time) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.calls == nil {
+		f.calls = make(map[uint64]string)
+	}
+	f.seq++
+	f.calls[f.seq] = fmt.Sprintf("handler of event %d (queue %s, consumer %s, slot %d) since %s",
+		m.ID, m.Queue, m.Consumer, m.Slot, start.Format(time.RFC3339Nano))
+	return f.seq
+}
+
+func (f *inFlight) end(k uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.calls, k)
+}
+
+// list names the calls in progress, oldest first.
+func (f *inFlight) list() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	keys := make([]uint64, 0, len(f.calls))
+	for k := range f.calls {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = f.calls[k]
+	}
+	return out
 }
 
 // handleChunk runs the handler on each message in order and returns the
@@ -76,6 +123,9 @@ func (iv *invoker) handleChunk(ctx context.Context, msgs []*Message, holdKeys bo
 // ErrHandlerPanic.
 func (iv *invoker) call(ctx context.Context, m *Message) (err error) {
 	start := time.Now()
+	if iv.inFlight != nil {
+		defer iv.inFlight.end(iv.inFlight.begin(m, start))
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("%w: %v", ErrHandlerPanic, v)
