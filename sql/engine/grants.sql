@@ -51,7 +51,10 @@ grant execute on function
     pgque.dlq_replay(text, bigint),
     pgque.dlq_purge(text, text, interval),
     pgque.start(),
-    pgque.stop()
+    pgque.stop(),
+    pgque.grant_queue(text, text, text),
+    pgque.revoke_queue(text, text, text),
+    pgque.unconfine_queue(text, text)
     to pgque_admin;
 
 grant execute on procedure pgque.run_ticker(integer, text) to pgque_admin;

@@ -82,6 +82,7 @@ declare
     v_seq  regclass;
     v_ids  bigint[];
 begin
+    perform pgque._authorize(i_queue, null, 'produce'); -- access check
     if i_type is null or i_payloads is null then
         raise exception using errcode = '22004', message = 'event type and payloads must not be NULL';
     end if;

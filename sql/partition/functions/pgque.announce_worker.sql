@@ -16,6 +16,7 @@ declare
     v_now timestamptz := clock_timestamp();
     v_age interval;
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_consumer(i_consumer);
     if i_worker is null or i_hungry is null or i_slots is null then
         raise exception using errcode = '22004', message = 'worker, hungry and slots must not be NULL';

@@ -14,6 +14,7 @@ language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    v_access boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     v_sub    text := pgque._slot_name(i_consumer, i_slot, i_nslots);
     v_filter text := pgque._slot_filter(i_slot, i_nslots);
@@ -95,6 +96,7 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    v_access boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     l       pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     v_batch bigint := pgque._slot_batch(l);
     v_done  integer;
@@ -117,6 +119,7 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    v_access boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     v_batch  bigint := pgque._slot_batch(l);
     v_filter text := pgque._slot_filter(i_slot, i_nslots);

@@ -62,6 +62,7 @@ declare
     l     pgque.slot_lease;
     v_now timestamptz := clock_timestamp();
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_worker(i_worker);
     if i_ttl is null or i_ttl <= interval '0' or i_ttl > interval '1 day' then
         raise exception using errcode = 'PQ011',
@@ -95,6 +96,7 @@ as $$
 declare
     l pgque.slot_lease;
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_worker(i_worker);
     l := pgque._lease(i_queue, i_consumer, i_slot);
     if l.sl_owner is distinct from i_worker then

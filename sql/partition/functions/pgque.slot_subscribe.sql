@@ -215,6 +215,7 @@ declare
     v_new integer;
     v_sub integer;
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_consumer(i_consumer);
     perform pgque._check_slot(i_slot, i_nslots);
     if i_policy is not null and i_policy not in ('skip', 'pause') then
@@ -263,6 +264,7 @@ as $$
 declare
     q pgque.queue := pgque._queue(i_queue);
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_consumer(i_consumer);
     perform pgque._check_slot(i_slot, i_nslots);
     perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for update;
