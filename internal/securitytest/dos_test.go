@@ -2,6 +2,7 @@ package securitytest
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -202,4 +203,60 @@ func TestRoutingIndexNeverBlocksProducers(t *testing.T) {
 	if empty != 2*3 {
 		t.Errorf("%d routing indexes on the two empty tables, want 6", empty)
 	}
+}
+
+// TestRotationBlockersNamesWhatPinsRotation: a reader's idle subscription
+// and a reader's transaction left open after subscribe each keep maint()
+// from rotating; rotation_blockers names both (the subscription by name,
+// the session by pid), and once the admin removes the subscription and the
+// session ends, maint() rotates.
+func TestRotationBlockersNamesWhatPinsRotation(t *testing.T) {
+	dsn, conn := setupDB(t)
+	ctx := context.Background()
+	reader := asRole(t, dsn, roleReader)
+	admin := asRole(t, dsn, roleAdmin)
+	for _, s := range []string{
+		`select pgque.set_queue_config('q1', 'rotation_period', '1 microsecond')`,
+		`select pgque.send('q1', 't', '{}'::jsonb, 'k')`, `select pgque.force_next_tick('q1')`, `select pgque.ticker('q1')`,
+	} {
+		if _, err := admin.Exec(ctx, s); err != nil {
+			t.Fatal(s, err)
+		}
+	}
+	if _, err := reader.Exec(ctx, `select pgque.subscribe('q1', 'idle_reader')`); err != nil {
+		t.Fatal(err)
+	}
+	// Rotate once so that the idle subscription's cursor predates the
+	// switch, then send more so that it needs the old table.
+	for _, s := range []string{`select pgque.maint()`, `select pgque.send('q1', 't', '{}'::jsonb, 'k')`, `select pgque.force_next_tick('q1')`, `select pgque.ticker('q1')`} {
+		if _, err := admin.Exec(ctx, s); err != nil {
+			t.Fatal(s, err)
+		}
+	}
+	open := asRole(t, dsn, roleReader)
+	tx, err := open.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `select pgque.subscribe('q1', 'open_tx')`); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := tx.QueryRow(ctx, `select pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := admin.Query(ctx, `select kind || ' ' || what from pgque.rotation_blockers() where queue = 'q1'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := strings.Join(got, "\n")
+	if !strings.Contains(joined, "subscription idle_reader") || !strings.Contains(joined, sprintf("session pid %d,", pid)) {
+		t.Fatalf("rotation_blockers = %q, want the idle subscription and the open session (pid %d)", got, pid)
+	}
+	_ = tx.Rollback(ctx)
+	_ = conn
 }

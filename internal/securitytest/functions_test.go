@@ -96,6 +96,7 @@ var functions = map[string]fn{
 	"pgque.maint()":               {roles: "a"},
 	"pgque.version()":             {roles: "rwa"},
 	"pgque.maint_route_indexes()": {roles: "a"},
+	"pgque.rotation_blockers()":   {roles: "a"},
 	"pgque.grant_queue(text,text,text)": {roles: "a", args: []string{"'q1'", "'pgque_reader'", "'consume'"},
 		cases: []badCase{bc("PQ001", "'nope'", "'pgque_reader'", "'consume'"), bc("PQ011", "'q1'", "'no_such_role'", "'consume'"),
 			bc("PQ011", "'q1'", "'pgque_reader'", "'own'"), bc("PQ011", "'q1'", "'pgque_reader''; drop table x; --'", "'consume'")}},

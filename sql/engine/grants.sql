@@ -54,7 +54,8 @@ grant execute on function
     pgque.stop(),
     pgque.grant_queue(text, text, text),
     pgque.revoke_queue(text, text, text),
-    pgque.unconfine_queue(text, text)
+    pgque.unconfine_queue(text, text),
+    pgque.rotation_blockers()
     to pgque_admin;
 
 grant execute on procedure pgque.run_ticker(integer, text) to pgque_admin;
