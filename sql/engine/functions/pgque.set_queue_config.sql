@@ -35,10 +35,15 @@ begin
         exception when others then
             raise exception using errcode = 'PQ011', message = format('%s must be an interval, not %L', v_param, i_value);
         end;
-        -- Checked on the real duration: a month is not 30 days.
-        v_ivl := pgque._check_interval(v_param, v_ivl,
-                     case v_param when 'ticker_max_lag' then interval '0' else interval '1 microsecond' end,
-                     case v_param when 'rotation_period' then interval '365 days' else interval '1 day' end);
+        -- Checked on the real duration: a month is not 30 days. The
+        -- message quotes the value as given.
+        begin
+            v_ivl := pgque._check_interval(v_param, v_ivl,
+                         case v_param when 'ticker_max_lag' then interval '0' else interval '1 microsecond' end,
+                         case v_param when 'rotation_period' then interval '365 days' else interval '1 day' end);
+        exception when sqlstate 'PQ011' then
+            raise exception using errcode = 'PQ011', message = format('%s (given as %L)', sqlerrm, i_value);
+        end;
     else
         raise exception using errcode = 'PQ012',
             message = format('unknown queue parameter %L; known: ticker_max_count, ticker_max_lag, ticker_idle_period, rotation_period, max_retries', i_param);
