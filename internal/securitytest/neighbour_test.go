@@ -28,8 +28,8 @@ import (
 //     the first application's confined queue and consumer, burns
 //     subscription ids in rolled-back transactions, and subscribes many N
 //     on its own queue;
-//   - a role with CREATE on the database plants functions, operators and
-//     domains in public;
+//   - a role with CREATE on the database has planted functions, operators
+//     and domains in public;
 //   - a superuser re-installs pgque.
 //
 // Then it checks that every event was handled, in order per key, the
@@ -60,6 +60,15 @@ func TestHostileNeighbours(t *testing.T) {
 		`select pgque.grant_queue('files', 'app_r', 'consume')`, `select pgque.grant_queue('files', 'app_w', 'produce')`,
 	)
 
+	// The role with CREATE on the database plants its shadows before the
+	// application connects, so that every statement the application's
+	// sessions prepare is resolved with them in place.
+	attacker := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "attacker"))
+	for _, s := range shadows {
+		if _, err := attacker.Exec(ctx, s); err != nil {
+			t.Fatalf("attacker: %s: %v", s, err)
+		}
+	}
 	client := func(role string) *pgque.Client {
 		cl, err := pgque.Connect(ctx, pgtest.DSNWith(dsn, "user", role), &pgque.Config{Logger: nil})
 		if err != nil {
@@ -230,14 +239,7 @@ func TestHostileNeighbours(t *testing.T) {
 		}
 	}()
 
-	// The role with CREATE on the database plants shadows; the superuser
-	// re-installs.
-	attacker := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "attacker"))
-	for _, s := range shadows {
-		if _, err := attacker.Exec(ctx, s); err != nil {
-			t.Fatalf("attacker: %s: %v", s, err)
-		}
-	}
+	// The superuser re-installs while everything runs.
 	time.Sleep(time.Second)
 	superApp := pgtest.Conn(t, c.DSN("neighbours"))
 	if _, err := install.Install(ctx, superApp); err != nil {
