@@ -119,9 +119,9 @@ func (l *Lease) close() {
 
 // keep renews, in the background, every lease running short (see the
 // keeper timing above): slots whose handler runs long, and idle slots
-// between polls. Each renewal runs on its own and is bounded by a quarter
-// of the TTL (the time it has to land), and the keeper never waits for
-// one: a hung renewal delays only its own slot, which its local expiry
+// between polls. Each renewal runs on its own and is bounded by the time
+// left before the local expiry (at least a quarter of the TTL), and the
+// keeper never waits for one: a hung renewal delays only its own slot, which its local expiry
 // then fences, never the other slots' renewals.
 func (p *Pool) keep(ctx context.Context, stop <-chan struct{}) {
 	threshold := p.cfg.LeaseTTL * keeperRenewNum / keeperRenewDen
@@ -144,7 +144,8 @@ func (p *Pool) keep(ctx context.Context, stop <-chan struct{}) {
 			go func() {
 				defer wg.Done()
 				defer r.lease.renewing.Store(false)
-				rctx, cancel := context.WithTimeout(ctx, p.cfg.LeaseTTL/4)
+				// Waiting is pointless once the lease is lost locally.
+				rctx, cancel := context.WithTimeout(ctx, max(r.lease.left()-p.cfg.LeaseTTL/expiryMargin, p.cfg.LeaseTTL/4))
 				defer cancel()
 				p.renew(rctx, r)
 			}()
