@@ -145,7 +145,9 @@ func (p *Pool) releaseExcess(ctx context.Context, slots []int, now time.Time) {
 // claim tries to take one slot and starts its goroutine on success.
 func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner string) bool {
 	at := time.Now()
-	epoch, ok, err := p.cfg.Queries.ClaimSlot(fetchCtx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL)
+	cctx, cancel := context.WithTimeout(fetchCtx, queryTimeout(p.cfg.ClaimInterval))
+	defer cancel()
+	epoch, ok, err := p.cfg.Queries.ClaimSlot(cctx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL)
 	if err != nil {
 		if fetchCtx.Err() == nil {
 			p.log().WarnContext(fetchCtx, "pgque: claiming slot", slog.Int("slot", slot), slog.Any("error", err))
