@@ -62,8 +62,8 @@ func TestSchemaVersionMismatch(t *testing.T) {
 	if subs, err := env.client.Consumers(ctx, env.queue); err != nil || len(subs) != 0 {
 		t.Fatalf("subscriptions after refused starts: %v, %v", subs, err)
 	}
-	// A schema from before schema_version() existed reads as "unknown".
-	if _, err := env.pool.Exec(ctx, `drop function pgque.schema_version()`); err != nil {
+	// A schema from before version() existed reads as "unknown".
+	if _, err := env.pool.Exec(ctx, `drop function pgque.version()`); err != nil {
 		t.Fatal(err)
 	}
 	if err := newClient(t, env.pool).CheckSchema(ctx); !errors.Is(err, pgque.ErrSchemaVersion) {

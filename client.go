@@ -54,9 +54,17 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 		observed: config != nil && config.Observer != nil,
 	}
 	if !cfg.PollOnly {
-		connConfig := pool.Config().ConnConfig
+		// The LISTEN session is taken from the pool and hijacked, so that
+		// it is opened exactly as the application's own connections are:
+		// with the pool's BeforeConnect and AfterConnect hooks (IAM
+		// tokens, rotated passwords, session settings). It then belongs to
+		// the notifier, which closes it.
 		c.notifier = notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
-			return pgx.ConnectConfig(ctx, connConfig.Copy())
+			pc, err := pool.Acquire(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return pc.Hijack(), nil
 		}, []string{workerpool.TickChannel, workerpool.PresenceChannel, tickerd.ResignChannel}, cfg.Logger)
 	}
 	return c, nil

@@ -31,7 +31,9 @@ func (c *Client) NewConsumer(config *ConsumerConfig) (*Consumer, error) {
 	}
 	cfg := config.withDefaults()
 	con := &Consumer{client: c, config: cfg}
-	con.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer, timeout: cfg.HandlerTimeout}
+	con.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics,
+		observer: c.config.Observer, timeout: cfg.HandlerTimeout, inFlight: &inFlight{}}
+	con.service.Running = con.invoker.inFlight.list
 	con.settler = settler{
 		retryDelay: cfg.RetryDelay, metrics: c.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
 		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
@@ -60,7 +62,10 @@ func (con *Consumer) Start(ctx context.Context) error {
 // Stop stops receiving, lets the chunk in flight finish and be acked, and
 // returns when the consumer's goroutines are gone. If ctx ends first, the
 // chunk is abandoned unacked (it is redelivered later) and ctx's error is
-// returned. Stop is idempotent.
+// returned. A handler that ignores its
+// cancelled context does not hold Stop: one second later Stop returns an
+// error that wraps ctx's and names the handlers still running (their
+// goroutines exit when they return). Stop is idempotent.
 func (con *Consumer) Stop(ctx context.Context) error {
 	return con.service.Stop(ctx)
 }

@@ -32,7 +32,8 @@ type ConsumerConfig struct {
 	// PollInterval is the fallback poll period. Default PollIntervalDefault.
 	PollInterval time.Duration
 	// RetryDelay returns how long a failed event waits before redelivery,
-	// given its retry count. Default RetryDelayDefault.
+	// given its retry count. Default RetryDelayDefault. Results are clamped
+	// into [0, RetryDelayMax]; if it panics, RetryDelayDefault is used.
 	RetryDelay func(retryCount int) time.Duration
 	// HandlerTimeout, when positive, bounds each handler call: its context
 	// ends after that long with cause ErrHandlerTimeout, and an error it
@@ -65,8 +66,12 @@ func (c *ConsumerConfig) validate() error {
 		return invalidConfig("ConsumerConfig.Consumer is empty")
 	case c.Handler == nil:
 		return invalidConfig("ConsumerConfig.Handler is nil")
-	case c.BatchSize < 0:
-		return invalidConfig("ConsumerConfig.BatchSize is negative (%d)", c.BatchSize)
+	case checkText(c.Queue, NameMaxBytes) != "":
+		return invalidConfig("ConsumerConfig.Queue %s", checkText(c.Queue, NameMaxBytes))
+	case checkText(c.Consumer, NameMaxBytes) != "":
+		return invalidConfig("ConsumerConfig.Consumer %s", checkText(c.Consumer, NameMaxBytes))
+	case c.BatchSize < 0 || c.BatchSize > BatchSizeMax:
+		return invalidConfig("ConsumerConfig.BatchSize must be between 1 and %d (got %d)", BatchSizeMax, c.BatchSize)
 	case c.PollInterval < 0:
 		return invalidConfig("ConsumerConfig.PollInterval is negative (%v)", c.PollInterval)
 	case c.HandlerTimeout < 0:

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/pgque/pgque/internal/backoff"
@@ -63,6 +65,51 @@ type invoker struct {
 	observer Observer
 	// timeout bounds each call (0: none).
 	timeout time.Duration
+	// inFlight, when set, tracks the handler calls in progress, so that a
+	// Stop that gives up can say which handlers ignore their context.
+	inFlight *inFlight
+}
+
+// inFlight is the set of handler calls in progress.
+type inFlight struct {
+	mu    sync.Mutex
+	seq   uint64
+	calls map[uint64]string
+}
+
+// begin records a call and returns its key for end.
+func (f *inFlight) begin(m *Message, start time.Time) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.calls == nil {
+		f.calls = make(map[uint64]string)
+	}
+	f.seq++
+	f.calls[f.seq] = fmt.Sprintf("handler of event %d (queue %s, consumer %s, slot %d) since %s",
+		m.ID, m.Queue, m.Consumer, m.Slot, start.Format(time.RFC3339Nano))
+	return f.seq
+}
+
+func (f *inFlight) end(k uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.calls, k)
+}
+
+// list names the calls in progress, oldest first.
+func (f *inFlight) list() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	keys := make([]uint64, 0, len(f.calls))
+	for k := range f.calls {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = f.calls[k]
+	}
+	return out
 }
 
 // handleChunk runs the handler on each message in order and returns the
@@ -111,6 +158,9 @@ func (iv *invoker) call(ctx context.Context, m *Message) (err error) {
 		defer cancel()
 	}
 	start := time.Now()
+	if iv.inFlight != nil {
+		defer iv.inFlight.end(iv.inFlight.begin(m, start))
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("%w: %v", ErrHandlerPanic, v)
@@ -133,12 +183,8 @@ func (iv *invoker) call(ctx context.Context, m *Message) (err error) {
 	return iv.handler(ctx, m)
 }
 
-// reason is the text stored with a nack: the error, bounded in size.
+// reason is the text stored with a nack: the error's text made storable
+// (valid UTF-8, no NUL) and bounded to ReasonMaxBytes on a rune boundary.
 func reason(err error) string {
-	const max = 1000
-	s := err.Error()
-	if len(s) > max {
-		s = s[:max]
-	}
-	return s
+	return sanitizeReason(err.Error())
 }

@@ -96,7 +96,8 @@ type PartitionedConsumerConfig struct {
 	// some slots go unpolled and pin the queue's rotation.
 	MaxActiveSlots int
 	// WorkerID identifies this process in slot leases; it must be unique
-	// among live processes. Default hostname-pid-random.
+	// among live processes, valid UTF-8 without NUL, and at most
+	// WorkerIDMaxBytes. Default hostname-pid-random.
 	WorkerID string
 	// LeaseTTL is the slot lease lifetime. Default LeaseTTLDefault, minimum
 	// LeaseTTLMin.
@@ -178,14 +179,24 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig.Consumer is empty")
 	case c.Handler == nil:
 		return invalidConfig("PartitionedConsumerConfig.Handler is nil")
-	case c.Slots < 1:
-		return invalidConfig("PartitionedConsumerConfig.Slots must be at least 1 (got %d)", c.Slots)
-	case c.MaxActiveSlots < 0:
-		return invalidConfig("PartitionedConsumerConfig.MaxActiveSlots is negative (%d)", c.MaxActiveSlots)
+	case checkText(c.Queue, NameMaxBytes) != "":
+		return invalidConfig("PartitionedConsumerConfig.Queue %s", checkText(c.Queue, NameMaxBytes))
+	case checkText(c.Consumer, NameMaxBytes) != "":
+		return invalidConfig("PartitionedConsumerConfig.Consumer %s", checkText(c.Consumer, NameMaxBytes))
+	case c.Slots < 1 || c.Slots > SlotsMax:
+		return invalidConfig("PartitionedConsumerConfig.Slots must be between 1 and %d (got %d)", SlotsMax, c.Slots)
+	case c.MaxActiveSlots < 0 || c.MaxActiveSlots > c.Slots:
+		return invalidConfig("PartitionedConsumerConfig.MaxActiveSlots must be between 0 and Slots (%d), not %d", c.Slots, c.MaxActiveSlots)
+	case c.WorkerID != "" && checkText(c.WorkerID, WorkerIDMaxBytes) != "":
+		return invalidConfig("PartitionedConsumerConfig.WorkerID %s", checkText(c.WorkerID, WorkerIDMaxBytes))
 	case c.LeaseTTL != 0 && c.LeaseTTL < LeaseTTLMin:
 		return invalidConfig("PartitionedConsumerConfig.LeaseTTL %v is below the minimum %v", c.LeaseTTL, LeaseTTLMin)
-	case c.ClaimInterval < 0 || c.PollInterval < 0 || c.BatchSize < 0:
-		return invalidConfig("PartitionedConsumerConfig intervals and BatchSize must not be negative")
+	case c.LeaseTTL > LeaseTTLMax:
+		return invalidConfig("PartitionedConsumerConfig.LeaseTTL %v is above the maximum %v", c.LeaseTTL, LeaseTTLMax)
+	case c.ClaimInterval < 0 || c.PollInterval < 0:
+		return invalidConfig("PartitionedConsumerConfig intervals must not be negative")
+	case c.BatchSize < 0 || c.BatchSize > BatchSizeMax:
+		return invalidConfig("PartitionedConsumerConfig.BatchSize must be between 1 and %d (got %d)", BatchSizeMax, c.BatchSize)
 	case c.HotKeyShare > 1:
 		return invalidConfig("PartitionedConsumerConfig.HotKeyShare %v is above 1", c.HotKeyShare)
 	case c.FailurePolicy != 0 && !c.FailurePolicy.valid():
@@ -200,7 +211,7 @@ func (c *PartitionedConsumerConfig) validate() error {
 // in partition_slot_status.
 func defaultWorkerID() string {
 	host, err := os.Hostname()
-	if err != nil || host == "" {
+	if err != nil || host == "" || checkText(host, 100) != "" {
 		host = "unknown"
 	}
 	var b [4]byte

@@ -48,7 +48,9 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		statusInterval = SlotStatusIntervalDefault
 	}
 	pc := &PartitionedConsumer{client: c, config: cfg}
-	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer, timeout: cfg.HandlerTimeout}
+	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics,
+		observer: c.config.Observer, timeout: cfg.HandlerTimeout, inFlight: &inFlight{}}
+	pc.service.Running = pc.invoker.inFlight.list
 	pc.pool = workerpool.New(workerpool.Config{
 		Queries:        c.queries,
 		Notifier:       c.notifier,
@@ -116,7 +118,10 @@ func (pc *PartitionedConsumer) Start(ctx context.Context) error {
 // chunk in flight, releases the leases, and returns when every goroutine is
 // gone. If ctx ends first, the chunks in flight are abandoned unacked (their
 // handlers' contexts are cancelled; the next owner receives them again after
-// the TTL) and ctx's error is returned. Stop is idempotent.
+// the TTL) and ctx's error is returned. A handler that ignores its
+// cancelled context does not hold Stop: one second later Stop returns an
+// error that wraps ctx's and names the handlers still running (their
+// goroutines exit when they return). Stop is idempotent.
 func (pc *PartitionedConsumer) Stop(ctx context.Context) error {
 	return pc.service.Stop(ctx)
 }

@@ -19,7 +19,7 @@ const SchemaVersion = sqlfiles.Version
 // version than the library's. It unwraps to ErrSchemaVersion.
 type SchemaVersionError struct {
 	// Installed is the database's version; "unknown" for a schema older than
-	// pgque.schema_version().
+	// pgque.version().
 	Installed string
 	// Want is SchemaVersion.
 	Want string
@@ -36,14 +36,14 @@ func (e *SchemaVersionError) Unwrap() error { return ErrSchemaVersion }
 
 // InstalledSchemaVersion returns the schema version installed in the
 // database. It fails with ErrNotInstalled when pgque is not installed. Every
-// pgque role may call it (through pgque.schema_version()).
+// pgque role may call it (through pgque.version()).
 func (c *Client) InstalledSchemaVersion(ctx context.Context) (string, error) {
 	v, err := c.queries.SchemaVersion(ctx)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "3F000": // invalid_schema_name: no pgque schema
 		return "", fmt.Errorf("reading the pgque schema version: %w", ErrNotInstalled)
-	case errors.As(err, &pgErr) && pgErr.Code == "42883": // undefined_function: a schema from before schema_version()
+	case errors.As(err, &pgErr) && pgErr.Code == "42883": // undefined_function: a schema from before version()
 		return "unknown", nil
 	case err != nil:
 		return "", mapError("reading the pgque schema version", err)

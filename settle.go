@@ -83,9 +83,9 @@ func (s *settler) delay(f failure) time.Duration {
 		return dbq.DeadLetterNow
 	}
 	if d, ok := RetryDelayOf(f.err); ok {
-		return d
+		return clampRetryDelay(d)
 	}
-	return s.retryDelay(f.msg.RetryCount)
+	return safeRetryDelay(s.retryDelay, f.msg.RetryCount)
 }
 
 // beginner is a pool or connection that can open a transaction and run

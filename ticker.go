@@ -72,6 +72,10 @@ func (c *TickerConfig) validate() error {
 		return nil
 	case c.LeaseTTL != 0 && c.LeaseTTL < LeaseTTLMin:
 		return invalidConfig("TickerConfig.LeaseTTL %v is below the minimum %v", c.LeaseTTL, LeaseTTLMin)
+	case c.LeaseTTL > LeaseTTLMax:
+		return invalidConfig("TickerConfig.LeaseTTL %v is above the maximum %v", c.LeaseTTL, LeaseTTLMax)
+	case c.WorkerID != "" && checkText(c.WorkerID, WorkerIDMaxBytes) != "":
+		return invalidConfig("TickerConfig.WorkerID %s", checkText(c.WorkerID, WorkerIDMaxBytes))
 	case c.TickInterval < 0 || c.RetryInterval < 0 || c.MaintInterval < 0:
 		return invalidConfig("TickerConfig intervals must not be negative")
 	}

@@ -144,10 +144,10 @@ func (q *Queries) DLQPurge(ctx context.Context, queue string, consumer *string, 
 	return n, err
 }
 
-// SchemaVersion calls pgque.schema_version(): the installed schema version,
+// SchemaVersion calls pgque.version(): the installed schema version,
 // nil when the version row is missing.
 func (q *Queries) SchemaVersion(ctx context.Context) (*string, error) {
 	var v *string
-	err := q.db.QueryRow(ctx, `select pgque.schema_version()`).Scan(&v)
+	err := q.db.QueryRow(ctx, `select pgque.version()`).Scan(&v)
 	return v, err
 }

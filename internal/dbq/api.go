@@ -10,7 +10,7 @@ import (
 // event id. A nil key is the NULL key (slot 0).
 func (q *Queries) Send(ctx context.Context, queue, typ string, payload json.RawMessage, key *string) (int64, error) {
 	var id int64
-	err := q.db.QueryRow(ctx, `select pgque.send($1::text, $2::text, $3::jsonb, $4::text)`,
+	err := q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.jsonb, $4::pg_catalog.text)`,
 		queue, typ, string(payload), key).Scan(&id)
 	return id, err
 }
@@ -19,7 +19,7 @@ func (q *Queries) Send(ctx context.Context, queue, typ string, payload json.RawM
 // returns the event ids in input order. keys is nil or as long as payloads.
 func (q *Queries) SendBatch(ctx context.Context, queue, typ string, payloads []string, keys []*string) ([]int64, error) {
 	var ids []int64
-	err := q.db.QueryRow(ctx, `select pgque.send_batch($1::text, $2::text, $3::text[]::jsonb[], $4::text[])`,
+	err := q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[]::pg_catalog.jsonb[], $4::pg_catalog.text[])`,
 		queue, typ, payloads, keys).Scan(&ids)
 	return ids, err
 }
@@ -28,7 +28,7 @@ func (q *Queries) SendBatch(ctx context.Context, queue, typ string, payloads []s
 // subscription is new.
 func (q *Queries) Subscribe(ctx context.Context, queue, consumer string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.subscribe($1::text, $2::text)`, queue, consumer).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.subscribe($1::pg_catalog.text, $2::pg_catalog.text)`, queue, consumer).Scan(&n)
 	return n == 1, err
 }
 
@@ -36,7 +36,7 @@ func (q *Queries) Subscribe(ctx context.Context, queue, consumer string) (bool, 
 // the subscription existed.
 func (q *Queries) Unsubscribe(ctx context.Context, queue, consumer string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.unsubscribe($1::text, $2::text)`, queue, consumer).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.unsubscribe($1::pg_catalog.text, $2::pg_catalog.text)`, queue, consumer).Scan(&n)
 	return n == 1, err
 }
 
@@ -56,8 +56,8 @@ type Row struct {
 // Receive calls pgque.receive(queue, consumer, max): the next chunk of at most
 // max events of the open (or next) batch, in ev_id order.
 func (q *Queries) Receive(ctx context.Context, queue, consumer string, max int) ([]Row, error) {
-	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload::text, retry_count, created_at, partition_key
-		from pgque.receive($1::text, $2::text, $3::int)`, queue, consumer, max)
+	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload::pg_catalog.text, retry_count, created_at, partition_key
+		from pgque.receive($1::pg_catalog.text, $2::pg_catalog.text, $3::int)`, queue, consumer, max)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +87,7 @@ func (q *Queries) Ack(ctx context.Context, batchID int64) (bool, error) {
 // negative retryAfter (DeadLetterNow) is sent as NULL: dead-letter at once.
 func (q *Queries) Nack(ctx context.Context, batchID, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.nack($1::bigint, $2::bigint, $3::interval, $4::text)`,
+	err := q.db.QueryRow(ctx, `select pgque.nack($1::bigint, $2::bigint, $3::interval, $4::pg_catalog.text)`,
 		batchID, msgID, retryArg(retryAfter), reason).Scan(&n)
 	return n == 1, err
 }

@@ -9,19 +9,19 @@ import (
 // was created (false: it existed).
 func (q *Queries) CreateQueue(ctx context.Context, queue string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.create_queue($1::text)`, queue).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.create_queue($1::pg_catalog.text)`, queue).Scan(&n)
 	return n == 1, err
 }
 
 // DropQueue calls pgque.drop_queue(queue, force).
 func (q *Queries) DropQueue(ctx context.Context, queue string, force bool) error {
-	_, err := q.db.Exec(ctx, `select pgque.drop_queue($1::text, $2::bool)`, queue, force)
+	_, err := q.db.Exec(ctx, `select pgque.drop_queue($1::pg_catalog.text, $2::pg_catalog.bool)`, queue, force)
 	return err
 }
 
 // SetQueueConfig calls pgque.set_queue_config(queue, param, value).
 func (q *Queries) SetQueueConfig(ctx context.Context, queue, param, value string) error {
-	_, err := q.db.Exec(ctx, `select pgque.set_queue_config($1::text, $2::text, $3::text)`, queue, param, value)
+	_, err := q.db.Exec(ctx, `select pgque.set_queue_config($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)`, queue, param, value)
 	return err
 }
 
@@ -39,14 +39,14 @@ func (q *Queries) Ticker(ctx context.Context) (int64, error) {
 // holds the ticker lease.
 func (q *Queries) TickerLead(ctx context.Context, worker string, ttl time.Duration) (bool, error) {
 	var ok bool
-	err := q.db.QueryRow(ctx, `select coalesce(pgque.ticker_lead($1::text, $2::interval), false)`, worker, ttl).Scan(&ok)
+	err := q.db.QueryRow(ctx, `select coalesce(pgque.ticker_lead($1::pg_catalog.text, $2::interval), false)`, worker, ttl).Scan(&ok)
 	return ok, err
 }
 
 // TickerResign calls pgque.ticker_resign(worker).
 func (q *Queries) TickerResign(ctx context.Context, worker string) (bool, error) {
 	var ok bool
-	err := q.db.QueryRow(ctx, `select coalesce(pgque.ticker_resign($1::text), false)`, worker).Scan(&ok)
+	err := q.db.QueryRow(ctx, `select coalesce(pgque.ticker_resign($1::pg_catalog.text), false)`, worker).Scan(&ok)
 	return ok, err
 }
 

@@ -14,6 +14,6 @@ func (q *Queries) Listen(ctx context.Context, channel string) error {
 
 // Notify calls pg_notify(channel, payload).
 func (q *Queries) Notify(ctx context.Context, channel, payload string) error {
-	_, err := q.db.Exec(ctx, `select pg_notify($1::text, $2::text)`, channel, payload)
+	_, err := q.db.Exec(ctx, `select pg_catalog.pg_notify($1::pg_catalog.text, $2::pg_catalog.text)`, channel, payload)
 	return err
 }

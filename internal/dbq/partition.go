@@ -3,11 +3,13 @@ package dbq
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // UnsubscribeSlot calls pgque.unsubscribe_slot(queue, consumer, slot, nslots).
 func (q *Queries) UnsubscribeSlot(ctx context.Context, queue, consumer string, slot, nslots int) error {
-	_, err := q.db.Exec(ctx, `select pgque.unsubscribe_slot($1::text, $2::text, $3::int, $4::int)`,
+	_, err := q.db.Exec(ctx, `select pgque.unsubscribe_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int)`,
 		queue, consumer, slot, nslots)
 	return err
 }
@@ -17,7 +19,7 @@ func (q *Queries) UnsubscribeSlot(ctx context.Context, queue, consumer string, s
 // slot.
 func (q *Queries) ClaimSlot(ctx context.Context, queue, consumer string, slot int, worker string, ttl time.Duration) (int64, bool, error) {
 	var epoch *int64
-	err := q.db.QueryRow(ctx, `select pgque.claim_slot($1::text, $2::text, $3::int, $4::text, $5::interval)`,
+	err := q.db.QueryRow(ctx, `select pgque.claim_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::pg_catalog.text, $5::interval)`,
 		queue, consumer, slot, worker, ttl).Scan(&epoch)
 	if err != nil || epoch == nil {
 		return 0, false, err
@@ -29,7 +31,7 @@ func (q *Queries) ClaimSlot(ctx context.Context, queue, consumer string, slot in
 // reports whether the lease was released.
 func (q *Queries) ReleaseSlot(ctx context.Context, queue, consumer string, slot int, worker string) (bool, error) {
 	var ok *bool
-	err := q.db.QueryRow(ctx, `select pgque.release_slot($1::text, $2::text, $3::int, $4::text)`,
+	err := q.db.QueryRow(ctx, `select pgque.release_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::pg_catalog.text)`,
 		queue, consumer, slot, worker).Scan(&ok)
 	return ok != nil && *ok, err
 }
@@ -37,8 +39,8 @@ func (q *Queries) ReleaseSlot(ctx context.Context, queue, consumer string, slot 
 // ReceivePartitioned calls pgque.receive_partitioned(queue, consumer, slot,
 // nslots, worker, max): the slot's next chunk, renewing the lease.
 func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, max int) ([]Row, error) {
-	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload::text, retry_count, created_at, partition_key, epoch
-		from pgque.receive_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::int)`,
+	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload::pg_catalog.text, retry_count, created_at, partition_key, epoch
+		from pgque.receive_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::int)`,
 		queue, consumer, slot, nslots, worker, max)
 	if err != nil {
 		return nil, err
@@ -61,7 +63,7 @@ func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string
 // worker) and reports whether the batch was finished.
 func (q *Queries) AckPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.ack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text)`,
+	err := q.db.QueryRow(ctx, `select pgque.ack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text)`,
 		queue, consumer, slot, nslots, worker).Scan(&n)
 	return n == 1, err
 }
@@ -99,7 +101,7 @@ func (q *Queries) NackDelivery(ctx context.Context, queue, consumer string, slot
 // scheduled for retry (false: dead-lettered).
 func (q *Queries) NackPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::interval, $8::text)`,
+	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::bigint, $7::interval, $8::pg_catalog.text)`,
 		queue, consumer, slot, nslots, worker, msgID, retryArg(retryAfter), reason).Scan(&n)
 	return n == 1, err
 }
@@ -136,11 +138,12 @@ type SlotStatus struct {
 // consumer matches every one. Lease liveness is judged by the server's
 // clock, so client clock skew does not matter.
 func (q *Queries) PartitionSlotStatus(ctx context.Context, queue, consumer string) ([]SlotStatus, error) {
-	rows, err := q.db.Query(ctx, `select slot, nslots, owner, coalesce(lease_until > now(), false), coalesce(epoch, 0),
+	rows, err := q.db.Query(ctx, `select slot, nslots, owner, coalesce(lease_until operator(pg_catalog.>) pg_catalog.now(), false), coalesce(epoch, 0),
 			coalesce(lag, 0), coalesce(extract(epoch from oldest_pending_age), 0)::float8,
 			queue, consumer, lease_until, policy, open_batch, coalesce(extract(epoch from last_active), 0)::float8
 		from pgque.partition_slot_status
-		where ($1::text = '' or queue = $1::text) and ($2::text = '' or consumer = $2::text)
+		where ($1::pg_catalog.text operator(pg_catalog.=) '' or queue operator(pg_catalog.=) $1::pg_catalog.text)
+		  and ($2::pg_catalog.text operator(pg_catalog.=) '' or consumer operator(pg_catalog.=) $2::pg_catalog.text)
 		order by queue, consumer, slot`, queue, consumer)
 	if err != nil {
 		return nil, err
@@ -165,8 +168,8 @@ func (q *Queries) PartitionSlotStatus(ctx context.Context, queue, consumer strin
 // consumer: owners and epochs without the per-slot lag, so it costs the same
 // whatever the backlog (Lag and OldestPendingAge are left zero).
 func (q *Queries) PartitionSlotLeases(ctx context.Context, queue, consumer string) ([]SlotStatus, error) {
-	rows, err := q.db.Query(ctx, `select slot, nslots, owner, coalesce(lease_until > now(), false), coalesce(epoch, 0)
-		from pgque.partition_slot_leases where queue = $1::text and consumer = $2::text order by slot`, queue, consumer)
+	rows, err := q.db.Query(ctx, `select slot, nslots, owner, coalesce(lease_until operator(pg_catalog.>) pg_catalog.now(), false), coalesce(epoch, 0)
+		from pgque.partition_slot_leases where queue operator(pg_catalog.=) $1::pg_catalog.text and consumer operator(pg_catalog.=) $2::pg_catalog.text order by slot`, queue, consumer)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +191,7 @@ func (q *Queries) PartitionSlotLeases(ctx context.Context, queue, consumer strin
 // persisted one raises PQ031.
 func (q *Queries) SubscribeSlotPolicy(ctx context.Context, queue, consumer string, slot, nslots int, policy *string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.subscribe_slot($1::text, $2::text, $3::int, $4::int, $5::text)`,
+	err := q.db.QueryRow(ctx, `select pgque.subscribe_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text)`,
 		queue, consumer, slot, nslots, policy).Scan(&n)
 	return n == 1, err
 }
@@ -199,13 +202,13 @@ func (q *Queries) SubscribeSlotPolicy(ctx context.Context, queue, consumer strin
 func (q *Queries) SlotPolicy(ctx context.Context, queue, consumer string) (string, error) {
 	var policy string
 	err := q.db.QueryRow(ctx, `select policy from pgque.partition_slot_leases
-		where queue = $1::text and consumer = $2::text limit 1`, queue, consumer).Scan(&policy)
+		where queue operator(pg_catalog.=) $1::pg_catalog.text and consumer operator(pg_catalog.=) $2::pg_catalog.text limit 1`, queue, consumer).Scan(&policy)
 	return policy, err
 }
 
 // SetFailurePolicy calls pgque.set_failure_policy(queue, consumer, policy).
 func (q *Queries) SetFailurePolicy(ctx context.Context, queue, consumer, policy string) error {
-	_, err := q.db.Exec(ctx, `select pgque.set_failure_policy($1::text, $2::text, $3::text)`, queue, consumer, policy)
+	_, err := q.db.Exec(ctx, `select pgque.set_failure_policy($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)`, queue, consumer, policy)
 	return err
 }
 
@@ -227,7 +230,7 @@ type BlockedKey struct {
 // lists every consumer of the queue.
 func (q *Queries) BlockedKeys(ctx context.Context, queue string, consumer *string) ([]BlockedKey, error) {
 	rows, err := q.db.Query(ctx, `select queue, consumer, slot, key, state, head_ev_id, since, failures, reason, deferred
-		from pgque.blocked_keys($1::text, $2::text)`, queue, consumer)
+		from pgque.blocked_keys($1::pg_catalog.text, $2::pg_catalog.text)`, queue, consumer)
 	if err != nil {
 		return nil, err
 	}
@@ -248,7 +251,7 @@ func (q *Queries) BlockedKeys(ctx context.Context, queue string, consumer *strin
 // dead-lettered head's ev_id. A nil key is the NULL key.
 func (q *Queries) UnblockKey(ctx context.Context, queue, consumer string, key *string) (int64, error) {
 	var id int64
-	err := q.db.QueryRow(ctx, `select pgque.unblock_key($1::text, $2::text, $3::text)`, queue, consumer, key).Scan(&id)
+	err := q.db.QueryRow(ctx, `select pgque.unblock_key($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)`, queue, consumer, key).Scan(&id)
 	return id, err
 }
 
@@ -256,6 +259,46 @@ func (q *Queries) UnblockKey(ctx context.Context, queue, consumer string, key *s
 // whether a retry of the key's head was pending. A nil key is the NULL key.
 func (q *Queries) RetryKeyNow(ctx context.Context, queue, consumer string, key *string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.retry_key_now($1::text, $2::text, $3::text)`, queue, consumer, key).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.retry_key_now($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)`, queue, consumer, key).Scan(&n)
 	return n == 1, err
+}
+
+// MaintRouteIndexes calls pgque.maint_route_indexes() and returns how many
+// routing indexes it built.
+func (q *Queries) MaintRouteIndexes(ctx context.Context) (int64, error) {
+	var n *int64
+	err := q.db.QueryRow(ctx, `select pgque.maint_route_indexes()::bigint`).Scan(&n)
+	if n == nil {
+		return 0, err
+	}
+	return *n, err
+}
+
+// Peer is another worker of a partitioned consumer as announce_worker
+// returns it.
+type Peer struct {
+	Worker string
+	Hungry bool
+	Slots  []int32
+	Age    time.Duration
+}
+
+// AnnounceWorker calls pgque.announce_worker: it records this worker's
+// presence and returns the other workers heard from within maxAge.
+func (q *Queries) AnnounceWorker(ctx context.Context, queue, consumer, worker string, hungry bool, slots []int, maxAge time.Duration) ([]Peer, error) {
+	s32 := make([]int32, len(slots))
+	for i, s := range slots {
+		s32[i] = int32(s)
+	}
+	rows, err := q.db.Query(ctx, `select worker, hungry, slots, age
+		from pgque.announce_worker($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text, $4::pg_catalog.bool, $5::int[], $6::interval)`,
+		queue, consumer, worker, hungry, s32, maxAge)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Peer, error) {
+		var p Peer
+		err := r.Scan(&p.Worker, &p.Hungry, &p.Slots, &p.Age)
+		return p, err
+	})
 }

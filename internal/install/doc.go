@@ -1,9 +1,12 @@
 // Package install applies pgque's embedded SQL to a database.
 //
 // Install runs the whole install script (package sqlfiles) in one
-// transaction, after taking a transaction-scoped advisory lock so that
-// concurrent installers (several app instances starting at once) run one
-// after the other instead of racing on catalog rows. The script is written
+// transaction, after taking a lock so that concurrent installers (several
+// app instances starting at once) run one after the other instead of racing
+// on catalog rows: a lock on pgque.version once installed (no stranger can
+// take it), and a bounded wait for an advisory lock on a fresh database. The
+// script refuses a schema pgque that another role owns or planted objects
+// in (see sql/engine/structure/preflight.sql). The script is written
 // idempotently, so the same call installs a fresh database and upgrades an
 // existing one in place; the schema version it records in pgque.version is
 // what InstalledVersion reads back.

@@ -4,14 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	sqlfiles "github.com/pgque/pgque/sql"
 )
 
-// LockKey is the pg_advisory_xact_lock key that serializes Install and
-// Uninstall across sessions: the bytes of "pgque" read as a number.
+// LockKey is the pg_advisory_xact_lock key that serializes the first
+// Install of a database across sessions: the bytes of "pgque" read as a
+// number. Any role may take an advisory lock, so it is waited for only a
+// bounded time (FreshLockWait); once pgque is installed, installs lock
+// pgque.version instead, which only its owner and pgque_admin can lock.
 const LockKey int64 = 0x7067717565
 
 // Querier runs a query; *pgx.Conn, *pgxpool.Pool, *pgxpool.Conn and pgx.Tx
@@ -83,13 +88,69 @@ func inTx(ctx context.Context, conn Conn, fn func(pgx.Tx) error) (err error) {
 			err = errors.Join(err, ignoreClosed(tx.Rollback(context.WithoutCancel(ctx))))
 		}
 	}()
-	if _, err := tx.Exec(ctx, "select pg_catalog.pg_advisory_xact_lock($1)", LockKey); err != nil {
+	if err := lockInstall(ctx, tx); err != nil {
 		return fmt.Errorf("taking the install lock: %w", err)
 	}
 	if err := fn(tx); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+// FreshLockWait bounds how long the first Install of a database waits for
+// the advisory lock before it goes on without it.
+const FreshLockWait = 10 * time.Second
+
+// lockInstall serialises Install and Uninstall. On an installed database it
+// takes a self-conflicting lock on pgque.version, which a role without a
+// pgque grant cannot take or hold. On a fresh database it waits at most
+// FreshLockWait for the advisory lock (another installer starting at the
+// same moment finishes well within it) and then goes on without it: a
+// stranger holding the key cannot stall the install, and at worst two first
+// installs collide on the catalog and the loser fails cleanly, to be re-run
+// as an upgrade.
+func lockInstall(ctx context.Context, tx pgx.Tx) error {
+	// Looked up in the catalog, not with to_regclass: a schema pgque that
+	// someone else prepared may not even be readable, and the install
+	// script's preflight explains that better than a lock error.
+	var installed bool
+	if err := tx.QueryRow(ctx, `select exists (
+		select 1 from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+		 where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
+		   and pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+		   and pg_catalog.has_table_privilege(c.oid, 'UPDATE'))`).Scan(&installed); err != nil {
+		return err
+	}
+	if installed {
+		_, err := tx.Exec(ctx, "lock table pgque.version in share row exclusive mode")
+		return err
+	}
+	var prev string
+	if err := tx.QueryRow(ctx, "select pg_catalog.current_setting('lock_timeout')").Scan(&prev); err != nil {
+		return err
+	}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = sp.Exec(ctx, "select pg_catalog.set_config('lock_timeout', $1, true), pg_catalog.pg_advisory_xact_lock($2)",
+		fmt.Sprintf("%dms", FreshLockWait.Milliseconds()), LockKey)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		// Held by someone else for too long: go on without it. Rolling
+		// back the savepoint also undoes the lock_timeout.
+		return sp.Rollback(ctx)
+	}
+	if err != nil {
+		return errors.Join(err, sp.Rollback(ctx))
+	}
+	// Releasing the savepoint keeps the lock and the lock_timeout: put the
+	// caller's lock_timeout back.
+	if err := sp.Commit(ctx); err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, "select pg_catalog.set_config('lock_timeout', $1, true)", prev)
+	return err
 }
 
 // ignoreClosed drops the error of rolling back a transaction that already

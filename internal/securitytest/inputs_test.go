@@ -8,6 +8,7 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -252,29 +253,61 @@ func TestAbsurdNumbersThroughTheClient(t *testing.T) {
 	}
 	defer client.Close()
 	h := func(context.Context, *pgque.Message) error { return nil }
+	long := func(n int) string { return strings.Repeat("w", n) }
 	for _, cfg := range []pgque.PartitionedConsumerConfig{
 		{Queue: "q1", Consumer: "x", Slots: 0, Handler: h},
 		{Queue: "q1", Consumer: "x", Slots: -1, Handler: h},
 		{Queue: "q1", Consumer: "x", Slots: 2, LeaseTTL: 1, Handler: h},
 		{Queue: "q1", Consumer: "x", Slots: 2, BatchSize: -1, Handler: h},
 		{Queue: "q1", Consumer: "x", Slots: 2, MaxActiveSlots: -1, Handler: h},
+		// Values the server would refuse on every call.
+		{Queue: "q1", Consumer: "huge", Slots: 5000, Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: pgque.SlotsMax + 1, Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, MaxActiveSlots: 3, Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, BatchSize: pgque.BatchSizeMax + 1, Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, BatchSize: 1 << 40, Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, WorkerID: long(pgque.WorkerIDMaxBytes + 1), Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, WorkerID: "w\x00id", Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, WorkerID: "w\xffid", Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, WorkerID: strings.Repeat("é", 101), Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, LeaseTTL: pgque.LeaseTTLMax + time.Nanosecond, Handler: h},
+		{Queue: "q1", Consumer: "x", Slots: 2, LeaseTTL: 1 << 62, Handler: h},
+		{Queue: long(64), Consumer: "x", Slots: 2, Handler: h},
+		{Queue: "q1", Consumer: long(64), Slots: 2, Handler: h},
+		{Queue: "q\x00", Consumer: "x", Slots: 2, Handler: h},
+		{Queue: "q1", Consumer: "\xc3", Slots: 2, Handler: h},
 	} {
 		if _, err := client.NewPartitionedConsumer(&cfg); !errors.Is(err, pgque.ErrInvalidArgument) {
 			t.Errorf("%+v: %v, want ErrInvalidArgument", cfg, err)
 		}
 	}
-	// N beyond the server's limit fails at Start with nothing subscribed.
-	before := tableCounts(t, conn)
-	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: "q1", Consumer: "huge", Slots: 5000, Handler: h})
-	if err != nil {
-		t.Fatal(err)
+	for _, cfg := range []pgque.ConsumerConfig{
+		{Queue: "q1", Consumer: "x", BatchSize: pgque.BatchSizeMax + 1, Handler: h},
+		{Queue: "q1", Consumer: "x", BatchSize: -5, Handler: h},
+		{Queue: long(64), Consumer: "x", Handler: h},
+		{Queue: "q1", Consumer: long(64), Handler: h},
+		{Queue: "q1", Consumer: "c\x00", Handler: h},
+		{Queue: "\xfe", Consumer: "x", Handler: h},
+	} {
+		if _, err := client.NewConsumer(&cfg); !errors.Is(err, pgque.ErrInvalidArgument) {
+			t.Errorf("%+v: %v, want ErrInvalidArgument", cfg, err)
+		}
 	}
-	if err := pc.Start(ctx); !errors.Is(err, pgque.ErrInvalidArgument) {
-		t.Errorf("Start with 5000 slots: %v, want ErrInvalidArgument", err)
-		_ = pc.Stop(ctx)
+	for _, cfg := range []pgque.TickerConfig{
+		{WorkerID: long(pgque.WorkerIDMaxBytes + 1)},
+		{WorkerID: "t\x00"},
+		{LeaseTTL: pgque.LeaseTTLMax + time.Second},
+	} {
+		if _, err := client.NewTicker(&cfg); !errors.Is(err, pgque.ErrInvalidArgument) {
+			t.Errorf("%+v: %v, want ErrInvalidArgument", cfg, err)
+		}
 	}
-	if after := tableCounts(t, conn); !maps.Equal(before, after) {
-		t.Errorf("failed Start changed table counts: %v -> %v", before, after)
+	// The limits are the server's: a value at each limit is accepted there.
+	if _, err := conn.Exec(ctx, `select pgque.ticker_lead($1, '1 day')`, long(pgque.WorkerIDMaxBytes)); err != nil {
+		t.Errorf("ticker_lead at the worker id limit: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `select pgque.ticker_lead($1, '1 day')`, long(pgque.WorkerIDMaxBytes+1)); err == nil {
+		t.Error("ticker_lead accepted a worker id over the limit")
 	}
 	var n int
 	if err := conn.QueryRow(ctx, `select count(*) from pgque.subscription where sub_name like 'huge#%'`).Scan(&n); err != nil || n != 0 {

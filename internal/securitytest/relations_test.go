@@ -27,6 +27,7 @@ var relations = map[string]string{
 	"partition_slot_status": "rwa",
 	"partition_slot_leases": "rwa",
 	"queue":                 "a",
+	"queue_grant":           "a",
 	"queue_id_seq":          "",
 	"retry_queue":           "a",
 	"slot_group":            "",
@@ -46,6 +47,7 @@ var relations = map[string]string{
 	"tick_id_seq":           "",
 	"ticker_lease":          "a",
 	"version":               "a",
+	"worker_presence":       "", // through announce_worker only
 }
 
 var (

@@ -52,6 +52,33 @@ var shadows = []string{
 	`create function public.shadow_lt(a bigint, b bigint) returns boolean language plpgsql as
 	   $$ begin perform public.shadow_log('<(bigint,bigint)'); return a operator(pg_catalog.<) b; end $$`,
 	`create operator public.< (leftarg = bigint, rightarg = bigint, function = public.shadow_lt)`,
+	// What run_ticker (a procedure, whose search_path cannot be pinned)
+	// and the Go client's own statements would otherwise resolve through
+	// the caller's search_path.
+	`create function public.shadow_tlt(a timestamptz, b timestamptz) returns boolean language plpgsql as
+	   $$ begin perform public.shadow_log('<(timestamptz,timestamptz)'); return a operator(pg_catalog.<) b; end $$`,
+	`create operator public.< (leftarg = timestamptz, rightarg = timestamptz, function = public.shadow_tlt)`,
+	`create function public.shadow_tgt(a timestamptz, b timestamptz) returns boolean language plpgsql as
+	   $$ begin perform public.shadow_log('>(timestamptz,timestamptz)'); return a operator(pg_catalog.>) b; end $$`,
+	`create operator public.> (leftarg = timestamptz, rightarg = timestamptz, function = public.shadow_tgt)`,
+	`create function public.shadow_tge(a timestamptz, b timestamptz) returns boolean language plpgsql as
+	   $$ begin perform public.shadow_log('>=(timestamptz,timestamptz)'); return a operator(pg_catalog.>=) b; end $$`,
+	`create operator public.>= (leftarg = timestamptz, rightarg = timestamptz, function = public.shadow_tge)`,
+	`create function public.shadow_tplus(a timestamptz, b interval) returns timestamptz language plpgsql as
+	   $$ begin perform public.shadow_log('+(timestamptz,interval)'); return a operator(pg_catalog.+) b; end $$`,
+	`create operator public.+ (leftarg = timestamptz, rightarg = interval, function = public.shadow_tplus)`,
+	`create function public.shadow_ilt(a integer, b integer) returns boolean language plpgsql as
+	   $$ begin perform public.shadow_log('<(integer,integer)'); return a operator(pg_catalog.<) b; end $$`,
+	`create operator public.< (leftarg = integer, rightarg = integer, function = public.shadow_ilt)`,
+	`create function public.shadow_igt(a integer, b integer) returns boolean language plpgsql as
+	   $$ begin perform public.shadow_log('>(integer,integer)'); return a operator(pg_catalog.>) b; end $$`,
+	`create operator public.> (leftarg = integer, rightarg = integer, function = public.shadow_igt)`,
+	`create function public.shadow_check(w text) returns boolean language plpgsql as
+	   $$ begin perform public.shadow_log(w); return true; end $$`,
+	`create domain public.timestamptz as pg_catalog.timestamptz check (public.shadow_check('domain timestamptz'))`,
+	`create domain public.text as pg_catalog.text check (public.shadow_check('domain text'))`,
+	`create domain public.jsonb as pg_catalog.jsonb check (public.shadow_check('domain jsonb'))`,
+	`create domain public.bool as pg_catalog.bool check (public.shadow_check('domain bool'))`,
 }
 
 // TestNonSuperuserInstallAndShadowedPublic installs pgque as a
@@ -150,7 +177,7 @@ func TestNonSuperuserInstallAndShadowedPublic(t *testing.T) {
 		`select pgque.send('q', 't', '{"a":2}', 'k1')`,
 		`select pgque.send('q', 't', '{"a":3}', 'k1')`,
 		`select pgque.send('q', 't', '{"a":4}', 'k2')`,
-		`select pgque.send_batch('q', 't', array['{"b":1}', '{"b":2}']::jsonb[], array['k1', 'k3'])`,
+		`select pgque.send_batch('q', 't', array['{"b":1}', '{"b":2}']::pg_catalog.jsonb[], array['k1', 'k3'])`,
 		`select pgque.insert_event('q', 't', 'd', 'k4', null, null, null)`,
 		`select * from pgque.get_queue_info('q')`,
 	)
@@ -212,6 +239,7 @@ func TestNonSuperuserInstallAndShadowedPublic(t *testing.T) {
 		`select pgque.dlq_replay('q', dl_id) from pgque.dlq_list('q')`,
 		`select pgque.dlq_purge('q')`,
 		`select pgque.ticker_resign('t1')`,
+		`call pgque.run_ticker(1, 'rt')`,
 		`select pgque.drop_queue('q', true)`,
 	)
 	assertNoShadowCalls(t, app, "calls as the app roles")

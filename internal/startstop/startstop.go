@@ -10,7 +10,10 @@ package startstop
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
+	"time"
 )
 
 // ErrAlreadyStarted is returned by a second Start.
@@ -23,6 +26,10 @@ type RunFunc func(fetchCtx, workCtx context.Context)
 
 // Service runs one RunFunc once.
 type Service struct {
+	// Running, when set (before Start), names the work in flight for the
+	// error Stop returns when abandoned work does not return.
+	Running func() []string
+
 	mu        sync.Mutex
 	started   bool
 	stopFetch context.CancelFunc
@@ -77,9 +84,23 @@ func (s *Service) Stop(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		s.stopWork()
-		<-done
-		return ctx.Err()
 	}
+	// The work was abandoned: well-behaved work returns at once. Work that
+	// ignores its context (a handler stuck in a call without a context)
+	// must not hold Stop forever: after AbandonWait Stop returns anyway,
+	// naming what is still running; its goroutines exit when it returns.
+	t := time.NewTimer(AbandonWait)
+	defer t.Stop()
+	select {
+	case <-done:
+		return ctx.Err()
+	case <-t.C:
+	}
+	var running []string
+	if s.Running != nil {
+		running = s.Running()
+	}
+	return &StillRunningError{Err: ctx.Err(), Running: running}
 }
 
 // Stopping is closed once Stop was called and has told the service to stop
@@ -90,6 +111,29 @@ func (s *Service) Stopping() <-chan struct{} {
 	defer s.mu.Unlock()
 	return s.stopping
 }
+
+// AbandonWait is how long Stop waits, after its context ended and the work
+// was abandoned, for the goroutines to exit before it returns a
+// *StillRunningError.
+const AbandonWait = time.Second
+
+// StillRunningError is returned by Stop when its context ended and some
+// work did not return within AbandonWait of being abandoned. It unwraps to
+// the context's error.
+type StillRunningError struct {
+	Err     error
+	Running []string // what is still running, as Service.Running names it
+}
+
+func (e *StillRunningError) Error() string {
+	what := "work"
+	if len(e.Running) > 0 {
+		what = strings.Join(e.Running, "; ")
+	}
+	return fmt.Sprintf("%v; still running after being abandoned: %s", e.Err, what)
+}
+
+func (e *StillRunningError) Unwrap() error { return e.Err }
 
 // Done is closed once the service's goroutine has exited (nil before Start).
 func (s *Service) Done() <-chan struct{} {

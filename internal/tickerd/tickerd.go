@@ -128,7 +128,9 @@ func (t *Ticker) sleep(ctx context.Context, d time.Duration, resigned <-chan str
 func (t *Ticker) step(ctx context.Context, s *schedule) error {
 	now := time.Now()
 	if !now.Before(s.lead) {
-		ok, err := t.cfg.Queries.TickerLead(ctx, t.cfg.Worker, t.cfg.LeaseTTL)
+		ok, err := bounded(ctx, t.cfg.LeaseTTL, func(ctx context.Context) (bool, error) {
+			return t.cfg.Queries.TickerLead(ctx, t.cfg.Worker, t.cfg.LeaseTTL)
+		})
 		if err != nil {
 			t.setLeader(ctx, now.Before(s.leaderUntil))
 			return err
@@ -146,19 +148,24 @@ func (t *Ticker) step(ctx context.Context, s *schedule) error {
 	if !t.setLeader(ctx, now.Before(s.leaderUntil)) {
 		return nil
 	}
-	if _, err := t.cfg.Queries.Ticker(ctx); err != nil {
+	if _, err := bounded(ctx, t.cfg.LeaseTTL, t.cfg.Queries.Ticker); err != nil {
 		return err
 	}
 	t.cfg.Metrics.Ticks.Inc()
 	if !now.Before(s.retry) {
 		s.retry = now.Add(t.cfg.RetryInterval)
-		if _, err := t.cfg.Queries.MaintRetryEvents(ctx); err != nil {
+		if _, err := bounded(ctx, t.cfg.LeaseTTL, t.cfg.Queries.MaintRetryEvents); err != nil {
 			return err
 		}
 	}
 	if !now.Before(s.maint) {
 		s.maint = now.Add(t.cfg.MaintInterval)
-		if _, err := t.cfg.Queries.Maint(ctx); err != nil {
+		if _, err := bounded(ctx, maintTimeout, t.cfg.Queries.Maint); err != nil {
+			return err
+		}
+		// Routing indexes left out while their tables were full are
+		// built once rotation emptied them, without blocking producers.
+		if _, err := bounded(ctx, maintTimeout, t.cfg.Queries.MaintRouteIndexes); err != nil {
 			return err
 		}
 	}
@@ -175,4 +182,19 @@ func (t *Ticker) setLeader(ctx context.Context, leader bool) bool {
 		t.cfg.Logger.InfoContext(ctx, "pgque: ticker leadership changed", slog.String("worker", t.cfg.Worker), slog.Bool("leader", leader))
 	}
 	return leader
+}
+
+// maintTimeout bounds one maint() or maint_route_indexes() call: rotation
+// may legitimately take a while on a large table, but a call hung for
+// longer than this (a lock that never comes) must not stop the ticker.
+const maintTimeout = 5 * time.Minute
+
+// bounded runs one background query with a timeout, so that a hung
+// statement cannot stall the loop for ever: the ticks, lease renewals and
+// retries are bounded by the lease TTL (past it the leadership is lost
+// anyway), maintenance by maintTimeout.
+func bounded[T any](ctx context.Context, d time.Duration, f func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return f(ctx)
 }

@@ -96,9 +96,37 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 	p.prevFree = pl.free
 	p.mu.Unlock()
 	hungry := owned < pl.target
-	if err := p.cfg.Queries.Notify(fetchCtx, PresenceChannel, p.presence.payload(hungry, p.Owned())); err != nil && fetchCtx.Err() == nil {
-		p.log().WarnContext(fetchCtx, "pgque: announcing worker", slog.Any("error", err))
+	p.announce(fetchCtx, hungry)
+}
+
+// announce records this worker's presence in the database and learns the
+// peers' from the same call, then hints the peers' pools to run a pass.
+func (p *Pool) announce(ctx context.Context, hungry bool) {
+	actx, cancel := context.WithTimeout(ctx, queryTimeout(p.cfg.ClaimInterval))
+	defer cancel()
+	peers, err := p.cfg.Queries.AnnounceWorker(actx, p.cfg.Queue, p.cfg.Consumer, p.cfg.Worker, hungry, p.Owned(), p.presence.ttl)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.log().WarnContext(ctx, "pgque: announcing worker", slog.Any("error", err))
+		}
+		return
 	}
+	if p.presence.update(peers, time.Now()) {
+		p.trigger.Fire()
+	}
+	if p.cfg.Notifier == nil {
+		return
+	}
+	if err := p.cfg.Queries.Notify(actx, PresenceChannel, hintTag(p.cfg.Queue, p.cfg.Consumer)); err != nil && ctx.Err() == nil {
+		p.log().WarnContext(ctx, "pgque: sending the presence hint", slog.Any("error", err))
+	}
+}
+
+// queryTimeout bounds one background query of a loop with period
+// interval: long enough for a busy server, short enough that one hung
+// query cannot stall the loop for long.
+func queryTimeout(interval time.Duration) time.Duration {
+	return max(10*time.Second, 5*interval)
 }
 
 // withHeadAges fills in the age of each free slot's oldest pending event,
@@ -152,7 +180,9 @@ func (p *Pool) releaseExcess(ctx context.Context, slots []int, now time.Time) {
 // claim tries to take one slot and starts its goroutine on success.
 func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner string) bool {
 	at := time.Now()
-	epoch, ok, err := p.cfg.Queries.ClaimSlot(fetchCtx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL)
+	cctx, cancel := context.WithTimeout(fetchCtx, queryTimeout(p.cfg.ClaimInterval))
+	defer cancel()
+	epoch, ok, err := p.cfg.Queries.ClaimSlot(cctx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL)
 	if err != nil {
 		if fetchCtx.Err() == nil {
 			p.log().WarnContext(fetchCtx, "pgque: claiming slot", slog.Int("slot", slot), slog.Any("error", err))

@@ -1,6 +1,7 @@
 package workerpool
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -113,24 +114,23 @@ func TestPlanExpiredLeaseIsFree(t *testing.T) {
 func TestPresence(t *testing.T) {
 	t.Parallel()
 	a := newPresence("q", "c", "a", 0)
-	b := newPresence("q", "c", "b", 0)
 	now := timeZero.Add(1)
-	if !a.record(b.payload(true, []int{1}), now) {
+	b := func(hungry bool, slots ...int32) []dbq.Peer {
+		return []dbq.Peer{{Worker: "b", Hungry: hungry, Slots: slots}}
+	}
+	if !a.update(b(true, 1), now) {
 		t.Fatal("a new peer is not news")
 	}
-	if a.record(b.payload(true, []int{1}), now) {
+	if a.update(b(true, 1), now) {
 		t.Fatal("the same announcement twice is news")
 	}
-	if a.record(a.payload(true, nil), now) {
-		t.Fatal("own announcement recorded")
-	}
-	if a.record(newPresence("q", "other", "x", 0).payload(true, nil), now) || a.record("garbage", now) {
-		t.Fatal("foreign or garbled announcement recorded")
+	if a.update(append(b(true, 1), dbq.Peer{Worker: "a", Hungry: true}, dbq.Peer{Worker: ""}), now) {
+		t.Fatal("own or nameless announcement recorded")
 	}
 	if live := a.live(now); len(live) != 1 || !live["b"] {
 		t.Fatalf("live = %v", live)
 	}
-	if !a.record(b.payload(true, []int{1, 2}), now) {
+	if !a.update(b(true, 2, 1), now) {
 		t.Fatal("a change of slots is not news")
 	}
 	st := a.status(3, now)
@@ -142,6 +142,36 @@ func TestPresence(t *testing.T) {
 	}
 	if live := a.live(now.Add(1)); len(live) != 0 {
 		t.Fatalf("live after the ttl = %v", live)
+	}
+	if a.update(nil, now); len(a.live(now)) != 0 {
+		t.Fatal("a peer the server no longer returns is still live")
+	}
+}
+
+// TestPresenceHint: only this consumer's tag wakes the pool, at most once
+// per gap however many hints arrive, and the tag names nothing.
+func TestPresenceHint(t *testing.T) {
+	t.Parallel()
+	a := newPresence("files", "thumbs", "a", time.Second)
+	tag := hintTag("files", "thumbs")
+	if strings.Contains(tag, "files") || strings.Contains(tag, "thumbs") || tag == hintTag("files", "other") || tag == hintTag("file", "sthumbs") {
+		t.Fatalf("hint tag %q leaks or collides", tag)
+	}
+	now := timeZero.Add(time.Hour)
+	for _, c := range []struct {
+		payload string
+		at      time.Duration
+		want    bool
+	}{
+		{tag, 0, true}, {tag, time.Millisecond, false}, {`{"q":"files","c":"thumbs","w":"fake","h":true}`, time.Second, false},
+		{"", time.Second, false}, {hintTag("files", "other"), time.Second, false}, {tag, 300 * time.Millisecond, true},
+	} {
+		if got := a.hint(c.payload, now.Add(c.at), 250*time.Millisecond); got != c.want {
+			t.Errorf("hint(%q) at +%v = %v, want %v", c.payload, c.at, got, c.want)
+		}
+	}
+	if len(a.live(now)) != 0 {
+		t.Fatal("a hint created a peer")
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgque/pgque/internal/backoff"
@@ -29,6 +30,10 @@ type Lease struct {
 	mu        sync.Mutex
 	heldUntil time.Time
 	expiry    *time.Timer
+
+	// renewing is set while a background renewal of this lease is in
+	// flight, so that the keeper never waits on it nor starts a second.
+	renewing atomic.Bool
 }
 
 // expiryMargin is the fraction of the TTL by which the local view expires
@@ -48,11 +53,23 @@ const (
 )
 
 // newLease records a lease granted by a claim_slot call that started at
-// `at`: claim_slot sets the lease to a full TTL.
-func newLease(slot int, epoch int64, ttl time.Duration, at time.Time, onExpire func()) *Lease {
-	l := &Lease{Slot: slot, Epoch: epoch, ttl: ttl, heldUntil: at.Add(ttl)}
-	l.expiry = time.AfterFunc(l.remaining(), onExpire)
-	return l
+// `at`: claim_slot sets the lease to a full TTL. The local expiry is not
+// armed yet: a claim that took close to the TTL leaves no time, and the
+// expiry callback must not run before the caller has stored the lease
+// where the callback finds it. Call arm next.
+func newLease(slot int, epoch int64, ttl time.Duration, at time.Time) *Lease {
+	return &Lease{Slot: slot, Epoch: epoch, ttl: ttl, heldUntil: at.Add(ttl)}
+}
+
+// arm starts the local expiry: onExpire runs when the lease runs out
+// without renewal (at once if it already has). Until arm, extend and close
+// only move the end.
+func (l *Lease) arm(onExpire func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.expiry == nil {
+		l.expiry = time.AfterFunc(l.remaining(), onExpire)
+	}
 }
 
 // remaining is how long the lease stays valid locally. Callers hold mu or
@@ -73,7 +90,9 @@ func (l *Lease) extend(until time.Time) {
 	defer l.mu.Unlock()
 	if until.After(l.heldUntil) {
 		l.heldUntil = until
-		l.expiry.Reset(l.remaining())
+		if l.expiry != nil {
+			l.expiry.Reset(l.remaining())
+		}
 	}
 }
 
@@ -92,16 +111,22 @@ func (l *Lease) close() {
 	l.closed = true
 	l.renewMu.Unlock()
 	l.mu.Lock()
-	l.expiry.Stop()
+	if l.expiry != nil {
+		l.expiry.Stop()
+	}
 	l.mu.Unlock()
 }
 
 // keep renews, in the background, every lease running short (see the
 // keeper timing above): slots whose handler runs long, and idle slots
-// between polls. Due leases are renewed concurrently, so one slow call does
-// not make the others late.
+// between polls. Each renewal runs on its own and is bounded by the time
+// left before the local expiry (at least a quarter of the TTL), and the
+// keeper never waits for one: a hung renewal delays only its own slot, which its local expiry
+// then fences, never the other slots' renewals.
 func (p *Pool) keep(ctx context.Context, stop <-chan struct{}) {
 	threshold := p.cfg.LeaseTTL * keeperRenewNum / keeperRenewDen
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for {
 		if !backoff.Sleep(stop, backoff.Jitter(p.cfg.LeaseTTL/keeperTickDiv, 0.1)) || ctx.Err() != nil {
 			return
@@ -109,17 +134,22 @@ func (p *Pool) keep(ctx context.Context, stop <-chan struct{}) {
 		p.mu.Lock()
 		due := make([]*runner, 0, len(p.running))
 		for _, r := range p.running {
-			if r.lease.left() < threshold {
+			if r.lease.left() < threshold && r.lease.renewing.CompareAndSwap(false, true) {
 				due = append(due, r)
 			}
 		}
 		p.mu.Unlock()
-		var wg sync.WaitGroup
 		for _, r := range due {
 			wg.Add(1)
-			go func() { defer wg.Done(); p.renew(ctx, r) }()
+			go func() {
+				defer wg.Done()
+				defer r.lease.renewing.Store(false)
+				// Waiting is pointless once the lease is lost locally.
+				rctx, cancel := context.WithTimeout(ctx, max(r.lease.left()-p.cfg.LeaseTTL/expiryMargin, p.cfg.LeaseTTL/4))
+				defer cancel()
+				p.renew(rctx, r)
+			}()
 		}
-		wg.Wait()
 	}
 }
 

@@ -3,7 +3,6 @@ package workerpool
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -101,7 +100,7 @@ func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 	if n := p.cfg.Notifier; n != nil {
 		ticks := n.Listen(TickChannel, func(payload string) bool { return payload == p.cfg.Queue })
 		defer ticks.Unlisten()
-		peers := n.Listen(PresenceChannel, func(payload string) bool { return strings.Contains(payload, p.cfg.Queue) })
+		peers := n.Listen(PresenceChannel, nil) // a hint only: see presence.go
 		defer peers.Unlisten()
 		notify, announce = ticks.C(), peers.C()
 	}
@@ -152,7 +151,7 @@ func (p *Pool) dispatch(stop <-chan struct{}, notify, announce <-chan string) {
 			}
 			p.mu.Unlock()
 		case payload := <-announce:
-			if p.presence.record(payload, time.Now()) {
+			if p.presence.hint(payload, time.Now(), p.cfg.ClaimInterval/4) {
 				p.trigger.Fire()
 			}
 		}

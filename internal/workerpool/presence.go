@@ -1,7 +1,8 @@
 package workerpool
 
 import (
-	"encoding/json"
+	"crypto/sha256"
+	"encoding/hex"
 	"slices"
 	"sort"
 	"sync"
@@ -10,8 +11,8 @@ import (
 	"github.com/pgque/pgque/internal/dbq"
 )
 
-// Every pool announces itself on PresenceChannel after each claim pass: the
-// slots it works and whether it wants more ("hungry"). Two reasons:
+// Every pool announces itself after each claim pass: the slots it works and
+// whether it wants more ("hungry"). Two reasons:
 //
 //   - The partition_slot_status view shows only workers that own a slot, so
 //     a worker that owns none — a process that started while every slot was
@@ -19,18 +20,21 @@ import (
 //     share release slots while some live worker is hungry.
 //   - Reading the view costs O(N × backlog) (it counts every slot's pending
 //     events), far too much for a claim loop that runs every second; the
-//     announcements tell who works which slot for free.
+//     announcements tell who works which slot for one cheap call.
+//
+// Announcements are written to and read from the database
+// (pgque.announce_worker, one call per pass, which only pgque roles may
+// make), never taken from NOTIFY payloads: any role of the cluster may
+// LISTEN and NOTIFY on any channel, so a payload could be forged (a fake
+// hungry worker makes real pools give their slots up) and would leak worker
+// ids. After announcing, a pool sends a NOTIFY hint on PresenceChannel whose
+// payload is only hintTag(queue, consumer): it makes the consumer's other
+// pools run their next pass early, and a forged hint costs at most one
+// early pass per hintGap.
 //
 // Announcements are soft state: a worker not heard from for a few claim
 // intervals is forgotten. The server stays the authority: claim_slot on a
 // slot believed free simply returns NULL when it is not.
-type announcement struct {
-	Queue    string `json:"q"`
-	Consumer string `json:"c"`
-	Worker   string `json:"w"`
-	Hungry   bool   `json:"h"`
-	Slots    []int  `json:"s"`
-}
 
 type peer struct {
 	seen   time.Time
@@ -49,6 +53,7 @@ type presence struct {
 	// lastOwner remembers who announced each slot last, even after the
 	// announcement expired, to count takeovers.
 	lastOwner map[int]string
+	lastHint  time.Time
 }
 
 func newPresence(queue, consumer, self string, ttl time.Duration) *presence {
@@ -56,30 +61,58 @@ func newPresence(queue, consumer, self string, ttl time.Duration) *presence {
 		peers: make(map[string]peer), lastOwner: make(map[int]string)}
 }
 
-// payload encodes this worker's announcement.
-func (pr *presence) payload(hungry bool, slots []int) string {
-	sort.Ints(slots)
-	b, _ := json.Marshal(announcement{Queue: pr.queue, Consumer: pr.consumer, Worker: pr.self, Hungry: hungry, Slots: slots})
-	return string(b)
+// hintTag is the NOTIFY payload that wakes the pools of (queue, consumer):
+// a digest, so that the channel carries no queue, consumer or worker name.
+func hintTag(queue, consumer string) string {
+	sum := sha256.Sum256([]byte(queue + "\x00" + consumer))
+	return hex.EncodeToString(sum[:8])
 }
 
-// record stores an announcement and reports whether it is news the
-// coordinator should act on at once: a new peer, a peer turned hungry, or
-// a peer whose slots changed.
-func (pr *presence) record(payload string, now time.Time) bool {
-	var a announcement
-	if json.Unmarshal([]byte(payload), &a) != nil || a.Queue != pr.queue || a.Consumer != pr.consumer || a.Worker == pr.self || a.Worker == "" {
+// hint reports whether a presence notification should trigger an early
+// pass: its payload is this consumer's tag and no hint was taken within
+// gap, so a flood of (possibly forged) hints costs at most one pass per gap.
+func (pr *presence) hint(payload string, now time.Time, gap time.Duration) bool {
+	if payload != hintTag(pr.queue, pr.consumer) {
 		return false
 	}
-	sort.Ints(a.Slots)
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	old, known := pr.peers[a.Worker]
-	pr.peers[a.Worker] = peer{seen: now, hungry: a.Hungry, slots: a.Slots}
-	for _, s := range a.Slots {
-		pr.lastOwner[s] = a.Worker
+	if now.Sub(pr.lastHint) < gap {
+		return false
 	}
-	return !known || now.Sub(old.seen) > pr.ttl || (a.Hungry && !old.hungry) || !slices.Equal(old.slots, a.Slots)
+	pr.lastHint = now
+	return true
+}
+
+// update replaces what is known of the peers by what the server returned
+// (seen age ago), and reports whether it is news the coordinator should act
+// on at once: a new peer, a peer turned hungry, or a peer whose slots
+// changed.
+func (pr *presence) update(peers []dbq.Peer, now time.Time) bool {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	news := false
+	fresh := make(map[string]peer, len(peers))
+	for _, p := range peers {
+		if p.Worker == pr.self || p.Worker == "" {
+			continue
+		}
+		slots := make([]int, len(p.Slots))
+		for i, s := range p.Slots {
+			slots[i] = int(s)
+		}
+		sort.Ints(slots)
+		old, known := pr.peers[p.Worker]
+		if !known || (p.Hungry && !old.hungry) || !slices.Equal(old.slots, slots) {
+			news = true
+		}
+		fresh[p.Worker] = peer{seen: now.Add(-p.Age), hungry: p.Hungry, slots: slots}
+		for _, s := range slots {
+			pr.lastOwner[s] = p.Worker
+		}
+	}
+	pr.peers = fresh
+	return news
 }
 
 // previousOwner returns the worker that last announced slot, if any.

@@ -32,7 +32,8 @@ func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot int, epoch in
 	r.workCtx, r.cancel = context.WithCancelCause(workCtx)
 	r.fetchCtx, r.fetchCancel = context.WithCancel(r.workCtx)
 	r.stopFetch = context.AfterFunc(fetchCtx, r.fetchCancel)
-	r.lease = newLease(slot, epoch, p.cfg.LeaseTTL, claimedAt, func() { p.fence(r, "lease expired before renewal") })
+	r.lease = newLease(slot, epoch, p.cfg.LeaseTTL, claimedAt)
+	r.lease.arm(func() { p.fence(r, "lease expired before renewal") }) // after r.lease is set: it may fire at once
 
 	p.mu.Lock()
 	p.running[slot] = r

@@ -29,9 +29,9 @@ grant execute on function
     to pgque_reader, pgque_admin;
 
 grant execute on function
+    pgque.version(),
     pgque.get_queue_info(text),
-    pgque.get_consumer_info(text, text),
-    pgque.schema_version()
+    pgque.get_consumer_info(text, text)
     to pgque_reader, pgque_writer, pgque_admin;
 
 -- get_batch_cursor pastes extra_where into SQL: owner and admin only.
@@ -51,9 +51,18 @@ grant execute on function
     pgque.dlq_replay(text, bigint),
     pgque.dlq_purge(text, text, interval),
     pgque.start(),
-    pgque.stop()
+    pgque.stop(),
+    pgque.grant_queue(text, text, text),
+    pgque.revoke_queue(text, text, text),
+    pgque.unconfine_queue(text, text),
+    pgque.rotation_blockers()
     to pgque_admin;
 
 grant execute on procedure pgque.run_ticker(integer, text) to pgque_admin;
+-- run_ticker runs as its caller, so the caller needs its two helpers.
+grant execute on function
+    pgque._run_ticker_end(integer),
+    pgque._run_ticker_round(text, timestamptz, timestamptz, timestamptz)
+    to pgque_admin;
 
 grant select on all tables in schema pgque to pgque_admin;

@@ -15,13 +15,15 @@ grant execute on function
     pgque.ack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint),
     pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text),
     pgque.nack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint, interval, text),
-    pgque.slot_of(text, integer)
+    pgque.slot_of(text, integer),
+    pgque.announce_worker(text, text, text, boolean, integer[], interval)
     to pgque_reader, pgque_admin;
 
 grant execute on function
     pgque.set_failure_policy(text, text, text),
     pgque.unblock_key(text, text, text),
-    pgque.retry_key_now(text, text, text)
+    pgque.retry_key_now(text, text, text),
+    pgque.maint_route_indexes()
     to pgque_admin;
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;

@@ -26,6 +26,7 @@ language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._not_null('consumer name', i_consumer);
     perform pgque._refuse_slot(i_consumer);
     return query select * from pgque._deliver(i_queue, i_consumer, i_max, null, i_max);
@@ -39,6 +40,7 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    perform pgque._authorize_batch(i_batch_id, 'consume'); -- access check
     -- The subscription's name only; _ack checks the batch under the lock.
     perform pgque._refuse_slot(s.sub_name) from pgque.subscription s
      where s.sub_id = (i_batch_id % 1048576)::integer;
@@ -56,6 +58,7 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    perform pgque._authorize_batch(i_batch_id, 'consume'); -- access check
     perform pgque._refuse_slot((pgque._batch(i_batch_id)).sub_name);
     return pgque._event_retry(i_batch_id, i_msg_id, i_retry_after, i_reason);
 end;

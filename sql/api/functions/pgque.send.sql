@@ -6,7 +6,16 @@
 -- send(queue, type, payload, partition_key): returns the ev_id. The
 -- parameters carry the documented names so that callers can write
 -- partition_key => 'tenant-42'; the body uses i_ aliases.
-drop function if exists pgque.send(text, text, jsonb, text);
+-- Dropped only while it still has the old parameter names (a rename needs
+-- a drop): an upgrade must not drop it every time, which would lose the
+-- grants made on it.
+do $drop$ begin
+    if exists (select 1 from pg_catalog.pg_proc
+                where oid operator(pg_catalog.=) pg_catalog.to_regprocedure('pgque.send(text, text, jsonb, text)')
+                  and proargnames is distinct from array['queue', 'type', 'payload', 'partition_key']) then
+        drop function pgque.send(text, text, jsonb, text);
+    end if;
+end $drop$;
 create or replace function pgque.send(queue text, type text, payload jsonb, partition_key text)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -52,7 +61,13 @@ $$;
 -- whole array (parameters named as documented, aliased i_ in the body).
 -- partition_keys is NULL or as long as payloads. ev_ids are
 -- taken in array order, so they are returned in input order.
-drop function if exists pgque.send_batch(text, text, jsonb[], text[]);
+do $drop$ begin
+    if exists (select 1 from pg_catalog.pg_proc
+                where oid operator(pg_catalog.=) pg_catalog.to_regprocedure('pgque.send_batch(text, text, jsonb[], text[])')
+                  and proargnames is distinct from array['queue', 'type', 'payloads', 'partition_keys']) then
+        drop function pgque.send_batch(text, text, jsonb[], text[]);
+    end if;
+end $drop$;
 create or replace function pgque.send_batch(queue text, type text, payloads jsonb[],
                                             partition_keys text[] default null)
 returns bigint[] language plpgsql security definer
@@ -67,6 +82,7 @@ declare
     v_seq  regclass;
     v_ids  bigint[];
 begin
+    perform pgque._authorize(i_queue, null, 'produce'); -- access check
     if i_type is null or i_payloads is null then
         raise exception using errcode = '22004', message = 'event type and payloads must not be NULL';
     end if;

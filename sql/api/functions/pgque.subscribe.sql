@@ -22,6 +22,7 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._queue(i_queue);
     perform pgque._check_consumer(i_consumer);
     return pgque.register_consumer(i_queue, i_consumer);
@@ -36,6 +37,7 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._queue(i_queue);
     perform pgque._check_consumer(i_consumer);
     if not exists (select 1 from pgque.subscription s join pgque.queue q on q.queue_id = s.sub_queue

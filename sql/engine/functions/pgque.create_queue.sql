@@ -20,7 +20,9 @@ begin
             message = format('invalid queue name %L: "#" and "/" are not allowed in queue names', i_queue);
     end if;
     -- Serialize queue creation so two callers cannot race on the name.
-    perform pg_advisory_xact_lock(hashtext('pgque.create_queue'));
+    -- A row lock on pgque.version, not an advisory lock: any role, even one
+    -- without a pgque grant, can take an advisory lock and hold it.
+    perform 1 from pgque.version for update;
     if exists (select 1 from pgque.queue where queue_name = i_queue) then
         return 0;
     end if;

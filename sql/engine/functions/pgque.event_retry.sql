@@ -8,10 +8,11 @@
 -- A second retry of the same event while a copy is pending is a no-op.
 
 -- _event_retry(batch_id, ev_id, retry_after, reason): returns 1 when the
--- event was scheduled for retry, 0 when it was dead-lettered. A NULL
--- retry_after dead-letters the event at once, whatever its retry count: a
--- consumer's way to say that retrying cannot help (nack and
--- nack_partitioned pass it through).
+-- event was scheduled for retry, 0 when it was dead-lettered. retry_after
+-- must be 0 to 30 days (PQ011); a NULL retry_after dead-letters the event at
+-- once, whatever its retry count: a consumer's way to say that retrying
+-- cannot help (nack and nack_partitioned pass it through). The reason is
+-- cut to 1000 characters.
 create or replace function pgque._event_retry(
     i_batch_id bigint, i_ev_id bigint, i_retry_after interval, i_reason text)
 returns integer language plpgsql
@@ -21,26 +22,32 @@ declare
     s   pgque.subscription := pgque._batch(i_batch_id);
     e   record;
     q   pgque.queue;
+    v_after  interval;
+    v_reason text;
 begin
     if i_ev_id is null then
         raise exception using errcode = '22004', message = 'event id must not be NULL';
     end if;
-    if i_retry_after < interval '0' then
-        raise exception using errcode = 'PQ011', message = format('retry delay must not be negative, not %s', i_retry_after);
+    -- Bounded on the real duration (months are not 30 days), and the
+    -- reason on its length, so a nack can neither park an event for
+    -- centuries nor store an unbounded text.
+    if i_retry_after is not null then
+        v_after := pgque._check_interval('retry delay', i_retry_after, interval '0', interval '30 days');
     end if;
+    v_reason := left(i_reason, 1000);
     select * into e from pgque._batch_event(s, i_ev_id);
     select * into q from pgque.queue where queue_id = s.sub_queue;
 
     if i_retry_after is null or coalesce(e.ev_retry, 0) >= q.queue_max_retries then
         insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_txid, ev_retry,
                                        ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-        values (s.sub_queue, s.sub_name, i_reason, e.ev_id, e.ev_time, e.ev_txid::text::xid8, coalesce(e.ev_retry, 0),
+        values (s.sub_queue, s.sub_name, v_reason, e.ev_id, e.ev_time, e.ev_txid::text::xid8, coalesce(e.ev_retry, 0),
                 e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4);
         return 0;
     end if;
     insert into pgque.retry_queue (ev_owner, ev_id, ev_queue, ev_retry_after, ev_time, ev_retry,
                                    ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-    values (s.sub_id, e.ev_id, s.sub_queue, clock_timestamp() + i_retry_after, e.ev_time,
+    values (s.sub_id, e.ev_id, s.sub_queue, clock_timestamp() + v_after, e.ev_time,
             coalesce(e.ev_retry, 0) + 1, e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4)
     on conflict (ev_owner, ev_id) do nothing;
     return 1;

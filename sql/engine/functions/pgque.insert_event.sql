@@ -1,7 +1,8 @@
 -- _insert_event(queue, type, data, extra1..4): the one place an event is
 -- written. One lookup of the queue row, one INSERT into its current event
 -- table; no other write, no lock beyond the insert's own. Static SQL, so
--- PL/pgSQL caches the plan. Returns the new ev_id.
+-- PL/pgSQL caches the plan. A queue confined for 'produce' also checks
+-- the caller's grant. Returns the new ev_id.
 -- Not granted: callers are insert_event and the api layer's send.
 create or replace function pgque._insert_event(
     i_queue text, i_type text, i_data text,
@@ -12,11 +13,16 @@ declare
     v_part integer;
     v_seq  regclass;
     v_id   bigint;
+    v_confined boolean;
 begin
-    select queue_id * 16 + queue_cur_table, queue_event_seq into v_part, v_seq
+    select queue_id * 16 + queue_cur_table, queue_event_seq, 'produce' = any (queue_confined)
+      into v_part, v_seq, v_confined
       from pgque.queue where queue_name = i_queue;
     if not found then
         perform pgque._raise_no_queue(i_queue);
+    end if;
+    if v_confined then
+        perform pgque._authorize_id(v_part / 16, 'produce'); -- access check
     end if;
     v_id := nextval(v_seq);
     insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)

@@ -1,6 +1,7 @@
 -- register_consumer(queue, consumer): subscribes consumer to queue. The new
 -- subscription starts at the queue's latest tick: it receives the events
 -- committed after that tick. Returns 1 when new, 0 when it existed.
+-- Raises PQ050 when no subscription id is free.
 -- Tables: subscription, sub_state (insert).
 create or replace function pgque.register_consumer(i_queue text, i_consumer text)
 returns integer language plpgsql security definer
@@ -10,6 +11,7 @@ declare
     q      pgque.queue := pgque._queue(i_queue);
     v_tick bigint;
     v_id   integer;
+    v_try  integer;
 begin
     perform pgque._check_name('consumer', i_consumer);
     if exists (select 1 from pgque.subscription where sub_queue = q.queue_id and sub_name = i_consumer) then
@@ -20,19 +22,28 @@ begin
     -- subscription before the commit).
     perform 1 from pgque.queue where queue_id = q.queue_id for key share;
     select tick_id into v_tick from pgque.tick where tick_queue = q.queue_id order by tick_id desc limit 1;
-    begin
+    -- Ids come from a cycling sequence: nextval takes no lock (a reader's
+    -- open transaction blocks nobody) and ids burnt by rolled-back
+    -- subscribes come round again instead of running out. After the wrap
+    -- an id may still be in use: the insert then does nothing and the next
+    -- id is tried. Reusing an id is safe: batch ids never repeat, and every
+    -- row keyed by a subscription id goes with its subscription.
+    for v_try in 1 .. 1000 loop
         v_id := nextval('pgque.subscription_id_seq');
-    exception when sequence_generator_limit_exceeded then
-        raise exception using errcode = 'PQ011', message = 'too many subscriptions were ever created (limit 1048575)';
-    end;
-    insert into pgque.subscription (sub_id, sub_queue, sub_name, sub_last_tick)
-    values (v_id, q.queue_id, i_consumer, v_tick)
-    on conflict (sub_queue, sub_name) do nothing;
-    if not found then
-        return 0;
-    end if;
-    perform pgque._put_state(row(v_id, null, null, v_tick, null, null, null, null, false, null)::pgque.sub_state);
-    return 1;
+        insert into pgque.subscription (sub_id, sub_queue, sub_name, sub_last_tick)
+        values (v_id, q.queue_id, i_consumer, v_tick)
+        on conflict do nothing;
+        if found then
+            -- A reused id's old records are superseded by this newer one.
+            perform pgque._put_state(row(v_id, null, null, v_tick, null, null, null, null, false, null)::pgque.sub_state);
+            return 1;
+        end if;
+        if exists (select 1 from pgque.subscription where sub_queue = q.queue_id and sub_name = i_consumer) then
+            return 0;
+        end if;
+    end loop;
+    raise exception using errcode = 'PQ050',
+        message = 'no free subscription id: 1000 ids in a row are in use (the limit is 1048575 subscriptions)';
 end;
 $$;
 

@@ -9,35 +9,69 @@
 -- one minute, hence the loop. run_ticker takes the ticker lease like any
 -- ticker daemon, so it never ticks alongside a live daemon.
 
+-- _run_ticker_round(worker, end, next retry, next maint): one round of
+-- run_ticker: ticks when worker holds the ticker lease, moves due retries
+-- and runs maint() when their time came. Returns whether the loop goes on
+-- (end not reached) and the next retry and maint times.
+-- Tables: through ticker_lead, ticker, maint_retry_events, maint.
+create or replace function pgque._run_ticker_round(i_worker text, i_end timestamptz,
+                                                   i_next_retry timestamptz, i_next_maint timestamptz,
+                                                   out more boolean, out next_retry timestamptz, out next_maint timestamptz)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    next_retry := i_next_retry;
+    next_maint := i_next_maint;
+    if pgque.ticker_lead(i_worker, interval '5 seconds') then
+        perform pgque.ticker();
+        if clock_timestamp() >= next_retry then
+            perform pgque.maint_retry_events();
+            next_retry := clock_timestamp() + interval '1 second';
+        end if;
+        if clock_timestamp() >= next_maint then
+            perform pgque.maint();
+            next_maint := clock_timestamp() + interval '30 seconds';
+        end if;
+    end if;
+    more := clock_timestamp() < i_end;
+end;
+$$;
+
+-- _run_ticker_end(seconds): validates run_ticker's seconds (1..3600) and
+-- returns when the loop ends.
+create or replace function pgque._run_ticker_end(i_seconds integer)
+returns timestamptz language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_seconds is null or i_seconds < 1 or i_seconds > 3600 then
+        raise exception using errcode = 'PQ011', message = format('seconds must be between 1 and 3600, not %s', i_seconds);
+    end if;
+    return clock_timestamp() + make_interval(secs => i_seconds);
+end;
+$$;
+
 -- run_ticker(seconds, worker): the ticker loop, for pg_cron or by hand.
 -- Returns when seconds have passed. Must be CALLed outside a transaction
 -- block (it commits), which rules out SECURITY DEFINER and a pinned
 -- search_path for a procedure: it runs as its caller (pgque_admin or the
--- owner), names every function with its schema, and everything it calls
--- pins its own search_path.
+-- owner) under the caller's search_path. So its body holds no operator
+-- and no unqualified type or function at all (an attacker's public.<
+-- or public.timestamptz would run as the caller); the work and every
+-- comparison happen in _run_ticker_round, which pins its search_path.
 create or replace procedure pgque.run_ticker(i_seconds integer default 55, i_worker text default 'pg_cron')
 language plpgsql
 as $$
 declare
-    v_end        timestamptz := pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => i_seconds);
-    v_next_retry timestamptz := pg_catalog.clock_timestamp();
-    v_next_maint timestamptz := pg_catalog.clock_timestamp();
+    v_end   pg_catalog.timestamptz := pgque._run_ticker_end(i_seconds);
+    v_retry pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+    v_maint pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+    v_more  pg_catalog.bool := true;
 begin
-    if i_seconds is null or i_seconds < 1 or i_seconds > 3600 then
-        raise exception using errcode = 'PQ011', message = pg_catalog.format('seconds must be between 1 and 3600, not %s', i_seconds);
-    end if;
-    while pg_catalog.clock_timestamp() < v_end loop
-        if pgque.ticker_lead(i_worker, interval '5 seconds') then
-            perform pgque.ticker();
-            if pg_catalog.clock_timestamp() >= v_next_retry then
-                perform pgque.maint_retry_events();
-                v_next_retry := pg_catalog.clock_timestamp() + interval '1 second';
-            end if;
-            if pg_catalog.clock_timestamp() >= v_next_maint then
-                perform pgque.maint();
-                v_next_maint := pg_catalog.clock_timestamp() + interval '30 seconds';
-            end if;
-        end if;
+    while v_more loop
+        select r.more, r.next_retry, r.next_maint into v_more, v_retry, v_maint
+          from pgque._run_ticker_round(i_worker, v_end, v_retry, v_maint) r;
         commit;
         perform pg_catalog.pg_sleep(0.01);
     end loop;

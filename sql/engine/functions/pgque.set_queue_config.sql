@@ -1,7 +1,8 @@
 -- set_queue_config(queue, param, value): changes one queue setting. Accepts
 -- PgQ's names with or without the "queue_" prefix: ticker_max_count
--- (integer >= 1), ticker_max_lag (interval >= 0), ticker_idle_period
--- (interval > 0), rotation_period (interval > 0), max_retries
+-- (integer >= 1), ticker_max_lag (interval 0 to 1 day), ticker_idle_period
+-- (interval > 0, at most 1 day), rotation_period (interval > 0, at most
+-- 365 days), max_retries
 -- (integer >= 0). Raises PQ012 for an unknown parameter and PQ011 for a
 -- value that does not parse or is out of range. Returns 1.
 create or replace function pgque.set_queue_config(i_queue text, i_param text, i_value text)
@@ -34,11 +35,15 @@ begin
         exception when others then
             raise exception using errcode = 'PQ011', message = format('%s must be an interval, not %L', v_param, i_value);
         end;
-        if v_ivl < interval '0' or (v_param <> 'ticker_max_lag' and v_ivl = interval '0') then
-            raise exception using errcode = 'PQ011',
-                message = format('%s must be %s, not %s', v_param,
-                                 case v_param when 'ticker_max_lag' then 'zero or more' else 'positive' end, i_value);
-        end if;
+        -- Checked on the real duration: a month is not 30 days. The
+        -- message quotes the value as given.
+        begin
+            v_ivl := pgque._check_interval(v_param, v_ivl,
+                         case v_param when 'ticker_max_lag' then interval '0' else interval '1 microsecond' end,
+                         case v_param when 'rotation_period' then interval '365 days' else interval '1 day' end);
+        exception when sqlstate 'PQ011' then
+            raise exception using errcode = 'PQ011', message = format('%s (given as %L)', sqlerrm, i_value);
+        end;
     else
         raise exception using errcode = 'PQ012',
             message = format('unknown queue parameter %L; known: ticker_max_count, ticker_max_lag, ticker_idle_period, rotation_period, max_retries', i_param);

@@ -74,20 +74,38 @@ begin
     insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq)
     values (i_queue_id, v_tick, clock_timestamp(), pg_current_snapshot(),
             coalesce(pg_sequence_last_value(q.queue_event_seq), 0));
-    perform pg_notify('pgque', q.queue_name);
+    -- Notifications are queued at commit, and a full NOTIFY queue (a
+    -- listener idle in a transaction, perhaps a stranger's: any role may
+    -- LISTEN) would then fail the tick. Consumers poll anyway, so past
+    -- half full the wake-up is skipped rather than the tick put at risk.
+    if pg_notification_queue_usage() < 0.5 then
+        perform pg_notify('pgque', q.queue_name);
+    end if;
     return v_tick;
 end;
 $$;
 
 -- ticker(queue): ticks one queue if a tick is due (event count reached
 -- ticker_max_count, events pending for ticker_max_lag, or
--- ticker_idle_period passed). Returns the tick id or NULL.
+-- ticker_idle_period passed), and always after force_next_tick(queue) in
+-- the same transaction. Returns the tick id or NULL.
 create or replace function pgque.ticker(i_queue text)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    q        pgque.queue := pgque._queue(i_queue);
+    v_forced boolean;
+    v_tick   bigint;
 begin
-    return pgque._tick((pgque._queue(i_queue)).queue_id, false);
+    v_forced := pgque._tick_forced(q.queue_id);
+    v_tick := pgque._tick(q.queue_id, v_forced);
+    if v_forced then
+        -- One forced tick per force_next_tick.
+        perform set_config('pgque.forced_ticks',
+                           replace(current_setting('pgque.forced_ticks', true), ',' || q.queue_id || ',', ''), true);
+    end if;
+    return v_tick;
 end;
 $$;
 
@@ -110,8 +128,11 @@ end;
 $$;
 
 -- force_next_tick(queue): makes the next ticker call tick, as in PgQ, by
--- advancing the event sequence by ticker_max_count. Returns the new
--- sequence value.
+-- advancing the event sequence by ticker_max_count. A ticker daemon may
+-- tick at the same moment and use that advance up, so the transaction also
+-- remembers the queue (a transaction-local setting read by
+-- _tick_forced): ticker(queue) later in the same transaction always
+-- ticks. Returns the new sequence value.
 create or replace function pgque.force_next_tick(i_queue text)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -119,14 +140,28 @@ as $$
 declare
     q pgque.queue := pgque._queue(i_queue);
 begin
+    perform set_config('pgque.forced_ticks',
+                       coalesce(nullif(current_setting('pgque.forced_ticks', true), ''), '') || ',' || q.queue_id || ',', true);
     return setval(q.queue_event_seq,
                   coalesce(pg_sequence_last_value(q.queue_event_seq), 0) + q.queue_ticker_max_count);
 end;
 $$;
 
+-- _tick_forced(queue_id): whether force_next_tick(queue) ran earlier in
+-- this transaction. The setting is only a hint for the admin's own
+-- transaction: setting it by hand forces ticks, which force_next_tick
+-- allows anyway, and only ticker(queue) (pgque_admin) reads it.
+create or replace function pgque._tick_forced(i_queue_id integer)
+returns boolean language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select strpos(coalesce(current_setting('pgque.forced_ticks', true), ''), ',' || i_queue_id || ',') > 0
+$$;
+
 -- ticker_lead(worker, ttl): leader election for ticker daemons. Returns
 -- true when worker holds the single ticker lease (renewing it when less than
--- half of ttl is left, taking it over when free or expired).
+-- half of ttl is left, taking it over when free or expired). worker is 1 to
+-- 200 bytes; ttl is 1 ms to 1 day of real time (PQ011).
 create or replace function pgque.ticker_lead(i_worker text, i_ttl interval)
 returns boolean language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -134,19 +169,24 @@ as $$
 declare
     l   pgque.ticker_lease;
     v_now timestamptz := clock_timestamp();
+    v_ttl interval;
 begin
-    if i_worker is null or i_worker = '' then
-        raise exception using errcode = 'PQ011', message = 'ticker worker id must not be NULL or empty';
+    if i_worker is null or i_worker = '' or octet_length(i_worker) > 200 then
+        raise exception using errcode = 'PQ011',
+            message = format('ticker worker id must be 1 to 200 bytes, not %s', coalesce(octet_length(i_worker)::text, 'NULL'));
     end if;
-    if i_ttl is null or i_ttl <= interval '0' then
-        raise exception using errcode = 'PQ011', message = format('ticker lease ttl must be positive, not %s', coalesce(i_ttl::text, 'NULL'));
+    if i_ttl is null then
+        raise exception using errcode = 'PQ011', message = 'ticker lease ttl must not be NULL';
     end if;
+    -- Bounded on the real duration, so a lease cannot be taken for years
+    -- with an interval that only compares as short.
+    v_ttl := pgque._check_interval('ticker lease ttl', i_ttl, interval '1 millisecond', interval '1 day');
     select * into l from pgque.ticker_lease;
-    if found and l.owner = i_worker and l.lease_until - v_now > i_ttl / 2 then
+    if found and l.owner = i_worker and l.lease_until - v_now > v_ttl / 2 then
         return true;
     end if;
     insert into pgque.ticker_lease as tl (singleton, owner, lease_until, epoch)
-    values (true, i_worker, v_now + i_ttl, 1)
+    values (true, i_worker, v_now + v_ttl, 1)
     on conflict (singleton) do update
        set owner = excluded.owner,
            lease_until = excluded.lease_until,

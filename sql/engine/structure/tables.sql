@@ -35,6 +35,15 @@ create sequence if not exists pgque.queue_id_seq;
 create sequence if not exists pgque.tick_id_seq;
 create sequence if not exists pgque.batch_id_seq;
 create sequence if not exists pgque.subscription_id_seq maxvalue 1048575;
+-- Subscription ids are 20 bits (batch ids embed them) and are reused: the
+-- sequence cycles (register_consumer skips ids still in use).
+do $cycle$
+begin
+    if not (select seqcycle from pg_catalog.pg_sequence where seqrelid = 'pgque.subscription_id_seq'::regclass) then
+        alter sequence pgque.subscription_id_seq cycle;
+    end if;
+end
+$cycle$;
 
 -- The parent of every queue's event tables. ev_txid is the producing
 -- transaction; batches are cut by comparing it with tick snapshots.

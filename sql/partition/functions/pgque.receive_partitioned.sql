@@ -14,6 +14,7 @@ language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    v_access boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     v_sub    text := pgque._slot_name(i_consumer, i_slot, i_nslots);
     v_filter text := pgque._slot_filter(i_slot, i_nslots);
@@ -136,6 +137,7 @@ begin
     if i_epoch is null or i_batch_id is null or i_msg_id is null then
         raise exception using errcode = '22004', message = 'epoch, batch id and msg_id must not be NULL';
     end if;
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
     return pgque._ack_slot(l, i_slot, i_nslots);
@@ -152,6 +154,7 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     return pgque._ack_slot(pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker), i_slot, i_nslots);
 end;
 $$;
@@ -190,6 +193,7 @@ begin
     if i_epoch is null or i_batch_id is null or i_msg_id is null then
         raise exception using errcode = '22004', message = 'epoch, batch id and msg_id must not be NULL';
     end if;
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
     return pgque._nack_slot(l, i_slot, i_nslots, i_msg_id, i_retry_after, i_reason);
@@ -208,6 +212,7 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     return pgque._nack_slot(pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker),
                             i_slot, i_nslots, i_msg_id, i_retry_after, i_reason);
 end;

@@ -116,6 +116,7 @@ declare
     v_now timestamptz := clock_timestamp();
     v_ttl interval;
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_worker(i_worker);
     v_ttl := pgque._lease_ttl(i_ttl, v_now);
     if i_slot is null then
@@ -156,6 +157,7 @@ as $$
 declare
     l pgque.slot_lease;
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_worker(i_worker);
     l := pgque._lease(i_queue, i_consumer, i_slot);
     if l.sl_owner is distinct from i_worker then

@@ -90,9 +90,14 @@ $$;
 -- routing expression for nslots and ev_txid. With it, slot k reads only
 -- its own events instead of the whole stream: N slots cost about one
 -- reader, not N. The expression is spelled exactly as _slot_filter spells
--- it, so the planner matches the predicate to the index. Creating it locks
--- the queue's event tables against writes while it is built (instant on a
--- new queue; proportional to the backlog otherwise).
+-- it, so the planner matches the predicate to the index.
+--
+-- Building an index blocks the table's producers while it runs, and every
+-- index slows every insert. So a queue has at most 4 distinct N with an
+-- index (PQ051 beyond), and an index is built now only on a table that is
+-- nearly empty and whose lock is granted within 100 ms; the other tables
+-- get it from maint_route_indexes once rotation has emptied them. Until
+-- then their slots read them through a filter (correct, only slower).
 create or replace function pgque._route_index(i_queue_id integer, i_nslots integer, i_wanted boolean)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -101,6 +106,9 @@ declare
     q   pgque.queue;
     v_n integer;
     v_ix text;
+    v_distinct integer;
+    v_old_lt text := current_setting('lock_timeout');
+    v_big boolean;
 begin
     if i_nslots < 2 then
         return;
@@ -108,17 +116,87 @@ begin
     if not i_wanted and exists (select 1 from pgque.slot_group where sg_queue = i_queue_id and sg_nslots = i_nslots) then
         return;
     end if;
+    if i_wanted then
+        select count(distinct sg_nslots) into v_distinct from pgque.slot_group
+         where sg_queue = i_queue_id and sg_nslots >= 2;
+        if v_distinct > 4 then
+            raise exception using errcode = 'PQ051',
+                message = format('queue %s already has consumers with 4 different slot counts (N >= 2); '
+                                 'use one of the N in use or remove a consumer first', (select queue_name from pgque.queue where queue_id = i_queue_id)),
+                hint = 'every distinct N adds a routing index on each event table, which every producer maintains';
+        end if;
+    end if;
     select * into q from pgque.queue where queue_id = i_queue_id;
     for v_n in 0 .. q.queue_ntables - 1 loop
         v_ix := 'event_' || i_queue_id || '_' || v_n || '_route' || i_nslots;
         if i_wanted then
-            execute format('create index if not exists %I on %s ((%s), ev_txid)', v_ix,
-                           pgque._event_table(i_queue_id, v_n),
-                           regexp_replace(pgque._slot_filter(0, i_nslots), ' = 0$', ''));
+            execute format('select count(*) > 1000 from (select 1 from %s limit 1001) x', pgque._event_table(i_queue_id, v_n))
+               into v_big;
+            continue when v_big;
+            begin
+                perform set_config('lock_timeout', '100ms', true);
+                perform pgque._route_index_build(i_queue_id, v_n, i_nslots);
+                perform set_config('lock_timeout', v_old_lt, true);
+            exception when lock_not_available then
+                perform set_config('lock_timeout', v_old_lt, true);
+            end;
         else
             execute format('drop index if exists pgque.%I', v_ix);
         end if;
     end loop;
+end;
+$$;
+
+-- _route_index_build(queue_id, table, nslots): creates one routing index.
+create or replace function pgque._route_index_build(i_queue_id integer, i_table integer, i_nslots integer)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    execute format('create index if not exists %I on %s ((%s), ev_txid)',
+                   'event_' || i_queue_id || '_' || i_table || '_route' || i_nslots,
+                   pgque._event_table(i_queue_id, i_table),
+                   regexp_replace(pgque._slot_filter(0, i_nslots), ' = 0$', ''));
+end;
+$$;
+
+-- maint_route_indexes(): builds the routing indexes _route_index had to
+-- leave out (a table too full, or its lock not granted at once), on the
+-- tables where building is cheap now: at most 1000 rows, which rotation
+-- guarantees sooner or later, lock granted within 100 ms. The ticker daemon
+-- calls it after every maint(). Returns how many indexes it built.
+-- Tables: slot_group (read), event tables (index).
+create or replace function pgque.maint_route_indexes()
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    r    record;
+    v_big boolean;
+    v_n  integer := 0;
+    v_old_lt text := current_setting('lock_timeout');
+begin
+    for r in
+        select g.sg_queue as queue_id, t.n, g.sg_nslots as nslots
+          from (select distinct sg_queue, sg_nslots from pgque.slot_group where sg_nslots >= 2) g
+          join pgque.queue q on q.queue_id = g.sg_queue
+          cross join lateral generate_series(0, q.queue_ntables - 1) t(n)
+         where pg_catalog.to_regclass(pg_catalog.format('pgque.%I', 'event_' || g.sg_queue || '_' || t.n || '_route' || g.sg_nslots)) is null
+         order by 1, 2, 3
+    loop
+        execute format('select count(*) > 1000 from (select 1 from %s limit 1001) x', pgque._event_table(r.queue_id, r.n))
+           into v_big;
+        continue when v_big;
+        begin
+            perform set_config('lock_timeout', '100ms', true);
+            perform pgque._route_index_build(r.queue_id, r.n, r.nslots);
+            perform set_config('lock_timeout', v_old_lt, true);
+            v_n := v_n + 1;
+        exception when lock_not_available then
+            perform set_config('lock_timeout', v_old_lt, true);
+        end;
+    end loop;
+    return v_n;
 end;
 $$;
 
@@ -137,6 +215,7 @@ declare
     v_new integer;
     v_sub integer;
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_consumer(i_consumer);
     perform pgque._check_slot(i_slot, i_nslots);
     if i_policy is not null and i_policy not in ('skip', 'pause') then
@@ -185,6 +264,7 @@ as $$
 declare
     q pgque.queue := pgque._queue(i_queue);
 begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_consumer(i_consumer);
     perform pgque._check_slot(i_slot, i_nslots);
     perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for update;

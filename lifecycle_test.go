@@ -1,0 +1,148 @@
+package pgque_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pgque/pgque"
+)
+
+// TestStopIsBoundedWhenAHandlerIgnoresCtx: a handler that never looks at
+// its context cannot hold Stop past its deadline (plus the abandon wait):
+// Stop returns an error that wraps the deadline and names the handler's
+// event, for a plain and for a partitioned consumer.
+func TestStopIsBoundedWhenAHandlerIgnoresCtx(t *testing.T) {
+	env := setup(t)
+	startTicker(t, env.client)
+	ctx := context.Background()
+	release := make(chan struct{})
+	defer close(release)
+	for _, kind := range []string{"plain", "partitioned"} {
+		t.Run(kind, func(t *testing.T) {
+			queue := "stuck_" + kind
+			if _, err := env.client.CreateQueue(ctx, queue); err != nil {
+				t.Fatal(err)
+			}
+			var started atomic.Int64
+			h := func(_ context.Context, m *pgque.Message) error {
+				started.Store(m.ID)
+				<-release // ignores ctx
+				return nil
+			}
+			var stop func(context.Context) error
+			if kind == "plain" {
+				con, err := env.client.NewConsumer(&pgque.ConsumerConfig{Queue: queue, Consumer: "c", Handler: h, PollInterval: 50 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := con.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+				stop = con.Stop
+			} else {
+				pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: queue, Consumer: "p", Slots: 2,
+					Handler: h, PollInterval: 50 * time.Millisecond, ClaimInterval: 100 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := pc.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+				stop = pc.Stop
+			}
+			id, err := env.client.Send(ctx, queue, pgque.Event{Payload: 1, PartitionKey: "k"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 20*time.Second, "the handler to start", func() bool { return started.Load() == id })
+			sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			defer cancel()
+			begin := time.Now()
+			err = stop(sctx)
+			took := time.Since(begin)
+			if took > 300*time.Millisecond+3*time.Second {
+				t.Fatalf("Stop took %v with a handler ignoring ctx", took)
+			}
+			if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "event "+strconv.FormatInt(id, 10)) {
+				t.Fatalf("Stop = %v, want DeadlineExceeded naming event %d", err, id)
+			}
+		})
+	}
+}
+
+// TestHungRenewalDelaysNoOtherSlot: slot 0's lease row is locked by
+// another session, so renewing slot 0 hangs; slot 1's handler runs for
+// more than two TTLs, kept alive only by the background renewals, and must
+// not lose its lease because of slot 0.
+func TestHungRenewalDelaysNoOtherSlot(t *testing.T) {
+	env := setup(t)
+	startTicker(t, env.client)
+	ctx := context.Background()
+	const ttl = 2 * time.Second
+	var slot1Key string
+	for i := 0; slot1Key == ""; i++ {
+		var s int
+		k := "k" + strconv.Itoa(i)
+		if err := env.pool.QueryRow(ctx, `select pgque.slot_of($1, 2)`, k).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		if s == 1 {
+			slot1Key = k
+		}
+	}
+	started := make(chan struct{}, 1)
+	result := make(chan error, 1)
+	pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "p", Slots: 2, LeaseTTL: ttl, ClaimInterval: 100 * time.Millisecond,
+		PollInterval: 50 * time.Millisecond,
+		Handler: func(hctx context.Context, m *pgque.Message) error {
+			started <- struct{}{}
+			select {
+			case <-time.After(3 * ttl):
+				result <- nil
+			case <-hctx.Done():
+				result <- context.Cause(hctx)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Stop(ctx)
+	waitFor(t, 20*time.Second, "both slots", func() bool { return len(pc.OwnedSlots()) == 2 })
+	locker, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	if _, err := locker.Exec(ctx, `select 1 from pgque.slot_lease l join pgque.queue q on q.queue_id = l.sl_queue
+		where q.queue_name = $1 and l.sl_consumer = 'p' and l.sl_slot = 0 for update of l`, env.queue); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 1, PartitionKey: slot1Key}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("slot 1's handler never started")
+	}
+	select {
+	case err := <-result:
+		if err != nil {
+			t.Fatalf("slot 1's handler lost its lease while slot 0's renewal hung: %v", err)
+		}
+	case <-time.After(10 * ttl):
+		t.Fatal("slot 1's handler did not finish")
+	}
+	_ = locker.Rollback(ctx)
+}

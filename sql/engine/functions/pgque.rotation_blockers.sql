@@ -1,0 +1,42 @@
+-- rotation_blockers(): what keeps maint() from rotating each queue's event
+-- tables, for the operator to act on. Rotation reclaims space only when no
+-- subscription still needs the oldest table, so a consumer that stopped
+-- consuming (a forgotten subscription, perhaps a reader's) pins it forever,
+-- and a transaction left open after subscribing (which holds a key-share
+-- lock on the queue row) makes maint() skip the queue while it lasts.
+-- Nothing here is dropped automatically: that would lose events a consumer
+-- was promised. The remedies are unregister_consumer / unsubscribe (admin)
+-- for a subscription and pg_terminate_backend(pid) for a session.
+--
+-- Returns one row per blocker: queue, kind ('subscription' or 'session'),
+-- what (the subscription's name or the session's pid, role and
+-- application), and since (the subscription's last batch time, or the
+-- start of the session's transaction). Only queues whose rotation is due
+-- (rotation_period passed) are listed. Tables: queue, subscription, tick;
+-- pg_locks, pg_stat_activity.
+create or replace function pgque.rotation_blockers()
+returns table (queue text, kind text, what text, since timestamptz)
+language sql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    with due as (
+        select q.* from pgque.queue q
+         where clock_timestamp() - q.queue_switch_time >= q.queue_rotation_period
+    )
+    select d.queue_name, 'subscription', s.sub_name, t.tick_time
+      from due d
+      join pgque.subscription s on s.sub_queue = d.queue_id
+      join pgque.tick t on t.tick_queue = s.sub_queue and t.tick_id = s.sub_last_tick
+     where t.tick_time < d.queue_switch_time
+    union all
+    select d.queue_name, 'session',
+           format('pid %s, role %s, application %L, %s', a.pid, a.usename, a.application_name, a.state),
+           a.xact_start
+      from due d
+      cross join pg_locks l
+      join pg_stat_activity a on a.pid = l.pid
+     where l.locktype = 'relation' and l.relation = 'pgque.queue'::regclass and l.granted
+       and l.mode = 'RowShareLock' and a.pid <> pg_backend_pid()
+       and a.state in ('idle in transaction', 'idle in transaction (aborted)')
+    order by 1, 2, 4;
+$$;
