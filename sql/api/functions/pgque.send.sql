@@ -3,11 +3,15 @@
 -- send stores the JSON payload as the event's data and the partition key
 -- in ev_extra1. send_batch inserts a whole array with one set-based INSERT.
 
--- send(queue, type, payload, partition_key): returns the ev_id. The
--- parameters carry the documented names so that callers can write
--- partition_key => 'tenant-42'; the body uses i_ aliases.
+-- send(queue, type, payload, partition_key[, dedup_key]): returns the
+-- ev_id. The parameters carry the documented names so that callers can
+-- write partition_key => 'tenant-42', dedup_key => 'req-7'; the body uses
+-- i_ aliases. With a dedup key, a send of a key already sent to this queue
+-- within its dedup_window returns the first event's ev_id and stores
+-- nothing (pgque.dedup.sql); without one the feature costs one test.
 drop function if exists pgque.send(text, text, jsonb, text);
-create or replace function pgque.send(queue text, type text, payload jsonb, partition_key text)
+create or replace function pgque.send(queue text, type text, payload jsonb, partition_key text,
+                                      dedup_key text default null)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
@@ -16,11 +20,22 @@ declare
     i_type          alias for $2;
     i_payload       alias for $3;
     i_partition_key alias for $4;
+    i_dedup_key     alias for $5;
+    v_queue_id      integer;
 begin
     if i_payload is null or i_type is null then
         raise exception using errcode = '22004', message = 'event type and payload must not be NULL';
     end if;
-    return pgque._insert_event(i_queue, i_type, i_payload::text, i_partition_key, null, null, null);
+    if i_dedup_key is null then
+        return pgque._insert_event(i_queue, i_type, i_payload::text, i_partition_key, null, null, null);
+    end if;
+    perform pgque._dedup_check_keys(array[i_dedup_key]);
+    select queue_id into v_queue_id from pgque.queue where queue_name = i_queue;
+    if not found then
+        perform pgque._raise_no_queue(i_queue);
+    end if;
+    perform pgque._dedup_lock(v_queue_id, array[i_dedup_key]);
+    return pgque._dedup_send(v_queue_id, i_queue, i_type, i_payload::text, i_partition_key, i_dedup_key);
 end;
 $$;
 
@@ -48,13 +63,18 @@ begin
 end;
 $$;
 
--- send_batch(queue, type, payloads, partition_keys): one INSERT for the
--- whole array (parameters named as documented, aliased i_ in the body).
--- partition_keys is NULL or as long as payloads. ev_ids are
--- taken in array order, so they are returned in input order.
+-- send_batch(queue, type, payloads, partition_keys, dedup_keys): one
+-- INSERT for the whole array (parameters named as documented, aliased i_ in
+-- the body). partition_keys and dedup_keys are each NULL or as long as
+-- payloads. ev_ids are taken in array order, so they are returned in input
+-- order. With dedup_keys, elements are sent one by one in order under the
+-- locks of all their keys: an element whose key was sent within the window
+-- (by an earlier element of the same batch too) gets that event's ev_id,
+-- and a NULL element key means no dedup for that element.
 drop function if exists pgque.send_batch(text, text, jsonb[], text[]);
 create or replace function pgque.send_batch(queue text, type text, payloads jsonb[],
-                                            partition_keys text[] default null)
+                                            partition_keys text[] default null,
+                                            dedup_keys text[] default null)
 returns bigint[] language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
@@ -63,6 +83,9 @@ declare
     i_type           alias for $2;
     i_payloads       alias for $3;
     i_partition_keys alias for $4;
+    i_dedup_keys     alias for $5;
+    v_queue_id integer;
+    v_i    integer;
     v_part integer;
     v_seq  regclass;
     v_ids  bigint[];
@@ -70,7 +93,7 @@ begin
     if i_type is null or i_payloads is null then
         raise exception using errcode = '22004', message = 'event type and payloads must not be NULL';
     end if;
-    if array_ndims(i_payloads) > 1 or array_ndims(i_partition_keys) > 1 then
+    if array_ndims(i_payloads) > 1 or array_ndims(i_partition_keys) > 1 or array_ndims(i_dedup_keys) > 1 then
         raise exception using errcode = 'PQ011', message = 'payloads and partition keys must be one-dimensional arrays';
     end if;
     if i_partition_keys is not null
@@ -79,17 +102,38 @@ begin
             message = format('%s partition keys for %s payloads; pass one key per payload, or NULL',
                              cardinality(i_partition_keys), cardinality(i_payloads));
     end if;
+    if i_dedup_keys is not null
+       and coalesce(cardinality(i_dedup_keys), 0) <> coalesce(cardinality(i_payloads), 0) then
+        raise exception using errcode = 'PQ011',
+            message = format('%s dedup keys for %s payloads; pass one key (or NULL) per payload, or NULL',
+                             cardinality(i_dedup_keys), cardinality(i_payloads));
+    end if;
     if array_position(i_payloads, null) is not null then
         raise exception using errcode = '22004',
             message = format('payload %s of the batch is NULL', array_position(i_payloads, null));
     end if;
-    select queue_id * 16 + queue_cur_table, queue_event_seq into v_part, v_seq
+    select queue_id, queue_id * 16 + queue_cur_table, queue_event_seq into v_queue_id, v_part, v_seq
       from pgque.queue where queue_name = i_queue;
     if not found then
         perform pgque._raise_no_queue(i_queue);
     end if;
     if coalesce(cardinality(i_payloads), 0) = 0 then
         return '{}';
+    end if;
+
+    if i_dedup_keys is not null then
+        perform pgque._dedup_check_keys(i_dedup_keys);
+        perform pgque._dedup_lock(v_queue_id, i_dedup_keys);
+        v_ids := '{}';
+        for v_i in 1 .. cardinality(i_payloads) loop
+            if i_dedup_keys[v_i] is null then
+                v_ids := v_ids || pgque._insert_event(i_queue, i_type, i_payloads[v_i]::text, i_partition_keys[v_i], null, null, null);
+            else
+                v_ids := v_ids || pgque._dedup_send(v_queue_id, i_queue, i_type, i_payloads[v_i]::text,
+                                                    i_partition_keys[v_i], i_dedup_keys[v_i]);
+            end if;
+        end loop;
+        return v_ids;
     end if;
 
     with ids as materialized (

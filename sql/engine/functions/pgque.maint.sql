@@ -128,6 +128,8 @@ begin
             v_n := v_n + 1;
         end if;
     end loop;
+    -- The upper layers' own maintenance (the api layer's dedup rotation).
+    v_n := v_n + pgque._maint_hooks();
     return v_n;
 end;
 $$;

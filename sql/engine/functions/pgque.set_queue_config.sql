@@ -2,7 +2,8 @@
 -- PgQ's names with or without the "queue_" prefix: ticker_max_count
 -- (integer >= 1), ticker_max_lag (interval >= 0), ticker_idle_period
 -- (interval > 0), rotation_period (interval > 0), max_retries
--- (integer >= 0). Raises PQ012 for an unknown parameter and PQ011 for a
+-- (integer >= 0), and the settings upper layers register in
+-- pgque.layer_hook (the api layer's dedup_window). Raises PQ012 for an unknown parameter and PQ011 for a
 -- value that does not parse or is out of range. Returns 1.
 create or replace function pgque.set_queue_config(i_queue text, i_param text, i_value text)
 returns integer language plpgsql security definer
@@ -39,9 +40,14 @@ begin
                 message = format('%s must be %s, not %s', v_param,
                                  case v_param when 'ticker_max_lag' then 'zero or more' else 'positive' end, i_value);
         end if;
+    elsif pgque._queue_config_hook(q.queue_id, v_param, i_value) then
+        -- A setting of an upper layer (pgque.layer_hook), validated and
+        -- stored by that layer.
+        return 1;
     else
         raise exception using errcode = 'PQ012',
-            message = format('unknown queue parameter %L; known: ticker_max_count, ticker_max_lag, ticker_idle_period, rotation_period, max_retries', i_param);
+            message = format('unknown queue parameter %L; known: ticker_max_count, ticker_max_lag, ticker_idle_period, rotation_period, max_retries%s', i_param,
+                             (select string_agg(', ' || hook_name, '' order by hook_name) from pgque.layer_hook where hook_kind = 'queue_config'));
     end if;
 
     update pgque.queue set
