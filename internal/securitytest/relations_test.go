@@ -19,14 +19,18 @@ var relations = map[string]string{
 	"batch_id_seq":          "",
 	"dead_letter":           "a",
 	"dead_letter_dl_id_seq": "",
+	"dedup":                 "", // dedup keys may be application secrets: no direct access
+	"dedup_<queue>_<n>":     "",
 	"deferred":              "a",
 	"event":                 "a", // the partitioned parent: the admin reads every queue's events through it
 	"event_<queue>_<n>":     "",  // a queue's event tables: no direct access
 	"event_seq_<queue>":     "",
 	"key_block":             "",
+	"layer_hook":            "a",
 	"partition_slot_status": "rwa",
 	"partition_slot_leases": "rwa",
 	"queue":                 "a",
+	"queue_dedup":           "a",
 	"queue_id_seq":          "",
 	"retry_queue":           "a",
 	"slot_group":            "",
@@ -34,6 +38,7 @@ var relations = map[string]string{
 	"sub_progress":          "",
 	"subscription":          "a",
 	"subscription_id_seq":   "",
+	"table_source":          "a",
 	"tick":                  "a",
 	"tick_id_seq":           "",
 	"ticker_lease":          "a",
@@ -43,6 +48,7 @@ var relations = map[string]string{
 var (
 	eventTable = regexp.MustCompile(`^event_[0-9]+_[0-9]+$`)
 	eventSeq   = regexp.MustCompile(`^event_seq_[0-9]+$`)
+	dedupTable = regexp.MustCompile(`^dedup_[0-9]+_[0-9]+$`)
 )
 
 func TestRoleMatrixRelations(t *testing.T) {
@@ -67,6 +73,8 @@ func TestRoleMatrixRelations(t *testing.T) {
 			key = "event_<queue>_<n>"
 		case eventSeq.MatchString(r.Name):
 			key = "event_seq_<queue>"
+		case dedupTable.MatchString(r.Name):
+			key = "dedup_<queue>_<n>"
 		}
 		want, ok := relations[key]
 		if !ok {

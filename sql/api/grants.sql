@@ -28,3 +28,5 @@ grant execute on function
     pgque._table_source_trigger_name(text),
     pgque._table_source_forget(text, regclass)
     to pgque_admin;
+
+grant select on pgque.queue_dedup, pgque.table_source to pgque_admin;
