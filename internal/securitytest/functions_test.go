@@ -156,7 +156,7 @@ var functions = map[string]fn{
 	"pgque._table_source_define(text,regclass,text,text[],text[],text[],text,boolean)": {roles: "a",
 		args:     []string{"'q1'", "'public.st_files'", "'tenant'", "array['insert']", "null", "null", "null", "true"},
 		nullable: []int{4, 5, 6},
-		cases: []badCase{bc("42703", "'q1'", "'public.st_files'", `'a"; drop table x; --'`, "array['insert']", "null", "null", "null", "true")}},
+		cases:    []badCase{bc("42703", "'q1'", "'public.st_files'", `'a"; drop table x; --'`, "array['insert']", "null", "null", "null", "true")}},
 	"pgque._table_source_trigger_name(text)": {roles: "a", args: []string{"'q1'"},
 		cases: []badCase{bc("PQ001", "'nope'")}},
 	"pgque._table_source_forget(text,regclass)": {roles: "a", args: []string{"'q1'", "'public.st_gone'"}, nullAs: map[int]string{1: "PQ061"},
