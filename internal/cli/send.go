@@ -114,7 +114,7 @@ func (a *app) printSent(queue string, ids []int64, asJSON bool) error {
 
 // envelopeLine is one --envelope line.
 type envelopeLine struct {
-	Type    *string         `json:"type"`
+	Type     *string         `json:"type"`
 	Key      *string         `json:"key"`
 	DedupKey *string         `json:"dedup_key"`
 	Payload  json.RawMessage `json:"payload"`
