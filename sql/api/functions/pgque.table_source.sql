@@ -308,13 +308,15 @@ insert into pgque.layer_hook (hook_kind, hook_name, hook_fn) values
 on conflict (hook_kind, hook_name) do update set hook_fn = excluded.hook_fn;
 
 -- A queue with attached tables cannot be dropped: the tables' writes would
--- start failing. Detach them first.
+-- start failing. Detach them first. Attachments of tables dropped since
+-- are forgotten with the queue, and their functions dropped.
 create or replace function pgque._table_source_queue_guard()
 returns trigger language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_tbl text;
+    v_fn  regprocedure;
 begin
     select ts_table_name into v_tbl from pgque.table_source
      where ts_queue = old.queue_id and exists (select 1 from pg_catalog.pg_class c where c.oid = ts_table)
@@ -323,6 +325,9 @@ begin
         raise exception using errcode = 'PQ062',
             message = format('queue %s has attached tables (for example %s); detach them first', old.queue_name, v_tbl);
     end if;
+    for v_fn in delete from pgque.table_source where ts_queue = old.queue_id returning ts_function loop
+        execute format('drop function if exists %s', v_fn);
+    end loop;
     return old;
 end;
 $$;
