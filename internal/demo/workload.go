@@ -121,19 +121,19 @@ const sendBatchSize = 50
 // producer owns some tenants and sends their events, batch by batch, each
 // batch in one transaction (so per-tenant order is the ev_id order).
 type producer struct {
-	client  *pgque.Client
+	client *pgque.Client
 	// fromTrigger: write the events as rows of pgque_demo.source_files
 	// through pool instead of sending them.
 	fromTrigger bool
 	pool        *pgxpool.Pool
-	queue   string
-	tenants []*tenantGen
-	events  int     // how many to send
-	rate    float64 // events/s for this producer, 0: unlimited
-	until   time.Time
-	rng     *rand.Rand
-	commits *commitLog
-	sent    *atomic.Int64 // shared by every producer
+	queue       string
+	tenants     []*tenantGen
+	events      int     // how many to send
+	rate        float64 // events/s for this producer, 0: unlimited
+	until       time.Time
+	rng         *rand.Rand
+	commits     *commitLog
+	sent        *atomic.Int64 // shared by every producer
 }
 
 // run sends the producer's events; it stops early at p.until or when ctx
