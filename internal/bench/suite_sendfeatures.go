@@ -81,7 +81,9 @@ func runSendFeatures(ctx context.Context, e *env, r *recorder) error {
 	repeat := func(i int) []any {
 		return []any{pgqueQueue, eventType, payload(i), tenantKey(i), "req-" + strconv.Itoa(i/2)}
 	}
-	row := func(i int) []any { return []any{int64(i), tenantKey(i), "/bucket/objects/" + strconv.Itoa(i), 4096 + i%8192} }
+	row := func(i int) []any {
+		return []any{int64(i), tenantKey(i), "/bucket/objects/" + strconv.Itoa(i), 4096 + i%8192}
+	}
 	m, err := e.rounds(ctx, n,
 		trial{"send_16conn", loop(16, pgqueSendSQL, plain)},
 		trial{"send_before_dedup_16conn", loop(16, `select pgque.bench_send_before_dedup($1, $2, $3::jsonb, $4)`, plain)},
