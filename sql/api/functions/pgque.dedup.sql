@@ -3,7 +3,8 @@
 -- 5 minutes). Storage and rotation are described in api/structure/dedup.sql.
 --
 -- Concurrency. Senders of one key in one queue are serialised by a
--- transaction-scoped advisory lock on hashtextextended(key, queue_id): the
+-- transaction-scoped advisory lock on hashtextextended(key,
+-- hashtext(queue)) (from the name, so no lookup precedes the lock): the
 -- second waits until the first commits or rolls back, then (READ COMMITTED:
 -- each statement takes a new snapshot) sees the first's record and returns
 -- its ev_id, or finds none and sends. The lock covers both generations,
@@ -155,17 +156,22 @@ begin
 end;
 $$;
 
--- _dedup_lock(queue_id, keys): takes the advisory lock of every distinct
--- non-NULL key, in hash order so two batches cannot deadlock on each other.
--- Outside READ COMMITTED a lock that had to be waited for raises 40001.
-create or replace function pgque._dedup_lock(i_queue_id integer, i_keys text[])
+-- Signatures of an earlier layout of these helpers.
+drop function if exists pgque._dedup_lock(integer, text[]);
+drop function if exists pgque._dedup_send(integer, text, text, text, text, text);
+
+-- _dedup_lock(queue, keys): takes the advisory lock of every distinct
+-- non-NULL key, in lock-key order so two batches cannot deadlock on each
+-- other. Outside READ COMMITTED a lock that had to be waited for raises
+-- 40001.
+create or replace function pgque._dedup_lock(i_queue text, i_keys text[])
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_h bigint;
 begin
-    for v_h in select distinct hashtextextended(k, i_queue_id) h from unnest(i_keys) k
+    for v_h in select distinct hashtextextended(k, hashtext(i_queue)) h from unnest(i_keys) k
                 where k is not null order by h loop
         if not pg_try_advisory_xact_lock(v_h) then
             perform pg_advisory_xact_lock(v_h);
@@ -178,46 +184,74 @@ begin
 end;
 $$;
 
--- _dedup_send(queue_id, queue, type, data, partition_key, dedup_key): with
--- the key's lock held (_dedup_lock), returns the ev_id recorded for the key
--- within the window, or sends the event, records it and returns its ev_id.
--- The queue's window and current generation are read after the lock, so a
--- sender that waited writes into the generation current when it proceeds.
--- Tables: reads pgque.queue_dedup and pgque.dedup, inserts into
--- pgque.dedup and (through _insert_event) pgque.event.
+-- _dedup_send(queue, type, data, partition_key, dedup_key): with the key's
+-- lock held (_dedup_lock), returns the ev_id recorded for the key within
+-- the window, or sends the event, records it and returns its ev_id. The
+-- queue's window, dedup generation and current event table are read after
+-- the lock, in the same statement as the lookup, so a sender that waited
+-- writes where the queue is now. Static SQL only (plans cached). Tables:
+-- reads pgque.queue, pgque.queue_dedup and pgque.dedup; inserts into
+-- pgque.event and pgque.dedup (updates a dedup record only to reuse one
+-- past its window).
 create or replace function pgque._dedup_send(
-    i_queue_id integer, i_queue text, i_type text, i_data text, i_partition_key text, i_dedup_key text)
+    i_queue text, i_type text, i_data text, i_partition_key text, i_dedup_key text)
 returns bigint language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_now    timestamptz := clock_timestamp();
+    v_qid    integer;
+    v_part   integer;
+    v_seq    regclass;
     v_window interval;
     v_cur    integer;
+    v_rid    bigint;
+    v_rtime  timestamptz;
+    v_rpart  integer;
     v_id     bigint;
 begin
-    select qd_window, qd_cur into v_window, v_cur from pgque.queue_dedup where qd_queue = i_queue_id;
+    -- The key's newest record, live or not (dd_part = any (...) rather than
+    -- a range: the unique index leads with dd_part, and only equality lets
+    -- it go straight to the key).
+    select q.queue_id, q.queue_id * 16 + q.queue_cur_table, q.queue_event_seq, d.qd_window, d.qd_cur,
+           r.dd_ev_id, r.dd_time, r.dd_part
+      into v_qid, v_part, v_seq, v_window, v_cur, v_rid, v_rtime, v_rpart
+      from pgque.queue q join pgque.queue_dedup d on d.qd_queue = q.queue_id
+      left join lateral (select dd.dd_ev_id, dd.dd_time, dd.dd_part from pgque.dedup dd
+                          where dd.dd_part = any (array[q.queue_id * 2, q.queue_id * 2 + 1]) and dd.dd_key = i_dedup_key
+                          order by dd.dd_time desc limit 1) r on true
+     where q.queue_name = i_queue;
     if not found then
-        raise exception using errcode = 'PQ001', message = format('queue %L has no dedup storage', i_queue);
+        perform pgque._raise_no_queue(i_queue);
     end if;
-    select dd_ev_id into v_id from pgque.dedup
-     where dd_part between i_queue_id * 2 and i_queue_id * 2 + 1
-       and dd_key = i_dedup_key and dd_time > v_now - v_window
-     order by dd_time desc limit 1;
-    if found then
-        return v_id;
+    if v_rtime > v_now - v_window then
+        return v_rid;
     end if;
-    v_id := pgque._insert_event(i_queue, i_type, i_data, i_partition_key, null, null, null);
-    -- A conflicting record here is one past its window (the lookup above
-    -- saw no live one): reuse its slot. A live one the lookup could not
-    -- see (another snapshot) leaves the statement without a row.
-    insert into pgque.dedup as d (dd_part, dd_key, dd_ev_id, dd_time)
-    values (i_queue_id * 2 + v_cur, i_dedup_key, v_id, v_now)
-    on conflict (dd_part, dd_key) do update set dd_ev_id = excluded.dd_ev_id, dd_time = excluded.dd_time
-     where d.dd_time <= v_now - v_window;
-    if not found then
-        raise exception using errcode = '40001',
-            message = 'could not serialize send: a concurrent transaction sent the same dedup key; retry the transaction';
+    -- The event, as _insert_event writes it (inlined: this is the hot path).
+    v_id := nextval(v_seq);
+    insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
+    values (v_id, v_part, i_type, i_data, i_partition_key);
+
+    if v_rpart = v_qid * 2 + v_cur then
+        -- A record past its window in the current generation: reuse it.
+        update pgque.dedup set dd_ev_id = v_id, dd_time = v_now
+         where dd_part = v_qid * 2 + v_cur and dd_key = i_dedup_key;
+    elsif current_setting('transaction_isolation') = 'read committed' then
+        -- The key's lock is held and the lookup saw every committed record,
+        -- so the key is not in the current generation: a plain insert.
+        insert into pgque.dedup (dd_part, dd_key, dd_ev_id, dd_time)
+        values (v_qid * 2 + v_cur, i_dedup_key, v_id, v_now);
+    else
+        -- Under a transaction snapshot a record committed since it was
+        -- taken is invisible to the lookup: the unique index still sees
+        -- it, and a conflict is a serialisation failure.
+        insert into pgque.dedup (dd_part, dd_key, dd_ev_id, dd_time)
+        values (v_qid * 2 + v_cur, i_dedup_key, v_id, v_now)
+        on conflict (dd_part, dd_key) do nothing;
+        if not found then
+            raise exception using errcode = '40001',
+                message = 'could not serialize send: a concurrent transaction sent the same dedup key; retry the transaction';
+        end if;
     end if;
     return v_id;
 end;

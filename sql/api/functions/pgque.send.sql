@@ -21,7 +21,7 @@ declare
     i_payload       alias for $3;
     i_partition_key alias for $4;
     i_dedup_key     alias for $5;
-    v_queue_id      integer;
+    v_lock          bigint;
 begin
     if i_payload is null or i_type is null then
         raise exception using errcode = '22004', message = 'event type and payload must not be NULL';
@@ -29,13 +29,16 @@ begin
     if i_dedup_key is null then
         return pgque._insert_event(i_queue, i_type, i_payload::text, i_partition_key, null, null, null);
     end if;
-    perform pgque._dedup_check_keys(array[i_dedup_key]);
-    select queue_id into v_queue_id from pgque.queue where queue_name = i_queue;
-    if not found then
-        perform pgque._raise_no_queue(i_queue);
+    if i_dedup_key = '' or octet_length(i_dedup_key) > 512 then
+        perform pgque._dedup_check_keys(array[i_dedup_key]);
     end if;
-    perform pgque._dedup_lock(v_queue_id, array[i_dedup_key]);
-    return pgque._dedup_send(v_queue_id, i_queue, i_type, i_payload::text, i_partition_key, i_dedup_key);
+    -- The key's lock (see pgque.dedup.sql), inline for the common
+    -- uncontended case.
+    v_lock := hashtextextended(i_dedup_key, hashtext(i_queue));
+    if not pg_try_advisory_xact_lock(v_lock) then
+        perform pgque._dedup_lock(i_queue, array[i_dedup_key]);
+    end if;
+    return pgque._dedup_send(i_queue, i_type, i_payload::text, i_partition_key, i_dedup_key);
 end;
 $$;
 
@@ -84,7 +87,6 @@ declare
     i_payloads       alias for $3;
     i_partition_keys alias for $4;
     i_dedup_keys     alias for $5;
-    v_queue_id integer;
     v_i    integer;
     v_part integer;
     v_seq  regclass;
@@ -112,7 +114,7 @@ begin
         raise exception using errcode = '22004',
             message = format('payload %s of the batch is NULL', array_position(i_payloads, null));
     end if;
-    select queue_id, queue_id * 16 + queue_cur_table, queue_event_seq into v_queue_id, v_part, v_seq
+    select queue_id * 16 + queue_cur_table, queue_event_seq into v_part, v_seq
       from pgque.queue where queue_name = i_queue;
     if not found then
         perform pgque._raise_no_queue(i_queue);
@@ -123,13 +125,13 @@ begin
 
     if i_dedup_keys is not null then
         perform pgque._dedup_check_keys(i_dedup_keys);
-        perform pgque._dedup_lock(v_queue_id, i_dedup_keys);
+        perform pgque._dedup_lock(i_queue, i_dedup_keys);
         v_ids := '{}';
         for v_i in 1 .. cardinality(i_payloads) loop
             if i_dedup_keys[v_i] is null then
                 v_ids := v_ids || pgque._insert_event(i_queue, i_type, i_payloads[v_i]::text, i_partition_keys[v_i], null, null, null);
             else
-                v_ids := v_ids || pgque._dedup_send(v_queue_id, i_queue, i_type, i_payloads[v_i]::text,
+                v_ids := v_ids || pgque._dedup_send(i_queue, i_type, i_payloads[v_i]::text,
                                                     i_partition_keys[v_i], i_dedup_keys[v_i]);
             end if;
         end loop;
