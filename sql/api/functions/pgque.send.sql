@@ -22,12 +22,25 @@ declare
     i_partition_key alias for $4;
     i_dedup_key     alias for $5;
     v_lock          bigint;
+    v_part          integer;
+    v_seq           regclass;
+    v_id            bigint;
 begin
     if i_payload is null or i_type is null then
         raise exception using errcode = '22004', message = 'event type and payload must not be NULL';
     end if;
     if i_dedup_key is null then
-        return pgque._insert_event(i_queue, i_type, i_payload::text, i_partition_key, null, null, null);
+        -- What _insert_event does, inlined: one PL/pgSQL call less on the
+        -- hot path is about a fifth of its server time.
+        select queue_id * 16 + queue_cur_table, queue_event_seq into v_part, v_seq
+          from pgque.queue where queue_name = i_queue;
+        if not found then
+            perform pgque._raise_no_queue(i_queue);
+        end if;
+        v_id := nextval(v_seq);
+        insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
+        values (v_id, v_part, i_type, i_payload::text, i_partition_key);
+        return v_id;
     end if;
     if i_dedup_key = '' or octet_length(i_dedup_key) > 512 then
         perform pgque._dedup_check_keys(array[i_dedup_key]);
@@ -138,14 +151,16 @@ begin
         return v_ids;
     end if;
 
-    with ids as materialized (
-        select u.ord, nextval(v_seq) as id, u.payload, u.pkey
-          from unnest(i_payloads, i_partition_keys) with ordinality as u(payload, pkey, ord)
-    ), ins as (
+    -- nextval runs in unnest order, so this session's ev_ids ascend in
+    -- input order and ordering the returned ids by value restores it (other
+    -- sessions' values may interleave, never reorder ours).
+    with ins as (
         insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
-        select ids.id, v_part, i_type, ids.payload::text, ids.pkey from ids
+        select nextval(v_seq), v_part, i_type, u.payload::text, u.pkey
+          from unnest(i_payloads, i_partition_keys) as u(payload, pkey)
+        returning ev_id
     )
-    select array_agg(ids.id order by ids.ord) into v_ids from ids;
+    select array_agg(ev_id order by ev_id) into v_ids from ins;
     return v_ids;
 end;
 $$;
