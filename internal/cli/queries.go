@@ -43,6 +43,8 @@ type queueConfig struct {
 	TickerIdlePeriod string `json:"ticker_idle_period"`
 	RotationPeriod   string `json:"rotation_period"`
 	MaxRetries       int    `json:"max_retries"`
+	// DedupWindow is the api layer's dedup_window; filled by queue config.
+	DedupWindow string `json:"dedup_window,omitempty"`
 	// rotationSeconds and idleSeconds are RotationPeriod and
 	// TickerIdlePeriod in seconds, for the status checks.
 	rotationSeconds, idleSeconds float64

@@ -128,7 +128,8 @@ changes them first, all in one transaction. Parameters:
   ticker_max_lag      tick pending events after this long (interval, default 10 ms)
   ticker_idle_period  tick an idle queue this often (interval, default 60 s)
   rotation_period     switch event tables this often (interval, default 2 h)
-  max_retries         retries before an event is dead-lettered (integer >= 0, default 5)`,
+  max_retries         retries before an event is dead-lettered (integer >= 0, default 5)
+  dedup_window        how long a dedup key is remembered (interval, 1 s to 7 days, default 5 min)`,
 		Args: exactArgs("queue"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			params, err := parseSets(sets)
@@ -152,6 +153,10 @@ changes them first, all in one transaction. Parameters:
 				return fmt.Errorf("queue %q does not exist", args[0])
 			}
 			c := infos[0].Config
+			if err := s.pool.QueryRow(ctx, `select d.qd_window::text from pgque.queue_dedup d
+				join pgque.queue q on q.queue_id = d.qd_queue where q.queue_name = $1`, args[0]).Scan(&c.DedupWindow); err != nil {
+				return dbErr(fmt.Sprintf("reading the dedup window of queue %q", args[0]), err)
+			}
 			if asJSON {
 				return a.printJSON(c)
 			}
@@ -161,6 +166,7 @@ changes them first, all in one transaction. Parameters:
 				{"ticker_idle_period", c.TickerIdlePeriod},
 				{"rotation_period", c.RotationPeriod},
 				{"max_retries", strconv.Itoa(c.MaxRetries)},
+				{"dedup_window", c.DedupWindow},
 			})
 		},
 	}

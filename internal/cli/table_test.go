@@ -14,6 +14,11 @@ func TestSendDedupKeyCLI(t *testing.T) {
 	c := setup(t)
 	c.ok("", "install")
 	c.ok("", "queue", "create", "q")
+	var cfg queueConfig
+	c.okJSON(&cfg, "queue", "config", "q", "--set", "dedup_window=10 minutes", "--json")
+	if cfg.DedupWindow != "00:10:00" {
+		t.Errorf("queue config --set dedup_window: %+v", cfg)
+	}
 	first := evIDs(t, c.ok("", "send", "q", `{"n": 1}`, "--dedup-key", "req-1"))
 	again := evIDs(t, c.ok("", "send", "q", `{"n": 1}`, "--dedup-key", "req-1"))
 	if len(first) != 1 || len(again) != 1 || first[0] != again[0] {
