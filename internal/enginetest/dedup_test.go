@@ -45,12 +45,32 @@ func waitLocked[T any](t testing.TB, q db, pid uint32, done <-chan T) {
 	}
 }
 
-// backdate moves queue q's dedup records and generation switch back by d,
+// backdate moves every dedup record and the generation switch back by d,
 // as if d had passed.
 func backdate(t testing.TB, q db, d string) {
 	t.Helper()
-	exec(t, q, `update pgque.dedup set dd_time = dd_time - $1::interval`, d)
-	exec(t, q, `update pgque.queue_dedup set qd_switch_time = qd_switch_time - $1::interval`, d)
+	exec(t, q, `update pgque.dedup_0 set dd_time = dd_time - $1::interval`, d)
+	exec(t, q, `update pgque.dedup_1 set dd_time = dd_time - $1::interval`, d)
+	backdateSwitch(t, q, d)
+}
+
+// backdateSwitch moves the last generation switch back by d.
+func backdateSwitch(t testing.TB, q db, d string) {
+	t.Helper()
+	exec(t, q, `update pgque.dedup_state set ds_switch_time = ds_switch_time - $1::interval`, d)
+}
+
+// dedupRecords counts the records in generation gen (0 or 1), or in both
+// for -1.
+func dedupRecords(t testing.TB, q db, gen int) int64 {
+	t.Helper()
+	switch gen {
+	case 0:
+		return scalar[int64](t, q, `select count(*) from pgque.dedup_0`)
+	case 1:
+		return scalar[int64](t, q, `select count(*) from pgque.dedup_1`)
+	}
+	return dedupRecords(t, q, 0) + dedupRecords(t, q, 1)
 }
 
 // TestDedupSameKey: the same key twice in one transaction and in two
@@ -219,8 +239,8 @@ func TestDedupWindow(t *testing.T) {
 	if w := scalar[string](t, pool, `select qd_window::text from pgque.queue_dedup d join pgque.queue q on q.queue_id = d.qd_queue where q.queue_name = 'q'`); w != "00:00:10" {
 		t.Fatalf("window stored as %s", w)
 	}
-	if w := scalar[string](t, pool, `select qd_window::text from pgque.queue_dedup d join pgque.queue q on q.queue_id = d.qd_queue where q.queue_name = 'other'`); w != "00:05:00" {
-		t.Fatalf("default window %s, want 5 minutes", w)
+	if n := scalar[int64](t, pool, `select count(*) from pgque.queue_dedup d join pgque.queue q on q.queue_id = d.qd_queue where q.queue_name = 'other'`); n != 0 {
+		t.Fatalf("queue without a window set has %d window rows (the default, 5 minutes, needs none)", n)
 	}
 	first := sendKey(t, pool, "w")
 	backdate(t, pool, "9 seconds")
@@ -238,8 +258,18 @@ func TestDedupWindow(t *testing.T) {
 	if n := eventCount(t, pool); n != 2 {
 		t.Fatalf("%d events, want 2", n)
 	}
-	if n := scalar[int64](t, pool, `select count(*) from pgque.dedup`); n != 1 {
+	if n := dedupRecords(t, pool, -1); n != 1 {
 		t.Fatalf("%d dedup records for one key, want 1", n)
+	}
+	// The default window applies to a queue that set none: 5 minutes.
+	o1 := scalar[int64](t, pool, `select pgque.send('other', 't', '{}', null, 'w')`)
+	backdate(t, pool, "4 minutes")
+	if o2 := scalar[int64](t, pool, `select pgque.send('other', 't', '{}', null, 'w')`); o2 != o1 {
+		t.Fatalf("default window: after 4 minutes got %d, want %d", o2, o1)
+	}
+	backdate(t, pool, "2 minutes")
+	if o3 := scalar[int64](t, pool, `select pgque.send('other', 't', '{}', null, 'w')`); o3 == o1 {
+		t.Fatal("default window: the key still deduplicates after 6 minutes")
 	}
 }
 
@@ -252,7 +282,7 @@ func TestDedupAcrossRotation(t *testing.T) {
 	dsn, pool := setupEngine(t)
 	exec(t, pool, `select pgque.set_queue_config('q', 'dedup_window', '1 minute')`)
 	cur := func() int32 {
-		return scalar[int32](t, pool, `select qd_cur from pgque.queue_dedup`)
+		return scalar[int32](t, pool, `select ds_cur from pgque.dedup_state`)
 	}
 	old := sendKey(t, pool, "old")
 
@@ -265,7 +295,7 @@ func TestDedupAcrossRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	race := sendKey(t, tx, "race")
-	exec(t, pool, `update pgque.queue_dedup set qd_switch_time = qd_switch_time - interval '2 minutes'`)
+	backdateSwitch(t, pool, "2 minutes")
 	exec(t, pool, `select pgque.maint()`)
 	if c := cur(); c != 0 {
 		t.Fatalf("rotated to generation %d while a sender was inside generation 0", c)
@@ -296,19 +326,19 @@ func TestDedupAcrossRotation(t *testing.T) {
 		t.Fatalf("key in the previous generation: %d, want %d", id, old)
 	}
 	fresh := sendKey(t, pool, "fresh") // in generation 1
-	if n := scalar[int64](t, pool, `select count(*) from pgque.dedup where dd_part % 2 = 1`); n != 1 {
+	if n := dedupRecords(t, pool, 1); n != 1 {
 		t.Fatalf("%d records in generation 1, want 1 (fresh)", n)
 	}
 
 	// A window later the next rotation truncates generation 0 and makes it
 	// current: "old" is free again, "fresh" (generation 1) still counts.
-	exec(t, pool, `update pgque.dedup set dd_time = dd_time - interval '2 minutes' where dd_part % 2 = 0`)
-	exec(t, pool, `update pgque.queue_dedup set qd_switch_time = qd_switch_time - interval '2 minutes'`)
+	exec(t, pool, `update pgque.dedup_0 set dd_time = dd_time - interval '2 minutes'`)
+	backdateSwitch(t, pool, "2 minutes")
 	exec(t, pool, `select pgque.maint()`)
 	if c := cur(); c != 0 {
 		t.Fatalf("current generation %d after the second rotation, want 0", c)
 	}
-	if n := scalar[int64](t, pool, `select count(*) from pgque.dedup where dd_part % 2 = 0`); n != 0 {
+	if n := dedupRecords(t, pool, 0); n != 0 {
 		t.Fatalf("generation 0 holds %d records after its truncation", n)
 	}
 	if id := sendKey(t, pool, "fresh"); id != fresh {
@@ -317,10 +347,23 @@ func TestDedupAcrossRotation(t *testing.T) {
 	if id := sendKey(t, pool, "old"); id == old {
 		t.Fatal("old key still deduplicated after its generation was truncated")
 	}
-	// maint() does not rotate again before the window has passed.
+	// maint() does not rotate again before the window has passed, and the
+	// generations turn at the pace of the longest window of any queue.
 	exec(t, pool, `select pgque.maint()`)
 	if c := cur(); c != 0 {
 		t.Fatalf("rotated again early: generation %d", c)
+	}
+	newQueue(t, pool, "slow")
+	exec(t, pool, `select pgque.set_queue_config('slow', 'dedup_window', '1 hour')`)
+	backdateSwitch(t, pool, "2 minutes")
+	exec(t, pool, `select pgque.maint()`)
+	if c := cur(); c != 0 {
+		t.Fatalf("rotated after 2 minutes although queue slow keeps keys for an hour: generation %d", c)
+	}
+	backdateSwitch(t, pool, "1 hour")
+	exec(t, pool, `select pgque.maint()`)
+	if c := cur(); c != 1 {
+		t.Fatalf("no rotation after the longest window: generation %d", c)
 	}
 }
 
@@ -356,8 +399,9 @@ func TestDedupSendBatch(t *testing.T) {
 	}
 }
 
-// TestDedupBadInput: empty and over-long keys, mismatched key arrays and
-// out-of-range windows are refused with their SQLSTATEs, storing nothing.
+// TestDedupBadInput: empty and over-long keys, mismatched key arrays, too
+// many keys in one batch and out-of-range windows are refused with their
+// SQLSTATEs, storing nothing.
 func TestDedupBadInput(t *testing.T) {
 	_, pool := setupEngine(t)
 	long := strings.Repeat("x", 513)
@@ -375,6 +419,8 @@ func TestDedupBadInput(t *testing.T) {
 		{`select pgque.set_queue_config('q', 'dedup_window', '30 days')`, "PQ011", "between 1 second and 7 days", nil},
 		{`select pgque.set_queue_config('q', 'dedup_window', 'soon')`, "PQ011", "must be an interval", nil},
 		{`select pgque.set_queue_config('q', 'dedup_windo', '1 minute')`, "PQ012", "dedup_window", nil},
+		{`select pgque.send_batch('q', 't', array_fill('{}'::jsonb, array[1001]), dedup_keys => (select array_agg('k' || i) from generate_series(1, 1001) i))`,
+			"PQ011", "at most 1000", nil},
 	} {
 		wantCode(t, c.sql, queryErr(pool, c.sql, c.args...), c.code, c.mention)
 	}

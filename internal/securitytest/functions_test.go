@@ -125,7 +125,7 @@ var functions = map[string]fn{
 	"pgque.send(text,text,jsonb)": {roles: "wa", args: []string{"'q1'", "'t'", `'{"a":1}'`}, nullable: []int{1}},
 	"pgque.send(text,text,jsonb,text,text)": {roles: "wa", args: []string{"'q1'", "'t'", `'{"a":1}'`, "'k'", "'d1'"}, nullable: []int{1, 3, 4},
 		cases: []badCase{bc("", "'q1'", "'t'", "'{}'", `'''); drop table pgque.queue; --'`, "null"), bc("", "'q1'", "'t'", "'{}'", "'$$'", "null"),
-			bc("", "'q1'", "'t'", "'{}'", "null", `'''); drop table pgque.dedup; --'`),
+			bc("", "'q1'", "'t'", "'{}'", "null", `'''); drop table pgque.dedup_0; --'`),
 			bc("PQ050", "'q1'", "'t'", "'{}'", "null", "''"), bc("PQ050", "'q1'", "'t'", "'{}'", "null", "repeat('x', 513)"),
 			bc("PQ001", "'nope'", "'t'", "'{}'", "null", "'d'")}},
 	"pgque.send_batch(text,text,jsonb[],text[],text[])": {roles: "wa", args: []string{"'q1'", "'t'", `array['{"a":1}']::jsonb[]`, "array['k']", "array['d2']"},

@@ -19,8 +19,9 @@ var relations = map[string]string{
 	"batch_id_seq":          "",
 	"dead_letter":           "a",
 	"dead_letter_dl_id_seq": "",
-	"dedup":                 "", // dedup keys may be application secrets: no direct access
-	"dedup_<queue>_<n>":     "",
+	"dedup_0":               "", // dedup keys may be application secrets: no direct access
+	"dedup_1":               "",
+	"dedup_state":           "a",
 	"deferred":              "a",
 	"event":                 "a", // the partitioned parent: the admin reads every queue's events through it
 	"event_<queue>_<n>":     "",  // a queue's event tables: no direct access
@@ -48,7 +49,6 @@ var relations = map[string]string{
 var (
 	eventTable = regexp.MustCompile(`^event_[0-9]+_[0-9]+$`)
 	eventSeq   = regexp.MustCompile(`^event_seq_[0-9]+$`)
-	dedupTable = regexp.MustCompile(`^dedup_[0-9]+_[0-9]+$`)
 )
 
 func TestRoleMatrixRelations(t *testing.T) {
@@ -73,8 +73,6 @@ func TestRoleMatrixRelations(t *testing.T) {
 			key = "event_<queue>_<n>"
 		case eventSeq.MatchString(r.Name):
 			key = "event_seq_<queue>"
-		case dedupTable.MatchString(r.Name):
-			key = "dedup_<queue>_<n>"
 		}
 		want, ok := relations[key]
 		if !ok {

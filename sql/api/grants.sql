@@ -29,4 +29,4 @@ grant execute on function
     pgque._table_source_forget(text, regclass)
     to pgque_admin;
 
-grant select on pgque.queue_dedup, pgque.table_source to pgque_admin;
+grant select on pgque.queue_dedup, pgque.dedup_state, pgque.table_source to pgque_admin;

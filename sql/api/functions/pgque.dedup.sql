@@ -1,72 +1,20 @@
 -- Producer dedup: an idempotency key on send/send_batch, remembered per
 -- queue for a window (set_queue_config(queue, 'dedup_window', ...), default
 -- 5 minutes). Storage and rotation are described in api/structure/dedup.sql.
+-- Keys are per queue: records carry the queue id.
 --
 -- Concurrency. Senders of one key in one queue are serialised by a
 -- transaction-scoped advisory lock on hashtextextended(key,
 -- hashtext(queue)) (from the name, so no lookup precedes the lock): the
 -- second waits until the first commits or rolls back, then (READ COMMITTED:
 -- each statement takes a new snapshot) sees the first's record and returns
--- its ev_id, or finds none and sends. The lock covers both generations,
--- and rotation cannot happen while a keyed sender's transaction is open
--- (see _dedup_rotate). Under REPEATABLE READ
+-- its ev_id, or finds none and sends. The lock covers both generations
+-- (see _dedup_rotate for why a rotation in between changes nothing). Under REPEATABLE READ
 -- or SERIALIZABLE the waiter's snapshot cannot see what the first one
 -- committed, so instead of sending a duplicate it fails with SQLSTATE 40001
 -- (retry the transaction); the unique index raises the same for a record it
 -- cannot see. A hash collision between two keys only makes one wait for the
 -- other.
-
--- _dedup_attach(queue_id): creates a queue's dedup partitions and state
--- row if they are missing. Idempotent. Called when a queue is created and
--- by the install for queues that predate the feature.
-create or replace function pgque._dedup_attach(i_queue_id integer)
-returns void language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    v_gen integer;
-begin
-    for v_gen in 0 .. 1 loop
-        if to_regclass(format('pgque.dedup_%s_%s', i_queue_id, v_gen)) is null then
-            execute format('create table pgque.%I partition of pgque.dedup for values in (%s)',
-                           format('dedup_%s_%s', i_queue_id, v_gen), i_queue_id * 2 + v_gen);
-        end if;
-    end loop;
-    insert into pgque.queue_dedup (qd_queue) values (i_queue_id) on conflict do nothing;
-end;
-$$;
-
--- Trigger on pgque.queue: a new queue gets its dedup storage, a dropped one
--- loses it.
-create or replace function pgque._dedup_queue_trigger()
-returns trigger language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    v_gen integer;
-begin
-    if tg_op = 'INSERT' then
-        perform pgque._dedup_attach(new.queue_id);
-    else
-        for v_gen in 0 .. 1 loop
-            execute format('drop table if exists pgque.%I', format('dedup_%s_%s', old.queue_id, v_gen));
-        end loop;
-    end if;
-    return null;
-end;
-$$;
-
-do $trg$
-begin
-    if not exists (select 1 from pg_catalog.pg_trigger
-                    where tgrelid = 'pgque.queue'::regclass and tgname = 'pgque_dedup_storage') then
-        create trigger pgque_dedup_storage after insert or delete on pgque.queue
-            for each row execute function pgque._dedup_queue_trigger();
-    end if;
-end
-$trg$;
-
-select pgque._dedup_attach(queue_id) from pgque.queue;
 
 -- _dedup_set_window(queue_id, value): the 'dedup_window' queue setting.
 -- value is an interval between 1 second and 7 days; raises PQ011 otherwise.
@@ -86,48 +34,55 @@ begin
         raise exception using errcode = 'PQ011',
             message = format('dedup_window must be between 1 second and 7 days, not %s', i_value);
     end if;
-    perform pgque._dedup_attach(i_queue_id);
-    update pgque.queue_dedup set qd_window = v_ivl where qd_queue = i_queue_id;
+    insert into pgque.queue_dedup (qd_queue, qd_window) values (i_queue_id, v_ivl)
+    on conflict (qd_queue) do update set qd_window = excluded.qd_window;
 end;
 $$;
 
--- _dedup_rotate(): for every queue whose current dedup generation is a
--- window (plus a second of margin for a sender that read the generation
--- just before a switch) old, truncates the other generation and makes it current. Every
--- record in the other generation was written before the current one began,
--- more than a window ago. Every keyed sender reads both generations, so
--- the truncate waits for every open transaction that sent a key to this
--- queue: no send can straddle a rotation, and a long such transaction only
--- delays it. It waits at most 200 ms and otherwise tries again at the next
--- maint().
--- Returns the number of queues rotated. Not granted: maint() calls it.
+-- _dedup_rotate(): once the current generation is as old as the longest
+-- window of any queue, plus a second of margin, truncates the other
+-- generation and makes it current. A record is always written with a time
+-- taken before its sender read which generation is current, so a sender
+-- that read it just before a switch writes into the older generation a
+-- record no younger than the switch: a window later it is expired there
+-- too. A keyed send that stored a record has read both generations, so the
+-- truncate also waits for its transaction to end. It waits at most 200 ms
+-- and otherwise tries again at the next maint(). Returns 1 when it rotated.
+-- Not granted: maint() calls it.
 create or replace function pgque._dedup_rotate()
 returns integer language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    d      pgque.queue_dedup;
+    s      pgque.dedup_state;
+    v_max  interval;
     v_next integer;
-    v_n    integer := 0;
     v_lt   text := current_setting('lock_timeout');
 begin
-    for d in select * from pgque.queue_dedup
-              where clock_timestamp() - qd_switch_time >= qd_window + interval '1 second'
-              order by qd_queue for update skip locked loop
-        v_next := 1 - d.qd_cur;
-        begin
-            perform set_config('lock_timeout', '200ms', true);
-            execute format('truncate pgque.%I', format('dedup_%s_%s', d.qd_queue, v_next));
-            perform set_config('lock_timeout', v_lt, true);
-        exception when lock_not_available then
-            perform set_config('lock_timeout', v_lt, true);
-            continue;
-        end;
-        update pgque.queue_dedup set qd_cur = v_next, qd_switch_time = clock_timestamp()
-         where qd_queue = d.qd_queue;
-        v_n := v_n + 1;
-    end loop;
-    return v_n;
+    select * into s from pgque.dedup_state for update skip locked;
+    if not found then
+        return 0;
+    end if;
+    select coalesce(max(coalesce(d.qd_window, interval '5 minutes')), interval '5 minutes') into v_max
+      from pgque.queue q left join pgque.queue_dedup d on d.qd_queue = q.queue_id;
+    if clock_timestamp() - s.ds_switch_time < v_max + interval '1 second' then
+        return 0;
+    end if;
+    v_next := 1 - s.ds_cur;
+    begin
+        perform set_config('lock_timeout', '200ms', true);
+        if v_next = 0 then
+            truncate pgque.dedup_0;
+        else
+            truncate pgque.dedup_1;
+        end if;
+        perform set_config('lock_timeout', v_lt, true);
+    exception when lock_not_available then
+        perform set_config('lock_timeout', v_lt, true);
+        return 0;
+    end;
+    update pgque.dedup_state set ds_cur = v_next, ds_switch_time = clock_timestamp();
+    return 1;
 end;
 $$;
 
@@ -137,7 +92,9 @@ insert into pgque.layer_hook (hook_kind, hook_name, hook_fn) values
 on conflict (hook_kind, hook_name) do update set hook_fn = excluded.hook_fn;
 
 -- _dedup_check_keys(keys): raises PQ050 for an empty key or one longer
--- than 512 bytes. NULL elements are allowed (they mean "no key").
+-- than 512 bytes, and PQ011 for more than 1000 keys in one call (each
+-- distinct key holds a lock-table entry until the transaction ends). NULL
+-- elements are allowed (they mean "no key").
 create or replace function pgque._dedup_check_keys(i_keys text[])
 returns void language plpgsql immutable
 set search_path = pg_catalog, pg_temp
@@ -152,6 +109,11 @@ begin
             message = format('dedup key %s is %s; a dedup key is 1 to 512 bytes, or NULL for none', v_pos,
                              case when i_keys[v_pos] = '' then 'empty'
                                   else format('%s bytes long', octet_length(i_keys[v_pos])) end);
+    end if;
+    if cardinality(i_keys) > 1000 and (select count(k) from unnest(i_keys) k) > 1000 then
+        raise exception using errcode = 'PQ011',
+            message = format('%s dedup keys in one call; send at most 1000 keyed events per send_batch',
+                             (select count(k) from unnest(i_keys) k));
     end if;
 end;
 $$;
@@ -186,13 +148,13 @@ $$;
 
 -- _dedup_send(queue, type, data, partition_key, dedup_key): with the key's
 -- lock held (_dedup_lock), returns the ev_id recorded for the key within
--- the window, or sends the event, records it and returns its ev_id. The
--- queue's window, dedup generation and current event table are read after
--- the lock, in the same statement as the lookup, so a sender that waited
--- writes where the queue is now. Static SQL only (plans cached). Tables:
--- reads pgque.queue, pgque.queue_dedup and pgque.dedup; inserts into
--- pgque.event and pgque.dedup (updates a dedup record only to reuse one
--- past its window).
+-- the queue's window, or sends the event, records it and returns its
+-- ev_id. The queue row, its window and the current generation are read
+-- after the lock, so a sender that waited writes where things are now.
+-- Static SQL only (plans cached).
+-- Tables: reads pgque.queue, queue_dedup, dedup_state, dedup_0/1; inserts
+-- into pgque.event and dedup_0/1 (updates a record only to reuse one past
+-- its window).
 create or replace function pgque._dedup_send(
     i_queue text, i_type text, i_data text, i_partition_key text, i_dedup_key text)
 returns bigint language plpgsql
@@ -207,22 +169,35 @@ declare
     v_cur    integer;
     v_rid    bigint;
     v_rtime  timestamptz;
-    v_rpart  integer;
+    v_rgen   integer;
     v_id     bigint;
 begin
-    -- The key's newest record, live or not (dd_part = any (...) rather than
-    -- a range: the unique index leads with dd_part, and only equality lets
-    -- it go straight to the key).
-    select q.queue_id, q.queue_id * 16 + q.queue_cur_table, q.queue_event_seq, d.qd_window, d.qd_cur,
-           r.dd_ev_id, r.dd_time, r.dd_part
-      into v_qid, v_part, v_seq, v_window, v_cur, v_rid, v_rtime, v_rpart
-      from pgque.queue q join pgque.queue_dedup d on d.qd_queue = q.queue_id
-      left join lateral (select dd.dd_ev_id, dd.dd_time, dd.dd_part from pgque.dedup dd
-                          where dd.dd_part = any (array[q.queue_id * 2, q.queue_id * 2 + 1]) and dd.dd_key = i_dedup_key
-                          order by dd.dd_time desc limit 1) r on true
-     where q.queue_name = i_queue;
+    -- The queue, its window and the current generation.
+    select q.queue_id, q.queue_id * 16 + q.queue_cur_table, q.queue_event_seq,
+           coalesce((select d.qd_window from pgque.queue_dedup d where d.qd_queue = q.queue_id), interval '5 minutes'),
+           (select s.ds_cur from pgque.dedup_state s)
+      into v_qid, v_part, v_seq, v_window, v_cur
+      from pgque.queue q where q.queue_name = i_queue;
     if not found then
         perform pgque._raise_no_queue(i_queue);
+    end if;
+    -- The key's newest record, live or not: in the current generation if
+    -- it is there, else in the other one. Separate static probes (one
+    -- index lookup each) cost less than one statement over both.
+    if v_cur = 0 then
+        select dd_ev_id, dd_time into v_rid, v_rtime from pgque.dedup_0 where dd_queue = v_qid and dd_key = i_dedup_key;
+        if found then
+            v_rgen := 0;
+        else
+            select dd_ev_id, dd_time into v_rid, v_rtime from pgque.dedup_1 where dd_queue = v_qid and dd_key = i_dedup_key;
+        end if;
+    else
+        select dd_ev_id, dd_time into v_rid, v_rtime from pgque.dedup_1 where dd_queue = v_qid and dd_key = i_dedup_key;
+        if found then
+            v_rgen := 1;
+        else
+            select dd_ev_id, dd_time into v_rid, v_rtime from pgque.dedup_0 where dd_queue = v_qid and dd_key = i_dedup_key;
+        end if;
     end if;
     if v_rtime > v_now - v_window then
         return v_rid;
@@ -232,22 +207,32 @@ begin
     insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
     values (v_id, v_part, i_type, i_data, i_partition_key);
 
-    if v_rpart = v_qid * 2 + v_cur then
+    if v_rgen = v_cur then
         -- A record past its window in the current generation: reuse it.
-        update pgque.dedup set dd_ev_id = v_id, dd_time = v_now
-         where dd_part = v_qid * 2 + v_cur and dd_key = i_dedup_key;
+        if v_cur = 0 then
+            update pgque.dedup_0 set dd_ev_id = v_id, dd_time = v_now where dd_queue = v_qid and dd_key = i_dedup_key;
+        else
+            update pgque.dedup_1 set dd_ev_id = v_id, dd_time = v_now where dd_queue = v_qid and dd_key = i_dedup_key;
+        end if;
     elsif current_setting('transaction_isolation') = 'read committed' then
         -- The key's lock is held and the lookup saw every committed record,
         -- so the key is not in the current generation: a plain insert.
-        insert into pgque.dedup (dd_part, dd_key, dd_ev_id, dd_time)
-        values (v_qid * 2 + v_cur, i_dedup_key, v_id, v_now);
+        if v_cur = 0 then
+            insert into pgque.dedup_0 (dd_queue, dd_key, dd_ev_id, dd_time) values (v_qid, i_dedup_key, v_id, v_now);
+        else
+            insert into pgque.dedup_1 (dd_queue, dd_key, dd_ev_id, dd_time) values (v_qid, i_dedup_key, v_id, v_now);
+        end if;
     else
         -- Under a transaction snapshot a record committed since it was
         -- taken is invisible to the lookup: the unique index still sees
         -- it, and a conflict is a serialisation failure.
-        insert into pgque.dedup (dd_part, dd_key, dd_ev_id, dd_time)
-        values (v_qid * 2 + v_cur, i_dedup_key, v_id, v_now)
-        on conflict (dd_part, dd_key) do nothing;
+        if v_cur = 0 then
+            insert into pgque.dedup_0 (dd_queue, dd_key, dd_ev_id, dd_time) values (v_qid, i_dedup_key, v_id, v_now)
+            on conflict (dd_queue, dd_key) do nothing;
+        else
+            insert into pgque.dedup_1 (dd_queue, dd_key, dd_ev_id, dd_time) values (v_qid, i_dedup_key, v_id, v_now)
+            on conflict (dd_queue, dd_key) do nothing;
+        end if;
         if not found then
             raise exception using errcode = '40001',
                 message = 'could not serialize send: a concurrent transaction sent the same dedup key; retry the transaction';
