@@ -26,7 +26,8 @@ type Event struct {
 	// seen within its dedup window (set_queue_config 'dedup_window',
 	// default 5 minutes) stores nothing and returns the first event's id,
 	// so a producer may retry a send whose outcome it does not know. Empty
-	// means no dedup. At most 512 bytes.
+	// means no dedup. At most 512 bytes; SendBatch takes at most 1000 keyed
+	// events per run of one type.
 	DedupKey string
 }
 
