@@ -153,8 +153,9 @@ changes them first, all in one transaction. Parameters:
 				return fmt.Errorf("queue %q does not exist", args[0])
 			}
 			c := infos[0].Config
-			if err := s.pool.QueryRow(ctx, `select d.qd_window::text from pgque.queue_dedup d
-				join pgque.queue q on q.queue_id = d.qd_queue where q.queue_name = $1`, args[0]).Scan(&c.DedupWindow); err != nil {
+			// A queue that never set its window has no row: the default.
+			if err := s.pool.QueryRow(ctx, `select coalesce(d.qd_window, interval '5 minutes')::text from pgque.queue q
+				left join pgque.queue_dedup d on d.qd_queue = q.queue_id where q.queue_name = $1`, args[0]).Scan(&c.DedupWindow); err != nil {
 				return dbErr(fmt.Sprintf("reading the dedup window of queue %q", args[0]), err)
 			}
 			if asJSON {

@@ -15,6 +15,10 @@ func TestSendDedupKeyCLI(t *testing.T) {
 	c.ok("", "install")
 	c.ok("", "queue", "create", "q")
 	var cfg queueConfig
+	c.okJSON(&cfg, "queue", "config", "q", "--json")
+	if cfg.DedupWindow != "00:05:00" {
+		t.Errorf("queue config: default dedup_window %q, want 00:05:00", cfg.DedupWindow)
+	}
 	c.okJSON(&cfg, "queue", "config", "q", "--set", "dedup_window=10 minutes", "--json")
 	if cfg.DedupWindow != "00:10:00" {
 		t.Errorf("queue config --set dedup_window: %+v", cfg)
