@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // srcEvent is one event emitted by an attached table.
@@ -328,3 +330,46 @@ func TestAttachTableWriterRoles(t *testing.T) {
 		t.Fatalf("function name %s", fn)
 	}
 }
+
+// TestAttachTableNonSuperuserLogin: a table owner that logs in as itself (no
+// superuser anywhere in the session) and holds pgque_admin attaches and
+// detaches its own table; it cannot attach a table it does not own.
+func TestAttachTableNonSuperuserLogin(t *testing.T) {
+	ctx := context.Background()
+	dsn, pool := setupEngine(t)
+	// Roles are cluster-wide: name it after this test's database.
+	role := "owner_" + scalar[string](t, pool, "select md5(current_database())")[:16]
+	for _, s := range []string{
+		`create role ` + quoteIdent(role) + ` login`,
+		`grant pgque_admin to ` + quoteIdent(role),
+		`grant create, usage on schema public to ` + quoteIdent(role),
+		`create table public.not_mine (id integer primary key, tenant text)`,
+	} {
+		exec(t, pool, s)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(ctx, `drop table if exists public.own`)
+		_, _ = pool.Exec(ctx, `drop owned by `+quoteIdent(role))
+		_, _ = pool.Exec(ctx, `drop role if exists `+quoteIdent(role))
+	})
+	owner := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", role))
+	if su := scalar[bool](t, owner, `select rolsuper from pg_roles where rolname = session_user`); su {
+		t.Fatal("the owner session is a superuser")
+	}
+	exec(t, owner, `create table public.own (id integer primary key, tenant text)`)
+	exec(t, owner, `select pgque.attach_table('q', 'public.own', 'tenant')`)
+	exec(t, owner, `insert into public.own values (1, 'A')`)
+	if evs := srcEvents(t, pool); len(evs) != 1 || sp(evs[0].Key) != "A" || sp(evs[0].Table) != "public.own" {
+		t.Fatalf("events: %+v", evs)
+	}
+	wantCode(t, "attaching a table the role does not own",
+		queryErr(owner, `select pgque.attach_table('q', 'public.not_mine', 'tenant')`), "42501", "not_mine")
+	exec(t, owner, `select pgque.detach_table('q', 'public.own')`)
+	exec(t, owner, `insert into public.own values (2, 'B')`)
+	if n := len(srcEvents(t, pool)); n != 1 {
+		t.Fatalf("%d events after detach, want 1", n)
+	}
+}
+
+// quoteIdent quotes an SQL identifier.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
