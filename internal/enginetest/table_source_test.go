@@ -373,3 +373,29 @@ func TestAttachTableNonSuperuserLogin(t *testing.T) {
 
 // quoteIdent quotes an SQL identifier.
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// TestAttachPartitionedTable: a partitioned table can be attached; rows
+// written into any partition emit events naming the partitioned table.
+func TestAttachPartitionedTable(t *testing.T) {
+	_, pool := setupEngine(t)
+	exec(t, pool, `create table public.pfiles (id integer, tenant text not null, primary key (tenant, id)) partition by list (tenant)`)
+	exec(t, pool, `create table public.pfiles_a partition of public.pfiles for values in ('A')`)
+	exec(t, pool, `create table public.pfiles_b partition of public.pfiles for values in ('B')`)
+	exec(t, pool, `select pgque.attach_table('q', 'public.pfiles', 'tenant')`)
+	exec(t, pool, `insert into public.pfiles values (1, 'A'), (2, 'B')`)
+	exec(t, pool, `update public.pfiles set tenant = 'B' where id = 1`) // moves the row to the other partition
+	evs := srcEvents(t, pool)
+	if len(evs) != 4 {
+		t.Fatalf("%d events, want 4: %+v", len(evs), evs)
+	}
+	for _, e := range evs {
+		if sp(e.Table) != "public.pfiles" {
+			t.Errorf("event %d names table %s", e.ID, sp(e.Table))
+		}
+	}
+	// Moving a row between partitions is a DELETE and an INSERT for
+	// PostgreSQL: the tenant's streams see a delete on A and an insert on B.
+	wantEvent(t, evs[2], "delete", "A", "public.pfiles", "<nil>", nil)
+	wantEvent(t, evs[3], "insert", "B", "public.pfiles", "<nil>", nil)
+	wantCode(t, "truncate of an attached partitioned table", queryErr(pool, `truncate public.pfiles`), "PQ060")
+}
