@@ -399,3 +399,30 @@ func TestAttachPartitionedTable(t *testing.T) {
 	wantEvent(t, evs[3], "insert", "B", "public.pfiles", "<nil>", nil)
 	wantCode(t, "truncate of an attached partitioned table", queryErr(pool, `truncate public.pfiles`), "PQ060")
 }
+
+// TestAttachTableReinstall: re-applying the install regenerates each
+// attachment's trigger function from its options (so the functions follow
+// the event layout), and an attachment that no longer validates does not
+// make the install fail.
+func TestAttachTableReinstall(t *testing.T) {
+	dsn, pool := setupFiles(t)
+	exec(t, pool, `create table public.renamed (id integer primary key, tenant text)`)
+	exec(t, pool, `select pgque.attach_table('q', 'public.files', 'tenant', exclude_columns => array['size'])`)
+	exec(t, pool, `select pgque.attach_table('q', 'public.renamed', 'tenant')`)
+	exec(t, pool, `alter table public.renamed rename column tenant to owner`)
+	version := func() string {
+		return scalar[string](t, pool, `select p.xmin::text from pg_catalog.pg_proc p
+			join pgque.table_source ts on ts.ts_function = p.oid where ts.ts_table = 'public.files'::regclass`)
+	}
+	before := version()
+	pgtest.Install(t, dsn)
+	if after := version(); after == before {
+		t.Fatal("re-applying the install did not regenerate the trigger function")
+	}
+	exec(t, pool, `insert into public.files values (1, 'A', 'a.pdf', 10)`)
+	evs := srcEvents(t, pool)
+	if len(evs) != 1 {
+		t.Fatalf("%d events after reinstall, want 1", len(evs))
+	}
+	wantEvent(t, evs[0], "insert", "A", "public.files", "<nil>", map[string]any{"id": 1.0, "tenant": "A", "name": "a.pdf"})
+}

@@ -21,15 +21,18 @@
 -- writers need no pgque
 -- grant, and the function refuses to run as a trigger of any other table.
 
--- _table_source_define(queue, table, key_column, operations, columns,
--- exclude_columns, when_condition, skip_unchanged): validates an
--- attachment, (re)creates its trigger function pgque._src_<queue_id>_<oid>
--- and records it in pgque.table_source. The session user must hold the
--- TRIGGER privilege on the table. Returns the function.
-create or replace function pgque._table_source_define(
+-- _table_source_generate(queue, table, key_column, operations, columns,
+-- exclude_columns, when_condition, skip_unchanged, check_privilege):
+-- validates an attachment, (re)creates its trigger function
+-- pgque._src_<queue_id>_<oid> and records it in pgque.table_source. With
+-- check_privilege the session user must hold the TRIGGER privilege on the
+-- table. Returns the function. Not granted: _table_source_define (the
+-- caller's path) and the install's regeneration call it.
+create or replace function pgque._table_source_generate(
     i_queue text, i_table regclass, i_key_column text, i_operations text[],
-    i_columns text[], i_exclude text[], i_when text, i_skip_unchanged boolean)
-returns regprocedure language plpgsql security definer
+    i_columns text[], i_exclude text[], i_when text, i_skip_unchanged boolean,
+    i_check_privilege boolean)
+returns regprocedure language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -57,7 +60,7 @@ begin
     if v_nsp = 'pgque' then
         raise exception using errcode = 'PQ011', message = 'pgque''s own tables cannot be attached';
     end if;
-    if not pg_catalog.has_table_privilege(session_user, i_table, 'TRIGGER') then
+    if i_check_privilege and not pg_catalog.has_table_privilege(session_user, i_table, 'TRIGGER') then
         raise exception using errcode = '42501',
             message = format('role %s may not create triggers on %s', session_user, v_tname);
     end if;
@@ -163,6 +166,42 @@ $body$, v_fname, v_tname, q.queue_name, i_table::oid, v_trunc,
     return v_fn;
 end;
 $$;
+
+
+-- _table_source_define(queue, table, key_column, operations, columns,
+-- exclude_columns, when_condition, skip_unchanged): attach_table's
+-- privileged step, _table_source_generate checking that the session user
+-- may create triggers on the table. Returns the trigger function.
+create or replace function pgque._table_source_define(
+    i_queue text, i_table regclass, i_key_column text, i_operations text[],
+    i_columns text[], i_exclude text[], i_when text, i_skip_unchanged boolean)
+returns regprocedure language sql security definer
+set search_path = pg_catalog, pg_temp
+as $$ select pgque._table_source_generate(i_queue, i_table, i_key_column, i_operations,
+                                          i_columns, i_exclude, i_when, i_skip_unchanged, true) $$;
+
+-- Re-applying the install regenerates every attachment's trigger function
+-- from its recorded options, so the functions (which write pgque.event
+-- directly) follow changes to the event layout. An attachment that no
+-- longer validates (its key column renamed or dropped) keeps its function
+-- and is reported.
+do $regen$
+declare
+    r record;
+begin
+    for r in select ts.*, q.queue_name from pgque.table_source ts join pgque.queue q on q.queue_id = ts.ts_queue
+              where exists (select 1 from pg_catalog.pg_class c where c.oid = ts.ts_table) loop
+        begin
+            perform pgque._table_source_generate(r.queue_name, r.ts_table::regclass, r.ts_key_column,
+                                                 r.ts_operations, r.ts_columns, r.ts_exclude, r.ts_when,
+                                                 r.ts_skip_unchanged, false);
+        exception when others then
+            raise warning 'pgque: table % attached to queue % was not regenerated: %',
+                r.ts_table_name, r.queue_name, sqlerrm;
+        end;
+    end loop;
+end
+$regen$;
 
 -- attach_table(queue, source_table, key_column[, operations, columns,
 -- exclude_columns, when_condition, skip_unchanged]): makes every row the
