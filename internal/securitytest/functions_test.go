@@ -160,7 +160,7 @@ var functions = map[string]fn{
 	"pgque._table_source_trigger_name(text)": {roles: "a", args: []string{"'q1'"},
 		cases: []badCase{bc("PQ001", "'nope'")}},
 	"pgque._table_source_forget(text,regclass)": {roles: "a", args: []string{"'q1'", "'public.st_gone'"}, nullAs: map[int]string{1: "PQ061"},
-		cases: []badCase{bc("PQ061", "'q1'", "'public.st_plain'"), bc("2BP01", "'q1'", "'public.st_files'")}},
+		cases: []badCase{bc("PQ061", "'q1'", "'public.st_plain'"), bc("PQ062", "'q1'", "'public.st_files'")}},
 	"pgque.subscribe(text,text)":   {roles: "ra", args: []string{"'q1'", "'c3'"}, cases: []badCase{bc("PQ010", "'q1'", "'c#1/2'"), bc("PQ001", "'nope'", "'c3'")}},
 	"pgque.unsubscribe(text,text)": {roles: "ra", args: []string{"'q1'", "'c1'"}, cases: []badCase{bc("", "'q1'", "'nope'")}}, // idempotent
 	"pgque.receive(text,text,integer)": {roles: "ra", args: []string{"'q1'", "'c1'", "10"}, cases: []badCase{

@@ -273,8 +273,8 @@ as $$ select 'pgque_q' || (pgque._queue(i_queue)).queue_id $$;
 
 -- _table_source_forget(queue, table): after the table's triggers are gone,
 -- drops the generated function and the attachment record. Raises PQ061
--- when the table is not attached to the queue; dropping the function fails
--- while a trigger still uses it. Returns 1.
+-- when the table is not attached to the queue, PQ062 while its triggers
+-- still exist. Returns 1.
 create or replace function pgque._table_source_forget(i_queue text, i_table regclass)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -288,7 +288,7 @@ begin
     if not found then
         raise exception using errcode = 'PQ061', message = format('%s is not attached to queue %s', i_table, i_queue);
     end if;
-    execute format('drop function if exists %s', v_fn);
+    -- The row's delete trigger dropped the function.
     return 1;
 end;
 $$;
@@ -340,15 +340,12 @@ returns integer language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    v_fn regprocedure;
     v_n  integer := 0;
 begin
-    for v_fn in delete from pgque.table_source ts
-                 where not exists (select 1 from pg_catalog.pg_class c where c.oid = ts.ts_table)
-                returning ts.ts_function loop
-        execute format('drop function if exists %s', v_fn);
-        v_n := v_n + 1;
-    end loop;
+    -- The rows' delete trigger drops their functions.
+    delete from pgque.table_source ts
+     where not exists (select 1 from pg_catalog.pg_class c where c.oid = ts.ts_table);
+    get diagnostics v_n = row_count;
     return v_n;
 end;
 $$;
@@ -357,37 +354,40 @@ insert into pgque.layer_hook (hook_kind, hook_name, hook_fn) values
     ('maint', 'table_source_cleanup', 'pgque._table_source_cleanup()')
 on conflict (hook_kind, hook_name) do update set hook_fn = excluded.hook_fn;
 
--- A queue with attached tables cannot be dropped: the tables' writes would
--- start failing. Detach them first. Attachments of tables dropped since
--- are forgotten with the queue, and their functions dropped.
-create or replace function pgque._table_source_queue_guard()
+-- Guard on pgque.table_source. A queue with attached tables cannot be
+-- dropped (the cascade from pgque.queue deletes their rows here): the
+-- tables' writes would start failing. An attachment row may only go once
+-- its triggers are gone (detach_table dropped them, or the table was
+-- dropped); then its function goes with it.
+create or replace function pgque._table_source_row_guard()
 returns trigger language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
-declare
-    v_tbl text;
-    v_fn  regprocedure;
 begin
-    select ts_table_name into v_tbl from pgque.table_source
-     where ts_queue = old.queue_id and exists (select 1 from pg_catalog.pg_class c where c.oid = ts_table)
-     limit 1;
-    if found then
-        raise exception using errcode = 'PQ062',
-            message = format('queue %s has attached tables (for example %s); detach them first', old.queue_name, v_tbl);
+    if tg_when = 'BEFORE' then
+        if exists (select 1 from pg_catalog.pg_trigger where tgfoid = old.ts_function::oid) then
+            raise exception using errcode = 'PQ062',
+                message = format('%s is still attached to queue %s: detach it first (pgque.detach_table)',
+                                 old.ts_table_name, (select queue_name from pgque.queue where queue_id = old.ts_queue));
+        end if;
+        return old;
     end if;
-    for v_fn in delete from pgque.table_source where ts_queue = old.queue_id returning ts_function loop
-        execute format('drop function if exists %s', v_fn);
-    end loop;
-    return old;
+    execute format('drop function if exists %s', old.ts_function);
+    return null;
 end;
 $$;
 
 do $trg$
 begin
     if not exists (select 1 from pg_catalog.pg_trigger
-                    where tgrelid = 'pgque.queue'::regclass and tgname = 'pgque_table_source_guard') then
-        create trigger pgque_table_source_guard before delete on pgque.queue
-            for each row execute function pgque._table_source_queue_guard();
+                    where tgrelid = 'pgque.table_source'::regclass and tgname = 'pgque_table_source_guard') then
+        create trigger pgque_table_source_guard before delete on pgque.table_source
+            for each row execute function pgque._table_source_row_guard();
+    end if;
+    if not exists (select 1 from pg_catalog.pg_trigger
+                    where tgrelid = 'pgque.table_source'::regclass and tgname = 'pgque_table_source_drop_function') then
+        create trigger pgque_table_source_drop_function after delete on pgque.table_source
+            for each row execute function pgque._table_source_row_guard();
     end if;
 end
 $trg$;
