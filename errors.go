@@ -22,8 +22,9 @@ var (
 	// characters or uses the reserved '#' or '/' (PQ010).
 	ErrInvalidName = errors.New("pgque: invalid name")
 	// ErrInvalidArgument: an argument is NULL or out of range: negative
-	// delay, slot out of range, bad TTL, bad config value (PQ011, 22004), or
-	// a Config field failed validation.
+	// delay, slot out of range, bad TTL, bad config value (PQ011, 22004), an
+	// empty or over-long dedup key (PQ063), or a Config field failed
+	// validation.
 	ErrInvalidArgument = errors.New("pgque: invalid argument")
 	// ErrUnknownParameter: set_queue_config got an unknown parameter (PQ012).
 	ErrUnknownParameter = errors.New("pgque: unknown queue parameter")
@@ -55,6 +56,12 @@ var (
 	ErrKeyBusy = errors.New("pgque: key head in flight, try again")
 	// ErrDeadLetterNotFound: the dead letter does not exist (PQ040).
 	ErrDeadLetterNotFound = errors.New("pgque: dead letter not found")
+	// ErrTableAttached: the table is attached to a queue (attach_table), so
+	// TRUNCATE on it (PQ060) or dropping the queue (PQ062) is refused.
+	ErrTableAttached = errors.New("pgque: table attached to a queue")
+	// ErrTableNotAttached: detach_table named a table that is not attached
+	// to the queue (PQ061).
+	ErrTableNotAttached = errors.New("pgque: table not attached")
 	// ErrPermissionDenied: the role may not call this function (42501).
 	ErrPermissionDenied = errors.New("pgque: permission denied")
 	// ErrInvalidPayload: an event payload is not valid JSON, could not be
@@ -104,6 +111,10 @@ var sqlstates = map[string]error{
 	"PQ036": ErrKeyNotBlocked,
 	"PQ037": ErrKeyBusy,
 	"PQ040": ErrDeadLetterNotFound,
+	"PQ063": ErrInvalidArgument,
+	"PQ060": ErrTableAttached,
+	"PQ061": ErrTableNotAttached,
+	"PQ062": ErrTableAttached,
 }
 
 // Error is an error raised by pgque's SQL. It carries the SQLSTATE and

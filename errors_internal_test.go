@@ -69,13 +69,13 @@ func TestMapErrorWrapsEveryDatabaseError(t *testing.T) {
 
 func TestEventEncode(t *testing.T) {
 	t.Parallel()
-	typ, payload, key, err := Event{Payload: map[string]int{"a": 1}}.encode()
-	if err != nil || typ != EventTypeDefault || string(payload) != `{"a":1}` || key != nil {
-		t.Fatalf("encode = %q %s %v %v", typ, payload, key, err)
+	typ, payload, key, dedup, err := Event{Payload: map[string]int{"a": 1}}.encode()
+	if err != nil || typ != EventTypeDefault || string(payload) != `{"a":1}` || key != nil || dedup != nil {
+		t.Fatalf("encode = %q %s %v %v %v", typ, payload, key, dedup, err)
 	}
-	_, _, key, _ = Event{Type: "x", Payload: nil, PartitionKey: "k"}.encode()
-	if key == nil || *key != "k" {
-		t.Fatalf("key = %v, want k", key)
+	_, _, key, dedup, _ = Event{Type: "x", Payload: nil, PartitionKey: "k", DedupKey: "d"}.encode()
+	if key == nil || *key != "k" || dedup == nil || *dedup != "d" {
+		t.Fatalf("key = %v, dedup = %v, want k, d", key, dedup)
 	}
 }
 
@@ -86,7 +86,7 @@ func FuzzEventEncodeRawMessage(f *testing.F) {
 	// encode must reject exactly the invalid JSON, with ErrInvalidPayload,
 	// and pass valid JSON through byte for byte.
 	f.Fuzz(func(t *testing.T, s string) {
-		_, payload, _, err := Event{Payload: rawJSON(s)}.encode()
+		_, payload, _, _, err := Event{Payload: rawJSON(s)}.encode()
 		switch valid := json.Valid([]byte(s)); {
 		case valid && err != nil:
 			t.Fatalf("valid JSON %q rejected: %v", s, err)

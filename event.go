@@ -22,11 +22,19 @@ type Event struct {
 	// in order by one worker at a time. Empty means no key (the NULL key,
 	// which always maps to slot 0).
 	PartitionKey string
+	// DedupKey makes the send idempotent: a send with a key the queue has
+	// seen within its dedup window (set_queue_config 'dedup_window',
+	// default 5 minutes) stores nothing and returns the first event's id,
+	// so a producer may retry a send whose outcome it does not know. Empty
+	// means no dedup. At most 512 bytes; SendBatch takes at most 1000 keyed
+	// events per run of one type.
+	DedupKey string
 }
 
-// encode returns the event's type, JSON payload and key, or an error
-// wrapping ErrInvalidPayload. It never touches the database.
-func (e Event) encode() (typ string, payload json.RawMessage, key *string, err error) {
+// encode returns the event's type, JSON payload, partition key and dedup
+// key, or an error wrapping ErrInvalidPayload. It never touches the
+// database.
+func (e Event) encode() (typ string, payload json.RawMessage, key, dedup *string, err error) {
 	typ = e.Type
 	if typ == "" {
 		typ = EventTypeDefault
@@ -34,18 +42,22 @@ func (e Event) encode() (typ string, payload json.RawMessage, key *string, err e
 	switch p := e.Payload.(type) {
 	case json.RawMessage:
 		if !json.Valid(p) {
-			return "", nil, nil, fmt.Errorf("%w: json.RawMessage is not valid JSON", ErrInvalidPayload)
+			return "", nil, nil, nil, fmt.Errorf("%w: json.RawMessage is not valid JSON", ErrInvalidPayload)
 		}
 		payload = p
 	default:
 		payload, err = json.Marshal(p)
 		if err != nil {
-			return "", nil, nil, fmt.Errorf("%w: %w", ErrInvalidPayload, err)
+			return "", nil, nil, nil, fmt.Errorf("%w: %w", ErrInvalidPayload, err)
 		}
 	}
 	if e.PartitionKey != "" {
 		k := e.PartitionKey
 		key = &k
 	}
-	return typ, payload, key, nil
+	if e.DedupKey != "" {
+		d := e.DedupKey
+		dedup = &d
+	}
+	return typ, payload, key, dedup, nil
 }

@@ -27,7 +27,7 @@ func FuzzEventEncode(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, payload []byte, typ, key string) {
 		ev := Event{Type: typ, Payload: json.RawMessage(payload), PartitionKey: key}
-		gotType, gotPayload, gotKey, err := ev.encode()
+		gotType, gotPayload, gotKey, _, err := ev.encode()
 		if !json.Valid(payload) {
 			if err == nil || !errors.Is(err, ErrInvalidPayload) {
 				t.Fatalf("invalid JSON %q accepted (err %v)", payload, err)
@@ -49,7 +49,7 @@ func FuzzEventEncode(f *testing.F) {
 
 		// Any Go value that marshals gives valid JSON.
 		ev2 := Event{Type: typ, Payload: map[string]any{"s": string(payload), "k": key}}
-		_, p2, _, err := ev2.encode()
+		_, p2, _, _, err := ev2.encode()
 		if err != nil || !json.Valid(p2) {
 			t.Fatalf("marshalled payload invalid: %q, %v", p2, err)
 		}

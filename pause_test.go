@@ -434,7 +434,7 @@ func TestPauseNullAndEmptyKeys(t *testing.T) {
 				name string
 				key  *string
 			}{{"null", nil}, {"empty", new(string)}, {"a", sptr("a")}} {
-				id, err := dbq.New(tx).Send(ctx, env.queue, "e", []byte(fmt.Sprintf(`{"k":%q,"n":%d}`, k.name, n)), k.key)
+				id, err := dbq.New(tx).Send(ctx, env.queue, "e", []byte(fmt.Sprintf(`{"k":%q,"n":%d}`, k.name, n)), k.key, nil)
 				if err != nil {
 					return err
 				}

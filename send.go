@@ -26,11 +26,11 @@ func (c *Client) SendTx(ctx context.Context, tx pgx.Tx, queue string, ev Event) 
 }
 
 func (c *Client) send(ctx context.Context, q *dbq.Queries, queue string, ev Event) (int64, error) {
-	typ, payload, key, err := ev.encode()
+	typ, payload, key, dedup, err := ev.encode()
 	if err != nil {
 		return 0, fmt.Errorf("sending to queue %q: %w", queue, err)
 	}
-	id, err := q.Send(ctx, queue, typ, payload, key)
+	id, err := q.Send(ctx, queue, typ, payload, key, dedup)
 	if err != nil {
 		return 0, mapError(fmt.Sprintf("sending to queue %q", queue), err)
 	}
@@ -83,6 +83,8 @@ type run struct {
 	payloads []string
 	keys     []*string
 	hasKey   bool
+	dedups   []*string
+	hasDedup bool
 }
 
 // typeRuns encodes every event (so an invalid payload fails before the
@@ -90,7 +92,7 @@ type run struct {
 func typeRuns(events []Event) ([]run, error) {
 	var runs []run
 	for i, ev := range events {
-		typ, payload, key, err := ev.encode()
+		typ, payload, key, dedup, err := ev.encode()
 		if err != nil {
 			return nil, fmt.Errorf("event %d: %w", i, err)
 		}
@@ -101,6 +103,8 @@ func typeRuns(events []Event) ([]run, error) {
 		r.payloads = append(r.payloads, string(payload))
 		r.keys = append(r.keys, key)
 		r.hasKey = r.hasKey || key != nil
+		r.dedups = append(r.dedups, dedup)
+		r.hasDedup = r.hasDedup || dedup != nil
 	}
 	return runs, nil
 }
@@ -119,11 +123,14 @@ func typeRuns(events []Event) ([]run, error) {
 func (c *Client) sendRuns(ctx context.Context, q *dbq.Queries, queue string, runs []run) ([]int64, error) {
 	var ids []int64
 	for _, r := range runs {
-		keys := r.keys
+		keys, dedups := r.keys, r.dedups
 		if !r.hasKey {
 			keys = nil
 		}
-		got, err := q.SendBatch(ctx, queue, r.typ, r.payloads, keys)
+		if !r.hasDedup {
+			dedups = nil
+		}
+		got, err := q.SendBatch(ctx, queue, r.typ, r.payloads, keys, dedups)
 		if err != nil {
 			return nil, mapError(fmt.Sprintf("sending batch to queue %q", queue), err)
 		}

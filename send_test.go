@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -107,5 +108,54 @@ func TestSendTxRollsBack(t *testing.T) {
 	got := consumed.wait(t, 1)
 	if string(got[0].Payload) != `"committed"` {
 		t.Fatalf("consumed %s, want the committed event only", got[0].Payload)
+	}
+}
+
+// TestSendDedupKey: Send, SendTx and SendBatch with a DedupKey return the
+// first event's id for a key seen within the window and store nothing
+// more; an empty key is no dedup; an over-long key is ErrInvalidArgument.
+func TestSendDedupKey(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	ev := pgque.Event{Type: "t", Payload: map[string]int{"n": 1}, PartitionKey: "k", DedupKey: "req-1"}
+	a, err := env.client.Send(ctx, env.queue, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := env.client.Send(ctx, env.queue, ev)
+	if err != nil || b != a {
+		t.Fatalf("retried Send = %d, %v; want %d", b, err, a)
+	}
+	tx, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := env.client.SendTx(ctx, tx, env.queue, ev)
+	if err != nil || c != a {
+		t.Fatalf("SendTx = %d, %v; want %d", c, err, a)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := env.client.SendBatch(ctx, env.queue, []pgque.Event{
+		{Payload: 1, DedupKey: "req-2"}, {Payload: 2, DedupKey: "req-1"}, {Payload: 3, DedupKey: "req-2"}, {Payload: 4}, {Type: "u", Payload: 5, DedupKey: "req-2"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 5 || ids[1] != a || ids[2] != ids[0] || ids[4] != ids[0] || ids[3] == ids[0] {
+		t.Fatalf("SendBatch ids %v (first event %d)", ids, a)
+	}
+	var n int
+	if err := env.pool.QueryRow(ctx, `select count(*) from pgque.event e join pgque.queue q on e.ev_part / 16 = q.queue_id where q.queue_name = $1`, env.queue).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 {
+		t.Fatalf("%d events stored, want 3 (req-1, req-2, one without a key)", n)
+	}
+	_, err = env.client.Send(ctx, env.queue, pgque.Event{Payload: 1, DedupKey: strings.Repeat("x", 513)})
+	if !errors.Is(err, pgque.ErrInvalidArgument) {
+		t.Fatalf("over-long dedup key: %v, want ErrInvalidArgument", err)
 	}
 }

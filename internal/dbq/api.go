@@ -6,21 +6,35 @@ import (
 	"time"
 )
 
-// Send calls pgque.send(queue, type, payload, partition_key) and returns the
-// event id. A nil key is the NULL key (slot 0).
-func (q *Queries) Send(ctx context.Context, queue, typ string, payload json.RawMessage, key *string) (int64, error) {
+// Send calls pgque.send(queue, type, payload, partition_key[, dedup_key])
+// and returns the event id. A nil key is the NULL key (slot 0); a nil dedup
+// key sends without dedup, through the four-argument call.
+func (q *Queries) Send(ctx context.Context, queue, typ string, payload json.RawMessage, key, dedup *string) (int64, error) {
 	var id int64
-	err := q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.jsonb, $4::pg_catalog.text)`,
-		queue, typ, string(payload), key).Scan(&id)
+	var err error
+	if dedup == nil {
+		err = q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.jsonb, $4::pg_catalog.text)`,
+			queue, typ, string(payload), key).Scan(&id)
+	} else {
+		err = q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.jsonb, $4::pg_catalog.text, $5::pg_catalog.text)`,
+			queue, typ, string(payload), key, *dedup).Scan(&id)
+	}
 	return id, err
 }
 
-// SendBatch calls pgque.send_batch(queue, type, payloads, partition_keys) and
-// returns the event ids in input order. keys is nil or as long as payloads.
-func (q *Queries) SendBatch(ctx context.Context, queue, typ string, payloads []string, keys []*string) ([]int64, error) {
+// SendBatch calls pgque.send_batch(queue, type, payloads, partition_keys,
+// dedup_keys) and returns the event ids in input order. keys and dedups are
+// each nil or as long as payloads.
+func (q *Queries) SendBatch(ctx context.Context, queue, typ string, payloads []string, keys, dedups []*string) ([]int64, error) {
 	var ids []int64
-	err := q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[]::pg_catalog.jsonb[], $4::pg_catalog.text[])`,
-		queue, typ, payloads, keys).Scan(&ids)
+	var err error
+	if dedups == nil {
+		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[]::pg_catalog.jsonb[], $4::pg_catalog.text[])`,
+			queue, typ, payloads, keys).Scan(&ids)
+	} else {
+		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[]::pg_catalog.jsonb[], $4::pg_catalog.text[], $5::pg_catalog.text[])`,
+			queue, typ, payloads, keys, dedups).Scan(&ids)
+	}
 	return ids, err
 }
 

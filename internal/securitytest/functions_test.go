@@ -145,14 +145,44 @@ var functions = map[string]fn{
 	"pgque.send(text,jsonb)": {roles: "wa", args: []string{"'q1'", `'{"a":1}'`},
 		cases: []badCase{bc("PQ001", "'nope'", "'{}'"), bc("PQ001", "''", "'{}'"), bc("22P02", "'q1'", "'{'")}},
 	"pgque.send(text,text,jsonb)": {roles: "wa", args: []string{"'q1'", "'t'", `'{"a":1}'`}, nullable: []int{1}},
-	"pgque.send(text,text,jsonb,text)": {roles: "wa", args: []string{"'q1'", "'t'", `'{"a":1}'`, "'k'"}, nullable: []int{1, 3},
-		cases: []badCase{bc("", "'q1'", "'t'", "'{}'", `'''); drop table pgque.queue; --'`), bc("", "'q1'", "'t'", "'{}'", "'$$'")}},
-	"pgque.send_batch(text,text,jsonb[],text[])": {roles: "wa", args: []string{"'q1'", "'t'", `array['{"a":1}']::jsonb[]`, "array['k']"},
-		nullable: []int{1, 3}, cases: []badCase{
-			bc("PQ011", "'q1'", "'t'", `array['{}','{}']::jsonb[]`, "array['k']"),
-			bc("22004", "'q1'", "'t'", `array['{}', null]::jsonb[]`, "null"),
-			bc("", "'q1'", "'t'", `array[]::jsonb[]`, "null"),
+	"pgque.send(text,text,jsonb,text,text)": {roles: "wa", args: []string{"'q1'", "'t'", `'{"a":1}'`, "'k'", "'d1'"}, nullable: []int{1, 3, 4},
+		cases: []badCase{bc("", "'q1'", "'t'", "'{}'", `'''); drop table pgque.queue; --'`, "null"), bc("", "'q1'", "'t'", "'{}'", "'$$'", "null"),
+			bc("", "'q1'", "'t'", "'{}'", "null", `'''); drop table pgque.dedup_0; --'`),
+			bc("PQ063", "'q1'", "'t'", "'{}'", "null", "''"), bc("PQ063", "'q1'", "'t'", "'{}'", "null", "repeat('x', 513)"),
+			bc("PQ001", "'nope'", "'t'", "'{}'", "null", "'d'")}},
+	"pgque.send_batch(text,text,jsonb[],text[],text[])": {roles: "wa", args: []string{"'q1'", "'t'", `array['{"a":1}']::jsonb[]`, "array['k']", "array['d2']"},
+		nullable: []int{1, 3, 4}, cases: []badCase{
+			bc("PQ011", "'q1'", "'t'", `array['{}','{}']::jsonb[]`, "array['k']", "null"),
+			bc("22004", "'q1'", "'t'", `array['{}', null]::jsonb[]`, "null", "null"),
+			bc("", "'q1'", "'t'", `array[]::jsonb[]`, "null", "null"),
+			bc("PQ011", "'q1'", "'t'", `array['{}','{}']::jsonb[]`, "null", "array['d']"),
+			bc("PQ063", "'q1'", "'t'", `array['{}','{}']::jsonb[]`, "null", "array['d', '']"),
+			bc("", "'q1'", "'t'", `array['{}','{}']::jsonb[]`, "null", "array['d', null]"),
 		}},
+	// Table attachment. The fixture's st_files is owned by pgque_admin (the
+	// caller needs the TRIGGER privilege) and attached to q1; st_gone was
+	// attached and its triggers dropped, so forgetting it succeeds.
+	"pgque.attach_table(text,regclass,text,text[],text[],text[],text,boolean)": {roles: "a",
+		args:     []string{"'q1'", "'public.st_files'", "'tenant'", "array['insert']", "null", "null", "null", "true"},
+		nullable: []int{4, 5, 6}, nullAs: map[int]string{3: "PQ011"},
+		cases: []badCase{
+			bc("42703", "'q1'", "'public.st_files'", `'''); drop table pgque.queue; --'`, "array['insert']", "null", "null", "null", "true"),
+			bc("42703", "'q1'", "'public.st_files'", "'tenant'", "array['insert']", `array['id', 'x"; drop']`, "null", "null", "true"),
+			bc("PQ011", "'q1'", "'public.st_files'", "'tenant'", "array['insert; drop table x']", "null", "null", "null", "true"),
+			bc("PQ001", "'nope'", "'public.st_files'", "'tenant'", "array['insert']", "null", "null", "null", "true"),
+			bc("PQ011", "'q1'", "'pgque.queue'", "'queue_name'", "array['insert']", "null", "null", "null", "true"),
+		}},
+	"pgque.detach_table(text,regclass)": {roles: "a", args: []string{"'q1'", "'public.st_files'"},
+		cases: []badCase{bc("PQ061", "'q1'", "'public.st_plain'"), bc("PQ001", "'nope'", "'public.st_files'")}},
+	"pgque.attached_tables()": {roles: "a"},
+	"pgque._table_source_define(text,regclass,text,text[],text[],text[],text,boolean)": {roles: "a",
+		args:     []string{"'q1'", "'public.st_files'", "'tenant'", "array['insert']", "null", "null", "null", "true"},
+		nullable: []int{4, 5, 6},
+		cases:    []badCase{bc("42703", "'q1'", "'public.st_files'", `'a"; drop table x; --'`, "array['insert']", "null", "null", "null", "true")}},
+	"pgque._table_source_trigger_name(text)": {roles: "a", args: []string{"'q1'"},
+		cases: []badCase{bc("PQ001", "'nope'")}},
+	"pgque._table_source_forget(text,regclass)": {roles: "a", args: []string{"'q1'", "'public.st_gone'"}, nullAs: map[int]string{1: "PQ061"},
+		cases: []badCase{bc("PQ061", "'q1'", "'public.st_plain'"), bc("PQ062", "'q1'", "'public.st_files'")}},
 	"pgque.subscribe(text,text)":   {roles: "ra", args: []string{"'q1'", "'c3'"}, cases: []badCase{bc("PQ010", "'q1'", "'c#1/2'"), bc("PQ001", "'nope'", "'c3'")}},
 	"pgque.unsubscribe(text,text)": {roles: "ra", args: []string{"'q1'", "'c1'"}, cases: []badCase{bc("", "'q1'", "'nope'")}}, // idempotent
 	"pgque.receive(text,text,integer)": {roles: "ra", args: []string{"'q1'", "'c1'", "10"}, cases: []badCase{
@@ -243,6 +273,16 @@ select pgque.subscribe_slot('q1', 'sc', s, 2) from generate_series(0, 1) s;
 select pgque.send('q1', 't', '{"a":1}'::jsonb, 'k1') from generate_series(1, 3);
 select pgque.force_next_tick('q1');
 select pgque.ticker('q1');
+create table public.st_files (id integer primary key, tenant text);
+alter table public.st_files owner to pgque_admin;
+select pgque.attach_table('q1', 'public.st_files', 'tenant');
+create table public.st_gone (id integer primary key, tenant text);
+create table public.st_plain (id integer primary key, tenant text);
+select pgque.attach_table('q1', 'public.st_gone', 'tenant');
+do $$ begin
+    execute format('drop trigger %I on public.st_gone', pgque._table_source_trigger_name('q1'));
+    execute format('drop trigger %I on public.st_gone', pgque._table_source_trigger_name('q1') || '_truncate');
+end $$;
 `
 
 // setupDB returns a fresh installed database with the fixture and the
@@ -265,12 +305,16 @@ func setupDB(t *testing.T) (string, *pgx.Conn) {
 }
 
 // grantedFunctions lists the functions of schema pgque that PUBLIC or any
-// pgque role may execute, as regprocedure text.
+// pgque role may execute, as regprocedure text. The trigger functions
+// attach_table generates (pgque._src_<queue>_<table>) are left out: there is
+// one per attachment, they cannot be called except as a trigger, and
+// TestGeneratedTriggerFunctions checks their privileges.
 func grantedFunctions(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
 	rows, err := conn.Query(context.Background(), `
 		select p.oid::regprocedure::text from pg_proc p
 		 where p.pronamespace = 'pgque'::regnamespace
+		   and not (p.proname like '\_src\_%' and p.prorettype = 'trigger'::regtype)
 		   and (has_function_privilege('pgque_reader', p.oid, 'execute')
 		     or has_function_privilege('pgque_writer', p.oid, 'execute')
 		     or has_function_privilege('pgque_admin', p.oid, 'execute')
@@ -482,6 +526,44 @@ func TestBadInputs(t *testing.T) {
 					before = after
 				}
 			}
+		}
+	}
+}
+
+// TestGeneratedTriggerFunctions: the trigger functions attach_table
+// generates are SECURITY DEFINER with a pinned search_path, executable
+// only by pgque_admin (which attach_table needs to create the trigger), and
+// cannot be called directly.
+func TestGeneratedTriggerFunctions(t *testing.T) {
+	_, conn := setupDB(t)
+	rows, err := conn.Query(context.Background(), `
+		select p.oid::regprocedure::text, p.prosecdef, coalesce(array_to_string(p.proconfig, ','), ''),
+		       has_function_privilege('pgque_reader', p.oid, 'execute'), has_function_privilege('pgque_writer', p.oid, 'execute'),
+		       has_function_privilege('pgque_admin', p.oid, 'execute'), has_function_privilege('`+rolePublic+`', p.oid, 'execute')
+		  from pg_proc p where p.pronamespace = 'pgque'::regnamespace and p.proname like '\_src\_%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type gen struct {
+		Sig                   string
+		Definer               bool
+		Config                string
+		Reader, Writer, Admin bool
+		Public                bool
+	}
+	gens, err := pgx.CollectRows(rows, pgx.RowToStructByPos[gen])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gens) != 2 {
+		t.Fatalf("%d generated functions, want 2 (the fixture's st_files and st_gone)", len(gens))
+	}
+	for _, g := range gens {
+		if !g.Definer || g.Config != "search_path=pg_catalog, pg_temp" || g.Reader || g.Writer || !g.Admin || g.Public {
+			t.Errorf("generated %+v: want SECURITY DEFINER, search_path pinned, executable by pgque_admin only", g)
+		}
+		if code, _ := sqlstate(t, conn, "", "select "+strings.TrimSuffix(g.Sig, "()")+"()"); code != "0A000" {
+			t.Errorf("calling %s directly: SQLSTATE %q, want 0A000", g.Sig, code)
 		}
 	}
 }

@@ -19,15 +19,20 @@ var relations = map[string]string{
 	"batch_id_seq":          "",
 	"dead_letter":           "a",
 	"dead_letter_dl_id_seq": "",
+	"dedup_0":               "", // dedup keys may be application secrets: no direct access
+	"dedup_1":               "",
+	"dedup_state":           "a",
 	"deferred":              "a",
 	"event":                 "a", // the partitioned parent: the admin reads every queue's events through it
 	"event_<queue>_<n>":     "",  // a queue's event tables: no direct access
 	"event_seq_<queue>":     "",
 	"key_block":             "",
+	"layer_hook":            "a",
 	"partition_slot_status": "rwa",
 	"partition_slot_leases": "rwa",
 	"queue":                 "a",
 	"queue_grant":           "a",
+	"queue_dedup":           "a",
 	"queue_id_seq":          "",
 	"retry_queue":           "a",
 	"slot_group":            "",
@@ -40,6 +45,7 @@ var relations = map[string]string{
 	"sub_state_seq":         "",
 	"subscription":          "a",
 	"subscription_id_seq":   "",
+	"table_source":          "a",
 	"tick":                  "a",
 	"tick_0":                "a",
 	"tick_1":                "a",

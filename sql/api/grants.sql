@@ -5,8 +5,8 @@ revoke all on all tables in schema pgque from public;
 grant execute on function
     pgque.send(text, jsonb),
     pgque.send(text, text, jsonb),
-    pgque.send(text, text, jsonb, text),
-    pgque.send_batch(text, text, jsonb[], text[])
+    pgque.send(text, text, jsonb, text, text),
+    pgque.send_batch(text, text, jsonb[], text[], text[])
     to pgque_writer, pgque_admin;
 
 grant execute on function
@@ -16,3 +16,17 @@ grant execute on function
     pgque.ack(bigint),
     pgque.nack(bigint, bigint, interval, text)
     to pgque_reader, pgque_admin;
+
+-- Table attachment: attach_table/detach_table run as their caller (who
+-- needs the TRIGGER privilege on the table); the definer helpers they call
+-- are granted with them.
+grant execute on function
+    pgque.attach_table(text, regclass, text, text[], text[], text[], text, boolean),
+    pgque.detach_table(text, regclass),
+    pgque.attached_tables(),
+    pgque._table_source_define(text, regclass, text, text[], text[], text[], text, boolean),
+    pgque._table_source_trigger_name(text),
+    pgque._table_source_forget(text, regclass)
+    to pgque_admin;
+
+grant select on pgque.queue_dedup, pgque.dedup_state, pgque.table_source to pgque_admin;

@@ -247,6 +247,8 @@ begin
     -- in the same order avoids lock cycles with them.
     v_n := v_n + pgque._state_flip();
     v_n := v_n + pgque._tick_flip();
+    -- The upper layers' own maintenance (the api layer's dedup rotation).
+    v_n := v_n + pgque._maint_hooks();
     return v_n;
 end;
 $$;

@@ -2,8 +2,9 @@
 -- PgQ's names with or without the "queue_" prefix: ticker_max_count
 -- (integer >= 1), ticker_max_lag (interval 0 to 1 day), ticker_idle_period
 -- (interval > 0, at most 1 day), rotation_period (interval > 0, at most
--- 365 days), max_retries
--- (integer >= 0). Raises PQ012 for an unknown parameter and PQ011 for a
+-- 365 days), max_retries (integer >= 0), and the settings upper layers
+-- register in pgque.layer_hook (the api layer's dedup_window). Raises PQ012
+-- for an unknown parameter and PQ011 for a
 -- value that does not parse or is out of range. Returns 1.
 create or replace function pgque.set_queue_config(i_queue text, i_param text, i_value text)
 returns integer language plpgsql security definer
@@ -44,9 +45,14 @@ begin
         exception when sqlstate 'PQ011' then
             raise exception using errcode = 'PQ011', message = format('%s (given as %L)', sqlerrm, i_value);
         end;
+    elsif pgque._queue_config_hook(q.queue_id, v_param, i_value) then
+        -- A setting of an upper layer (pgque.layer_hook), validated and
+        -- stored by that layer.
+        return 1;
     else
         raise exception using errcode = 'PQ012',
-            message = format('unknown queue parameter %L; known: ticker_max_count, ticker_max_lag, ticker_idle_period, rotation_period, max_retries', i_param);
+            message = format('unknown queue parameter %L; known: ticker_max_count, ticker_max_lag, ticker_idle_period, rotation_period, max_retries%s', i_param,
+                             (select string_agg(', ' || hook_name, '' order by hook_name) from pgque.layer_hook where hook_kind = 'queue_config'));
     end if;
 
     update pgque.queue set

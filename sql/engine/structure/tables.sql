@@ -155,3 +155,16 @@ create table if not exists pgque.deferred (
     primary key (ev_owner, ev_id)
 );
 create index if not exists deferred_group_idx on pgque.deferred (ev_owner, ev_group, ev_id);
+
+-- Hooks by which the layers above the engine add their own per-queue
+-- settings and maintenance without the engine knowing what they are:
+-- set_queue_config hands a parameter it does not know to the 'queue_config'
+-- hook of that name, called as fn(queue_id integer, value text); maint()
+-- calls every 'maint' hook as fn() returning integer (operations done).
+-- Written only by the install; the functions named are the owner's.
+create table if not exists pgque.layer_hook (
+    hook_kind text not null check (hook_kind in ('queue_config', 'maint')),
+    hook_name text not null,
+    hook_fn   regprocedure not null,
+    primary key (hook_kind, hook_name)
+);

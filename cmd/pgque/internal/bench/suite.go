@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 )
 
 // suite is one named benchmark: it measures its cases together with the
@@ -32,15 +34,22 @@ func SuiteNames() []string {
 	return names
 }
 
-// allSuites returns the registered suites in suiteOrder.
+// allSuites returns the registered suites in suiteOrder, then those
+// suiteOrder does not name, in name order.
 func allSuites() []*suite {
-	var out []*suite
+	var out, rest []*suite
 	for _, name := range suiteOrder {
 		if s := findSuite(name); s != nil {
 			out = append(out, s)
 		}
 	}
-	return out
+	for _, s := range registry {
+		if !slices.Contains(suiteOrder, s.name) {
+			rest = append(rest, s)
+		}
+	}
+	slices.SortFunc(rest, func(a, b *suite) int { return strings.Compare(a.name, b.name) })
+	return append(out, rest...)
 }
 
 func findSuite(name string) *suite {

@@ -68,7 +68,7 @@ or postgres:// URL); without it, PGQUE_DSN and then DATABASE_URL are used.`,
 		a.installCommand(), a.upgradeCommand(), a.uninstallCommand(), a.sqlCommand(), a.versionCommand(),
 		a.tickerCommand(),
 		a.queueCommand(), a.subscribeCommand(), a.unsubscribeCommand(), a.slotsCommand(),
-		a.sendCommand(), a.tailCommand(), a.statusCommand(), a.dlqCommand(), a.keysCommand(), a.webCommand(),
+		a.sendCommand(), a.tableCommand(), a.tailCommand(), a.statusCommand(), a.dlqCommand(), a.keysCommand(), a.webCommand(),
 		a.demoCommand(), a.benchCommand(), a.chaosCommand(),
 		a.relayCommand(),
 	)

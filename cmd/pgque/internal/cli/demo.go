@@ -29,6 +29,11 @@ producers', that no two workers ever handled one tenant at once and that
 nothing was dead-lettered, and prints throughput and latency percentiles
 (send commit → handler start). It exits 0 only when every check passed.
 
+With --source trigger the producers never call send: they insert and update
+rows of pgque_demo.source_files (one row per file, tenant column), a table
+attached to the queue with pgque.attach_table, and its trigger emits the
+events in the writing transactions; the checks are the same.
+
 With --failure-rate the handler fails that fraction of first deliveries
 (before applying); the library retries them. Under the skip policy a retried
 event may then be applied after later events of its tenant: the apply is
@@ -78,6 +83,7 @@ writes into a real database.`,
 	f.Float64Var(&o.FailureRate, "failure-rate", 0, "fraction of first deliveries the handler fails (retried by the library)")
 	f.Float64Var(&o.Rate, "rate", 0, "cap production at this many events/s (0: as fast as possible)")
 	f.DurationVar(&o.Duration, "duration", 0, "stop producing after this long (0: when --events are sent)")
+	f.StringVar(&o.Source, "source", demo.SourceSend, "where events come from: send (producers call SendBatch) or trigger (producers write rows of a files table attached with attach_table)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVarP(&verbose, "verbose", "v", false, "show the library's logs")
 	return cmd

@@ -126,7 +126,8 @@ changes them first, all in one transaction. Parameters:
   ticker_max_lag      tick pending events after this long (interval, default 10 ms)
   ticker_idle_period  tick an idle queue this often (interval, default 60 s)
   rotation_period     switch event tables this often (interval, default 2 h)
-  max_retries         retries before an event is dead-lettered (integer >= 0, default 5)`,
+  max_retries         retries before an event is dead-lettered (integer >= 0, default 5)
+  dedup_window        how long a dedup key is remembered (interval, 1 s to 7 days, default 5 min)`,
 		Args: exactArgs("queue"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			params, err := parseSets(sets)
@@ -150,6 +151,11 @@ changes them first, all in one transaction. Parameters:
 				return fmt.Errorf("queue %q does not exist", args[0])
 			}
 			c := infos[0].Config
+			w, err := s.DedupWindow(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			c.DedupWindow = fmtInterval(w)
 			if asJSON {
 				return a.printJSON(c)
 			}
@@ -159,6 +165,7 @@ changes them first, all in one transaction. Parameters:
 				{"ticker_idle_period", c.TickerIdlePeriod},
 				{"rotation_period", c.RotationPeriod},
 				{"max_retries", strconv.Itoa(c.MaxRetries)},
+				{"dedup_window", c.DedupWindow},
 			})
 		},
 	}

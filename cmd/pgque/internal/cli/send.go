@@ -21,6 +21,7 @@ const maxLineBytes = 64 << 20
 func (a *app) sendCommand() *cobra.Command {
 	var (
 		typ, key string
+		dedupKey string
 		envelope bool
 		asJSON   bool
 	)
@@ -37,12 +38,17 @@ command (the error names the line) and nothing at all is sent: there are no
 half-sent inputs.
 
 --type and --key apply to every event. With --envelope each line is instead
-an object {"type": ..., "key": ..., "payload": ...} whose type and key
-override the flags, so one stream can carry many partition keys.
+an object {"type": ..., "key": ..., "dedup_key": ..., "payload": ...} whose
+type and key override the flags, so one stream can carry many partition keys.
+
+--dedup-key (one event only) or the envelope's "dedup_key" makes a send safe
+to retry: a key the queue has seen within its dedup_window (default 5
+minutes) stores nothing and prints the first event's id again.
 
   pgque send orders '{"id": 1}' --type OrderPlaced --key customer-7
   jq -c '.[]' events.json | pgque send orders --type Imported
-  printf '%s\n' '{"key":"t1","payload":{"n":1}}' | pgque send orders --envelope`,
+  printf '%s\n' '{"key":"t1","payload":{"n":1}}' | pgque send orders --envelope
+  pgque send orders '{"id": 1}' --dedup-key order-1-placed`,
 		Args: rangeArgs([]string{"queue"}, "payload"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var events []pgque.Event
@@ -51,7 +57,7 @@ override the flags, so one stream can carry many partition keys.
 				if err := checkJSON(payload); err != nil {
 					return usagef("the payload argument is not valid JSON (%v); to send a string, quote it: '\"text\"'", err)
 				}
-				events = []pgque.Event{{Type: typ, Payload: json.RawMessage(payload), PartitionKey: key}}
+				events = []pgque.Event{{Type: typ, Payload: json.RawMessage(payload), PartitionKey: key, DedupKey: dedupKey}}
 			} else {
 				if isTerminal(a.stdin) {
 					fmt.Fprintln(a.stderr, "pgque: reading JSON lines from stdin (Ctrl-D to end)")
@@ -59,6 +65,12 @@ override the flags, so one stream can carry many partition keys.
 				var err error
 				if events, err = readEvents(a.stdin, typ, key, envelope); err != nil {
 					return err
+				}
+				if dedupKey != "" {
+					if len(events) != 1 {
+						return usagef("--dedup-key names one event, and stdin had %d; give each envelope line its own \"dedup_key\"", len(events))
+					}
+					events[0].DedupKey = dedupKey
 				}
 				if len(events) == 0 {
 					return a.printSent(args[0], nil, asJSON)
@@ -80,7 +92,8 @@ override the flags, so one stream can carry many partition keys.
 	f := cmd.Flags()
 	f.StringVarP(&typ, "type", "t", "", "event type (default \""+pgque.EventTypeDefault+"\")")
 	f.StringVarP(&key, "key", "k", "", "partition key: events with the same key are consumed in order (default none: slot 0)")
-	f.BoolVar(&envelope, "envelope", false, `stdin lines are {"type", "key", "payload"} objects`)
+	f.StringVar(&dedupKey, "dedup-key", "", "idempotency key of the one event sent: a retry within the queue's dedup_window sends nothing")
+	f.BoolVar(&envelope, "envelope", false, `stdin lines are {"type", "key", "dedup_key", "payload"} objects`)
 	f.BoolVar(&asJSON, "json", false, "print the event ids as JSON")
 	return cmd
 }
@@ -101,9 +114,10 @@ func (a *app) printSent(queue string, ids []int64, asJSON bool) error {
 
 // envelopeLine is one --envelope line.
 type envelopeLine struct {
-	Type    *string         `json:"type"`
-	Key     *string         `json:"key"`
-	Payload json.RawMessage `json:"payload"`
+	Type     *string         `json:"type"`
+	Key      *string         `json:"key"`
+	DedupKey *string         `json:"dedup_key"`
+	Payload  json.RawMessage `json:"payload"`
 }
 
 // readEvents reads every line of r and turns each non-blank one into an
@@ -136,6 +150,9 @@ func readEvents(r io.Reader, typ, key string, envelope bool) ([]pgque.Event, err
 			}
 			if env.Key != nil {
 				ev.PartitionKey = *env.Key
+			}
+			if env.DedupKey != nil {
+				ev.DedupKey = *env.DedupKey
 			}
 			ev.Payload = env.Payload
 		} else {

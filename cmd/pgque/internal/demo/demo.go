@@ -34,6 +34,12 @@ const producersMax = 4
 // stopTimeout bounds stopping the workers and the ticker.
 const stopTimeout = 15 * time.Second
 
+// Event sources of Options.Source.
+const (
+	SourceSend    = "send"
+	SourceTrigger = "trigger"
+)
+
 // ErrVerificationFailed is returned by Run when the run completed but one of
 // the checks failed (or a guarantee was broken during the run).
 var ErrVerificationFailed = errors.New("verification failed")
@@ -74,6 +80,11 @@ type Options struct {
 	Duration time.Duration
 	// StallTimeout: see StallTimeoutDefault.
 	StallTimeout time.Duration
+	// Source is where the events come from: SourceSend (default, the
+	// producers call SendBatch) or SourceTrigger (the producers only write
+	// rows of pgque_demo.source_files, attached to the queue with
+	// attach_table, and the trigger emits the events).
+	Source string
 	// Progress receives progress: a bar when it is a terminal, plain lines
 	// otherwise. Nil discards it.
 	Progress io.Writer
@@ -100,6 +111,9 @@ func (o *Options) withDefaults() Options {
 	if out.StallTimeout == 0 {
 		out.StallTimeout = StallTimeoutDefault
 	}
+	if out.Source == "" {
+		out.Source = SourceSend
+	}
 	if out.Progress == nil {
 		out.Progress = io.Discard
 	}
@@ -124,6 +138,8 @@ func (o *Options) Validate() error {
 		return errors.New("--rate must not be negative")
 	case o.Duration < 0 || o.StallTimeout < 0:
 		return errors.New("durations must not be negative")
+	case o.Source != "" && o.Source != SourceSend && o.Source != SourceTrigger:
+		return fmt.Errorf("--source must be %s or %s, not %q", SourceSend, SourceTrigger, o.Source)
 	}
 	return nil
 }
@@ -171,8 +187,14 @@ func run(ctx context.Context, o *Options, env *environment) (*Result, error) {
 	if err := createSchema(ctx, env.admin, tenants); err != nil {
 		return nil, err
 	}
+	if o.Source == SourceTrigger {
+		if err := attachSource(ctx, env.admin); err != nil {
+			return nil, err
+		}
+	}
 	commits := newCommitLog(o.Events)
 	ws := newWorkers(o.Workers, o.Events, strict, o.FailureRate, o.hooks, commits, fatal, o.Logger)
+	ws.fromTrigger = o.Source == SourceTrigger
 
 	stopAll, err := startServices(ctx, o, env, ws)
 	if err != nil {
@@ -324,6 +346,7 @@ func (p *production) run(ctx context.Context, o *Options, env *environment, tena
 	prods := make([]*producer, n)
 	for i := range prods {
 		prods[i] = &producer{client: env.client, queue: Queue, commits: commits, rate: o.Rate / float64(n),
+			pool: env.admin, fromTrigger: o.Source == SourceTrigger,
 			events: o.Events / n, rng: rand.New(rand.NewPCG(uint64(i)+1, 0x5eed)), sent: &p.sent}
 		if i < o.Events%n {
 			prods[i].events++

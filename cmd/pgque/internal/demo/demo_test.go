@@ -180,3 +180,26 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestTriggerSource: with --source trigger the producers only write rows of
+// an attached table; the events its trigger emits are applied exactly once,
+// in order per tenant, reaching the producers' state, and a passing run
+// leaves no attachment behind.
+func TestTriggerSource(t *testing.T) {
+	t.Parallel()
+	o := small(t)
+	o.Source = SourceTrigger
+	res, err := runDemo(t, o)
+	checkPassed(t, res, err)
+	if !res.Strict || res.Source != SourceTrigger || res.Sent != 2000 || res.Applied != 2000 || res.Latency.Count != 2000 {
+		t.Errorf("result = %+v", res)
+	}
+	conn := pgtest.Conn(t, o.DSN)
+	var n int
+	if err := conn.QueryRow(context.Background(), `select count(*) from pgque.table_source`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d attachments left after a passing run", n)
+	}
+}

@@ -72,6 +72,11 @@ func setup(ctx context.Context, o *Options) (env *environment, err error) {
 	if env.client, err = pgque.NewClient(env.admin, &pgque.Config{Logger: o.Logger}); err != nil {
 		return env, err
 	}
+	// The schema first: a source table left by an earlier --source trigger
+	// run is attached to the queue, which cannot be dropped while it is.
+	if err := dropSchema(ctx, env.admin); err != nil {
+		return env, err
+	}
 	if err := env.client.DropQueue(ctx, Queue, true); err != nil && !errors.Is(err, pgque.ErrQueueNotFound) {
 		return env, err
 	}
@@ -110,10 +115,10 @@ func (env *environment) close(passed bool) error {
 	var errs []error
 	if env.admin != nil {
 		if env.cluster == nil && passed {
+			errs = append(errs, dropSchema(ctx, env.admin))
 			if err := env.client.DropQueue(ctx, Queue, true); err != nil {
 				errs = append(errs, err)
 			}
-			errs = append(errs, dropSchema(ctx, env.admin))
 		} else if env.cluster == nil {
 			env.progress("left queue %s and schema %s in the database for inspection", Queue, Schema)
 		}

@@ -23,6 +23,8 @@ type Result struct {
 	// injected failures, or a pause policy).
 	Strict   bool   `json:"strict"`
 	Database string `json:"database"`
+	// Source is where the events came from: send or trigger.
+	Source string `json:"source"`
 
 	// Sent is the number of events produced; Applied the number of
 	// distinct (tenant, seq) applied exactly once; Files the number of
@@ -75,7 +77,7 @@ type Latency struct {
 }
 
 func newResult(o *Options) *Result {
-	return &Result{Tenants: o.Tenants, Slots: o.Slots, Workers: o.Workers, FailureRate: o.FailureRate, Rate: o.Rate,
+	return &Result{Tenants: o.Tenants, Slots: o.Slots, Workers: o.Workers, FailureRate: o.FailureRate, Rate: o.Rate, Source: o.Source,
 		PerWorker: map[string]int64{}, Passed: true}
 }
 
@@ -126,6 +128,9 @@ func (r *Result) WriteSummary(w io.Writer) {
 	fmt.Fprintf(w, "\npgque demo: %d events, %d tenants, %d slots, %d worker processes, failure rate %g, policy %s (%s)\n",
 		r.Sent, r.Tenants, r.Slots, r.Workers, r.FailureRate, r.Policy, mode)
 	fmt.Fprintf(w, "  database    %s\n", r.Database)
+	if r.Source == SourceTrigger {
+		fmt.Fprintf(w, "  source      rows written to pgque_demo.source_files; events emitted by its trigger\n")
+	}
 	fmt.Fprintf(w, "  produced    %d events in %s (%.0f ev/s, batches of %d per transaction)\n",
 		r.Sent, r.ProduceElapsed.Round(time.Millisecond), r.ProduceRate, sendBatchSize)
 	fmt.Fprintf(w, "  applied     %d events in %s from first send to last apply (%.0f ev/s end to end)\n",

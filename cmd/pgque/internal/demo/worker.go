@@ -37,6 +37,10 @@ func SkipEventForTest(o *Options, tenant string, seq int) {
 // counters, the set of handled events, and the per-tenant in-flight flags
 // that catch two workers handling one tenant at once.
 type workers struct {
+	// fromTrigger: events are source_files rows emitted by the trigger
+	// (type insert/update, payload the row), translated back to the
+	// workload's events before they are applied.
+	fromTrigger bool
 	strict      bool
 	failureRate float64
 	hooks       hooks
@@ -69,7 +73,18 @@ func (w *workers) handler(pool *pgxpool.Pool, worker string, idx int) pgque.Hand
 			w.commits.started(m.ID, time.Now())
 		}
 		var p payload
-		if err := m.Decode(&p); err != nil {
+		typ := m.Type
+		if w.fromTrigger {
+			var r sourceRow
+			if err := m.Decode(&r); err != nil {
+				return w.violation(fmt.Errorf("event %d: undecodable row: %w", m.ID, err))
+			}
+			var err error
+			if typ, err = r.eventType(m.Type); err != nil {
+				return w.violation(fmt.Errorf("event %d: %w", m.ID, err))
+			}
+			p = r.payload
+		} else if err := m.Decode(&p); err != nil {
 			return w.violation(fmt.Errorf("event %d: undecodable payload: %w", m.ID, err))
 		}
 		if p.Tenant != m.PartitionKey {
@@ -89,7 +104,7 @@ func (w *workers) handler(pool *pgxpool.Pool, worker string, idx int) pgque.Hand
 			w.done(m.ID, idx)
 			return nil
 		}
-		res, err := applyEvent(ctx, pool, m.Type, &p, w.strict, m.ID, worker, m.Slot, m.RetryCount)
+		res, err := applyEvent(ctx, pool, typ, &p, w.strict, m.ID, worker, m.Slot, m.RetryCount)
 		if err != nil {
 			// Retried by the library; in a strict run the tenant's next
 			// event then fails the order check, so say why.

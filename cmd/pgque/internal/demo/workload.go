@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgque/pgque"
 )
 
@@ -119,15 +121,19 @@ const sendBatchSize = 50
 // producer owns some tenants and sends their events, batch by batch, each
 // batch in one transaction (so per-tenant order is the ev_id order).
 type producer struct {
-	client  *pgque.Client
-	queue   string
-	tenants []*tenantGen
-	events  int     // how many to send
-	rate    float64 // events/s for this producer, 0: unlimited
-	until   time.Time
-	rng     *rand.Rand
-	commits *commitLog
-	sent    *atomic.Int64 // shared by every producer
+	client *pgque.Client
+	// fromTrigger: write the events as rows of pgque_demo.source_files
+	// through pool instead of sending them.
+	fromTrigger bool
+	pool        *pgxpool.Pool
+	queue       string
+	tenants     []*tenantGen
+	events      int     // how many to send
+	rate        float64 // events/s for this producer, 0: unlimited
+	until       time.Time
+	rng         *rand.Rand
+	commits     *commitLog
+	sent        *atomic.Int64 // shared by every producer
 }
 
 // run sends the producer's events; it stops early at p.until or when ctx
@@ -152,7 +158,13 @@ func (p *producer) run(ctx context.Context) error {
 			batch = append(batch, pgque.Event{Type: typ, Payload: pl, PartitionKey: g.name})
 			gens = append(gens, g)
 		}
-		ids, err := p.client.SendBatch(ctx, p.queue, batch)
+		var ids []int64
+		var err error
+		if p.fromTrigger {
+			ids, err = writeRows(ctx, p.pool, batch)
+		} else {
+			ids, err = p.client.SendBatch(ctx, p.queue, batch)
+		}
 		if err != nil {
 			return fmt.Errorf("producing: %w", err)
 		}

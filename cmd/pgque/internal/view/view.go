@@ -39,6 +39,8 @@ type QueueConfig struct {
 	TickerIdlePeriod string `json:"ticker_idle_period"`
 	RotationPeriod   string `json:"rotation_period"`
 	MaxRetries       int    `json:"max_retries"`
+	// DedupWindow is the api layer's dedup_window; filled by queue config.
+	DedupWindow string `json:"dedup_window,omitempty"`
 	// RotationSeconds and IdleSeconds are RotationPeriod and
 	// TickerIdlePeriod in seconds, for the status checks.
 	RotationSeconds, IdleSeconds float64 `json:"-"`

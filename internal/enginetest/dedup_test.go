@@ -1,0 +1,432 @@
+package enginetest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque/internal/pgtest"
+)
+
+// sendKey sends one event to queue q with dedup key k and returns its ev_id.
+func sendKey(t testing.TB, q db, k string) int64 {
+	t.Helper()
+	return scalar[int64](t, q, `select pgque.send('q', 't', '{"a": 1}', partition_key => 'p', dedup_key => $1)`, k)
+}
+
+// eventCount is the number of events stored in queue q.
+func eventCount(t testing.TB, q db) int64 {
+	t.Helper()
+	return scalar[int64](t, q, `select count(*) from pgque.event e join pgque.queue qu on e.ev_part / 16 = qu.queue_id where qu.queue_name = 'q'`)
+}
+
+// waitLocked waits until the backend pid is waiting on a lock, failing the
+// test when done delivers first (the call returned instead of waiting).
+func waitLocked[T any](t testing.TB, q db, pid uint32, done <-chan T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		wait := scalar[*string](t, q, "select wait_event_type from pg_catalog.pg_stat_activity where pid = $1", pid)
+		if wait != nil && *wait == "Lock" {
+			return
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("second sender returned (%v) instead of waiting for the first", r)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("second sender never waited for the first")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// backdate moves every dedup record and the generation switch back by d,
+// as if d had passed.
+func backdate(t testing.TB, q db, d string) {
+	t.Helper()
+	exec(t, q, `update pgque.dedup_0 set dd_time = dd_time - $1::interval`, d)
+	exec(t, q, `update pgque.dedup_1 set dd_time = dd_time - $1::interval`, d)
+	backdateSwitch(t, q, d)
+}
+
+// backdateSwitch moves the last generation switch back by d.
+func backdateSwitch(t testing.TB, q db, d string) {
+	t.Helper()
+	exec(t, q, `update pgque.dedup_state set ds_switch_time = ds_switch_time - $1::interval`, d)
+}
+
+// dedupRecords counts the records in generation gen (0 or 1), or in both
+// for -1.
+func dedupRecords(t testing.TB, q db, gen int) int64 {
+	t.Helper()
+	switch gen {
+	case 0:
+		return scalar[int64](t, q, `select count(*) from pgque.dedup_0`)
+	case 1:
+		return scalar[int64](t, q, `select count(*) from pgque.dedup_1`)
+	}
+	return dedupRecords(t, q, 0) + dedupRecords(t, q, 1)
+}
+
+// TestDedupSameKey: the same key twice in one transaction and in two
+// committed transactions returns the first ev_id and stores one event; a
+// different key, and a NULL key, make new events.
+func TestDedupSameKey(t *testing.T) {
+	ctx := context.Background()
+	_, pool := setupEngine(t)
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1 := sendKey(t, tx, "k1")
+	a2 := sendKey(t, tx, "k1")
+	if a1 != a2 {
+		t.Fatalf("same key in one transaction: ev_ids %d and %d", a1, a2)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a3 := sendKey(t, pool, "k1"); a3 != a1 {
+		t.Fatalf("same key in a later transaction: ev_id %d, want %d", a3, a1)
+	}
+	if n := eventCount(t, pool); n != 1 {
+		t.Fatalf("%d events stored for one key, want 1", n)
+	}
+	if b := sendKey(t, pool, "k2"); b == a1 {
+		t.Fatal("a different key returned the first key's event")
+	}
+	n1 := scalar[int64](t, pool, `select pgque.send('q', 't', '{}', 'p', null)`)
+	n2 := scalar[int64](t, pool, `select pgque.send('q', 't', '{}', 'p', dedup_key => null)`)
+	if n1 == n2 {
+		t.Fatal("two sends without a dedup key returned one ev_id")
+	}
+	if n := eventCount(t, pool); n != 4 {
+		t.Fatalf("%d events, want 4 (k1, k2, two without a key)", n)
+	}
+	// The first event is the one stored, with its payload and keys.
+	if typ := scalar[string](t, pool, `select ev_type || '/' || ev_extra1 from pgque.event where ev_id = $1`, a1); typ != "t/p" {
+		t.Fatalf("stored event: %s", typ)
+	}
+}
+
+// TestDedupRacingSenders: while one transaction holds an uncommitted send
+// of a key, a second sender of the key waits; when the first commits the
+// second gets its ev_id and nothing is stored, when it rolls back the key
+// is free and the second sends a new event.
+func TestDedupRacingSenders(t *testing.T) {
+	for _, outcome := range []string{"commit", "rollback"} {
+		t.Run(outcome, func(t *testing.T) {
+			ctx := context.Background()
+			dsn, pool := setupEngine(t)
+			c1, c2 := pgtest.Conn(t, dsn), pgtest.Conn(t, dsn)
+			tx, err := c1.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := sendKey(t, tx, "race")
+
+			type result struct {
+				id  int64
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				var r result
+				r.err = c2.QueryRow(ctx, `select pgque.send('q', 't', '{"a": 2}', 'p', 'race')`).Scan(&r.id)
+				done <- r
+			}()
+			waitLocked(t, pool, c2.PgConn().PID(), done)
+
+			if outcome == "commit" {
+				err = tx.Commit(ctx)
+			} else {
+				err = tx.Rollback(ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r result
+			select {
+			case r = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("second sender still waiting after the first finished")
+			}
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			switch {
+			case outcome == "commit" && r.id != first:
+				t.Fatalf("after the first committed, second got ev_id %d, want %d", r.id, first)
+			case outcome == "rollback" && r.id == first:
+				t.Fatalf("after the first rolled back, second got its ev_id %d", r.id)
+			}
+			if n := eventCount(t, pool); n != 1 {
+				t.Fatalf("%d events, want 1", n)
+			}
+			if got := sendKey(t, pool, "race"); got != r.id {
+				t.Fatalf("a third send got %d, want %d", got, r.id)
+			}
+		})
+	}
+}
+
+// TestDedupRacingRepeatableRead: under REPEATABLE READ a sender that had to
+// wait for a concurrent sender of its key fails with 40001 instead of
+// storing a duplicate it cannot see.
+func TestDedupRacingRepeatableRead(t *testing.T) {
+	ctx := context.Background()
+	dsn, pool := setupEngine(t)
+	c1, c2 := pgtest.Conn(t, dsn), pgtest.Conn(t, dsn)
+	tx1, err := c1.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendKey(t, tx1, "rr")
+	tx2, err := c2.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec(t, tx2, "select 1") // takes the transaction snapshot now
+	done := make(chan error, 1)
+	go func() {
+		_, err := tx2.Exec(ctx, `select pgque.send('q', 't', '{}', 'p', 'rr')`)
+		done <- err
+	}()
+	waitLocked(t, pool, c2.PgConn().PID(), done)
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, "racing send under repeatable read", <-done, "40001", "dedup key")
+	_ = tx2.Rollback(ctx)
+	if n := eventCount(t, pool); n != 1 {
+		t.Fatalf("%d events, want 1", n)
+	}
+}
+
+// TestDedupAfterRollback: a rolled-back send frees its key.
+func TestDedupAfterRollback(t *testing.T) {
+	ctx := context.Background()
+	_, pool := setupEngine(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := sendKey(t, tx, "rb")
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if id := sendKey(t, pool, "rb"); id == gone {
+		t.Fatalf("send after rollback returned the rolled-back ev_id %d", id)
+	}
+	if n := eventCount(t, pool); n != 1 {
+		t.Fatalf("%d events, want 1", n)
+	}
+}
+
+// TestDedupWindow: once the window has passed, the key sends a new event
+// (its expired record is reused in place); within it, it does not. The
+// window is per queue.
+func TestDedupWindow(t *testing.T) {
+	_, pool := setupEngine(t)
+	newQueue(t, pool, "other")
+	exec(t, pool, `select pgque.set_queue_config('q', 'dedup_window', '10 seconds')`)
+	if w := scalar[string](t, pool, `select qd_window::text from pgque.queue_dedup d join pgque.queue q on q.queue_id = d.qd_queue where q.queue_name = 'q'`); w != "00:00:10" {
+		t.Fatalf("window stored as %s", w)
+	}
+	if n := scalar[int64](t, pool, `select count(*) from pgque.queue_dedup d join pgque.queue q on q.queue_id = d.qd_queue where q.queue_name = 'other'`); n != 0 {
+		t.Fatalf("queue without a window set has %d window rows (the default, 5 minutes, needs none)", n)
+	}
+	first := sendKey(t, pool, "w")
+	backdate(t, pool, "9 seconds")
+	if id := sendKey(t, pool, "w"); id != first {
+		t.Fatalf("within the window: ev_id %d, want %d", id, first)
+	}
+	backdate(t, pool, "2 seconds")
+	second := sendKey(t, pool, "w")
+	if second == first {
+		t.Fatal("after the window the key still returned the old event")
+	}
+	if id := sendKey(t, pool, "w"); id != second {
+		t.Fatalf("the new event is not remembered: %d, want %d", id, second)
+	}
+	if n := eventCount(t, pool); n != 2 {
+		t.Fatalf("%d events, want 2", n)
+	}
+	if n := dedupRecords(t, pool, -1); n != 1 {
+		t.Fatalf("%d dedup records for one key, want 1", n)
+	}
+	// The default window applies to a queue that set none: 5 minutes.
+	o1 := scalar[int64](t, pool, `select pgque.send('other', 't', '{}', null, 'w')`)
+	backdate(t, pool, "4 minutes")
+	if o2 := scalar[int64](t, pool, `select pgque.send('other', 't', '{}', null, 'w')`); o2 != o1 {
+		t.Fatalf("default window: after 4 minutes got %d, want %d", o2, o1)
+	}
+	backdate(t, pool, "2 minutes")
+	if o3 := scalar[int64](t, pool, `select pgque.send('other', 't', '{}', null, 'w')`); o3 == o1 {
+		t.Fatal("default window: the key still deduplicates after 6 minutes")
+	}
+}
+
+// TestDedupAcrossRotation: a key recorded in the previous generation still
+// deduplicates after a rotation; rotation waits for an open sender; a
+// rotation a window later truncates the old generation and
+// frees its keys, so storage stays bounded.
+func TestDedupAcrossRotation(t *testing.T) {
+	ctx := context.Background()
+	dsn, pool := setupEngine(t)
+	exec(t, pool, `select pgque.set_queue_config('q', 'dedup_window', '1 minute')`)
+	cur := func() int32 {
+		return scalar[int32](t, pool, `select ds_cur from pgque.dedup_state`)
+	}
+	old := sendKey(t, pool, "old")
+
+	// While a transaction that sent a key is open it holds both
+	// generations, so rotation waits for it (and retries at the next
+	// maint()); a second sender of its key waits for it too.
+	c1, c2 := pgtest.Conn(t, dsn), pgtest.Conn(t, dsn)
+	tx, err := c1.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	race := sendKey(t, tx, "race")
+	backdateSwitch(t, pool, "2 minutes")
+	exec(t, pool, `select pgque.maint()`)
+	if c := cur(); c != 0 {
+		t.Fatalf("rotated to generation %d while a sender was inside generation 0", c)
+	}
+	done := make(chan int64, 1)
+	go func() {
+		var id int64
+		if err := c2.QueryRow(ctx, `select pgque.send('q', 't', '{}', 'p', 'race')`).Scan(&id); err != nil {
+			t.Error(err)
+		}
+		done <- id
+	}()
+	waitLocked(t, pool, c2.PgConn().PID(), done)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if id := <-done; id != race {
+		t.Fatalf("second sender got %d, want %d", id, race)
+	}
+	exec(t, pool, `select pgque.maint()`)
+	if c := cur(); c != 1 {
+		t.Fatalf("current generation %d after rotation, want 1", c)
+	}
+	if id := sendKey(t, pool, "race"); id != race {
+		t.Fatalf("key in the previous generation: %d, want %d", id, race)
+	}
+	if id := sendKey(t, pool, "old"); id != old {
+		t.Fatalf("key in the previous generation: %d, want %d", id, old)
+	}
+	fresh := sendKey(t, pool, "fresh") // in generation 1
+	if n := dedupRecords(t, pool, 1); n != 1 {
+		t.Fatalf("%d records in generation 1, want 1 (fresh)", n)
+	}
+
+	// A window later the next rotation truncates generation 0 and makes it
+	// current: "old" is free again, "fresh" (generation 1) still counts.
+	exec(t, pool, `update pgque.dedup_0 set dd_time = dd_time - interval '2 minutes'`)
+	backdateSwitch(t, pool, "2 minutes")
+	exec(t, pool, `select pgque.maint()`)
+	if c := cur(); c != 0 {
+		t.Fatalf("current generation %d after the second rotation, want 0", c)
+	}
+	if n := dedupRecords(t, pool, 0); n != 0 {
+		t.Fatalf("generation 0 holds %d records after its truncation", n)
+	}
+	if id := sendKey(t, pool, "fresh"); id != fresh {
+		t.Fatalf("fresh after rotation: %d, want %d", id, fresh)
+	}
+	if id := sendKey(t, pool, "old"); id == old {
+		t.Fatal("old key still deduplicated after its generation was truncated")
+	}
+	// maint() does not rotate again before the window has passed, and the
+	// generations turn at the pace of the longest window of any queue.
+	exec(t, pool, `select pgque.maint()`)
+	if c := cur(); c != 0 {
+		t.Fatalf("rotated again early: generation %d", c)
+	}
+	newQueue(t, pool, "slow")
+	exec(t, pool, `select pgque.set_queue_config('slow', 'dedup_window', '1 hour')`)
+	backdateSwitch(t, pool, "2 minutes")
+	exec(t, pool, `select pgque.maint()`)
+	if c := cur(); c != 0 {
+		t.Fatalf("rotated after 2 minutes although queue slow keeps keys for an hour: generation %d", c)
+	}
+	backdateSwitch(t, pool, "1 hour")
+	exec(t, pool, `select pgque.maint()`)
+	if c := cur(); c != 1 {
+		t.Fatalf("no rotation after the longest window: generation %d", c)
+	}
+}
+
+// TestDedupSendBatch: duplicate keys inside one batch get the first
+// element's ev_id; NULL elements are not deduplicated; keys sent earlier
+// return their events.
+func TestDedupSendBatch(t *testing.T) {
+	_, pool := setupEngine(t)
+	before := sendKey(t, pool, "seen")
+	ids := column[int64](t, pool, `select unnest(pgque.send_batch('q', 't',
+		array['{"n":1}', '{"n":2}', '{"n":3}', '{"n":4}', '{"n":5}', '{"n":6}']::jsonb[],
+		partition_keys => array['p1', 'p2', 'p3', 'p4', 'p5', 'p6'],
+		dedup_keys => array['a', 'b', 'a', null, null, 'seen']))`)
+	if len(ids) != 6 {
+		t.Fatalf("%d ids, want 6", len(ids))
+	}
+	if ids[0] != ids[2] {
+		t.Errorf("duplicate key in the batch: ev_ids %d and %d", ids[0], ids[2])
+	}
+	if ids[3] == ids[4] || ids[0] == ids[1] {
+		t.Errorf("distinct elements share ev_ids: %v", ids)
+	}
+	if ids[5] != before {
+		t.Errorf("key sent before the batch: ev_id %d, want %d", ids[5], before)
+	}
+	if n := eventCount(t, pool); n != 5 {
+		t.Fatalf("%d events, want 5 (seen, a, b, two without a key)", n)
+	}
+	// Elements keep their own payload and partition key, in order.
+	got := column[string](t, pool, `select ev_data || ev_extra1 from pgque.event where ev_id = any($1) order by ev_id`, ids[:5])
+	if strings.Join(got, ",") != `{"n": 1}p1,{"n": 2}p2,{"n": 4}p4,{"n": 5}p5` {
+		t.Errorf("stored events: %v", got)
+	}
+}
+
+// TestDedupBadInput: empty and over-long keys, mismatched key arrays, too
+// many keys in one batch and out-of-range windows are refused with their
+// SQLSTATEs, storing nothing.
+func TestDedupBadInput(t *testing.T) {
+	_, pool := setupEngine(t)
+	long := strings.Repeat("x", 513)
+	for _, c := range []struct {
+		sql, code, mention string
+		args               []any
+	}{
+		{`select pgque.send('q', 't', '{}', null, '')`, "PQ063", "empty", nil},
+		{`select pgque.send('q', 't', '{}', null, $1)`, "PQ063", "513 bytes", []any{long}},
+		{`select pgque.send_batch('q', 't', array['{}', '{}']::jsonb[], dedup_keys => array['a', ''])`, "PQ063", "dedup key 2", nil},
+		{`select pgque.send_batch('q', 't', array['{}', '{}']::jsonb[], dedup_keys => array['a'])`, "PQ011", "1 dedup keys for 2 payloads", nil},
+		{`select pgque.send('nope', 't', '{}', null, 'k')`, "PQ001", "nope", nil},
+		{`select pgque.set_queue_config('q', 'dedup_window', '-5 minutes')`, "PQ011", "dedup_window", nil},
+		{`select pgque.set_queue_config('q', 'dedup_window', '0')`, "PQ011", "between 1 second and 7 days", nil},
+		{`select pgque.set_queue_config('q', 'dedup_window', '30 days')`, "PQ011", "between 1 second and 7 days", nil},
+		{`select pgque.set_queue_config('q', 'dedup_window', 'soon')`, "PQ011", "must be an interval", nil},
+		{`select pgque.set_queue_config('q', 'dedup_windo', '1 minute')`, "PQ012", "dedup_window", nil},
+		{`select pgque.send_batch('q', 't', array_fill('{}'::jsonb, array[1001]), dedup_keys => (select array_agg('k' || i) from generate_series(1, 1001) i))`,
+			"PQ011", "at most 1000", nil},
+	} {
+		wantCode(t, c.sql, queryErr(pool, c.sql, c.args...), c.code, c.mention)
+	}
+	if n := eventCount(t, pool); n != 0 {
+		t.Fatalf("%d events stored by refused sends", n)
+	}
+	// 512 bytes is accepted.
+	sendKey(t, pool, strings.Repeat("x", 512))
+}

@@ -1,0 +1,41 @@
+-- Layer hooks: how upper layers plug settings and maintenance into the
+-- engine (see pgque.layer_hook). The engine calls a hook by the regprocedure
+-- stored in the table, which only the install writes, so no caller string
+-- reaches the dynamic SQL.
+
+-- _maint_hooks(): runs every registered 'maint' hook in name order.
+-- Returns the sum of the operations they report. Not granted: maint() calls it.
+create or replace function pgque._maint_hooks()
+returns integer language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_fn regprocedure;
+    v_n  integer := 0;
+    v_r  integer;
+begin
+    for v_fn in select hook_fn from pgque.layer_hook where hook_kind = 'maint' order by hook_name loop
+        execute format('select %s()', v_fn::regproc) into v_r;
+        v_n := v_n + coalesce(v_r, 0);
+    end loop;
+    return v_n;
+end;
+$$;
+
+-- _queue_config_hook(queue_id, param, value): applies a setting owned by an
+-- upper layer. Returns false when no layer knows param.
+create or replace function pgque._queue_config_hook(i_queue_id integer, i_param text, i_value text)
+returns boolean language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_fn regprocedure;
+begin
+    select hook_fn into v_fn from pgque.layer_hook where hook_kind = 'queue_config' and hook_name = i_param;
+    if not found then
+        return false;
+    end if;
+    execute format('select %s($1, $2)', v_fn::regproc) using i_queue_id, i_value;
+    return true;
+end;
+$$;
