@@ -98,7 +98,7 @@ func New(sink Sink) *Metrics {
 		BatchDuration: v(BatchDuration, Duration), HandlerDuration: v(HandlerDuration, Duration),
 		SlotLag: v(SlotLag, Gauge), SlotHeadAge: v(SlotHeadAge, Gauge),
 		SlotTopKeyShare: v(SlotTopKeyShare, Gauge),
-		LeaseClaims: v(LeaseClaims, Counter), LeaseRenewals: v(LeaseRenewals, Counter),
+		LeaseClaims:     v(LeaseClaims, Counter), LeaseRenewals: v(LeaseRenewals, Counter),
 		LeaseTakeovers: v(LeaseTakeovers, Counter), LeaseFencings: v(LeaseFencings, Counter),
 		Ticks:        Point{sink: sink, name: TickerRounds, kind: Counter},
 		TickerLeader: Point{sink: sink, name: TickerLeader, kind: Gauge},
