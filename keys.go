@@ -12,8 +12,11 @@ const (
 	KeyLimitDefault = 20
 	// KeyScanDefault bounds how many pending events KeyHeads and KeyShares
 	// read per call, split between the slots. Past it the answers are
-	// estimates (the heads found are still the oldest ones).
-	KeyScanDefault = 100000
+	// estimates (the heads found are still the oldest ones, since the scan
+	// reads the oldest pending events first). 20 000 keeps one call near a
+	// tenth of a second on a million-event backlog, cheap enough to poll
+	// every few seconds; raise it for exact counts on large backlogs.
+	KeyScanDefault = 20000
 	// HotKeyWindowDefault is the window HotKeys measures rates over.
 	HotKeyWindowDefault = time.Minute
 	// HotKeyShareDefault is the share of a slot's pending events above

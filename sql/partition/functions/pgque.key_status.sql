@@ -124,7 +124,7 @@ $$;
 -- Reads subscription, tick, slot_group, slot_lease, event, retry_queue,
 -- deferred, key_block.
 create or replace function pgque.key_heads(i_queue text, i_consumer text, i_slot integer default null,
-                                           i_limit integer default 20, i_scan integer default 100000)
+                                           i_limit integer default 20, i_scan integer default 20000)
 returns table (slot integer, key text, state text, head_ev_id bigint, head_age interval, pending bigint,
                failures integer, reason text, retry_at timestamptz, deferred bigint, estimated boolean)
 language plpgsql stable security definer
@@ -194,7 +194,7 @@ $$;
 -- them and its share (0..1). A share near 1 on a slot with a large backlog
 -- is a hot key: the slot cannot go faster than that key's handler. Reads
 -- subscription, tick, slot_group, slot_lease, event.
-create or replace function pgque.key_shares(i_queue text, i_consumer text, i_scan integer default 100000)
+create or replace function pgque.key_shares(i_queue text, i_consumer text, i_scan integer default 20000)
 returns table (slot integer, pending bigint, top_key text, top_pending bigint, share double precision,
                keys bigint, estimated boolean)
 language plpgsql stable security definer
@@ -233,7 +233,7 @@ $$;
 -- is shortened to the span the sample covers and estimated is true.
 -- Reads event.
 create or replace function pgque.hot_keys(i_queue text, i_window interval default '1 minute',
-                                          i_limit integer default 10, i_sample integer default 100000)
+                                          i_limit integer default 10, i_sample integer default 20000)
 returns table (key text, events bigint, rate double precision, share double precision,
                span interval, estimated boolean)
 language plpgsql stable security definer

@@ -26,9 +26,9 @@ const (
 	// default interval).
 	HistoryLength = 300
 	// ConsoleKeyScan bounds the events one refresh of the keys page reads
-	// (per view): a fifth of pgque.KeyScanDefault, since the page refreshes
-	// every five seconds. The heads found are the oldest either way.
-	ConsoleKeyScan = 20000
+	// (per view), the library's default: the page refreshes every five
+	// seconds. The heads found are the oldest either way.
+	ConsoleKeyScan = pgque.KeyScanDefault
 	// TokenHeader carries the action token.
 	TokenHeader = "X-Pgque-Token"
 )
