@@ -34,13 +34,13 @@ type QueueInfo struct {
 // QueueInfo calls pgque.get_queue_info(queue); a nil queue reads every
 // queue.
 func (q *Queries) QueueInfo(ctx context.Context, queue *string) ([]QueueInfo, error) {
-	rows, err := q.db.Query(ctx, `select queue_name, ev_per_sec, ev_new, extract(epoch from ticker_lag)::float8,
+	rows, err := q.db.Query(ctx, `select queue_name, ev_per_sec, ev_new, extract(epoch from ticker_lag)::pg_catalog.float8,
 			retry_pending, dead_letters, last_tick_id, queue_ntables, queue_cur_table,
-			extract(epoch from clock_timestamp() - queue_switch_time)::float8,
-			queue_ticker_max_count, extract(epoch from queue_ticker_max_lag)::float8,
-			extract(epoch from queue_ticker_idle_period)::float8,
-			extract(epoch from queue_rotation_period)::float8, queue_max_retries
-		from pgque.get_queue_info($1::text)`, queue)
+			extract(epoch from clock_timestamp() - queue_switch_time)::pg_catalog.float8,
+			queue_ticker_max_count, extract(epoch from queue_ticker_max_lag)::pg_catalog.float8,
+			extract(epoch from queue_ticker_idle_period)::pg_catalog.float8,
+			extract(epoch from queue_rotation_period)::pg_catalog.float8, queue_max_retries
+		from pgque.get_queue_info($1::pg_catalog.text)`, queue)
 	if err != nil {
 		return nil, err
 	}
@@ -74,9 +74,9 @@ type ConsumerInfo struct {
 // ConsumerInfo calls pgque.get_consumer_info(queue, consumer); nil matches
 // every queue or consumer.
 func (q *Queries) ConsumerInfo(ctx context.Context, queue, consumer *string) ([]ConsumerInfo, error) {
-	rows, err := q.db.Query(ctx, `select queue_name, consumer_name, extract(epoch from lag)::float8,
-			extract(epoch from last_seen)::float8, pending_events, retry_pending, current_batch
-		from pgque.get_consumer_info($1::text, $2::text)`, queue, consumer)
+	rows, err := q.db.Query(ctx, `select queue_name, consumer_name, extract(epoch from lag)::pg_catalog.float8,
+			extract(epoch from last_seen)::pg_catalog.float8, pending_events, retry_pending, current_batch
+		from pgque.get_consumer_info($1::pg_catalog.text, $2::pg_catalog.text)`, queue, consumer)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ type DeadLetter struct {
 // every consumer's dead letters.
 func (q *Queries) DLQList(ctx context.Context, queue string, consumer *string, max int) ([]DeadLetter, error) {
 	rows, err := q.db.Query(ctx, `select dl_id, consumer, dl_time, reason, ev_id, ev_time, ev_retry, ev_type, ev_data, ev_extra1
-		from pgque.dlq_list($1::text, $2::text, $3::int)`, queue, consumer, max)
+		from pgque.dlq_list($1::pg_catalog.text, $2::pg_catalog.text, $3::int)`, queue, consumer, max)
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +132,7 @@ func (q *Queries) DLQList(ctx context.Context, queue string, consumer *string, m
 // DLQReplay calls pgque.dlq_replay(queue, dl_id) and returns the event id.
 func (q *Queries) DLQReplay(ctx context.Context, queue string, id int64) (int64, error) {
 	var evID int64
-	err := q.db.QueryRow(ctx, `select pgque.dlq_replay($1::text, $2::bigint)`, queue, id).Scan(&evID)
+	err := q.db.QueryRow(ctx, `select pgque.dlq_replay($1::pg_catalog.text, $2::bigint)`, queue, id).Scan(&evID)
 	return evID, err
 }
 
@@ -140,7 +140,7 @@ func (q *Queries) DLQReplay(ctx context.Context, queue string, id int64) (int64,
 // many dead letters it removed; a nil consumer purges every consumer's.
 func (q *Queries) DLQPurge(ctx context.Context, queue string, consumer *string, olderThan time.Duration) (int64, error) {
 	var n int64
-	err := q.db.QueryRow(ctx, `select pgque.dlq_purge($1::text, $2::text, $3::interval)`, queue, consumer, olderThan).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.dlq_purge($1::pg_catalog.text, $2::pg_catalog.text, $3::interval)`, queue, consumer, olderThan).Scan(&n)
 	return n, err
 }
 

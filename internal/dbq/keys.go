@@ -24,9 +24,9 @@ type KeyHead struct {
 // KeyHeads calls pgque.key_heads(queue, consumer, slot, limit, scan); a nil
 // slot means every slot.
 func (q *Queries) KeyHeads(ctx context.Context, queue, consumer string, slot *int, limit, scan int) ([]KeyHead, error) {
-	rows, err := q.db.Query(ctx, `select slot, key, state, head_ev_id, extract(epoch from head_age)::float8, pending,
+	rows, err := q.db.Query(ctx, `select slot, key, state, head_ev_id, extract(epoch from head_age)::pg_catalog.float8, pending,
 			failures, reason, retry_at, deferred, estimated
-		from pgque.key_heads($1::text, $2::text, $3::int, $4::int, $5::int)`, queue, consumer, slot, limit, scan)
+		from pgque.key_heads($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::int)`, queue, consumer, slot, limit, scan)
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +61,7 @@ type KeyShare struct {
 // KeyShares calls pgque.key_shares(queue, consumer, scan).
 func (q *Queries) KeyShares(ctx context.Context, queue, consumer string, scan int) ([]KeyShare, error) {
 	rows, err := q.db.Query(ctx, `select slot, pending, top_key, top_pending, share, keys, estimated
-		from pgque.key_shares($1::text, $2::text, $3::int)`, queue, consumer, scan)
+		from pgque.key_shares($1::pg_catalog.text, $2::pg_catalog.text, $3::int)`, queue, consumer, scan)
 	if err != nil {
 		return nil, err
 	}
@@ -89,8 +89,8 @@ type HotKey struct {
 
 // HotKeys calls pgque.hot_keys(queue, window, limit, sample).
 func (q *Queries) HotKeys(ctx context.Context, queue string, window time.Duration, limit, sample int) ([]HotKey, error) {
-	rows, err := q.db.Query(ctx, `select key, events, rate, share, extract(epoch from span)::float8, estimated
-		from pgque.hot_keys($1::text, $2::interval, $3::int, $4::int)`, queue, window, limit, sample)
+	rows, err := q.db.Query(ctx, `select key, events, rate, share, extract(epoch from span)::pg_catalog.float8, estimated
+		from pgque.hot_keys($1::pg_catalog.text, $2::interval, $3::int, $4::int)`, queue, window, limit, sample)
 	if err != nil {
 		return nil, err
 	}
@@ -111,8 +111,8 @@ func (q *Queries) HotKeys(ctx context.Context, queue string, window time.Duratio
 // SlotHeads calls pgque.slot_heads(queue, consumer) and returns the age of
 // each slot's first pending event; caught-up slots are absent.
 func (q *Queries) SlotHeads(ctx context.Context, queue, consumer string) (map[int]time.Duration, error) {
-	rows, err := q.db.Query(ctx, `select slot, extract(epoch from head_age)::float8
-		from pgque.slot_heads($1::text, $2::text) where head_age is not null`, queue, consumer)
+	rows, err := q.db.Query(ctx, `select slot, extract(epoch from head_age)::pg_catalog.float8
+		from pgque.slot_heads($1::pg_catalog.text, $2::pg_catalog.text) where head_age is not null`, queue, consumer)
 	if err != nil {
 		return nil, err
 	}

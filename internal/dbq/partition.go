@@ -81,7 +81,7 @@ type Delivery struct {
 // finished.
 func (q *Queries) AckDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.ack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::bigint, $8::bigint)`,
+	err := q.db.QueryRow(ctx, `select pgque.ack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::bigint, $7::bigint, $8::bigint)`,
 		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, d.MsgID).Scan(&n)
 	return n == 1, err
 }
@@ -91,7 +91,7 @@ func (q *Queries) AckDelivery(ctx context.Context, queue, consumer string, slot,
 // event to retry, d the chunk it was received in.
 func (q *Queries) NackDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::bigint, $8::bigint, $9::interval, $10::text)`,
+	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::bigint, $7::bigint, $8::bigint, $9::interval, $10::pg_catalog.text)`,
 		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, msgID, retryArg(retryAfter), reason).Scan(&n)
 	return n == 1, err
 }
@@ -139,8 +139,8 @@ type SlotStatus struct {
 // clock, so client clock skew does not matter.
 func (q *Queries) PartitionSlotStatus(ctx context.Context, queue, consumer string) ([]SlotStatus, error) {
 	rows, err := q.db.Query(ctx, `select slot, nslots, owner, coalesce(lease_until operator(pg_catalog.>) pg_catalog.now(), false), coalesce(epoch, 0),
-			coalesce(lag, 0), coalesce(extract(epoch from oldest_pending_age), 0)::float8,
-			queue, consumer, lease_until, policy, open_batch, coalesce(extract(epoch from last_active), 0)::float8
+			coalesce(lag, 0), coalesce(extract(epoch from oldest_pending_age), 0)::pg_catalog.float8,
+			queue, consumer, lease_until, policy, open_batch, coalesce(extract(epoch from last_active), 0)::pg_catalog.float8
 		from pgque.partition_slot_status
 		where ($1::pg_catalog.text operator(pg_catalog.=) '' or queue operator(pg_catalog.=) $1::pg_catalog.text)
 		  and ($2::pg_catalog.text operator(pg_catalog.=) '' or consumer operator(pg_catalog.=) $2::pg_catalog.text)
