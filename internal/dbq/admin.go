@@ -36,7 +36,7 @@ type QueueInfo struct {
 func (q *Queries) QueueInfo(ctx context.Context, queue *string) ([]QueueInfo, error) {
 	rows, err := q.db.Query(ctx, `select queue_name, ev_per_sec, ev_new, extract(epoch from ticker_lag)::pg_catalog.float8,
 			retry_pending, dead_letters, last_tick_id, queue_ntables, queue_cur_table,
-			extract(epoch from clock_timestamp() - queue_switch_time)::pg_catalog.float8,
+			extract(epoch from pg_catalog.clock_timestamp() operator(pg_catalog.-) queue_switch_time)::pg_catalog.float8,
 			queue_ticker_max_count, extract(epoch from queue_ticker_max_lag)::pg_catalog.float8,
 			extract(epoch from queue_ticker_idle_period)::pg_catalog.float8,
 			extract(epoch from queue_rotation_period)::pg_catalog.float8, queue_max_retries
