@@ -13,7 +13,7 @@ import (
 func (q *Queries) AttachTable(ctx context.Context, queue, table, keyColumn string, ops, columns, exclude []string,
 	when *string, skipUnchanged bool) error {
 	_, err := q.db.Exec(ctx, `select pgque.attach_table($1::pg_catalog.text, $2::pg_catalog.regclass, $3::pg_catalog.text,
-			pg_catalog.coalesce($4::pg_catalog.text[], array['insert', 'update', 'delete']), $5::pg_catalog.text[],
+			coalesce($4::pg_catalog.text[], array['insert', 'update', 'delete']), $5::pg_catalog.text[],
 			$6::pg_catalog.text[], $7::pg_catalog.text, $8::pg_catalog.bool)`,
 		queue, table, keyColumn, ops, columns, exclude, when, skipUnchanged)
 	return err
@@ -51,7 +51,7 @@ func (q *Queries) AttachedTables(ctx context.Context) ([]AttachedTable, error) {
 // DedupWindow reads queue's dedup_window (the default when it never set
 // one); ok is false for an unknown queue.
 func (q *Queries) DedupWindow(ctx context.Context, queue string) (window time.Duration, ok bool, err error) {
-	err = q.db.QueryRow(ctx, `select pg_catalog.coalesce(d.qd_window, interval '5 minutes')
+	err = q.db.QueryRow(ctx, `select coalesce(d.qd_window, interval '5 minutes')
 		from pgque.queue q left join pgque.queue_dedup d on d.qd_queue operator(pg_catalog.=) q.queue_id
 		where q.queue_name operator(pg_catalog.=) $1::pg_catalog.text`, queue).Scan(&window)
 	if err == pgx.ErrNoRows {

@@ -71,10 +71,15 @@ begin
         select pg_catalog.format('statistics object %s (owner %s)', o.stxname, o.stxowner::regrole::text)
           from pg_catalog.pg_statistic_ext o where o.stxnamespace = v_nsp and o.stxowner operator(pg_catalog.<>) v_owner
         union all
-        -- pgque defines no triggers and no rules: any is foreign.
+        -- pgque defines no rules, and no triggers but the two guards of
+        -- pgque.table_source (api layer), which call pgque's own guard
+        -- function: any other is foreign.
         select pg_catalog.format('trigger %s on %s', g.tgname, g.tgrelid::regclass::text)
           from pg_catalog.pg_trigger g join pg_catalog.pg_class c on c.oid = g.tgrelid
          where c.relnamespace = v_nsp and not g.tgisinternal
+           and not (c.relname operator(pg_catalog.=) 'table_source'
+                    and g.tgname operator(pg_catalog.=) any (array['pgque_table_source_guard', 'pgque_table_source_drop_function']::pg_catalog.name[])
+                    and g.tgfoid operator(pg_catalog.=) pg_catalog.to_regprocedure('pgque._table_source_row_guard()'))
         union all
         select pg_catalog.format('rule %s on %s', r.rulename, r.ev_class::regclass::text)
           from pg_catalog.pg_rewrite r join pg_catalog.pg_class c on c.oid = r.ev_class

@@ -25,7 +25,7 @@
 create or replace function pgque._slot_keys(i_sub integer, i_slot integer, i_nslots integer, i_scan integer)
 returns table (key text, head_ev_id bigint, head_time timestamptz, pending bigint, in_batch bigint,
                scanned bigint, truncated boolean)
-language plpgsql stable rows 100
+language plpgsql volatile rows 100
 set search_path = pg_catalog, pg_temp
 -- Only a walk of the routing index in ev_txid order stops after the budget:
 -- a slot's events are spread over every heap page, so the bitmap scan and
@@ -43,6 +43,9 @@ begin
     if not found then
         return;
     end if;
+    -- The cursor and open batch live in the subscription's newest state
+    -- record, not in its (static) row.
+    s := pgque._with_state(s);
     select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
     if s.sub_next_tick is not null then
         select tick_snapshot into v_next from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_next_tick;
@@ -86,7 +89,7 @@ $$;
 -- queue, PQ034 when the consumer has no slots, PQ011 for a slot out of
 -- range.
 create or replace function pgque._key_slots(i_queue text, i_consumer text, i_slot integer)
-returns setof pgque.slot_lease language plpgsql stable rows 16
+returns setof pgque.slot_lease language plpgsql volatile rows 16
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -127,7 +130,7 @@ create or replace function pgque.key_heads(i_queue text, i_consumer text, i_slot
                                            i_limit integer default 20, i_scan integer default 20000)
 returns table (slot integer, key text, state text, head_ev_id bigint, head_age interval, pending bigint,
                failures integer, reason text, retry_at timestamptz, deferred bigint, estimated boolean)
-language plpgsql stable security definer
+language plpgsql volatile security definer
 set search_path = pg_catalog, pg_temp
 set jit = off
 as $$
@@ -197,7 +200,7 @@ $$;
 create or replace function pgque.key_shares(i_queue text, i_consumer text, i_scan integer default 20000)
 returns table (slot integer, pending bigint, top_key text, top_pending bigint, share double precision,
                keys bigint, estimated boolean)
-language plpgsql stable security definer
+language plpgsql volatile security definer
 set search_path = pg_catalog, pg_temp
 set jit = off
 as $$
@@ -236,7 +239,7 @@ create or replace function pgque.hot_keys(i_queue text, i_window interval defaul
                                           i_limit integer default 10, i_sample integer default 20000)
 returns table (key text, events bigint, rate double precision, share double precision,
                span interval, estimated boolean)
-language plpgsql stable security definer
+language plpgsql volatile security definer
 set search_path = pg_catalog, pg_temp
 set jit = off
 as $$
@@ -279,7 +282,7 @@ $$;
 -- cost does not grow with the backlog.
 create or replace function pgque._slot_head(i_sub integer, i_slot integer, i_nslots integer,
                                             out o_ev_id bigint, out o_time timestamptz)
-language plpgsql stable
+language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 set enable_bitmapscan = off
@@ -294,6 +297,9 @@ begin
     if not found then
         return;
     end if;
+    -- The cursor and open batch live in the subscription's newest state
+    -- record, not in its (static) row.
+    s := pgque._with_state(s);
     select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
     v_from := 'select ev_id, ev_time, ev_txid from pgque.event where ev_part >= $1 and ev_part < $2'
            || ' and (ev_owner is null or ev_owner = $5)'
@@ -315,7 +321,7 @@ $$;
 -- first. Reads slot_group, slot_lease, subscription, tick, event.
 create or replace function pgque.slot_heads(i_queue text, i_consumer text)
 returns table (slot integer, head_ev_id bigint, head_age interval)
-language plpgsql stable security definer
+language plpgsql volatile security definer
 set search_path = pg_catalog, pg_temp
 set jit = off
 as $$
