@@ -166,7 +166,7 @@ func TestSuperuserReinstallKeepsOwnersAndGrants(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustExec(t, owner, `create role app_w`, `grant pgque_writer to app_w`,
-		`grant execute on function pgque.send(text, text, jsonb, text) to app_w`,
+		`grant execute on function pgque.send(text, text, jsonb, text, text) to app_w`,
 		`select pgque.create_queue('q')`)
 	before := aclSnapshot(t, owner)
 	super := pgtest.Conn(t, c.DSN("reinst"))
