@@ -47,6 +47,19 @@ type Metrics struct {
 	LeaseTakeovers *prometheus.CounterVec
 	// LeaseFencings counts slots this process lost while working them.
 	LeaseFencings *prometheus.CounterVec
+	// LanesRunning is the number of handlers running in key lanes.
+	LanesRunning *prometheus.GaugeVec
+	// LaneQueued is, per slot, the events held in memory by lanes whose
+	// keys are held on the server.
+	LaneQueued *prometheus.GaugeVec
+	// LaneOldestAge is, per slot, the age of the oldest event still being
+	// handled by a held lane, in seconds.
+	LaneOldestAge *prometheus.GaugeVec
+	// KeyHolds counts keys held so that their slot could move on.
+	KeyHolds *prometheus.CounterVec
+	// LaneRedelivered counts events of holds left by an earlier owner of a
+	// slot (a crash or takeover) put back for redelivery.
+	LaneRedelivered *prometheus.CounterVec
 	// Ticks counts successful ticker() rounds by the leading ticker.
 	Ticks prometheus.Counter
 	// TickerLeader is 1 while this process's ticker holds the lease.
@@ -74,6 +87,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		LeaseRenewals:   counter(reg, "lease_renewals_total", "Background slot lease renewals.", qc...),
 		LeaseTakeovers:  counter(reg, "lease_takeovers_total", "Slot leases taken over from another worker.", qc...),
 		LeaseFencings:   counter(reg, "lease_fencings_total", "Slots lost while being worked (fenced).", qc...),
+		LanesRunning:    gauge(reg, "lanes_running_handlers", "Handlers running in key lanes.", qc...),
+		LaneQueued:      gauge(reg, "lane_queued_events", "Events of held keys' lanes kept in memory, per slot.", qcs...),
+		LaneOldestAge:   gauge(reg, "lane_oldest_inflight_age_seconds", "Age of the oldest event a held key's lane still handles, per slot.", qcs...),
+		KeyHolds:        counter(reg, "key_holds_total", "Slow keys held so that their slot could move on.", qc...),
+		LaneRedelivered: counter(reg, "lane_redelivered_events_total", "Events of an earlier owner's key holds put back for redelivery.", qc...),
 	}
 	m.Ticks = register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: namespace, Name: "ticker_rounds_total", Help: "ticker() calls made while leading.",

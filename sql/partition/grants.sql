@@ -13,7 +13,10 @@ grant execute on function
     pgque.receive_partitioned(text, text, integer, integer, text, integer),
     pgque.ack_partitioned(text, text, integer, integer, text),
     pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text),
-    pgque.slot_of(text, integer)
+    pgque.slot_of(text, integer),
+    pgque.hold_key_partitioned(text, text, integer, integer, text, text, bigint),
+    pgque.settle_held_partitioned(text, text, integer, integer, text, text, bigint, bigint[], bigint[], interval[], text[]),
+    pgque.release_stale_holds_partitioned(text, text, integer, integer, text)
     to pgque_reader, pgque_admin;
 
 grant execute on function

@@ -131,8 +131,8 @@ end;
 $$;
 
 -- set_failure_policy(queue, consumer, policy): 'skip' or 'pause' for all
--- slots of a consumer. Switching to skip releases every blocked key.
--- Returns 1.
+-- slots of a consumer. Switching to skip releases every blocked key (a key
+-- held while its lane runs stays held until the lane settles it). Returns 1.
 create or replace function pgque.set_failure_policy(i_queue text, i_consumer text, i_policy text)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -152,7 +152,8 @@ begin
     end if;
     if i_policy = 'skip' then
         for b in select kb.kb_sub, kb.kb_kid from pgque.key_block kb join pgque.slot_lease l on l.sl_sub = kb.kb_sub
-                  where l.sl_queue = q.queue_id and l.sl_consumer = i_consumer loop
+                  where l.sl_queue = q.queue_id and l.sl_consumer = i_consumer
+                    and kb.kb_state <> 'inflight' loop
             perform pgque._undefer(b.kb_sub, b.kb_kid);
             delete from pgque.key_block where kb_sub = b.kb_sub and kb_kid = b.kb_kid;
         end loop;

@@ -1,0 +1,51 @@
+package dbq
+
+import (
+	"context"
+	"time"
+)
+
+// HoldKeyPartitioned calls pgque.hold_key_partitioned(queue, consumer, slot,
+// nslots, worker, key, head) and returns how many events were deferred. A
+// nil key is the NULL key.
+func (q *Queries) HoldKeyPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, key *string, head int64) (int, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.hold_key_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::text, $7::bigint)`,
+		queue, consumer, slot, nslots, worker, key, head).Scan(&n)
+	return n, err
+}
+
+// HeldFailure is one failed event of a held key's lane.
+type HeldFailure struct {
+	ID         int64
+	RetryAfter time.Duration
+	Reason     string
+}
+
+// SettleHeldPartitioned calls pgque.settle_held_partitioned and reports
+// whether the hold was still this epoch's (false: a new owner released it).
+func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, key *string, head int64, done []int64, failed []HeldFailure) (bool, error) {
+	ids := make([]int64, len(failed))
+	after := make([]time.Duration, len(failed))
+	reasons := make([]string, len(failed))
+	for i, f := range failed {
+		ids[i], after[i], reasons[i] = f.ID, f.RetryAfter, f.Reason
+	}
+	if done == nil {
+		done = []int64{}
+	}
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.settle_held_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::text, $7::bigint, $8::bigint[], $9::bigint[], $10::interval[], $11::text[])`,
+		queue, consumer, slot, nslots, worker, key, head, done, ids, after, reasons).Scan(&n)
+	return n == 1, err
+}
+
+// ReleaseStaleHoldsPartitioned calls
+// pgque.release_stale_holds_partitioned(queue, consumer, slot, nslots,
+// worker) and returns how many events were put back for redelivery.
+func (q *Queries) ReleaseStaleHoldsPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string) (int, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.release_stale_holds_partitioned($1::text, $2::text, $3::int, $4::int, $5::text)`,
+		queue, consumer, slot, nslots, worker).Scan(&n)
+	return n, err
+}

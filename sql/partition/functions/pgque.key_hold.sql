@@ -1,0 +1,186 @@
+-- Key holds: how a slot worked by key lanes lets its cursor move past a
+-- slow key (see structure/key_hold.sql for the state).
+--
+-- hold_key_partitioned, called in the chunk's settling transaction before
+-- ack_partitioned, defers copies of a running key's events of the chunk
+-- from its running head on and marks the key inflight: receive_partitioned
+-- then defers every later event of it, and the chunk can be acknowledged.
+-- settle_held_partitioned, when the key's lane finished, drops the copies of
+-- the events it handled, retries or dead-letters the failed ones and puts
+-- the rest of the group back into the log, in ev_id order (state releasing,
+-- as after a pause). release_stale_holds_partitioned, called by each new
+-- owner of a slot, turns the holds of earlier epochs into such a release,
+-- the running head first, so a crash loses nothing and keeps per-key order.
+-- Healthy keys never cause a write here.
+
+-- hold_key_partitioned(queue, consumer, slot, nslots, worker, key, head):
+-- holds key (NULL is the NULL key) from its event head on, which must be in
+-- the part of the slot's open batch handed out so far. Returns how many
+-- events were deferred. PQ022 when head is not such an event of key.
+-- Tables: deferred (insert), key_block (upsert).
+create or replace function pgque.hold_key_partitioned(i_queue text, i_consumer text, i_slot integer,
+                                                      i_nslots integer, i_worker text, i_key text,
+                                                      i_head bigint)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    l       pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    v_batch bigint := pgque._slot_batch(l);
+    v_kid   text := pgque._kid(i_key);
+    v_upto  bigint;
+    v_n     integer := 0;
+    v_head  boolean := false;
+    r       record;
+    c       refcursor := 'pgque_hold_' || v_batch;
+begin
+    if i_head is null then
+        raise exception using errcode = '22004', message = 'head must not be NULL';
+    end if;
+    select delivered_to into v_upto from pgque.sub_progress
+     where sub_id = l.sl_sub and batch_id = v_batch;
+    if v_upto is not null and v_upto >= i_head then
+        for r in select * from pgque.get_batch_cursor(v_batch, c::text, 2147483647,
+                     concat_ws(' and ', pgque._slot_filter(i_slot, i_nslots), pgque._key_filter(i_key),
+                               'ev_id >= ' || i_head, 'ev_id <= ' || v_upto)) loop
+            if r.ev_extra1 is not distinct from i_key then
+                v_head := v_head or r.ev_id = i_head;
+                v_n := v_n + pgque._defer_row(l.sl_sub, v_kid, r.ev_id, r.ev_time, r.ev_retry, r.ev_type,
+                                              r.ev_data, r.ev_extra1, r.ev_extra2, r.ev_extra3, r.ev_extra4);
+            end if;
+        end loop;
+        close c;
+    end if;
+    if not v_head then
+        raise exception using errcode = 'PQ022',
+            message = format('event %s of key %s is not in the delivered part of batch %s of slot %s',
+                             i_head, coalesce(quote_literal(i_key), 'NULL'), v_batch, i_slot);
+    end if;
+    insert into pgque.key_block as kb (kb_sub, kb_kid, kb_key, kb_state, kb_head, kb_wait, kb_epoch)
+    values (l.sl_sub, v_kid, i_key, 'inflight', i_head, -1, l.sl_epoch)
+    on conflict (kb_sub, kb_kid) do update
+       set kb_state = 'inflight', kb_head = excluded.kb_head, kb_wait = -1, kb_wait_batch = null,
+           kb_epoch = excluded.kb_epoch;
+    return v_n;
+end;
+$$;
+
+-- settle_held_partitioned(queue, consumer, slot, nslots, worker, key, head,
+-- done, failed, retry_after, reasons): the lane of a key held from head
+-- finished. done are the held events it handled; failed (with one delay and
+-- one reason each) the ones whose handler failed: each is retried, or
+-- dead-lettered past max_retries. Under pause, a retried failure blocks the
+-- key (state blocked, as nack_partitioned would); otherwise the rest of the
+-- key's deferred events is put back in ev_id order. Returns 1, or 0 when the
+-- hold is no longer this epoch's (a new owner released it: the events are
+-- redelivered). Tables: deferred, retry_queue, dead_letter, key_block.
+create or replace function pgque.settle_held_partitioned(i_queue text, i_consumer text, i_slot integer,
+                                                         i_nslots integer, i_worker text, i_key text,
+                                                         i_head bigint, i_done bigint[], i_failed bigint[],
+                                                         i_retry_after interval[], i_reasons text[])
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    v_kid    text := pgque._kid(i_key);
+    b        pgque.key_block;
+    d        pgque.deferred;
+    q        pgque.queue;
+    s        pgque.subscription;
+    v_pause  boolean;
+    v_block  bigint;
+    v_reason text;
+begin
+    if i_head is null then
+        raise exception using errcode = '22004', message = 'head must not be NULL';
+    end if;
+    if coalesce(cardinality(i_failed), 0) <> coalesce(cardinality(i_retry_after), 0)
+       or coalesce(cardinality(i_failed), 0) <> coalesce(cardinality(i_reasons), 0) then
+        raise exception using errcode = 'PQ011',
+            message = 'failed, retry_after and reasons must have the same length';
+    end if;
+    for i in 1 .. coalesce(cardinality(i_failed), 0) loop
+        if i_failed[i] is null or i_retry_after[i] is null then
+            raise exception using errcode = '22004', message = 'failed events and retry delays must not be NULL';
+        end if;
+        if i_retry_after[i] < interval '0' then
+            raise exception using errcode = 'PQ011',
+                message = format('retry delay must not be negative, not %s', i_retry_after[i]);
+        end if;
+    end loop;
+    select * into b from pgque.key_block where kb_sub = l.sl_sub and kb_kid = v_kid for update;
+    if not found or b.kb_state <> 'inflight' or b.kb_head <> i_head or b.kb_epoch is distinct from l.sl_epoch then
+        return 0;
+    end if;
+
+    delete from pgque.deferred
+     where ev_owner = l.sl_sub and ev_group = v_kid and ev_id = any(coalesce(i_done, '{}'));
+
+    select sg_policy = 'pause' into v_pause from pgque.slot_group
+     where sg_queue = l.sl_queue and sg_consumer = l.sl_consumer;
+    select * into s from pgque.subscription where sub_id = l.sl_sub;
+    select * into q from pgque.queue where queue_id = s.sub_queue;
+    for i in 1 .. coalesce(cardinality(i_failed), 0) loop
+        delete from pgque.deferred
+         where ev_owner = l.sl_sub and ev_group = v_kid and ev_id = i_failed[i]
+        returning * into d;
+        if not found then
+            raise exception using errcode = 'PQ022',
+                message = format('event %s is not held for key %s', i_failed[i], coalesce(quote_literal(i_key), 'NULL'));
+        end if;
+        if coalesce(d.ev_retry, 0) >= q.queue_max_retries then
+            insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_retry,
+                                           ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+            values (s.sub_queue, s.sub_name, i_reasons[i], d.ev_id, d.ev_time, coalesce(d.ev_retry, 0),
+                    d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4);
+        else
+            insert into pgque.retry_queue (ev_owner, ev_id, ev_queue, ev_retry_after, ev_time, ev_retry,
+                                           ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+            values (l.sl_sub, d.ev_id, s.sub_queue, clock_timestamp() + i_retry_after[i], d.ev_time,
+                    coalesce(d.ev_retry, 0) + 1, d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4)
+            on conflict (ev_owner, ev_id) do nothing;
+            if v_pause and v_block is null then
+                v_block := d.ev_id;
+                v_reason := i_reasons[i];
+            end if;
+        end if;
+    end loop;
+
+    if v_block is not null then
+        update pgque.key_block
+           set kb_state = 'blocked', kb_head = v_block, kb_wait = v_block, kb_wait_batch = null,
+               kb_epoch = null, kb_reason = v_reason,
+               kb_failures = case when kb_head = v_block then kb_failures + 1 else 1 end
+         where kb_sub = l.sl_sub and kb_kid = v_kid;
+    else
+        perform pgque._resolve_block(l.sl_sub, v_kid);
+    end if;
+    return 1;
+end;
+$$;
+
+-- release_stale_holds_partitioned(queue, consumer, slot, nslots, worker):
+-- the caller, the slot's owner, releases the holds taken under earlier
+-- epochs: their deferred events, running head first, go back into the log.
+-- Returns how many events were put back (they are handled again).
+-- Tables: key_block, deferred, event.
+create or replace function pgque.release_stale_holds_partitioned(i_queue text, i_consumer text, i_slot integer,
+                                                                 i_nslots integer, i_worker text)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    l    pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    b    record;
+    v_n  integer := 0;
+begin
+    for b in select kb_kid from pgque.key_block
+              where kb_sub = l.sl_sub and kb_state = 'inflight' and kb_epoch is distinct from l.sl_epoch
+              for update loop
+        v_n := v_n + (select count(*) from pgque.deferred d where d.ev_owner = l.sl_sub and d.ev_group = b.kb_kid);
+        perform pgque._resolve_block(l.sl_sub, b.kb_kid);
+    end loop;
+    return v_n;
+end;
+$$;
