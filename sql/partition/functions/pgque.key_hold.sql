@@ -25,8 +25,8 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    l       pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
-    v_batch bigint := pgque._slot_batch(l);
+    l       pgque.slot_lease;
+    v_batch bigint;
     v_kid   text := pgque._kid(i_key);
     v_upto  bigint;
     v_n     integer := 0;
@@ -37,6 +37,8 @@ begin
     if i_head is null then
         raise exception using errcode = '22004', message = 'head must not be NULL';
     end if;
+    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    v_batch := pgque._slot_batch(l);
     select delivered_to into v_upto from pgque.sub_progress
      where sub_id = l.sl_sub and batch_id = v_batch;
     if v_upto is not null and v_upto >= i_head then
@@ -82,7 +84,7 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    l        pgque.slot_lease;
     v_kid    text := pgque._kid(i_key);
     b        pgque.key_block;
     d        pgque.deferred;
@@ -109,6 +111,7 @@ begin
                 message = format('retry delay must not be negative, not %s', i_retry_after[i]);
         end if;
     end loop;
+    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     select * into b from pgque.key_block where kb_sub = l.sl_sub and kb_kid = v_kid for update;
     if not found or b.kb_state <> 'inflight' or b.kb_head <> i_head or b.kb_epoch is distinct from l.sl_epoch then
         return 0;
