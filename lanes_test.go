@@ -218,7 +218,7 @@ func TestLanesSlowKeyDoesNotStallSlot(t *testing.T) {
 		}
 		return open == 0 && st[0].Lag == 0
 	})
-	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("slow")); !ok || bk.State != "inflight" || bk.Deferred < 3 {
+	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("slow")); !ok || bk.State != pgque.BlockStateInflight || bk.Deferred < 3 {
 		t.Fatalf("while stuck, the slow key's hold is %+v (found %v)", bk, ok)
 	}
 	if st := p.pc.LaneStats(); len(st) != 1 || st[0].HeldKeys != 1 || st[0].Queued != 3 || st[0].OldestInFlight.IsZero() {
@@ -266,7 +266,7 @@ func TestLanesPauseHeldHeadFails(t *testing.T) {
 	waitFor(t, 30*time.Second, "the good key while bad#1 runs", func() bool {
 		return log.done(append(ids[3:6], later[2:]...))
 	})
-	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("bad")); !ok || bk.State != "inflight" {
+	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("bad")); !ok || bk.State != pgque.BlockStateInflight {
 		t.Fatalf("bad's hold while its head runs: %+v (found %v)", bk, ok)
 	}
 	close(gate)
