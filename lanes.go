@@ -65,6 +65,12 @@ type slotLanes struct {
 	recovered bool
 	sem       chan struct{} // running handlers of the slot
 
+	// chunkMu is held by the runner from a receive until its chunk is
+	// settled, and by a held lane while it settles its key: releasing a
+	// key's deferred events while a chunk that deferred some of them is
+	// still unacknowledged would deliver those twice after a crash.
+	chunkMu sync.Mutex
+
 	mu      sync.Mutex
 	held    map[KeyRef]*lane // detached lanes not finished yet
 	queued  int              // unfinished events of detached lanes
@@ -150,6 +156,13 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 		}
 	}
 
+	sl.chunkMu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			sl.chunkMu.Unlock()
+		}
+	}()
 	start := time.Now()
 	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, cfg.BatchSize)
 	if err != nil {
@@ -224,11 +237,28 @@ wait:
 	} else {
 		err = s.settle(workCtx, pc.client.pool, failures)
 	}
+	if err != nil && len(holding) > 0 && workCtx.Err() == nil && !errors.Is(err, ErrLeaseLost) {
+		// The holds did not land (the transaction rolled back): fall back
+		// to the chunk barrier, so that a hold that keeps failing costs
+		// throughput, never progress.
+		pc.client.logger.WarnContext(workCtx, "pgque: holding slow keys failed; waiting for them instead",
+			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot),
+			slog.Any("error", err))
+		unhold(holding, doneCh)
+		holding = nil
+		if workCtx.Err() != nil || anyAborted(lanes) {
+			return false, errors.Join(errAborted, context.Cause(workCtx))
+		}
+		ackStart = time.Now()
+		err = s.settle(workCtx, pc.client.pool, chunkFailures(lanes))
+	}
 	if err != nil {
 		abandonHolds(holding, doneCh)
 		return false, err
 	}
 	lease.Renewed(ackStart)
+	sl.chunkMu.Unlock()
+	locked = false
 	if len(holding) > 0 {
 		pc.detach(sl, holding)
 	}
@@ -358,6 +388,24 @@ func abandonHolds(holding []*lane, doneCh <-chan *lane) {
 	}
 }
 
+// unhold turns held lanes back into ordinary ones of the chunk and waits
+// for them to finish.
+func unhold(holding []*lane, doneCh <-chan *lane) {
+	for _, ln := range holding {
+		ln.mu.Lock()
+		ln.held = false
+		ln.mu.Unlock()
+		ln.holdOK = false
+		close(ln.decided)
+	}
+	for range holding {
+		<-doneCh
+	}
+	for _, ln := range holding {
+		close(ln.done)
+	}
+}
+
 func anyAborted(lanes []*lane) bool {
 	for _, ln := range lanes {
 		ln.mu.Lock()
@@ -470,9 +518,11 @@ func (pc *PartitionedConsumer) settleHeld(ctx context.Context, sl *slotLanes, le
 		}
 	}
 	for attempt := 0; ; attempt++ {
+		sl.chunkMu.Lock()
 		start := time.Now()
 		ok, err := pc.client.queries.SettleHeldPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID,
 			ln.key.arg(), head, done, failed)
+		sl.chunkMu.Unlock()
 		if err == nil {
 			lease.Renewed(start)
 			if !ok {

@@ -351,3 +351,50 @@ func counterValue(t *testing.T, p *process, name string) float64 {
 	}
 	return n
 }
+
+// When holding a key fails (here: the function is replaced by one that
+// raises), the slot falls back to the chunk barrier: it waits for the slow
+// key, settles the chunk once, and every event is handled exactly once.
+func TestLanesHoldFailureFallsBackToBarrier(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	startFastTicker(t, env.client)
+	if _, err := env.pool.Exec(context.Background(), `
+		create or replace function pgque.hold_key_partitioned(i_queue text, i_consumer text, i_slot integer,
+			i_nslots integer, i_worker text, i_key text, i_head bigint)
+		returns integer language plpgsql as $$
+		begin
+			raise exception 'hold refused for the test';
+		end $$`); err != nil {
+		t.Fatal(err)
+	}
+	var chk checker
+	var holdTried atomic.Bool
+	gate := make(chan struct{})
+	startProcess(t, env, pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "w", PollInterval: 50 * time.Millisecond,
+		Handler: func(ctx context.Context, m *pgque.Message) error {
+			defer chk.begin("w", m)()
+			if m.PartitionKey == "slow" && m.RetryCount == 0 && !holdTried.Swap(true) {
+				select {
+				case <-gate:
+				case <-time.After(500 * time.Millisecond): // long enough to be held
+				}
+			}
+			return nil
+		},
+	})
+	sent := merge(sendSeq(t, env, []string{"slow", "a", "b", "c"}, 3))
+	waitFor(t, 30*time.Second, "every event", func() bool { return chk.distinct() == len(sent) })
+	close(gate)
+	r, err := chk.verify(sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.redeliveries != 0 {
+		t.Fatalf("%d redeliveries: a failed hold must not abandon the chunk", r.redeliveries)
+	}
+	if len(blockedKeys(t, env, "c")) != 0 {
+		t.Fatal("a key is held although holding failed")
+	}
+}

@@ -32,13 +32,14 @@ declare
     v_n     integer := 0;
     v_head  boolean := false;
     r       record;
-    c       refcursor := 'pgque_hold_' || v_batch;
+    c       refcursor;
 begin
     if i_head is null then
         raise exception using errcode = '22004', message = 'head must not be NULL';
     end if;
     l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     v_batch := pgque._slot_batch(l);
+    c := 'pgque_hold_' || v_batch;
     select delivered_to into v_upto from pgque.sub_progress
      where sub_id = l.sl_sub and batch_id = v_batch;
     if v_upto is not null and v_upto >= i_head then
@@ -166,7 +167,9 @@ $$;
 -- release_stale_holds_partitioned(queue, consumer, slot, nslots, worker):
 -- the caller, the slot's owner, releases the holds taken under earlier
 -- epochs: their deferred events, running head first, go back into the log.
--- Returns how many events were put back (they are handled again).
+-- Events of such a key deferred by a chunk the earlier owner never
+-- acknowledged are left to that chunk, which is delivered again. Returns
+-- how many events were put back (they are handled again).
 -- Tables: key_block, deferred, event.
 create or replace function pgque.release_stale_holds_partitioned(i_queue text, i_consumer text, i_slot integer,
                                                                  i_nslots integer, i_worker text)
@@ -176,11 +179,31 @@ as $$
 declare
     l    pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     b    record;
+    p    pgque.sub_progress;
+    r    record;
+    c    refcursor;
     v_n  integer := 0;
 begin
-    for b in select kb_kid from pgque.key_block
+    -- The earlier owner may have received a chunk it never acknowledged:
+    -- events of a held key it deferred there come again with that chunk,
+    -- so their deferred copies are dropped rather than released twice.
+    select sp.* into p from pgque.sub_progress sp join pgque.subscription s on s.sub_id = sp.sub_id
+     where sp.sub_id = l.sl_sub and sp.batch_id = s.sub_batch and sp.delivered_to is not null;
+    for b in select kb_kid, kb_key from pgque.key_block
               where kb_sub = l.sl_sub and kb_state = 'inflight' and kb_epoch is distinct from l.sl_epoch
               for update loop
+        if p.sub_id is not null then
+            c := 'pgque_stale_' || p.batch_id;
+            for r in select * from pgque.get_batch_cursor(p.batch_id, c::text, 2147483647,
+                         concat_ws(' and ', pgque._slot_filter(i_slot, i_nslots), pgque._key_filter(b.kb_key),
+                                   'ev_id > ' || coalesce(p.acked_to, -1), 'ev_id <= ' || p.delivered_to)) loop
+                if r.ev_extra1 is not distinct from b.kb_key then
+                    delete from pgque.deferred
+                     where ev_owner = l.sl_sub and ev_group = b.kb_kid and ev_id = r.ev_id;
+                end if;
+            end loop;
+            close c;
+        end if;
         v_n := v_n + (select count(*) from pgque.deferred d where d.ev_owner = l.sl_sub and d.ev_group = b.kb_kid);
         perform pgque._resolve_block(l.sl_sub, b.kb_kid);
     end loop;
