@@ -501,6 +501,7 @@ func (pc *PartitionedConsumer) settleHeld(ctx context.Context, sl *slotLanes, le
 		sl.mu.Unlock()
 		close(ln.done)
 		sl.changed.Fire()
+		pc.observeLanes(lease.Slot, sl)
 		sl.wg.Done()
 	}()
 	if ln.aborted || ctx.Err() != nil {
