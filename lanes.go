@@ -59,9 +59,9 @@ type lane struct {
 	done chan struct{}
 }
 
-// slotLanes is the lane state of one slot under one lease.
+// slotLanes is the lane state of one slot under one runner (lease).
 type slotLanes struct {
-	epoch     int64
+	lease     *workerpool.Lease
 	recovered bool
 	sem       chan struct{} // running handlers of the slot
 
@@ -79,13 +79,13 @@ type slotLanes struct {
 	wg      sync.WaitGroup
 }
 
-// lanesOf returns the lane state for lease, creating it for a new epoch.
+// lanesOf returns the lane state for lease, creating it for a new runner.
 func (pc *PartitionedConsumer) lanesOf(lease *workerpool.Lease) *slotLanes {
 	pc.lanesMu.Lock()
 	defer pc.lanesMu.Unlock()
 	sl := pc.lanes[lease.Slot]
-	if sl == nil || sl.epoch != lease.Epoch {
-		sl = &slotLanes{epoch: lease.Epoch, held: make(map[KeyRef]*lane), changed: wakeup.NewSignal(),
+	if sl == nil || sl.lease != lease {
+		sl = &slotLanes{lease: lease, held: make(map[KeyRef]*lane), changed: wakeup.NewSignal(),
 			sem: make(chan struct{}, pc.config.MaxWorkersPerSlot)}
 		pc.lanes[lease.Slot] = sl
 	}
@@ -98,18 +98,19 @@ func (pc *PartitionedConsumer) lanesOf(lease *workerpool.Lease) *slotLanes {
 func (pc *PartitionedConsumer) drain(lease *workerpool.Lease) {
 	pc.lanesMu.Lock()
 	sl := pc.lanes[lease.Slot]
-	if sl != nil && sl.epoch == lease.Epoch {
+	if sl != nil && sl.lease == lease {
 		delete(pc.lanes, lease.Slot)
 	}
 	pc.lanesMu.Unlock()
-	if sl != nil && sl.epoch == lease.Epoch {
+	if sl != nil && sl.lease == lease {
 		sl.wg.Wait()
 		pc.observeLanes(lease.Slot, nil)
 	}
 }
 
-// recoverHolds releases the holds an earlier owner of the slot left behind,
-// once per lease, before the first receive.
+// recoverHolds releases the holds left on the slot — by an earlier owner,
+// or by this process before it was fenced from the slot — once per runner,
+// before the first receive: no lane of the slot runs then.
 func (pc *PartitionedConsumer) recoverHolds(ctx context.Context, sl *slotLanes, lease *workerpool.Lease) error {
 	if sl.recovered {
 		return nil
@@ -122,7 +123,7 @@ func (pc *PartitionedConsumer) recoverHolds(ctx context.Context, sl *slotLanes, 
 	sl.recovered = true
 	if n > 0 {
 		pc.client.metrics.LaneRedelivered.WithLabelValues(cfg.Queue, cfg.Consumer).Add(float64(n))
-		pc.client.logger.InfoContext(ctx, "pgque: released keys held by an earlier owner",
+		pc.client.logger.InfoContext(ctx, "pgque: released keys held before this worker started on the slot",
 			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot),
 			slog.Int("events", n))
 	}

@@ -8,8 +8,8 @@
 -- settle_held_partitioned, when the key's lane finished, drops the copies of
 -- the events it handled, retries or dead-letters the failed ones and puts
 -- the rest of the group back into the log, in ev_id order (state releasing,
--- as after a pause). release_stale_holds_partitioned, called by each new
--- owner of a slot, turns the holds of earlier epochs into such a release,
+-- as after a pause). release_stale_holds_partitioned, called whenever a
+-- worker starts working a slot, turns the holds left there into such a release,
 -- the running head first, so a crash loses nothing and keeps per-key order.
 -- Healthy keys never cause a write here.
 
@@ -165,8 +165,10 @@ end;
 $$;
 
 -- release_stale_holds_partitioned(queue, consumer, slot, nslots, worker):
--- the caller, the slot's owner, releases the holds taken under earlier
--- epochs: their deferred events, running head first, go back into the log.
+-- the caller, the slot's owner, starting to work the slot with no lane of
+-- it running, releases every hold left on the slot — by an earlier owner,
+-- or by itself before it lost and re-took the slot under the same epoch:
+-- their deferred events, running head first, go back into the log.
 -- Events of such a key deferred by a chunk the earlier owner never
 -- acknowledged are left to that chunk, which is delivered again. Returns
 -- how many events were put back (they are handled again).
@@ -190,7 +192,7 @@ begin
     select sp.* into p from pgque.sub_progress sp join pgque.subscription s on s.sub_id = sp.sub_id
      where sp.sub_id = l.sl_sub and sp.batch_id = s.sub_batch and sp.delivered_to is not null;
     for b in select kb_kid, kb_key from pgque.key_block
-              where kb_sub = l.sl_sub and kb_state = 'inflight' and kb_epoch is distinct from l.sl_epoch
+              where kb_sub = l.sl_sub and kb_state = 'inflight'
               for update loop
         if p.sub_id is not null then
             c := 'pgque_stale_' || p.batch_id;
