@@ -18,15 +18,16 @@ import (
 // key into lanes; each lane is a goroutine that runs its key's events one at
 // a time in ev_id order, and the lanes of a chunk run concurrently, bounded
 // by a per-slot and a per-process semaphore. When all lanes of a chunk are
-// done the chunk is settled as before. When only a few lanes are still
-// running after laneHoldAfter, those keys are held on the server (their
+// done the chunk is settled as before. When only a few lanes have been left
+// running for laneHoldAfter, the keys of those running a handler are held
+// on the server (their
 // unfinished events deferred, later ones deferred on receipt) and the chunk
 // is acknowledged without them: the slot fetches on, and each held lane,
 // once finished, settles its key with one call that releases what arrived
 // for the key meanwhile.
 
-// laneHoldAfter is how long the slowest few lanes of a chunk may run on
-// after the others finished before their keys are held. Holding costs a few
+// laneHoldAfter is how long the last few lanes of a chunk may keep it open
+// before the keys of those running a handler are held. Holding costs a few
 // writes per held event; waiting costs the slot that long without fetching.
 const laneHoldAfter = 50 * time.Millisecond
 
@@ -44,11 +45,12 @@ type lane struct {
 	prev *lane
 
 	mu       sync.Mutex
-	next     int     // index of the first message not finished
-	results  []error // per message, valid below next
-	started  time.Time
-	finished bool // no handler of the lane runs any more
-	aborted  bool // stopped because the work context ended
+	next     int       // index of the first message not finished
+	results  []error   // per message, valid below next
+	started  time.Time // when the running handler started
+	running  bool      // a handler of the lane runs now
+	finished bool      // no handler of the lane runs any more
+	aborted  bool      // stopped because the work context ended
 	// held: the key is (being) held from msgs[heldFrom] on; the lane then
 	// waits for decided and, when holdOK, settles its key itself.
 	held     bool
@@ -214,7 +216,7 @@ wait:
 			if len(holding) > 0 {
 				break wait
 			}
-			timer.Reset(laneHoldAfter)
+			timer.Reset(laneHoldAfter / 4)
 		}
 	}
 	stopTimer()
@@ -304,17 +306,20 @@ func (pc *PartitionedConsumer) runLane(ctx context.Context, sl *slotLanes, lease
 			break
 		}
 		ln.mu.Lock()
-		ln.started = time.Now()
+		ln.started, ln.running = time.Now(), true
 		ln.mu.Unlock()
 		err := pc.invoker.call(ctx, m)
 		pc.releaseWorker(sl)
+		ln.mu.Lock()
+		ln.running = false
+		if ctx.Err() == nil {
+			ln.results[i] = err
+			ln.next = i + 1
+		}
+		ln.mu.Unlock()
 		if ctx.Err() != nil {
 			break
 		}
-		ln.mu.Lock()
-		ln.results[i] = err
-		ln.next = i + 1
-		ln.mu.Unlock()
 		if err != nil && pause {
 			break
 		}
@@ -359,13 +364,15 @@ func (pc *PartitionedConsumer) releaseWorker(sl *slotLanes) {
 	<-sl.sem
 }
 
-// markHolds marks the lanes still running as held from their first
-// unfinished event, and returns them.
+// markHolds marks as held, from their first unfinished event, the lanes
+// that are running a handler right now, and returns them. Lanes waiting for
+// a place in a semaphore are not slow keys: holding them would only cost
+// writes.
 func markHolds(lanes []*lane) []*lane {
 	var out []*lane
 	for _, ln := range lanes {
 		ln.mu.Lock()
-		if !ln.finished && ln.next < len(ln.msgs) {
+		if !ln.finished && ln.running && ln.next < len(ln.msgs) {
 			ln.held, ln.heldFrom = true, ln.next
 			out = append(out, ln)
 		}

@@ -161,6 +161,20 @@ func (p *pgqueDB) laneRate(ctx context.Context, client *pgque.Client, lr laneRun
 	if err != nil {
 		return 0, err
 	}
+	// Holds put a slow key's events back into the log, for a later batch:
+	// a ticker must run, as it does in production.
+	tk, err := client.NewTicker(&pgque.TickerConfig{WorkerID: "bench-" + q})
+	if err != nil {
+		return 0, err
+	}
+	if err := tk.Start(ctx); err != nil {
+		return 0, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = tk.Stop(sctx)
+	}()
 	chk := &laneCheck{target: int64(others), done: make(chan struct{}), last: map[int]int{}, inFlight: map[int]bool{}}
 	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
 		Queue: q, Consumer: "workers", Slots: lr.slots, MaxWorkers: lr.maxWorkers, MaxWorkersPerSlot: lr.perSlot,
