@@ -211,12 +211,12 @@ wait:
 		select {
 		case <-doneCh:
 			pending--
-		case <-timerC:
-			holding = markHolds(lanes)
+		case now := <-timerC:
+			holding = markHolds(lanes, now)
 			if len(holding) > 0 {
 				break wait
 			}
-			timer.Reset(laneHoldAfter / 4)
+			timer.Reset(laneHoldAfter / 5)
 		}
 	}
 	stopTimer()
@@ -365,14 +365,15 @@ func (pc *PartitionedConsumer) releaseWorker(sl *slotLanes) {
 }
 
 // markHolds marks as held, from their first unfinished event, the lanes
-// that are running a handler right now, and returns them. Lanes waiting for
-// a place in a semaphore are not slow keys: holding them would only cost
+// whose running handler has run for laneHoldAfter by now, and returns them.
+// A lane waiting for a place in a semaphore, or for its turn on the CPU
+// between fast handlers, is not a slow key: holding it would only cost
 // writes.
-func markHolds(lanes []*lane) []*lane {
+func markHolds(lanes []*lane, now time.Time) []*lane {
 	var out []*lane
 	for _, ln := range lanes {
 		ln.mu.Lock()
-		if !ln.finished && ln.running && ln.next < len(ln.msgs) {
+		if !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= laneHoldAfter {
 			ln.held, ln.heldFrom = true, ln.next
 			out = append(out, ln)
 		}
