@@ -8,6 +8,9 @@ export PATH := /usr/local/go/bin:$(PATH)
 
 GO       ?= go
 FUZZTIME ?= 30s
+# Every module of the workspace (go.work): `./...` stops at a nested go.mod,
+# so each module is named.
+PKGS     := ./... ./cmd/pgque/... ./pgqueotel/... ./pgqueprom/...
 
 .PHONY: help deps test lint demo bench fuzz
 
@@ -18,13 +21,15 @@ deps: ## Install the system packages the tests and demo need (PostgreSQL 15, PgQ
 	@scripts/install-deps
 
 test: deps ## Vet, then run every test with the race detector.
-	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 25m ./...
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 25m $(PKGS)
 
-lint: ## Check formatting (gofmt) and run go vet.
+lint: ## Check formatting (gofmt), go vet, that every go.mod/go.sum is tidy, and that importers get no tool dependencies.
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
+	$(GO) vet $(PKGS)
+	@scripts/tidy -check
+	@scripts/importcheck
 
 demo: deps ## Start a throwaway Postgres and run the multi-tenant workload end to end.
 	$(GO) run ./cmd/pgque demo
@@ -33,9 +38,13 @@ bench: deps ## Run the benchmarks and print their ratios.
 	$(GO) run ./cmd/pgque bench
 
 fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
-	@for pkg in $$($(GO) list ./...); do \
+	@for pkg in $$($(GO) list $(PKGS)); do \
 		for target in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 			echo "== $$pkg $$target"; \
 			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 		done; \
 	done
+
+.PHONY: screenshots
+screenshots: deps ## Regenerate the web console's screenshots in docs/console (needs chromium).
+	PGQUE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run TestConsoleInBrowser ./internal/web/

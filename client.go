@@ -2,18 +2,18 @@ package pgque
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/metrics"
 	"github.com/pgque/pgque/internal/notifier"
+	"github.com/pgque/pgque/internal/tickerd"
 	"github.com/pgque/pgque/internal/workerpool"
 )
 
@@ -28,6 +28,11 @@ type Client struct {
 	queries  *dbq.Queries
 	// notifier is nil when Config.PollOnly is set.
 	notifier *notifier.Notifier
+	// observed reports that Config.Observer was set, so measurements that
+	// cost queries (the slot gauges) are worth making.
+	observed bool
+	// schemaChecked is set once CheckSchema succeeded.
+	schemaChecked atomic.Bool
 }
 
 // NewClient returns a Client over pool. The caller keeps ownership of pool:
@@ -41,23 +46,26 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 	}
 	cfg := config.withDefaults()
 	c := &Client{
-		pool:    pool,
-		config:  cfg,
-		logger:  cfg.Logger,
-		metrics: metrics.New(cfg.Registerer),
-		queries: dbq.New(pool),
+		pool:     pool,
+		config:   cfg,
+		logger:   cfg.Logger,
+		metrics:  metrics.New(observerSink{cfg.Observer}),
+		queries:  dbq.New(pool),
+		observed: config != nil && config.Observer != nil,
 	}
 	if !cfg.PollOnly {
 		connConfig := pool.Config().ConnConfig
 		c.notifier = notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
 			return pgx.ConnectConfig(ctx, connConfig.Copy())
-		}, []string{workerpool.TickChannel, workerpool.PresenceChannel}, cfg.Logger)
+		}, []string{workerpool.TickChannel, workerpool.PresenceChannel, tickerd.ResignChannel}, cfg.Logger)
 	}
 	return c, nil
 }
 
 // Connect opens a pool from dsn (a libpq connection string or URL) and
-// returns a Client that owns it: Close closes the pool.
+// returns a Client that owns it: Close closes the pool. It fails with
+// ErrSchemaVersion or ErrNotInstalled when the database does not hold this
+// library's SchemaVersion (see CheckSchema).
 func Connect(ctx context.Context, dsn string, config *Config) (*Client, error) {
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
@@ -65,6 +73,10 @@ func Connect(ctx context.Context, dsn string, config *Config) (*Client, error) {
 	}
 	c, err := NewClient(pool, config)
 	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if err := c.CheckSchema(ctx); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -84,12 +96,15 @@ func (c *Client) Close() {
 	}
 }
 
-// MetricsHandler serves the client's metrics in the Prometheus exposition
-// format. It serves Config.Registerer when that is also a Gatherer (a
-// *prometheus.Registry is both), and prometheus.DefaultGatherer otherwise.
-func (c *Client) MetricsHandler() http.Handler {
-	if g, ok := c.config.Registerer.(prometheus.Gatherer); ok {
-		return promhttp.HandlerFor(g, promhttp.HandlerOpts{})
+// reportError hands a background error to Config.OnError, if set, as an
+// *Error when it came from the database.
+func (c *Client) reportError(ctx context.Context, err error) {
+	if c.config.OnError == nil || err == nil {
+		return
 	}
-	return promhttp.HandlerFor(prometheus.DefaultGatherer, promhttp.HandlerOpts{})
+	var mapped *Error
+	if !errors.As(err, &mapped) {
+		err = mapError("pgque background work", err)
+	}
+	c.config.OnError(ctx, err)
 }

@@ -1,10 +1,9 @@
 package pgque
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config configures a Client. The zero value is valid; a nil *Config means
@@ -14,10 +13,19 @@ type Config struct {
 	// "error"). Nil means slog.Default().
 	Logger *slog.Logger
 
-	// Registerer receives the client's Prometheus collectors. Nil means no
-	// metrics are registered. Several Clients may share one Registerer: they
-	// share the collectors.
-	Registerer prometheus.Registerer
+	// Observer receives the client's measurements and brackets its sends
+	// and handler calls (see Observer; pgqueprom and pgqueotel implement
+	// it). Nil means NopObserver.
+	Observer Observer
+
+	// OnError, when set, receives every error the client's background work
+	// meets and survives: a consumer's or ticker's failed round (a dropped
+	// queue, a permission error, a closed pool, a lost connection), which is
+	// also logged and retried after a backoff. Database errors arrive as
+	// *Error, so errors.Is(err, ErrQueueNotFound) and the like work; a
+	// service that cannot recover can stop its consumers from here. It is
+	// called on the failing goroutine and must return quickly.
+	OnError func(ctx context.Context, err error)
 
 	// PollOnly disables LISTEN/NOTIFY wake-ups, for connections through a
 	// transaction-mode pooler (PgBouncer) where a LISTEN session cannot be
@@ -35,6 +43,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
+	}
+	if out.Observer == nil {
+		out.Observer = NopObserver{}
 	}
 	return out
 }

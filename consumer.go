@@ -31,7 +31,7 @@ func (c *Client) NewConsumer(config *ConsumerConfig) (*Consumer, error) {
 	}
 	cfg := config.withDefaults()
 	con := &Consumer{client: c, config: cfg}
-	con.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics}
+	con.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer, timeout: cfg.HandlerTimeout}
 	con.settler = settler{
 		retryDelay: cfg.RetryDelay, metrics: c.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
 		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
@@ -45,6 +45,9 @@ func (c *Client) NewConsumer(config *ConsumerConfig) (*Consumer, error) {
 // returns at once. Cancelling ctx abandons the work in flight, like a crash:
 // prefer Stop.
 func (con *Consumer) Start(ctx context.Context) error {
+	if err := con.client.CheckSchema(ctx); err != nil {
+		return err
+	}
 	if _, err := con.client.queries.Subscribe(ctx, con.config.Queue, con.config.Consumer); err != nil {
 		return mapError(fmt.Sprintf("subscribing %q to queue %q", con.config.Consumer, con.config.Queue), err)
 	}
@@ -79,6 +82,7 @@ func (con *Consumer) run(fetchCtx, workCtx context.Context) {
 			return
 		case err != nil:
 			log.WarnContext(fetchCtx, "pgque: consuming", slog.Any("error", err))
+			con.client.reportError(fetchCtx, err)
 			backoff.Sleep(fetchCtx.Done(), backoff.Errors.Delay(failures))
 			failures++
 		case more:

@@ -34,6 +34,11 @@ type ConsumerConfig struct {
 	// RetryDelay returns how long a failed event waits before redelivery,
 	// given its retry count. Default RetryDelayDefault.
 	RetryDelay func(retryCount int) time.Duration
+	// HandlerTimeout, when positive, bounds each handler call: its context
+	// ends after that long with cause ErrHandlerTimeout, and an error it
+	// then returns is a failure wrapping ErrHandlerTimeout (a handler that
+	// ignores its context still runs to its end). Zero means no timeout.
+	HandlerTimeout time.Duration
 }
 
 func (c *ConsumerConfig) withDefaults() ConsumerConfig {
@@ -64,6 +69,8 @@ func (c *ConsumerConfig) validate() error {
 		return invalidConfig("ConsumerConfig.BatchSize is negative (%d)", c.BatchSize)
 	case c.PollInterval < 0:
 		return invalidConfig("ConsumerConfig.PollInterval is negative (%v)", c.PollInterval)
+	case c.HandlerTimeout < 0:
+		return invalidConfig("ConsumerConfig.HandlerTimeout is negative (%v)", c.HandlerTimeout)
 	}
 	return nil
 }

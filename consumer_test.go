@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/pgque/pgque/internal/leakcheck"
 
 	"github.com/pgque/pgque"
 )
@@ -152,7 +152,8 @@ func TestConsumerHandlerErrorIsRetriedThenDeadLettered(t *testing.T) {
 			return errors.New("always fails")
 		},
 	})
-	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: "x"}); err != nil {
+	id, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: "x"})
+	if err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "three deliveries", func() bool {
@@ -160,10 +161,23 @@ func TestConsumerHandlerErrorIsRetriedThenDeadLettered(t *testing.T) {
 		defer mu.Unlock()
 		return len(retries) >= 3
 	})
-	time.Sleep(1500 * time.Millisecond) // a fourth delivery would come by now
+	// The third failure (retry count 2 = max_retries) dead-letters the
+	// event; a dead letter is never delivered again.
+	var dls []pgque.DeadLetterEntry
+	waitFor(t, 20*time.Second, "the dead letter", func() bool {
+		var err error
+		dls, err = env.client.DeadLetters(ctx, env.queue, nil)
+		return err == nil && len(dls) == 1
+	})
+	if d := dls[0]; d.EventID != id || d.Consumer != "c" || d.RetryCount != 2 || d.Reason != "always fails" {
+		t.Fatalf("dead letter %+v: want event %d of c after 2 retries, reason \"always fails\"", d, id)
+	}
+	if qs, err := env.client.Queues(ctx, env.queue); err != nil || qs[0].RetryPending != 0 {
+		t.Fatalf("retries still pending after the dead letter: %+v, %v", qs, err)
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(retries) != 3 {
+	if len(retries) != 3 || retries[0] != 0 || retries[1] != 1 || retries[2] != 2 {
 		t.Fatalf("retry counts seen = %v, want [0 1 2] then dead-lettered", retries)
 	}
 }
@@ -197,12 +211,12 @@ func TestConsumerStartUnknownQueue(t *testing.T) {
 	}
 }
 
-// TestConsumerStopLeavesNoGoroutines is not parallel: goleak inspects every
+// TestConsumerStopLeavesNoGoroutines is not parallel: leakcheck inspects every
 // goroutine of the binary.
 func TestConsumerStopLeavesNoGoroutines(t *testing.T) {
 	env := setup(t)
 	ctx := context.Background()
-	before := goleak.IgnoreCurrent()
+	before := leakcheck.Take()
 	tk, err := env.client.NewTicker(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -230,7 +244,7 @@ func TestConsumerStopLeavesNoGoroutines(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	goleak.VerifyNone(t, before)
+	leakcheck.Verify(t, before)
 }
 
 func TestConsumerGracefulStopAcksInFlightChunk(t *testing.T) {
@@ -263,20 +277,32 @@ func TestConsumerGracefulStopAcksInFlightChunk(t *testing.T) {
 	<-started
 	stopped := make(chan error, 1)
 	go func() { stopped <- con.Stop(ctx) }()
-	time.Sleep(50 * time.Millisecond)
+	// Release the handler only once Stop is in flight, so the chunk is
+	// finished under a stop that already happened.
+	<-pgque.ConsumerStopping(con)
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) while the handler was still running", err)
+	default:
+	}
 	close(release)
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
-	// The chunk was acked: a new consumer of the same subscription sees
-	// nothing of it.
+	if n := countHandled(&handled); n != 2 {
+		t.Fatalf("the graceful stop let %d of the chunk's 2 events finish, want 2", n)
+	}
+	// The chunk was acked: the subscription has no open batch, and a new
+	// consumer of it sees only a new event.
+	subs, err := env.client.Consumers(ctx, env.queue)
+	if err != nil || len(subs) != 1 || subs[0].OpenBatch != nil || subs[0].RetryPending != 0 {
+		t.Fatalf("after a graceful stop the subscription is %+v (%v), want no open batch", subs, err)
+	}
 	c := collect(t, env, "c")
 	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 3}); err != nil {
 		t.Fatal(err)
 	}
-	got := c.wait(t, 1)
-	time.Sleep(200 * time.Millisecond)
-	if got = c.snapshot(); len(got) != 1 || string(got[0].Payload) != "3" {
+	if got := c.wait(t, 1); len(got) != 1 || string(got[0].Payload) != "3" {
 		t.Fatalf("after a graceful stop the next consumer got %d messages (%v), want only the new one", len(got), got)
 	}
 }
@@ -317,4 +343,11 @@ func TestConsumerHardStopAbandonsChunk(t *testing.T) {
 	if string(got[0].Payload) != "1" || got[0].RetryCount != 0 {
 		t.Fatalf("redelivered %+v, want the abandoned event", got[0])
 	}
+}
+
+// countHandled counts the entries of a sync.Map.
+func countHandled(m *sync.Map) int {
+	n := 0
+	m.Range(func(any, any) bool { n++; return true })
+	return n
 }

@@ -76,9 +76,12 @@
 //
 // # Observability
 //
-// Logs go to the *slog.Logger in Config. Prometheus metrics are registered
-// on Config.Registerer: events sent, processed, failed, retried and
-// dead-lettered; batch and handler latency; per-slot lag and head age;
-// lease claims, renewals, takeovers and fencings; ticker leadership.
-// Client.MetricsHandler serves them over HTTP.
+// Logs go to the *slog.Logger in Config. Measurements go to the Observer in
+// Config: events sent, processed, failed, retried and dead-lettered; batch
+// and handler latency; per-slot lag and head age; lease claims, renewals,
+// takeovers and fencings; ticker leadership. The Observer also brackets
+// every send and handler call, for tracing. The library depends on no
+// metrics package: module github.com/pgque/pgque/pgqueprom exports the
+// measurements as Prometheus metrics (the same names as before), and
+// github.com/pgque/pgque/pgqueotel records OpenTelemetry spans and metrics.
 package pgque

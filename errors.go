@@ -7,16 +7,17 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Sentinel errors. Test for them with errors.Is; every error that comes from
-// the database is an *Error that unwraps both to one of these (chosen by
-// SQLSTATE, never by message text) and to the driver's *pgconn.PgError.
+// Sentinel errors. Test for them with errors.Is. Every error the database
+// raises is returned as an *Error (wrapped as "doing X: ...") that unwraps
+// to the driver's *pgconn.PgError and, for the SQLSTATEs of pgque's SQL
+// contract and the payload encoding errors, to one of these (chosen by
+// SQLSTATE, never by message text). Errors that never reached the database
+// (a broken connection, a cancelled context) are wrapped unchanged.
 var (
 	// ErrQueueNotFound: the queue does not exist (SQLSTATE PQ001).
 	ErrQueueNotFound = errors.New("pgque: queue not found")
 	// ErrConsumerNotFound: the subscription does not exist (PQ002).
 	ErrConsumerNotFound = errors.New("pgque: consumer not found")
-	// ErrQueueExists: the queue already exists (PQ003).
-	ErrQueueExists = errors.New("pgque: queue already exists")
 	// ErrInvalidName: a queue or consumer name is empty, too long, has bad
 	// characters or uses the reserved '#' or '/' (PQ010).
 	ErrInvalidName = errors.New("pgque: invalid name")
@@ -46,17 +47,33 @@ var (
 	ErrSlotSubscription = errors.New("pgque: plain API used on a slot subscription")
 	// ErrSlotNotSubscribed: the slot is not subscribed (PQ034).
 	ErrSlotNotSubscribed = errors.New("pgque: slot not subscribed")
+	// ErrKeyNotBlocked: UnblockKey or RetryKeyNow named a key that is not
+	// blocked by a failing head (PQ036).
+	ErrKeyNotBlocked = errors.New("pgque: key not blocked")
+	// ErrKeyBusy: the blocked key's head is being redelivered right now;
+	// try UnblockKey again once that delivery was handled (PQ037).
+	ErrKeyBusy = errors.New("pgque: key head in flight, try again")
 	// ErrDeadLetterNotFound: the dead letter does not exist (PQ040).
 	ErrDeadLetterNotFound = errors.New("pgque: dead letter not found")
 	// ErrPermissionDenied: the role may not call this function (42501).
 	ErrPermissionDenied = errors.New("pgque: permission denied")
-	// ErrInvalidPayload: an event payload is not valid JSON or could not be
-	// marshalled. Detected before the database is touched.
+	// ErrInvalidPayload: an event payload is not valid JSON, could not be
+	// marshalled, or holds text PostgreSQL cannot store (SQLSTATE 22P02,
+	// 22P05, 22021). Most are detected before the database is touched.
 	ErrInvalidPayload = errors.New("pgque: invalid payload")
 	// ErrAlreadyStarted: Start was called twice on a service.
 	ErrAlreadyStarted = errors.New("pgque: already started")
-	// ErrNotStarted: Stop was called on a service that was never started.
-	ErrNotStarted = errors.New("pgque: not started")
+	// ErrSchemaVersion: the database holds another pgque schema version than
+	// the library's SchemaVersion (a *SchemaVersionError says which).
+	ErrSchemaVersion = errors.New("pgque: schema version mismatch")
+	// ErrNotInstalled: pgque is not installed in the database.
+	ErrNotInstalled = errors.New("pgque: not installed")
+	// ErrDeadLetter marks a handler error made by DeadLetter: the event is
+	// dead-lettered at once, without further retries.
+	ErrDeadLetter = errors.New("pgque: dead-lettered by the handler")
+	// ErrHandlerTimeout: the handler ran longer than its consumer's
+	// HandlerTimeout (its context's cause); the event is nacked.
+	ErrHandlerTimeout = errors.New("pgque: handler timed out")
 	// ErrHandlerPanic wraps the value of a recovered handler panic; the event
 	// is nacked like any other failure.
 	ErrHandlerPanic = errors.New("pgque: handler panicked")
@@ -65,10 +82,12 @@ var (
 // sqlstates maps each stable SQLSTATE of the SQL contract to its sentinel.
 var sqlstates = map[string]error{
 	"22004": ErrInvalidArgument,
+	"22021": ErrInvalidPayload, // character_not_in_repertoire
+	"22P02": ErrInvalidPayload, // invalid_text_representation (bad JSON)
+	"22P05": ErrInvalidPayload, // untranslatable_character (\u0000)
 	"42501": ErrPermissionDenied,
 	"PQ001": ErrQueueNotFound,
 	"PQ002": ErrConsumerNotFound,
-	"PQ003": ErrQueueExists,
 	"PQ010": ErrInvalidName,
 	"PQ011": ErrInvalidArgument,
 	"PQ012": ErrUnknownParameter,
@@ -79,6 +98,11 @@ var sqlstates = map[string]error{
 	"PQ032": ErrLeaseLost,
 	"PQ033": ErrSlotSubscription,
 	"PQ034": ErrSlotNotSubscribed,
+	// A fenced ack or nack named a chunk that is no longer the slot's
+	// current delivery: for this worker it is the same as losing the lease.
+	"PQ035": ErrLeaseLost,
+	"PQ036": ErrKeyNotBlocked,
+	"PQ037": ErrKeyBusy,
 	"PQ040": ErrDeadLetterNotFound,
 }
 
@@ -108,17 +132,17 @@ func (e *Error) Unwrap() []error {
 	return []error{e.sentinel, e.pgErr}
 }
 
-// mapError turns a *pgconn.PgError with a pgque SQLSTATE into an *Error and
-// wraps it as "doing: error". Other errors are wrapped unchanged.
+// mapError turns a *pgconn.PgError into an *Error (with the sentinel of its
+// SQLSTATE, if any) and wraps it as "doing: error". Other errors are wrapped
+// unchanged.
 func mapError(doing string, err error) error {
 	if err == nil {
 		return nil
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		if sentinel, ok := sqlstates[pgErr.Code]; ok {
-			err = &Error{Code: pgErr.Code, Message: pgErr.Message, sentinel: sentinel, pgErr: pgErr}
-		}
+	var already *Error
+	if errors.As(err, &pgErr) && !errors.As(err, &already) {
+		err = &Error{Code: pgErr.Code, Message: pgErr.Message, sentinel: sqlstates[pgErr.Code], pgErr: pgErr}
 	}
 	return fmt.Errorf("%s: %w", doing, err)
 }

@@ -1,6 +1,7 @@
 package pgque
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,16 +32,35 @@ func TestMapErrorBySQLSTATE(t *testing.T) {
 	}
 }
 
-func TestMapErrorLeavesOtherErrorsAlone(t *testing.T) {
+// TestMapErrorWrapsEveryDatabaseError: a SQLSTATE outside pgque's contract
+// still becomes an *Error (no sentinel), an error that is already an *Error
+// is not wrapped twice, and errors that never reached the database stay as
+// they are.
+func TestMapErrorWrapsEveryDatabaseError(t *testing.T) {
 	t.Parallel()
 	other := &pgconn.PgError{Code: "40001", Message: "serialization failure"}
 	err := mapError("doing X", other)
 	var pe *Error
-	if errors.As(err, &pe) {
-		t.Fatalf("%v became an *Error", err)
+	if !errors.As(err, &pe) || pe.Code != "40001" || pe.sentinel != nil {
+		t.Fatalf("%v is not a sentinel-less *Error with code 40001", err)
 	}
 	if !errors.Is(err, other) {
 		t.Fatalf("%v lost the driver error", err)
+	}
+	for _, s := range []error{ErrQueueNotFound, ErrInvalidPayload, ErrLeaseLost} {
+		if errors.Is(err, s) {
+			t.Fatalf("%v unwraps to %v", err, s)
+		}
+	}
+	if want := "doing X: serialization failure (SQLSTATE 40001)"; err.Error() != want {
+		t.Fatalf("message %q, want %q", err.Error(), want)
+	}
+	twice := mapError("doing Y", err)
+	if want := "doing Y: doing X: serialization failure (SQLSTATE 40001)"; twice.Error() != want {
+		t.Fatalf("re-mapped message %q, want %q", twice.Error(), want)
+	}
+	if err := mapError("doing X", context.Canceled); !errors.Is(err, context.Canceled) || errors.As(err, &pe) {
+		t.Fatalf("context.Canceled mapped to %v", err)
 	}
 	if mapError("doing X", nil) != nil {
 		t.Fatal("mapError(nil) is not nil")
@@ -63,15 +83,16 @@ func FuzzEventEncodeRawMessage(f *testing.F) {
 	for _, s := range []string{`{}`, `[1,2]`, `"x"`, `{oops`, ``, `nul`} {
 		f.Add(s)
 	}
+	// encode must reject exactly the invalid JSON, with ErrInvalidPayload,
+	// and pass valid JSON through byte for byte.
 	f.Fuzz(func(t *testing.T, s string) {
 		_, payload, _, err := Event{Payload: rawJSON(s)}.encode()
-		if err != nil {
-			if !errors.Is(err, ErrInvalidPayload) {
-				t.Fatalf("error %v is not ErrInvalidPayload", err)
-			}
-			return
-		}
-		if string(payload) != s {
+		switch valid := json.Valid([]byte(s)); {
+		case valid && err != nil:
+			t.Fatalf("valid JSON %q rejected: %v", s, err)
+		case !valid && !errors.Is(err, ErrInvalidPayload):
+			t.Fatalf("invalid JSON %q: error %v, want ErrInvalidPayload", s, err)
+		case valid && string(payload) != s:
 			t.Fatalf("payload changed: %q → %q", s, payload)
 		}
 	})

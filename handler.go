@@ -2,6 +2,7 @@ package pgque
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -14,7 +15,9 @@ import (
 // HandlerFunc processes one message. Returning nil acknowledges it (with
 // the rest of its chunk); returning an error, or panicking, nacks it: it is
 // redelivered after the consumer's RetryDelay, or dead-lettered once the
-// queue's max_retries is reached. ctx is cancelled when the work must be
+// queue's max_retries is reached — or at once when the error is made by
+// DeadLetter. With a HandlerTimeout, ctx also ends after that long (cause
+// ErrHandlerTimeout). ctx is cancelled when the work must be
 // abandoned: a hard Stop, or — for a partitioned consumer — the slot's lease
 // was lost (context.Cause(ctx) is then ErrLeaseLost).
 type HandlerFunc func(ctx context.Context, m *Message) error
@@ -24,6 +27,25 @@ type HandlerFunc func(ctx context.Context, m *Message) error
 func RetryDelayDefault(retryCount int) time.Duration {
 	return backoff.Policy{Base: time.Second, Max: 10 * time.Minute, Jitter: 0.1}.Delay(retryCount)
 }
+
+// DeadLetter wraps err so that returning it from a handler dead-letters the
+// event at once, with err as the reason, instead of scheduling a retry: for
+// failures that no retry can fix (a malformed payload, a deleted tenant).
+// Under FailurePolicyPause the key's held events are then released, as after
+// any dead letter. The result matches errors.Is(err, ErrDeadLetter) and
+// unwraps to err. DeadLetter(nil) is a dead letter with a generic reason.
+func DeadLetter(err error) error {
+	if err == nil {
+		err = errors.New("dead-lettered by the handler")
+	}
+	return &deadLetterError{err: err}
+}
+
+type deadLetterError struct{ err error }
+
+func (e *deadLetterError) Error() string { return e.err.Error() }
+
+func (e *deadLetterError) Unwrap() []error { return []error{ErrDeadLetter, e.err} }
 
 // failure is a message whose handler failed.
 type failure struct {
@@ -38,6 +60,9 @@ type invoker struct {
 	consumer string
 	logger   *slog.Logger
 	metrics  *metrics.Metrics
+	observer Observer
+	// timeout bounds each call (0: none).
+	timeout time.Duration
 }
 
 // handleChunk runs the handler on each message in order and returns the
@@ -75,6 +100,16 @@ func (iv *invoker) handleChunk(ctx context.Context, msgs []*Message, holdKeys bo
 // call runs the handler once; a panic becomes an error wrapping
 // ErrHandlerPanic.
 func (iv *invoker) call(ctx context.Context, m *Message) (err error) {
+	obs := iv.observer
+	if obs == nil {
+		obs = NopObserver{}
+	}
+	ctx = obs.HandleStart(ctx, m)
+	if iv.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, iv.timeout, ErrHandlerTimeout)
+		defer cancel()
+	}
 	start := time.Now()
 	defer func() {
 		if v := recover(); v != nil {
@@ -83,7 +118,12 @@ func (iv *invoker) call(ctx context.Context, m *Message) (err error) {
 				slog.String("queue", iv.queue), slog.String("consumer", iv.consumer),
 				slog.Int64("msg_id", m.ID), slog.Any("error", err), slog.String("stack", string(debug.Stack())))
 		}
-		iv.metrics.HandlerDuration.WithLabelValues(iv.queue, iv.consumer).Observe(time.Since(start).Seconds())
+		if err != nil && iv.timeout > 0 && errors.Is(context.Cause(ctx), ErrHandlerTimeout) && !errors.Is(err, ErrHandlerTimeout) {
+			err = fmt.Errorf("%w after %v: %w", ErrHandlerTimeout, iv.timeout, err)
+		}
+		took := time.Since(start)
+		obs.HandleEnd(ctx, m, HandleResult{Err: err, Duration: took})
+		iv.metrics.HandlerDuration.WithLabelValues(iv.queue, iv.consumer).Observe(took.Seconds())
 		if err != nil {
 			iv.metrics.Failed.WithLabelValues(iv.queue, iv.consumer).Inc()
 		} else {

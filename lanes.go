@@ -179,6 +179,8 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 		return false, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
 	}
 	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
+	// The chunk's nacks, ack and holds prove which chunk they settle.
+	delivery := dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}
 	policy := pc.Policy()
 	pause := policy == FailurePolicyPause
 
@@ -233,10 +235,10 @@ wait:
 
 	failures := chunkFailures(lanes)
 	ackStart := time.Now()
-	s := pc.chunkSettler(lease, policy)
+	s := pc.chunkSettler(lease, policy, delivery)
 	if len(holding) > 0 {
 		// The holds must land with the ack: in the same transaction.
-		err = pc.settleWithHolds(workCtx, &s, failures, lease, holding)
+		err = pc.settleWithHolds(workCtx, &s, failures, lease, delivery, holding)
 	} else {
 		err = s.settle(workCtx, pc.client.pool, failures)
 	}
@@ -354,14 +356,22 @@ func (pc *PartitionedConsumer) acquire(ctx context.Context, sl *slotLanes) bool 
 		<-sl.sem
 		return false
 	}
-	pc.runningGauge.Inc()
+	pc.addRunning(1)
 	return true
 }
 
 func (pc *PartitionedConsumer) releaseWorker(sl *slotLanes) {
-	pc.runningGauge.Dec()
+	pc.addRunning(-1)
 	<-pc.workers
 	<-sl.sem
+}
+
+// addRunning changes the count of running handlers and its gauge.
+func (pc *PartitionedConsumer) addRunning(d int) {
+	pc.runningMu.Lock()
+	pc.running += d
+	pc.runningGauge.Set(float64(pc.running))
+	pc.runningMu.Unlock()
 }
 
 // markHolds marks as held, from their first unfinished event, the lanes
@@ -449,7 +459,7 @@ func chunkFailures(lanes []*lane) []failure {
 
 // settleWithHolds holds the keys of holding and settles the chunk, in one
 // transaction.
-func (pc *PartitionedConsumer) settleWithHolds(ctx context.Context, s *settler, failures []failure, lease *workerpool.Lease, holding []*lane) error {
+func (pc *PartitionedConsumer) settleWithHolds(ctx context.Context, s *settler, failures []failure, lease *workerpool.Lease, delivery dbq.Delivery, holding []*lane) error {
 	cfg := &pc.config
 	tx, err := pc.client.pool.Begin(ctx)
 	if err != nil {
@@ -461,7 +471,7 @@ func (pc *PartitionedConsumer) settleWithHolds(ctx context.Context, s *settler, 
 		ln.mu.Lock()
 		head := ln.msgs[ln.heldFrom].ID
 		ln.mu.Unlock()
-		if _, err := q.HoldKeyPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, ln.key.arg(), head); err != nil {
+		if _, err := q.HoldKeyPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, delivery, ln.key.arg(), head); err != nil {
 			return mapError(fmt.Sprintf("holding key %v of slot %d", ln.key, lease.Slot), err)
 		}
 	}
@@ -531,7 +541,7 @@ func (pc *PartitionedConsumer) settleHeld(ctx context.Context, sl *slotLanes, le
 		sl.chunkMu.Lock()
 		start := time.Now()
 		ok, err := pc.client.queries.SettleHeldPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID,
-			ln.key.arg(), head, done, failed)
+			lease.Epoch, ln.key.arg(), head, done, failed)
 		sl.chunkMu.Unlock()
 		if err == nil {
 			lease.Renewed(start)
@@ -558,16 +568,17 @@ func (pc *PartitionedConsumer) settleHeld(ctx context.Context, sl *slotLanes, le
 	}
 }
 
-// chunkSettler is the settler of one chunk of the slot held by lease.
-func (pc *PartitionedConsumer) chunkSettler(lease *workerpool.Lease, policy FailurePolicy) settler {
+// chunkSettler is the settler of the chunk delivery of the slot held by
+// lease: its nacks and ack prove which chunk they settle.
+func (pc *PartitionedConsumer) chunkSettler(lease *workerpool.Lease, policy FailurePolicy, delivery dbq.Delivery) settler {
 	cfg := &pc.config
 	return settler{
 		retryDelay: cfg.RetryDelay, metrics: pc.client.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
 		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
-			return q.NackPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, m.ID, after, reason)
+			return q.NackDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, delivery, m.ID, after, reason)
 		},
 		ack: func(ctx context.Context, q *dbq.Queries) (bool, error) {
-			return q.AckPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID)
+			return q.AckDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, delivery)
 		},
 		// The chunk was handled under policy: its nacks and ack are right
 		// only if the server still applies that policy (an operator may have
@@ -638,8 +649,9 @@ func (pc *PartitionedConsumer) observeLanes(slot int, sl *slotLanes) {
 	m, cfg := pc.client.metrics, &pc.config
 	lbl := []string{cfg.Queue, cfg.Consumer, fmt.Sprint(slot)}
 	if sl == nil {
-		m.LaneQueued.DeleteLabelValues(lbl...)
-		m.LaneOldestAge.DeleteLabelValues(lbl...)
+		// The slot is no longer worked here: nothing of it is held.
+		m.LaneQueued.WithLabelValues(lbl...).Set(0)
+		m.LaneOldestAge.WithLabelValues(lbl...).Set(0)
 		return
 	}
 	st := sl.stats(slot)

@@ -329,27 +329,9 @@ func TestLanesCrashWhileHeld(t *testing.T) {
 	if len(slowByB) != 6 {
 		t.Fatalf("b handled the slow key's events %v, want all 6 (the head redelivered first)", slowByB)
 	}
-	if n := counterValue(t, b, "pgque_lane_redelivered_events_total"); n < 3 {
+	if n := b.obs.total(pgque.MetricLaneRedelivered); n < 3 {
 		t.Fatalf("lane_redelivered_events_total = %v, want the held events counted", n)
 	}
-}
-
-// counterValue sums a counter over its labels.
-func counterValue(t *testing.T, p *process, name string) float64 {
-	t.Helper()
-	families, err := p.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n float64
-	for _, f := range families {
-		if f.GetName() == name {
-			for _, m := range f.GetMetric() {
-				n += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return n
 }
 
 // When holding a key fails (here: the function is replaced by one that

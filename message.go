@@ -34,6 +34,11 @@ type Message struct {
 	// it is a fencing token: a side effect stamped with the epoch can be
 	// rejected downstream once a newer epoch has been seen for the slot.
 	Epoch int64
+	// Chunk numbers the chunk the event was received in, in this process:
+	// the events of one receive share it, and a chunk received again (a
+	// redelivery) gets a new number. A batch may be delivered in several
+	// chunks, so BatchID alone does not tell them apart.
+	Chunk uint64
 
 	// keyed is set when the event has a key, even an empty one (only SQL
 	// can send the empty key; Go sends "" as the NULL key).

@@ -114,9 +114,15 @@ type PartitionedConsumerConfig struct {
 	// notification. Default PollIntervalDefault.
 	PollInterval time.Duration
 	// SlotStatusInterval is how often the per-slot gauges are refreshed.
-	// Default SlotStatusIntervalDefault when Config.Registerer is set, never
+	// Default SlotStatusIntervalDefault when Config.Observer is set, never
 	// otherwise; negative disables.
 	SlotStatusInterval time.Duration
+	// HotKeyShare: with the slot status refresh on, when one key holds more
+	// than this share (0..1) of a slot's pending events, a warning is
+	// logged and the pgque_slot_top_key_share gauge shows it: that slot
+	// goes no faster than one key's handler. Default HotKeyShareDefault;
+	// negative disables the check.
+	HotKeyShare float64
 	// BatchSize is the maximum number of events per chunk. Default
 	// BatchSizeDefault.
 	BatchSize int
@@ -140,6 +146,9 @@ type PartitionedConsumerConfig struct {
 	MaxEventsPerSlot int
 	// Handler processes each message. Required.
 	Handler HandlerFunc
+	// HandlerTimeout, when positive, bounds each handler call as in
+	// ConsumerConfig.HandlerTimeout. Zero means no timeout.
+	HandlerTimeout time.Duration
 	// FailurePolicy is what a handler failure does to the key. Zero keeps the
 	// policy persisted for (queue, consumer), which is FailurePolicyDefault
 	// for a new consumer. Any other value is persisted with the consumer's
@@ -183,6 +192,9 @@ func (c *PartitionedConsumerConfig) withDefaults() PartitionedConsumerConfig {
 	if out.MaxEventsPerSlot == 0 {
 		out.MaxEventsPerSlot = MaxEventsPerSlotFactor * out.BatchSize
 	}
+	if out.HotKeyShare == 0 {
+		out.HotKeyShare = HotKeyShareDefault
+	}
 	if out.RetryDelay == nil {
 		out.RetryDelay = RetryDelayDefault
 	}
@@ -211,8 +223,12 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig.MaxWorkers (%d) and MaxWorkersPerSlot (%d) must not be negative", c.MaxWorkers, c.MaxWorkersPerSlot)
 	case c.MaxEventsPerSlot < 0 || (c.MaxEventsPerSlot > 0 && c.MaxEventsPerSlot < max(c.BatchSize, 1)):
 		return invalidConfig("PartitionedConsumerConfig.MaxEventsPerSlot %d must be at least BatchSize (%d)", c.MaxEventsPerSlot, c.BatchSize)
+	case c.HotKeyShare > 1:
+		return invalidConfig("PartitionedConsumerConfig.HotKeyShare %v is above 1", c.HotKeyShare)
 	case c.FailurePolicy != 0 && !c.FailurePolicy.valid():
 		return invalidConfig("PartitionedConsumerConfig.FailurePolicy %v is not supported", c.FailurePolicy)
+	case c.HandlerTimeout < 0:
+		return invalidConfig("PartitionedConsumerConfig.HandlerTimeout is negative (%v)", c.HandlerTimeout)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque/internal/metrics"
 	"github.com/pgque/pgque/internal/startstop"
 	"github.com/pgque/pgque/internal/workerpool"
 )
@@ -36,13 +37,14 @@ type PartitionedConsumer struct {
 
 	// Key lanes (lanes.go): workers bounds running handlers across the
 	// owned slots; lanes is the lane state of each owned slot.
-	workers      chan struct{}
-	runningGauge interface {
-		Inc()
-		Dec()
-	}
-	lanesMu sync.Mutex
-	lanes   map[int]*slotLanes
+	workers chan struct{}
+	// running counts the handlers running in lanes; runningMu keeps the
+	// gauge's updates in the order of the count's changes.
+	runningMu    sync.Mutex
+	running      int
+	runningGauge metrics.Point
+	lanesMu      sync.Mutex
+	lanes        map[int]*slotLanes
 }
 
 // NewPartitionedConsumer returns a PartitionedConsumer; Start runs it.
@@ -53,7 +55,7 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	cfg := config.withDefaults()
 	statusInterval := cfg.SlotStatusInterval
 	switch {
-	case statusInterval < 0 || (statusInterval == 0 && c.config.Registerer == nil):
+	case statusInterval < 0 || (statusInterval == 0 && !c.observed):
 		statusInterval = 0
 	case statusInterval == 0:
 		statusInterval = SlotStatusIntervalDefault
@@ -65,16 +67,18 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	if cfg.MaxWorkersPerSlot > 1 {
 		work = pc.workLanes
 	}
-	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics}
+	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics, observer: c.config.Observer, timeout: cfg.HandlerTimeout}
 	pc.pool = workerpool.New(workerpool.Config{
 		Queries:        c.queries,
 		Notifier:       c.notifier,
 		Logger:         c.logger,
 		Metrics:        c.metrics,
+		OnError:        c.reportError,
 		Queue:          cfg.Queue,
 		Consumer:       cfg.Consumer,
 		Worker:         cfg.WorkerID,
 		Slots:          cfg.Slots,
+		HotKeyShare:    max(cfg.HotKeyShare, 0),
 		MaxActive:      cfg.MaxActiveSlots,
 		LeaseTTL:       cfg.LeaseTTL,
 		ClaimInterval:  cfg.ClaimInterval,
@@ -105,18 +109,14 @@ func (pc *PartitionedConsumer) Policy() FailurePolicy { return FailurePolicy(pc.
 // more is acked, leases expire after the TTL.
 func (pc *PartitionedConsumer) Start(ctx context.Context) error {
 	cfg := &pc.config
-	var policy *string
-	if cfg.FailurePolicy != 0 {
-		s := cfg.FailurePolicy.String()
-		policy = &s
+	if err := pc.client.CheckSchema(ctx); err != nil {
+		return err
 	}
 	var persisted FailurePolicy
 	err := pgx.BeginFunc(ctx, pc.client.pool, func(tx pgx.Tx) error {
 		q := dbq.New(tx)
-		for slot := range cfg.Slots {
-			if _, err := q.SubscribeSlotPolicy(ctx, cfg.Queue, cfg.Consumer, slot, cfg.Slots, policy); err != nil {
-				return err
-			}
+		if _, err := subscribeSlotsTx(ctx, q, cfg.Queue, cfg.Consumer, cfg.Slots, cfg.FailurePolicy); err != nil {
+			return err
 		}
 		var err error
 		persisted, err = serverPolicy(ctx, q, cfg.Queue, cfg.Consumer)
@@ -162,6 +162,9 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		return false, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
 	}
 	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
+	// The settling calls prove which chunk they settle (fencing at the SQL
+	// level, not only in this process).
+	delivery := dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}
 	policy := pc.Policy()
 	failures, held, aborted := pc.invoker.handleChunk(workCtx, msgs, policy == FailurePolicyPause)
 	if aborted {
@@ -173,7 +176,7 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 			slog.Int("failed", len(failures)), slog.Int("held", held))
 	}
 	ackStart := time.Now()
-	s := pc.chunkSettler(lease, policy)
+	s := pc.chunkSettler(lease, policy, delivery)
 	if err := s.settle(workCtx, pc.client.pool, failures); err != nil {
 		return false, err
 	}

@@ -11,8 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/goleak"
+	"github.com/pgque/pgque/internal/leakcheck"
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/dbq"
@@ -23,25 +22,13 @@ import (
 type process struct {
 	pc     *pgque.PartitionedConsumer
 	cancel context.CancelFunc
-	reg    *prometheus.Registry
+	obs    *recorder
 }
 
 // fencings returns how many slots the process lost while working them.
 func (p *process) fencings(t *testing.T) float64 {
 	t.Helper()
-	families, err := p.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n float64
-	for _, f := range families {
-		if f.GetName() == "pgque_lease_fencings_total" {
-			for _, m := range f.GetMetric() {
-				n += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return n
+	return p.obs.total(pgque.MetricLeaseFencings)
 }
 
 // startProcess starts a partitioned consumer as a separate "process".
@@ -53,8 +40,8 @@ func startProcess(t *testing.T, env *testEnv, cfg pgque.PartitionedConsumerConfi
 // startProcessLogger is startProcess with its own logger.
 func startProcessLogger(t *testing.T, env *testEnv, cfg pgque.PartitionedConsumerConfig, logger *slog.Logger) *process {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	client, err := pgque.NewClient(env.pool, &pgque.Config{Logger: logger, Registerer: reg})
+	obs := &recorder{}
+	client, err := pgque.NewClient(env.pool, &pgque.Config{Logger: logger, Observer: obs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +54,7 @@ func startProcessLogger(t *testing.T, env *testEnv, cfg pgque.PartitionedConsume
 		cancel()
 		t.Fatal(err)
 	}
-	p := &process{pc: pc, cancel: cancel, reg: reg}
+	p := &process{pc: pc, cancel: cancel, obs: obs}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
@@ -275,12 +262,12 @@ func TestPartitionedFencing(t *testing.T) {
 	}
 }
 
-// TestPartitionedStopLeavesNoGoroutinesAndReleases is not parallel: goleak
+// TestPartitionedStopLeavesNoGoroutinesAndReleases is not parallel: leakcheck
 // inspects every goroutine of the binary.
 func TestPartitionedStopLeavesNoGoroutinesAndReleases(t *testing.T) {
 	env := setup(t)
 	ctx := context.Background()
-	before := goleak.IgnoreCurrent()
+	before := leakcheck.Take()
 	tk, err := env.client.NewTicker(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -309,7 +296,7 @@ func TestPartitionedStopLeavesNoGoroutinesAndReleases(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	goleak.VerifyNone(t, before)
+	leakcheck.Verify(t, before)
 	if owners := slotOwners(t, env, "c"); owners[""] != 4 {
 		t.Fatalf("after Stop the slots are owned: %v", owners)
 	}

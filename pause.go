@@ -2,9 +2,12 @@ package pgque
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgque/pgque/internal/dbq"
 )
@@ -119,9 +122,9 @@ func (c *Client) BlockedKeys(ctx context.Context, queue, consumer string) ([]Blo
 // UnblockKey gives up on the failing head of a blocked key: it dead-letters
 // the head (its pending retry) and releases the events held behind it, which
 // are then delivered in ev_id order. It returns the dead-lettered ev_id.
-// It fails with ErrInvalidArgument when the key is not blocked, or when its
-// head is being redelivered right now (try again once that delivery was
-// handled). Requires the pgque_admin role.
+// It fails with ErrKeyNotBlocked when the key is not blocked, and with
+// ErrKeyBusy when its head is being redelivered right now (try again once
+// that delivery was handled). Requires the pgque_admin role.
 func (c *Client) UnblockKey(ctx context.Context, queue, consumer string, key KeyRef) (int64, error) {
 	id, err := c.queries.UnblockKey(ctx, queue, consumer, key.arg())
 	return id, mapError(fmt.Sprintf("unblocking key %v of %q on queue %q", key, consumer, queue), err)
@@ -130,7 +133,7 @@ func (c *Client) UnblockKey(ctx context.Context, queue, consumer string, key Key
 // RetryKeyNow makes the pending retry of a blocked key's head due now, so
 // that it is redelivered at once instead of after its retry delay. It
 // reports whether a retry was pending (false: the head is being redelivered
-// already). It fails with ErrInvalidArgument when the key is not blocked.
+// already). It fails with ErrKeyNotBlocked when the key is not blocked.
 // Requires the pgque_admin role.
 func (c *Client) RetryKeyNow(ctx context.Context, queue, consumer string, key KeyRef) (bool, error) {
 	ok, err := c.queries.RetryKeyNow(ctx, queue, consumer, key.arg())
@@ -153,6 +156,9 @@ func (c *Client) SetFailurePolicy(ctx context.Context, queue, consumer string, p
 // serverPolicy reads the policy persisted for (queue, consumer).
 func serverPolicy(ctx context.Context, q *dbq.Queries, queue, consumer string) (FailurePolicy, error) {
 	s, err := q.SlotPolicy(ctx, queue, consumer)
+	if errors.Is(err, pgx.ErrNoRows) { // the view has no row: no slots
+		return 0, fmt.Errorf("reading the failure policy of %q on queue %q: %w", consumer, queue, ErrSlotNotSubscribed)
+	}
 	if err != nil {
 		return 0, mapError(fmt.Sprintf("reading the failure policy of %q on queue %q", consumer, queue), err)
 	}

@@ -461,10 +461,10 @@ func TestPauseNullAndEmptyKeys(t *testing.T) {
 	}
 
 	// Errors: a key that is not blocked.
-	if _, err := env.client.UnblockKey(ctx, env.queue, "c", pgque.KeyOf("")); !errors.Is(err, pgque.ErrInvalidArgument) {
+	if _, err := env.client.UnblockKey(ctx, env.queue, "c", pgque.KeyOf("")); !errors.Is(err, pgque.ErrKeyNotBlocked) {
 		t.Errorf("UnblockKey of a key that is not blocked: %v", err)
 	}
-	if _, err := env.client.RetryKeyNow(ctx, env.queue, "c", pgque.KeyOf("nope")); !errors.Is(err, pgque.ErrInvalidArgument) {
+	if _, err := env.client.RetryKeyNow(ctx, env.queue, "c", pgque.KeyOf("nope")); !errors.Is(err, pgque.ErrKeyNotBlocked) {
 		t.Errorf("RetryKeyNow of a key that is not blocked: %v", err)
 	}
 	if _, err := env.client.BlockedKeys(ctx, "no-such-queue", ""); !errors.Is(err, pgque.ErrQueueNotFound) {

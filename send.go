@@ -10,14 +10,18 @@ import (
 )
 
 // Send sends one event in its own transaction and returns its event id.
-func (c *Client) Send(ctx context.Context, queue string, ev Event) (int64, error) {
+func (c *Client) Send(ctx context.Context, queue string, ev Event) (id int64, err error) {
+	ctx, end := c.observeSend(ctx, SendInfo{Queue: queue, Events: 1, Key: ev.keyRef()})
+	defer func() { end(err) }()
 	return c.send(ctx, c.queries, queue, ev)
 }
 
 // SendTx sends one event inside the caller's transaction: the event is
 // committed, and becomes visible to consumers, exactly when tx commits, and
 // vanishes if it rolls back.
-func (c *Client) SendTx(ctx context.Context, tx pgx.Tx, queue string, ev Event) (int64, error) {
+func (c *Client) SendTx(ctx context.Context, tx pgx.Tx, queue string, ev Event) (id int64, err error) {
+	ctx, end := c.observeSend(ctx, SendInfo{Queue: queue, Events: 1, Key: ev.keyRef(), InTx: true})
+	defer func() { end(err) }()
 	return c.send(ctx, dbq.New(tx), queue, ev)
 }
 
@@ -37,7 +41,9 @@ func (c *Client) send(ctx context.Context, q *dbq.Queries, queue string, ev Even
 // SendBatch sends events atomically, in one transaction, and returns their
 // event ids in input order. Events keep their order: within a key they are
 // consumed in the order given.
-func (c *Client) SendBatch(ctx context.Context, queue string, events []Event) ([]int64, error) {
+func (c *Client) SendBatch(ctx context.Context, queue string, events []Event) (_ []int64, err error) {
+	ctx, end := c.observeSend(ctx, SendInfo{Queue: queue, Events: len(events)})
+	defer func() { end(err) }()
 	runs, err := typeRuns(events)
 	if err != nil {
 		return nil, fmt.Errorf("sending batch to queue %q: %w", queue, err)
@@ -59,7 +65,9 @@ func (c *Client) SendBatch(ctx context.Context, queue string, events []Event) ([
 
 // SendBatchTx sends events inside the caller's transaction and returns their
 // event ids in input order.
-func (c *Client) SendBatchTx(ctx context.Context, tx pgx.Tx, queue string, events []Event) ([]int64, error) {
+func (c *Client) SendBatchTx(ctx context.Context, tx pgx.Tx, queue string, events []Event) (_ []int64, err error) {
+	ctx, end := c.observeSend(ctx, SendInfo{Queue: queue, Events: len(events), InTx: true})
+	defer func() { end(err) }()
 	runs, err := typeRuns(events)
 	if err != nil {
 		return nil, fmt.Errorf("sending batch to queue %q: %w", queue, err)

@@ -2,7 +2,9 @@ package pgque
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,7 +49,7 @@ func (s *settler) settle(ctx context.Context, db beginner, failures []failure) e
 			}
 		}
 		for _, f := range failures {
-			ok, err := s.nack(ctx, q, f.msg, s.retryDelay(f.msg.RetryCount), reason(f.err))
+			ok, err := s.nack(ctx, q, f.msg, s.delay(f), reason(f.err))
 			if err != nil {
 				return fmt.Errorf("nacking event %d: %w", f.msg.ID, err)
 			}
@@ -73,6 +75,19 @@ func (s *settler) settle(ctx context.Context, db beginner, failures []failure) e
 	return nil
 }
 
+// delay is how long a failed message waits: dbq.DeadLetterNow for an error
+// made by DeadLetter, what its error asks for with RetryAfter, else the
+// consumer's RetryDelay.
+func (s *settler) delay(f failure) time.Duration {
+	if errors.Is(f.err, ErrDeadLetter) {
+		return dbq.DeadLetterNow
+	}
+	if d, ok := RetryDelayOf(f.err); ok {
+		return d
+	}
+	return s.retryDelay(f.msg.RetryCount)
+}
+
 // beginner is a pool or connection that can open a transaction and run
 // single statements.
 type beginner interface {
@@ -81,12 +96,17 @@ type beginner interface {
 }
 
 // toMessages converts received rows.
+// chunkSeq numbers the chunks received by this process (Message.Chunk).
+var chunkSeq atomic.Uint64
+
 func toMessages(rows []dbq.Row, queue, consumer string, slot int) []*Message {
 	msgs := make([]*Message, len(rows))
+	chunk := chunkSeq.Add(1)
 	for i, r := range rows {
 		m := &Message{
 			ID: r.MsgID, Queue: queue, Consumer: consumer, Type: r.Type, Payload: r.Payload,
 			RetryCount: r.RetryCount, CreatedAt: r.CreatedAt, BatchID: r.BatchID, Slot: slot, Epoch: r.Epoch,
+			Chunk: chunk,
 		}
 		if r.PartitionKey != nil {
 			m.PartitionKey, m.keyed = *r.PartitionKey, true

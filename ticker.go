@@ -84,6 +84,7 @@ func (c *TickerConfig) validate() error {
 // may run: they elect one leader through the ticker lease, and only the
 // leader works.
 type Ticker struct {
+	client  *Client
 	ticker  *tickerd.Ticker
 	service startstop.Service
 }
@@ -94,10 +95,12 @@ func (c *Client) NewTicker(config *TickerConfig) (*Ticker, error) {
 		return nil, err
 	}
 	cfg := config.withDefaults()
-	return &Ticker{ticker: tickerd.New(tickerd.Config{
+	return &Ticker{client: c, ticker: tickerd.New(tickerd.Config{
 		Queries:       c.queries,
 		Logger:        c.logger,
 		Metrics:       c.metrics,
+		OnError:       c.reportError,
+		Notifier:      c.notifier,
 		Worker:        cfg.WorkerID,
 		LeaseTTL:      cfg.LeaseTTL,
 		TickInterval:  cfg.TickInterval,
@@ -108,6 +111,9 @@ func (c *Client) NewTicker(config *TickerConfig) (*Ticker, error) {
 
 // Start starts the ticker in the background and returns at once.
 func (t *Ticker) Start(ctx context.Context) error {
+	if err := t.client.CheckSchema(ctx); err != nil {
+		return err
+	}
 	if err := t.service.Start(ctx, t.ticker.Run); err != nil {
 		return fmt.Errorf("starting ticker: %w", ErrAlreadyStarted)
 	}

@@ -2,6 +2,8 @@ package pgque_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,8 +70,22 @@ func TestTickerExactlyOneLeads(t *testing.T) {
 func TestTickerConfigValidation(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
-	if _, err := env.client.NewTicker(&pgque.TickerConfig{LeaseTTL: time.Millisecond}); err == nil {
-		t.Fatal("a 1 ms lease was accepted")
+	for _, c := range []struct {
+		cfg  pgque.TickerConfig
+		want string
+	}{
+		{pgque.TickerConfig{LeaseTTL: time.Millisecond}, "LeaseTTL 1ms is below the minimum"},
+		{pgque.TickerConfig{TickInterval: -time.Second}, "must not be negative"},
+		{pgque.TickerConfig{RetryInterval: -time.Second}, "must not be negative"},
+		{pgque.TickerConfig{MaintInterval: -time.Second}, "must not be negative"},
+	} {
+		_, err := env.client.NewTicker(&c.cfg)
+		if !errors.Is(err, pgque.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("NewTicker(%+v) = %v, want ErrInvalidArgument saying %q", c.cfg, err, c.want)
+		}
+	}
+	if _, err := env.client.NewTicker(&pgque.TickerConfig{LeaseTTL: pgque.LeaseTTLMin}); err != nil {
+		t.Errorf("the minimum lease was refused: %v", err)
 	}
 	tk, err := env.client.NewTicker(nil)
 	if err != nil {
@@ -78,4 +94,43 @@ func TestTickerConfigValidation(t *testing.T) {
 	if err := tk.Stop(context.Background()); err != nil {
 		t.Fatalf("Stop before Start = %v, want nil", err)
 	}
+}
+
+// TestTickerStopHandsOverAtOnce: with a long lease (standing tickers check
+// it every LeaseTTL/4 = 7.5 s), a stopped leader's resignation notice makes
+// a standing ticker take over well before its next check.
+func TestTickerStopHandsOverAtOnce(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	const ttl = 30 * time.Second
+	first, err := newClient(t, env.pool).NewTicker(&pgque.TickerConfig{WorkerID: "first", LeaseTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer first.Stop(ctx)
+	waitFor(t, 5*time.Second, "the first ticker to lead", first.IsLeader)
+	second, err := newClient(t, env.pool).NewTicker(&pgque.TickerConfig{WorkerID: "second", LeaseTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer second.Stop(ctx)
+	// The second ticker has asked for the lease and been refused: it now
+	// stands by until its next check, a quarter of the TTL away.
+	waitFor(t, 5*time.Second, "the second ticker to stand by", func() bool {
+		var owner string
+		err := env.pool.QueryRow(ctx, `select coalesce(owner, '') from pgque.ticker_lease`).Scan(&owner)
+		return err == nil && owner == "first" && !second.IsLeader()
+	})
+	time.Sleep(100 * time.Millisecond) // let its refused ticker_lead return
+	if err := first.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ttl/8, "the second ticker to take over", second.IsLeader)
 }

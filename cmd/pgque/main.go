@@ -6,7 +6,7 @@ package main
 import (
 	"os"
 
-	"github.com/pgque/pgque/internal/cli"
+	"github.com/pgque/pgque/cmd/pgque/internal/cli"
 )
 
 func main() {

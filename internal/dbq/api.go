@@ -32,10 +32,12 @@ func (q *Queries) Subscribe(ctx context.Context, queue, consumer string) (bool, 
 	return n == 1, err
 }
 
-// Unsubscribe calls pgque.unsubscribe(queue, consumer).
-func (q *Queries) Unsubscribe(ctx context.Context, queue, consumer string) error {
-	_, err := q.db.Exec(ctx, `select pgque.unsubscribe($1::text, $2::text)`, queue, consumer)
-	return err
+// Unsubscribe calls pgque.unsubscribe(queue, consumer) and reports whether
+// the subscription existed.
+func (q *Queries) Unsubscribe(ctx context.Context, queue, consumer string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.unsubscribe($1::text, $2::text)`, queue, consumer).Scan(&n)
+	return n == 1, err
 }
 
 // Row is one delivered event, as receive and receive_partitioned return it.
@@ -81,12 +83,25 @@ func (q *Queries) Ack(ctx context.Context, batchID int64) (bool, error) {
 }
 
 // Nack calls pgque.nack(batch_id, msg_id, retry_after, reason) and reports
-// whether the event was scheduled for retry (false: dead-lettered).
+// whether the event was scheduled for retry (false: dead-lettered). A
+// negative retryAfter (DeadLetterNow) is sent as NULL: dead-letter at once.
 func (q *Queries) Nack(ctx context.Context, batchID, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
 	var n int
 	err := q.db.QueryRow(ctx, `select pgque.nack($1::bigint, $2::bigint, $3::interval, $4::text)`,
-		batchID, msgID, retryAfter, reason).Scan(&n)
+		batchID, msgID, retryArg(retryAfter), reason).Scan(&n)
 	return n == 1, err
+}
+
+// DeadLetterNow, as a nack's retry delay, dead-letters the event at once.
+const DeadLetterNow time.Duration = -1
+
+// retryArg is a nack's retry delay as SQL takes it: NULL for DeadLetterNow
+// (any negative delay).
+func retryArg(d time.Duration) *time.Duration {
+	if d < 0 {
+		return nil
+	}
+	return &d
 }
 
 // payloadBytes turns a jsonb rendered as text into bytes; SQL NULL becomes

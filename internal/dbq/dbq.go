@@ -1,6 +1,9 @@
-// Package dbq is pgque's data layer: the only place in the Go code that holds
-// SQL text. It has exactly one method per SQL function of the contract in
-// docs/sql-reference.md, each a single statement, over DBTX, which
+// Package dbq is pgque's data layer: the only place where the library calls
+// the SQL functions and views of the contract in docs/sql-reference.md (the
+// installer, internal/install, runs the embedded script and reads the
+// catalog itself, and the tools under cmd/pgque have their own few
+// statements). It has one method per SQL function or view, each a single
+// statement, over DBTX, which
 // *pgxpool.Pool, *pgx.Conn and pgx.Tx all satisfy: the caller decides whether
 // a call runs alone (its own short transaction, safe through a transaction
 // pooler) or inside a transaction it owns.

@@ -6,12 +6,13 @@ import (
 )
 
 // HoldKeyPartitioned calls pgque.hold_key_partitioned(queue, consumer, slot,
-// nslots, worker, key, head) and returns how many events were deferred. A
-// nil key is the NULL key.
-func (q *Queries) HoldKeyPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, key *string, head int64) (int, error) {
+// nslots, worker, epoch, batch_id, key, head), head being an event of the
+// chunk d, and returns how many events were deferred. A nil key is the NULL
+// key.
+func (q *Queries) HoldKeyPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery, key *string, head int64) (int, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.hold_key_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::text, $7::bigint)`,
-		queue, consumer, slot, nslots, worker, key, head).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.hold_key_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::bigint, $8::text, $9::bigint)`,
+		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, key, head).Scan(&n)
 	return n, err
 }
 
@@ -22,9 +23,10 @@ type HeldFailure struct {
 	Reason     string
 }
 
-// SettleHeldPartitioned calls pgque.settle_held_partitioned and reports
-// whether the hold was still this epoch's (false: a new owner released it).
-func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, key *string, head int64, done []int64, failed []HeldFailure) (bool, error) {
+// SettleHeldPartitioned calls pgque.settle_held_partitioned for a key held
+// under lease epoch and reports whether the hold was still that epoch's
+// (false: a new owner released it).
+func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, epoch int64, key *string, head int64, done []int64, failed []HeldFailure) (bool, error) {
 	ids := make([]int64, len(failed))
 	after := make([]time.Duration, len(failed))
 	reasons := make([]string, len(failed))
@@ -35,8 +37,8 @@ func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer str
 		done = []int64{}
 	}
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.settle_held_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::text, $7::bigint, $8::bigint[], $9::bigint[], $10::interval[], $11::text[])`,
-		queue, consumer, slot, nslots, worker, key, head, done, ids, after, reasons).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.settle_held_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::text, $8::bigint, $9::bigint[], $10::bigint[], $11::interval[], $12::text[])`,
+		queue, consumer, slot, nslots, worker, epoch, key, head, done, ids, after, reasons).Scan(&n)
 	return n == 1, err
 }
 

@@ -5,14 +5,6 @@ import (
 	"time"
 )
 
-// SubscribeSlot calls pgque.subscribe_slot(queue, consumer, slot, nslots).
-func (q *Queries) SubscribeSlot(ctx context.Context, queue, consumer string, slot, nslots int) (bool, error) {
-	var n int
-	err := q.db.QueryRow(ctx, `select pgque.subscribe_slot($1::text, $2::text, $3::int, $4::int)`,
-		queue, consumer, slot, nslots).Scan(&n)
-	return n == 1, err
-}
-
 // UnsubscribeSlot calls pgque.unsubscribe_slot(queue, consumer, slot, nslots).
 func (q *Queries) UnsubscribeSlot(ctx context.Context, queue, consumer string, slot, nslots int) error {
 	_, err := q.db.Exec(ctx, `select pgque.unsubscribe_slot($1::text, $2::text, $3::int, $4::int)`,
@@ -74,13 +66,41 @@ func (q *Queries) AckPartitioned(ctx context.Context, queue, consumer string, sl
 	return n == 1, err
 }
 
+// Delivery names the chunk a slot handed out: the lease epoch and batch id it
+// was received under, and one of its events. The fenced ack and nack present
+// it, so a worker whose lease changed hands since it received cannot settle
+// a chunk only the next owner received.
+type Delivery struct {
+	Epoch, BatchID, MsgID int64
+}
+
+// AckDelivery calls the fenced pgque.ack_partitioned(queue, consumer, slot,
+// nslots, worker, epoch, batch_id, msg_id) and reports whether the batch was
+// finished.
+func (q *Queries) AckDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.ack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::bigint, $8::bigint)`,
+		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, d.MsgID).Scan(&n)
+	return n == 1, err
+}
+
+// NackDelivery calls the fenced pgque.nack_partitioned(queue, consumer, slot,
+// nslots, worker, epoch, batch_id, msg_id, retry_after, reason): msgID is the
+// event to retry, d the chunk it was received in.
+func (q *Queries) NackDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::bigint, $8::bigint, $9::interval, $10::text)`,
+		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, msgID, retryArg(retryAfter), reason).Scan(&n)
+	return n == 1, err
+}
+
 // NackPartitioned calls pgque.nack_partitioned(queue, consumer, slot, nslots,
 // worker, msg_id, retry_after, reason) and reports whether the event was
 // scheduled for retry (false: dead-lettered).
 func (q *Queries) NackPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
 	var n int
 	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::interval, $8::text)`,
-		queue, consumer, slot, nslots, worker, msgID, retryAfter, reason).Scan(&n)
+		queue, consumer, slot, nslots, worker, msgID, retryArg(retryAfter), reason).Scan(&n)
 	return n == 1, err
 }
 
@@ -99,15 +119,29 @@ type SlotStatus struct {
 	// OldestPendingAge is the age of the oldest event the slot has not
 	// acknowledged yet (0 when none is pending).
 	OldestPendingAge time.Duration
+
+	// The columns below are filled by PartitionSlotStatus only.
+	Queue, Consumer string
+	// LeaseUntil is the lease's expiry, nil when the slot was never claimed.
+	LeaseUntil *time.Time
+	Policy     string
+	// OpenBatch is the slot's open batch, nil when none is open.
+	OpenBatch *int64
+	// LastActive is how long ago the slot last opened or finished a batch.
+	LastActive time.Duration
 }
 
 // PartitionSlotStatus reads the partition_slot_status view for one
-// (queue, consumer), ordered by slot. Lease liveness is judged by the
-// server's clock, so client clock skew does not matter.
+// (queue, consumer), ordered by queue, consumer and slot; an empty queue or
+// consumer matches every one. Lease liveness is judged by the server's
+// clock, so client clock skew does not matter.
 func (q *Queries) PartitionSlotStatus(ctx context.Context, queue, consumer string) ([]SlotStatus, error) {
 	rows, err := q.db.Query(ctx, `select slot, nslots, owner, coalesce(lease_until > now(), false), coalesce(epoch, 0),
-			coalesce(lag, 0), coalesce(extract(epoch from oldest_pending_age), 0)::float8
-		from pgque.partition_slot_status where queue = $1::text and consumer = $2::text order by slot`, queue, consumer)
+			coalesce(lag, 0), coalesce(extract(epoch from oldest_pending_age), 0)::float8,
+			queue, consumer, lease_until, policy, open_batch, coalesce(extract(epoch from last_active), 0)::float8
+		from pgque.partition_slot_status
+		where ($1::text = '' or queue = $1::text) and ($2::text = '' or consumer = $2::text)
+		order by queue, consumer, slot`, queue, consumer)
 	if err != nil {
 		return nil, err
 	}
@@ -115,11 +149,13 @@ func (q *Queries) PartitionSlotStatus(ctx context.Context, queue, consumer strin
 	var out []SlotStatus
 	for rows.Next() {
 		var s SlotStatus
-		var age float64
-		if err := rows.Scan(&s.Slot, &s.NSlots, &s.Owner, &s.Live, &s.Epoch, &s.Lag, &age); err != nil {
+		var age, active float64
+		if err := rows.Scan(&s.Slot, &s.NSlots, &s.Owner, &s.Live, &s.Epoch, &s.Lag, &age,
+			&s.Queue, &s.Consumer, &s.LeaseUntil, &s.Policy, &s.OpenBatch, &active); err != nil {
 			return nil, err
 		}
-		s.OldestPendingAge = time.Duration(age * float64(time.Second))
+		s.OldestPendingAge = seconds(age)
+		s.LastActive = seconds(active)
 		out = append(out, s)
 	}
 	return out, rows.Err()

@@ -258,7 +258,6 @@ func TestBadArguments(t *testing.T) {
 	calls := []badCall{
 		{"nack with a negative delay", "select pgque.nack($1, $2, '-1 second', 'r')", []any{b, sent[0]}, "PQ011", []string{"-00:00:01"}},
 		{"event_retry with negative seconds", "select pgque.event_retry($1, $2, -5)", []any{b, sent[0]}, "PQ011", []string{"-00:00:05"}},
-		{"nack with a NULL delay", "select pgque.nack($1, $2, NULL, 'r')", []any{b, sent[0]}, "22004", []string{"delay"}},
 		{"nack of an event not in the batch", "select pgque.nack($1, 424242, '0', 'r')", []any{b}, "PQ022", []string{"424242", fmt.Sprint(b)}},
 		{"nack of an unknown batch", "select pgque.nack($1, $2, '0', 'r')", []any{unknownBatch, sent[0]}, "PQ020", []string{fmt.Sprint(unknownBatch)}},
 		{"ack of an unknown batch", "select pgque.ack($1)", []any{unknownBatch}, "PQ020", []string{fmt.Sprint(unknownBatch)}},
@@ -294,6 +293,13 @@ func TestBadArguments(t *testing.T) {
 	}
 	if n := scalar[int32](t, pool, "select pgque.event_retry($1, $2, 0)", b, sent[1]); n != 1 {
 		t.Errorf("event_retry with zero seconds = %d, want 1", n)
+	}
+	// A NULL delay dead-letters at once, on the first failure.
+	if n := scalar[int32](t, pool, "select pgque.nack($1, $2, NULL, 'dead now')", b, sent[2]); n != 0 {
+		t.Errorf("nack with a NULL delay = %d, want 0 (dead-lettered)", n)
+	}
+	if n := scalar[int64](t, pool, "select count(*) from pgque.dlq_list('q') where ev_id = $1 and reason = 'dead now' and ev_retry = 0", sent[2]); n != 1 {
+		t.Errorf("dead letters of the NULL-delay nack = %d, want 1", n)
 	}
 	if a := ack(t, pool, b); a != 1 {
 		t.Errorf("ack = %d, want 1", a)

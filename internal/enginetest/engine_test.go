@@ -546,7 +546,7 @@ func TestRegisterWhileMaintCleansTicks(t *testing.T) {
 	drainBatches(t, pool, "q", "c")
 	exec(t, pool, "select pgque.maint()")
 	if n := scalar[int64](t, pool, `select count(*) from pgque.tick
-		 where tick_id < (select min(sub_last_tick) from pgque.subscription)`); n != 0 {
+		 where tick_id < (select min(last_tick) from pgque.get_consumer_info('q'))`); n != 0 {
 		t.Errorf("%d ticks older than every cursor survive maint()", n)
 	}
 	if n := scalar[int64](t, pool, "select count(*) from pgque.tick"); n != 1 {

@@ -106,7 +106,7 @@ func TestInstallOverLiveQueue(t *testing.T) {
 		s.Retries = scalar[int64](t, pool, "select count(*) from pgque.retry_queue")
 		s.Events = countEvents(t, pool, "q")
 		s.Ticks = column[int64](t, pool, "select tick_id from pgque.tick order by tick_id")
-		s.Progress = scalar[string](t, pool, "select coalesce(string_agg(format('%s', p), ';'), '') from pgque.sub_progress p")
+		s.Progress = scalar[string](t, pool, "select coalesce(string_agg(format('%s', p), ';' order by p.st_seq), '') from pgque.sub_state p")
 		s.DeadCount = scalar[int64](t, pool, "select count(*) from pgque.dead_letter")
 		return s
 	}

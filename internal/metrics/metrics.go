@@ -1,135 +1,174 @@
-// Package metrics defines pgque's Prometheus collectors. They always exist,
-// so instrumented code never checks for nil; they are registered only when
-// the caller provides a prometheus.Registerer.
+// Package metrics is what the library measures, by name. Instrumented code
+// records through Metrics (the same calls whatever consumes them); every
+// measurement goes to one Sink, which the Client connects to its Observer.
+// The names are the Prometheus metric names without the "pgque_" namespace,
+// so an adapter that keeps them keeps existing dashboards working.
 package metrics
 
-import (
-	"errors"
+// Kind says how a measurement is meant.
+type Kind int
 
-	"github.com/prometheus/client_golang/prometheus"
-)
-
-const namespace = "pgque"
-
-// Label names.
 const (
-	labelQueue    = "queue"
-	labelConsumer = "consumer"
-	labelSlot     = "slot"
+	// Counter: Value is an increment.
+	Counter Kind = iota + 1
+	// Gauge: Value is the current value.
+	Gauge
+	// Duration: Value is one observation, in seconds.
+	Duration
 )
 
-// Metrics holds every collector of one Client.
+// Names of the measurements.
+const (
+	EventsSent         = "events_sent_total"
+	EventsProcessed    = "events_processed_total"
+	EventsFailed       = "events_failed_total"
+	EventsRetried      = "events_retried_total"
+	EventsDeadLettered = "events_dead_lettered_total"
+	BatchDuration      = "batch_duration_seconds"
+	HandlerDuration    = "handler_duration_seconds"
+	SlotLag            = "slot_lag_events"
+	SlotHeadAge        = "slot_head_age_seconds"
+	SlotTopKeyShare    = "slot_top_key_share"
+	LeaseClaims        = "lease_claims_total"
+	LeaseRenewals      = "lease_renewals_total"
+	LeaseTakeovers     = "lease_takeovers_total"
+	LeaseFencings      = "lease_fencings_total"
+	TickerRounds       = "ticker_rounds_total"
+	TickerLeader       = "ticker_leader"
+	LanesRunning       = "lanes_running_handlers"
+	LaneQueued         = "lane_queued_events"
+	LaneOldestAge      = "lane_oldest_inflight_age_seconds"
+	KeyHolds           = "key_holds_total"
+	LaneRedelivered    = "lane_redelivered_events_total"
+)
+
+// Labels are the dimensions of a measurement; unused ones are "".
+type Labels struct {
+	Queue, Consumer, Slot string
+}
+
+// Sink receives every measurement. It must be safe for concurrent use and
+// return quickly.
+type Sink interface {
+	Record(name string, kind Kind, value float64, labels Labels)
+}
+
+// Metrics holds one handle per measurement of one Client.
 type Metrics struct {
 	// Sent counts events committed by Send, SendTx, SendBatch (by queue).
-	Sent *prometheus.CounterVec
+	Sent Vec
 	// Processed counts events whose handler returned nil.
-	Processed *prometheus.CounterVec
+	Processed Vec
 	// Failed counts events whose handler returned an error or panicked.
-	Failed *prometheus.CounterVec
+	Failed Vec
 	// Retried counts failed events scheduled for redelivery.
-	Retried *prometheus.CounterVec
+	Retried Vec
 	// DeadLettered counts failed events moved to the dead-letter table.
-	DeadLettered *prometheus.CounterVec
+	DeadLettered Vec
 	// BatchDuration observes receive→ack of one chunk.
-	BatchDuration *prometheus.HistogramVec
+	BatchDuration Vec
 	// HandlerDuration observes one handler call.
-	HandlerDuration *prometheus.HistogramVec
+	HandlerDuration Vec
 	// SlotLag is the number of each slot's events committed after its cursor.
-	SlotLag *prometheus.GaugeVec
+	SlotLag Vec
 	// SlotHeadAge is the age of each slot's oldest pending event, in seconds.
-	SlotHeadAge *prometheus.GaugeVec
+	SlotHeadAge Vec
+	// SlotTopKeyShare is the share (0..1) of each slot's pending events
+	// held by its busiest key.
+	SlotTopKeyShare Vec
 	// LeaseClaims counts slot leases acquired (new epochs) by this process.
-	LeaseClaims *prometheus.CounterVec
+	LeaseClaims Vec
 	// LeaseRenewals counts explicit background renewals.
-	LeaseRenewals *prometheus.CounterVec
+	LeaseRenewals Vec
 	// LeaseTakeovers counts claims of a slot whose lease another worker had
 	// held (released or expired).
-	LeaseTakeovers *prometheus.CounterVec
+	LeaseTakeovers Vec
 	// LeaseFencings counts slots this process lost while working them.
-	LeaseFencings *prometheus.CounterVec
+	LeaseFencings Vec
 	// LanesRunning is the number of handlers running in key lanes.
-	LanesRunning *prometheus.GaugeVec
+	LanesRunning Vec
 	// LaneQueued is, per slot, the events held in memory by lanes whose
 	// keys are held on the server.
-	LaneQueued *prometheus.GaugeVec
+	LaneQueued Vec
 	// LaneOldestAge is, per slot, the age of the oldest event still being
 	// handled by a held lane, in seconds.
-	LaneOldestAge *prometheus.GaugeVec
+	LaneOldestAge Vec
 	// KeyHolds counts keys held so that their slot could move on.
-	KeyHolds *prometheus.CounterVec
+	KeyHolds Vec
 	// LaneRedelivered counts events of holds left by an earlier owner of a
 	// slot (a crash or takeover) put back for redelivery.
-	LaneRedelivered *prometheus.CounterVec
+	LaneRedelivered Vec
 	// Ticks counts successful ticker() rounds by the leading ticker.
-	Ticks prometheus.Counter
+	Ticks Point
 	// TickerLeader is 1 while this process's ticker holds the lease.
-	TickerLeader prometheus.Gauge
+	TickerLeader Point
 }
 
-// New creates the collectors and registers them on reg (nil: not
-// registered). Collectors that reg already holds — another Client in the same
-// process — are shared rather than rejected.
-func New(reg prometheus.Registerer) *Metrics {
-	qc := []string{labelQueue, labelConsumer}
-	qcs := []string{labelQueue, labelConsumer, labelSlot}
-	latency := prometheus.ExponentialBuckets(0.0005, 2, 16) // 0.5 ms … 16 s
-	m := &Metrics{
-		Sent:            counter(reg, "events_sent_total", "Events committed by this process's producers.", labelQueue),
-		Processed:       counter(reg, "events_processed_total", "Events whose handler succeeded.", qc...),
-		Failed:          counter(reg, "events_failed_total", "Events whose handler returned an error or panicked.", qc...),
-		Retried:         counter(reg, "events_retried_total", "Failed events scheduled for redelivery.", qc...),
-		DeadLettered:    counter(reg, "events_dead_lettered_total", "Failed events moved to the dead-letter table.", qc...),
-		BatchDuration:   histogram(reg, "batch_duration_seconds", "Time from receive to ack of one chunk.", latency, qc...),
-		HandlerDuration: histogram(reg, "handler_duration_seconds", "Time spent in one handler call.", latency, qc...),
-		SlotLag:         gauge(reg, "slot_lag_events", "Events of each slot committed after its cursor (pending).", qcs...),
-		SlotHeadAge:     gauge(reg, "slot_head_age_seconds", "Age of each slot's oldest pending event.", qcs...),
-		LeaseClaims:     counter(reg, "lease_claims_total", "Slot leases acquired by this process.", qc...),
-		LeaseRenewals:   counter(reg, "lease_renewals_total", "Background slot lease renewals.", qc...),
-		LeaseTakeovers:  counter(reg, "lease_takeovers_total", "Slot leases taken over from another worker.", qc...),
-		LeaseFencings:   counter(reg, "lease_fencings_total", "Slots lost while being worked (fenced).", qc...),
-		LanesRunning:    gauge(reg, "lanes_running_handlers", "Handlers running in key lanes.", qc...),
-		LaneQueued:      gauge(reg, "lane_queued_events", "Events of held keys' lanes kept in memory, per slot.", qcs...),
-		LaneOldestAge:   gauge(reg, "lane_oldest_inflight_age_seconds", "Age of the oldest event a held key's lane still handles, per slot.", qcs...),
-		KeyHolds:        counter(reg, "key_holds_total", "Slow keys held so that their slot could move on.", qc...),
-		LaneRedelivered: counter(reg, "lane_redelivered_events_total", "Events of an earlier owner's key holds put back for redelivery.", qc...),
+// New returns the handles, recording into sink (nil: nowhere).
+func New(sink Sink) *Metrics {
+	if sink == nil {
+		sink = discard{}
 	}
-	m.Ticks = register(reg, prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: namespace, Name: "ticker_rounds_total", Help: "ticker() calls made while leading.",
-	}))
-	m.TickerLeader = register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: namespace, Name: "ticker_leader", Help: "1 while this process's ticker holds the ticker lease.",
-	}))
-	return m
-}
-
-func counter(reg prometheus.Registerer, name, help string, labels ...string) *prometheus.CounterVec {
-	return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, labels))
-}
-
-func gauge(reg prometheus.Registerer, name, help string, labels ...string) *prometheus.GaugeVec {
-	return register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, labels))
-}
-
-func histogram(reg prometheus.Registerer, name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
-	return register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: namespace, Name: name, Help: help, Buckets: buckets,
-	}, labels))
-}
-
-// register adds c to reg, or returns the equal collector reg already has.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if reg == nil {
-		return c
+	v := func(name string, kind Kind) Vec { return Vec{sink: sink, name: name, kind: kind} }
+	return &Metrics{
+		Sent: v(EventsSent, Counter), Processed: v(EventsProcessed, Counter), Failed: v(EventsFailed, Counter),
+		Retried: v(EventsRetried, Counter), DeadLettered: v(EventsDeadLettered, Counter),
+		BatchDuration: v(BatchDuration, Duration), HandlerDuration: v(HandlerDuration, Duration),
+		SlotLag: v(SlotLag, Gauge), SlotHeadAge: v(SlotHeadAge, Gauge),
+		SlotTopKeyShare: v(SlotTopKeyShare, Gauge),
+		LeaseClaims:     v(LeaseClaims, Counter), LeaseRenewals: v(LeaseRenewals, Counter),
+		LeaseTakeovers: v(LeaseTakeovers, Counter), LeaseFencings: v(LeaseFencings, Counter),
+		LanesRunning: v(LanesRunning, Gauge), LaneQueued: v(LaneQueued, Gauge),
+		LaneOldestAge: v(LaneOldestAge, Gauge), KeyHolds: v(KeyHolds, Counter),
+		LaneRedelivered: v(LaneRedelivered, Counter),
+		Ticks:           Point{sink: sink, name: TickerRounds, kind: Counter},
+		TickerLeader:    Point{sink: sink, name: TickerLeader, kind: Gauge},
 	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
+}
+
+// Vec is one measurement, to be given its labels.
+type Vec struct {
+	sink Sink
+	name string
+	kind Kind
+}
+
+// WithLabelValues returns the measurement for queue [, consumer [, slot]].
+func (v Vec) WithLabelValues(values ...string) Point {
+	p := Point{sink: v.sink, name: v.name, kind: v.kind}
+	for i, s := range values {
+		switch i {
+		case 0:
+			p.labels.Queue = s
+		case 1:
+			p.labels.Consumer = s
+		case 2:
+			p.labels.Slot = s
 		}
-		// A conflicting collector of another type: keep ours unregistered
-		// rather than fail the client over observability.
 	}
-	return c
+	return p
 }
+
+// Point is one measurement with its labels.
+type Point struct {
+	sink   Sink
+	name   string
+	kind   Kind
+	labels Labels
+}
+
+// Inc adds one to a counter.
+func (p Point) Inc() { p.sink.Record(p.name, p.kind, 1, p.labels) }
+
+// Add adds n to a counter (zero too: it makes the series exist).
+func (p Point) Add(n float64) { p.sink.Record(p.name, p.kind, n, p.labels) }
+
+// Set sets a gauge.
+func (p Point) Set(v float64) { p.sink.Record(p.name, p.kind, v, p.labels) }
+
+// Observe records one duration, in seconds.
+func (p Point) Observe(seconds float64) { p.sink.Record(p.name, p.kind, seconds, p.labels) }
+
+type discard struct{}
+
+func (discard) Record(string, Kind, float64, Labels) {}

@@ -22,7 +22,7 @@ func stateDump(t *testing.T, d *db) []string {
 		    select 'queue ' || q::text from pgque.queue q
 		    union all select 'tick ' || k::text from pgque.tick k
 		    union all select 'subscription ' || s::text from pgque.subscription s
-		    union all select 'progress ' || p::text from pgque.sub_progress p
+		    union all select 'state ' || p::text from pgque.sub_state p
 		    union all select 'slot_group ' || g::text from pgque.slot_group g
 		    union all select 'slot_lease ' || l::text from pgque.slot_lease l
 		    union all select 'retry ' || r::text from pgque.retry_queue r

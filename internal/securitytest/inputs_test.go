@@ -113,8 +113,8 @@ func TestHostileNamesAndKeys(t *testing.T) {
 		if _, err := conn.Exec(ctx, `select pgque.insert_event('q1', $1, $1, $1, $1, $1, $1)`, name); err != nil {
 			t.Errorf("insert_event with %q: %v", name, err)
 		}
-		if _, err := conn.Exec(ctx, `select pgque.unblock_key('q1', 'sc', $1)`, name); code(err) != "PQ011" {
-			t.Errorf("unblock_key(key %q): %v, want PQ011", name, err)
+		if _, err := conn.Exec(ctx, `select pgque.unblock_key('q1', 'sc', $1)`, name); code(err) != "PQ036" {
+			t.Errorf("unblock_key(key %q): %v, want PQ036", name, err)
 		}
 	}
 	// Everything is still there.

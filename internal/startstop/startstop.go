@@ -28,6 +28,8 @@ type Service struct {
 	stopFetch context.CancelFunc
 	stopWork  context.CancelFunc
 	done      chan struct{}
+	// stopping is closed by the first Stop (nil before Start).
+	stopping chan struct{}
 }
 
 // Start runs run in a new goroutine with contexts derived from ctx.
@@ -42,6 +44,7 @@ func (s *Service) Start(ctx context.Context, run RunFunc) error {
 	fetchCtx, stopFetch := context.WithCancel(workCtx)
 	s.stopFetch, s.stopWork = stopFetch, stopWork
 	s.done = make(chan struct{})
+	s.stopping = make(chan struct{})
 	go func() {
 		defer close(s.done)
 		defer stopWork()
@@ -62,6 +65,11 @@ func (s *Service) Stop(ctx context.Context) error {
 	}
 	done := s.done
 	s.stopFetch()
+	select {
+	case <-s.stopping:
+	default:
+		close(s.stopping)
+	}
 	s.mu.Unlock()
 
 	select {
@@ -72,6 +80,15 @@ func (s *Service) Stop(ctx context.Context) error {
 		<-done
 		return ctx.Err()
 	}
+}
+
+// Stopping is closed once Stop was called and has told the service to stop
+// fetching (nil before Start): tests use it to know a graceful stop is in
+// flight.
+func (s *Service) Stopping() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopping
 }
 
 // Done is closed once the service's goroutine has exited (nil before Start).

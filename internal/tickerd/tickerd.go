@@ -14,6 +14,7 @@ import (
 	"github.com/pgque/pgque/internal/backoff"
 	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/metrics"
+	"github.com/pgque/pgque/internal/notifier"
 )
 
 // Config configures a Ticker. Every field is required.
@@ -27,6 +28,22 @@ type Config struct {
 	TickInterval  time.Duration
 	RetryInterval time.Duration
 	MaintInterval time.Duration
+	// OnError, when set, receives each error the ticker logs (optional).
+	OnError func(context.Context, error)
+	// Notifier, when set, wakes a standing ticker when the leader resigns
+	// (ResignChannel), so it takes the lease over at once (optional).
+	Notifier *notifier.Notifier
+}
+
+// ResignChannel is notified by ticker_resign when a leader gives the lease
+// up.
+const ResignChannel = "pgque_ticker"
+
+// reportError hands err to Config.OnError, if set.
+func (t *Ticker) reportError(ctx context.Context, err error) {
+	if t.cfg.OnError != nil {
+		t.cfg.OnError(ctx, err)
+	}
 }
 
 // Ticker is the service.
@@ -59,9 +76,16 @@ func (t *Ticker) Run(fetchCtx, workCtx context.Context) {
 			t.cfg.Metrics.TickerLeader.Set(0)
 			if _, err := t.cfg.Queries.TickerResign(workCtx, t.cfg.Worker); err != nil && workCtx.Err() == nil {
 				log.WarnContext(workCtx, "pgque: resigning ticker lease", slog.Any("error", err))
+				t.reportError(workCtx, err)
 			}
 		}
 	}()
+	var resigned <-chan string // nil: never
+	if t.cfg.Notifier != nil {
+		sub := t.cfg.Notifier.Listen(ResignChannel, nil)
+		defer sub.Unlisten()
+		resigned = sub.C()
+	}
 	for fetchCtx.Err() == nil {
 		err := t.step(fetchCtx, &s)
 		if fetchCtx.Err() != nil {
@@ -70,6 +94,7 @@ func (t *Ticker) Run(fetchCtx, workCtx context.Context) {
 		wait := t.cfg.TickInterval
 		if err != nil {
 			log.WarnContext(fetchCtx, "pgque: ticker", slog.Any("error", err))
+			t.reportError(fetchCtx, err)
 			wait = backoff.Errors.Delay(failures)
 			failures++
 		} else {
@@ -78,10 +103,25 @@ func (t *Ticker) Run(fetchCtx, workCtx context.Context) {
 				wait = time.Until(s.lead)
 			}
 		}
-		if !backoff.Sleep(fetchCtx.Done(), wait) {
+		if !t.sleep(fetchCtx, wait, resigned, &s) {
 			return
 		}
 	}
+}
+
+// sleep waits d, or until a leader resigns (then the lease is sought at
+// once). It reports false when ctx ended.
+func (t *Ticker) sleep(ctx context.Context, d time.Duration, resigned <-chan string, s *schedule) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+	case <-resigned:
+		s.lead = time.Time{}
+	}
+	return true
 }
 
 // step renews or seeks leadership when due, then does the leader's duties.

@@ -45,6 +45,8 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 		}
 	}
 
+	status = p.withHeadAges(fetchCtx, status)
+
 	in := planInput{
 		self:      p.cfg.Worker,
 		slots:     p.cfg.Slots,
@@ -99,6 +101,39 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 	}
 }
 
+// withHeadAges fills in the age of each free slot's oldest pending event,
+// so that the plan claims the most behind free slot first. It reads
+// slot_heads (two index probes per slot, whatever the backlog) only when
+// there is a choice to make: at least two slots this process does not run
+// are free. On an error the ages stay zero and the order is random, which
+// is what claiming did before.
+func (p *Pool) withHeadAges(ctx context.Context, status []dbq.SlotStatus) []dbq.SlotStatus {
+	p.mu.Lock()
+	free := 0
+	for _, s := range status {
+		if _, mine := p.running[s.Slot]; !mine && !(s.Live && s.Owner != nil) {
+			free++
+		}
+	}
+	p.mu.Unlock()
+	if free < 2 {
+		return status
+	}
+	ages, err := p.cfg.Queries.SlotHeads(ctx, p.cfg.Queue, p.cfg.Consumer)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.log().WarnContext(ctx, "pgque: reading slot_heads", slog.Any("error", err))
+		}
+		return status
+	}
+	out := make([]dbq.SlotStatus, len(status))
+	for i, s := range status {
+		s.OldestPendingAge = ages[s.Slot]
+		out[i] = s
+	}
+	return out
+}
+
 // releaseExcess asks runners to give their slot up at the next chunk
 // boundary, and holds the slots off this worker's claims for two passes.
 func (p *Pool) releaseExcess(ctx context.Context, slots []int, now time.Time) {
@@ -141,18 +176,60 @@ func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner stri
 // ten times as long as the last read took, so that it never keeps the
 // database busy more than a tenth of the time.
 func (p *Pool) observeStatus(ctx context.Context, stop <-chan struct{}) {
+	hot := make(map[int]bool)
 	for {
 		start := time.Now()
 		status, err := p.cfg.Queries.PartitionSlotStatus(ctx, p.cfg.Queue, p.cfg.Consumer)
-		took := time.Since(start)
 		if err == nil {
 			p.observe(status)
 		} else if ctx.Err() == nil {
 			p.log().WarnContext(ctx, "pgque: reading partition_slot_status", slog.Any("error", err))
 		}
+		if p.cfg.HotKeyShare > 0 {
+			p.observeKeys(ctx, hot)
+		}
+		took := time.Since(start)
 		if !backoff.Sleep(stop, backoff.Jitter(max(p.cfg.StatusInterval, 10*took), 0.2)) {
 			return
 		}
+	}
+}
+
+// hotKeyScan bounds the pending events one hot-key check reads: enough to
+// see which key dominates a slot, cheap on any backlog.
+const hotKeyScan = 20000
+
+// hotKeyMinPending is the backlog below which no slot counts as hot
+// (pgque.HotKeyMinPending).
+const hotKeyMinPending = 100
+
+// observeKeys publishes each slot's top key share and logs a warning when a
+// slot turns hot (one key above HotKeyShare of its pending events), and
+// again when it cools down; hot holds the slots that are hot now.
+func (p *Pool) observeKeys(ctx context.Context, hot map[int]bool) {
+	shares, err := p.cfg.Queries.KeyShares(ctx, p.cfg.Queue, p.cfg.Consumer, hotKeyScan)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.log().WarnContext(ctx, "pgque: reading key_shares", slog.Any("error", err))
+		}
+		return
+	}
+	for _, s := range shares {
+		p.cfg.Metrics.SlotTopKeyShare.WithLabelValues(p.cfg.Queue, p.cfg.Consumer, strconv.Itoa(s.Slot)).Set(s.Share)
+		isHot := s.Pending >= hotKeyMinPending && s.Share > p.cfg.HotKeyShare
+		switch {
+		case isHot && !hot[s.Slot]:
+			key := "NULL"
+			if s.TopKey != nil {
+				key = strconv.Quote(*s.TopKey)
+			}
+			p.log().WarnContext(ctx, "pgque: hot key holds most of a slot's pending events", slog.Int("slot", s.Slot),
+				slog.String("key", key), slog.Float64("share", s.Share), slog.Int64("pending", s.Pending),
+				slog.Bool("estimated", s.Estimated))
+		case !isHot && hot[s.Slot]:
+			p.log().InfoContext(ctx, "pgque: slot no longer dominated by one key", slog.Int("slot", s.Slot))
+		}
+		hot[s.Slot] = isHot
 	}
 }
 

@@ -146,3 +146,18 @@ func TestPresence(t *testing.T) {
 }
 
 var timeZero = time.Unix(0, 0)
+
+// Free slots are claimed oldest pending event first, whatever their order.
+func TestPlanClaimsOldestHeadFirst(t *testing.T) {
+	t.Parallel()
+	st := slots("", "", "", "")
+	for i, age := range []time.Duration{time.Second, time.Hour, 0, time.Minute} {
+		st[i].OldestPendingAge = age
+	}
+	for range 20 { // the shuffle before the sort must not matter
+		pl := makePlan(planInput{self: "a", slots: 4, maxActive: 4, status: st, running: running()})
+		if len(pl.claim) != 4 || pl.claim[0] != 1 || pl.claim[1] != 3 || pl.claim[2] != 0 || pl.claim[3] != 2 {
+			t.Fatalf("claims %v, want [1 3 0 2] (oldest head first)", pl.claim)
+		}
+	}
+}

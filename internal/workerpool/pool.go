@@ -44,6 +44,9 @@ type Config struct {
 	// StatusInterval is how often the per-slot gauges are refreshed from
 	// partition_slot_status; 0 disables the refresh.
 	StatusInterval time.Duration
+	// HotKeyShare: with the status refresh, warn when one key holds more
+	// than this share of a slot's pending events; 0 disables.
+	HotKeyShare float64
 
 	Work WorkFunc
 	// Drain, when set, is called once the slot's goroutine stops working a
@@ -56,6 +59,16 @@ type Config struct {
 	// LeaseLostCause is the cause a slot's workCtx is cancelled with when
 	// its lease is lost.
 	LeaseLostCause error
+	// OnError, when set, receives each error the pool logs and then
+	// retries after a backoff (optional).
+	OnError func(context.Context, error)
+}
+
+// reportError hands err to Config.OnError, if set.
+func (p *Pool) reportError(ctx context.Context, err error) {
+	if p.cfg.OnError != nil {
+		p.cfg.OnError(ctx, err)
+	}
 }
 
 // Pool is one process's worker pool over the slots of one consumer.

@@ -63,6 +63,7 @@ func (p *Pool) run(r *runner) {
 				break
 			}
 			log.WarnContext(r.workCtx, "pgque: working slot", slog.Any("error", err))
+			p.reportError(r.workCtx, err)
 			if !backoff.Sleep(r.fetchCtx.Done(), backoff.Errors.Delay(failures)) {
 				break
 			}
@@ -95,6 +96,7 @@ func (p *Pool) releaseLease(r *runner, log *slog.Logger) {
 	}
 	if _, err := p.cfg.Queries.ReleaseSlot(r.workCtx, p.cfg.Queue, p.cfg.Consumer, r.lease.Slot, p.cfg.Worker); err != nil {
 		log.WarnContext(r.workCtx, "pgque: releasing slot", slog.Any("error", err))
+		p.reportError(r.workCtx, err)
 		return
 	}
 	log.DebugContext(r.workCtx, "pgque: slot released")

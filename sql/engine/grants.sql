@@ -30,7 +30,8 @@ grant execute on function
 
 grant execute on function
     pgque.get_queue_info(text),
-    pgque.get_consumer_info(text, text)
+    pgque.get_consumer_info(text, text),
+    pgque.schema_version()
     to pgque_reader, pgque_writer, pgque_admin;
 
 -- get_batch_cursor pastes extra_where into SQL: owner and admin only.

@@ -12,10 +12,12 @@ grant execute on function
     pgque.release_slot(text, text, integer, text),
     pgque.receive_partitioned(text, text, integer, integer, text, integer),
     pgque.ack_partitioned(text, text, integer, integer, text),
+    pgque.ack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint),
     pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text),
+    pgque.nack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint, interval, text),
     pgque.slot_of(text, integer),
-    pgque.hold_key_partitioned(text, text, integer, integer, text, text, bigint),
-    pgque.settle_held_partitioned(text, text, integer, integer, text, text, bigint, bigint[], bigint[], interval[], text[]),
+    pgque.hold_key_partitioned(text, text, integer, integer, text, bigint, bigint, text, bigint),
+    pgque.settle_held_partitioned(text, text, integer, integer, text, bigint, text, bigint, bigint[], bigint[], interval[], text[]),
     pgque.release_stale_holds_partitioned(text, text, integer, integer, text)
     to pgque_reader, pgque_admin;
 
@@ -27,3 +29,11 @@ grant execute on function
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
 grant select on pgque.partition_slot_status, pgque.partition_slot_leases to pgque_reader, pgque_writer, pgque_admin;
+
+-- Per-key visibility (pgque.key_status.sql): read-only, for every pgque role.
+grant execute on function
+    pgque.key_heads(text, text, integer, integer, integer),
+    pgque.key_shares(text, text, integer),
+    pgque.hot_keys(text, interval, integer, integer),
+    pgque.slot_heads(text, text)
+    to pgque_reader, pgque_writer, pgque_admin;

@@ -17,7 +17,8 @@ $$;
 
 -- receive(queue, consumer, max): the next chunk of at most max events of
 -- the consumer's open batch, in ev_id order. The same chunk comes back until
--- it is acked.
+-- it is acked. A consumer that is behind takes several ticks per batch
+-- (about max events' worth, see _open_batch).
 create or replace function pgque.receive(i_queue text, i_consumer text, i_max integer default 100)
 returns table (msg_id bigint, batch_id bigint, type text, payload jsonb, retry_count integer,
                created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
@@ -27,7 +28,7 @@ as $$
 begin
     perform pgque._not_null('consumer name', i_consumer);
     perform pgque._refuse_slot(i_consumer);
-    return query select * from pgque._deliver(i_queue, i_consumer, i_max, null);
+    return query select * from pgque._deliver(i_queue, i_consumer, i_max, null, i_max);
 end;
 $$;
 
@@ -38,7 +39,9 @@ returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-    perform pgque._refuse_slot((pgque._batch(i_batch_id)).sub_name);
+    -- The subscription's name only; _ack checks the batch under the lock.
+    perform pgque._refuse_slot(s.sub_name) from pgque.subscription s
+     where s.sub_id = (i_batch_id % 1048576)::integer;
     return pgque._ack(i_batch_id, null);
 end;
 $$;

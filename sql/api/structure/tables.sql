@@ -1,16 +1,24 @@
 -- API tables.
 --
--- sub_progress records how far the open batch of a subscription has been
--- handed out and acknowledged, so a batch can be delivered in chunks across
--- transactions with no session state (works through transaction poolers).
--- One row per subscription, updated in place (fillfactor 50, HOT).
-create table if not exists pgque.sub_progress (
-    sub_id        integer primary key references pgque.subscription (sub_id) on delete cascade,
-    batch_id      bigint not null,
-    acked_to      bigint,            -- last ev_id acknowledged, NULL: none yet
-    delivered_to  bigint,            -- last ev_id handed out by the last receive
-    delivered_all boolean not null default false  -- the last receive reached the batch's end
-) with (fillfactor = 50);
+-- Chunk progress (how far the open batch has been handed out and
+-- acknowledged) is part of the engine's append-only state log,
+-- pgque.sub_state. Installs before it kept one row per subscription in
+-- pgque.sub_progress, updated in place: carry an open batch's progress
+-- over and drop the table.
+do $progress$
+begin
+    if to_regclass('pgque.sub_progress') is not null then
+        insert into pgque.sub_state (st_sub, st_seq, st_time, st_last_tick, st_next_tick, st_batch,
+                                     st_acked_to, st_delivered_to, st_delivered_all)
+        select s.sub_id, nextval('pgque.sub_state_seq'), s.sub_active, s.sub_last_tick, s.sub_next_tick,
+               s.sub_batch, p.acked_to, p.delivered_to, p.delivered_all
+          from pgque.sub_progress p
+          join pgque.subscription s on s.sub_id = p.sub_id and s.sub_batch = p.batch_id
+         where p.delivered_to is not null or p.acked_to is not null;
+        drop table pgque.sub_progress;
+    end if;
+end
+$progress$;
 
 -- pgque.message: one delivered event, as receive returns it.
 do $message$

@@ -82,9 +82,10 @@ begin
 end;
 $$;
 
--- _subscription(queue, consumer): the subscription row, or PQ001/PQ002.
+-- _subscription(queue, consumer): the subscription row with its current
+-- state (cursor, open batch: see _with_state), or PQ001/PQ002.
 create or replace function pgque._subscription(i_queue text, i_consumer text)
-returns pgque.subscription language plpgsql stable
+returns pgque.subscription language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -99,7 +100,7 @@ begin
         raise exception using errcode = 'PQ002',
             message = format('consumer %L is not subscribed to queue %L', i_consumer, i_queue);
     end if;
-    return s;
+    return pgque._with_state(s);
 end;
 $$;
 

@@ -8,7 +8,10 @@
 -- A second retry of the same event while a copy is pending is a no-op.
 
 -- _event_retry(batch_id, ev_id, retry_after, reason): returns 1 when the
--- event was scheduled for retry, 0 when it was dead-lettered.
+-- event was scheduled for retry, 0 when it was dead-lettered. A NULL
+-- retry_after dead-letters the event at once, whatever its retry count: a
+-- consumer's way to say that retrying cannot help (nack and
+-- nack_partitioned pass it through).
 create or replace function pgque._event_retry(
     i_batch_id bigint, i_ev_id bigint, i_retry_after interval, i_reason text)
 returns integer language plpgsql
@@ -19,8 +22,8 @@ declare
     e   record;
     q   pgque.queue;
 begin
-    if i_ev_id is null or i_retry_after is null then
-        raise exception using errcode = '22004', message = 'event id and retry delay must not be NULL';
+    if i_ev_id is null then
+        raise exception using errcode = '22004', message = 'event id must not be NULL';
     end if;
     if i_retry_after < interval '0' then
         raise exception using errcode = 'PQ011', message = format('retry delay must not be negative, not %s', i_retry_after);
@@ -28,7 +31,7 @@ begin
     select * into e from pgque._batch_event(s, i_ev_id);
     select * into q from pgque.queue where queue_id = s.sub_queue;
 
-    if coalesce(e.ev_retry, 0) >= q.queue_max_retries then
+    if i_retry_after is null or coalesce(e.ev_retry, 0) >= q.queue_max_retries then
         insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_txid, ev_retry,
                                        ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
         values (s.sub_queue, s.sub_name, i_reason, e.ev_id, e.ev_time, e.ev_txid::text::xid8, coalesce(e.ev_retry, 0),

@@ -38,7 +38,7 @@ create or replace function pgque._batch_bounds(
     out o_part_lo integer, out o_part_hi integer,
     out o_prev_xmax xid8, out o_cur_xmax xid8, out o_prev_xip xid8[],
     out o_cur_snap pg_snapshot)
-language plpgsql stable
+language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -66,7 +66,7 @@ $$;
 create or replace function pgque._batch_event(s pgque.subscription, i_ev_id bigint)
 returns table (ev_id bigint, ev_time timestamptz, ev_txid bigint, ev_retry integer, ev_type text,
                ev_data text, ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text)
-language plpgsql stable
+language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -78,6 +78,25 @@ begin
     if not found then
         raise exception using errcode = 'PQ022', message = format('event %s is not in batch %s', i_ev_id, s.sub_batch);
     end if;
+end;
+$$;
+
+-- _batch_rows(sub, where, limit): the first `limit` events of the
+-- subscription's open batch (s carries its current state) matching the
+-- trusted predicate i_where, in ev_id order: get_batch_cursor without the
+-- batch lookup and the cursor, for callers that already hold the state.
+create or replace function pgque._batch_rows(s pgque.subscription, i_where text, i_limit integer)
+returns table (ev_id bigint, ev_time timestamptz, ev_txid bigint, ev_retry integer, ev_type text,
+               ev_data text, ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text)
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    b record := pgque._batch_bounds(s);
+begin
+    return query execute pgque._batch_query(i_where) || ' limit ' || i_limit::text
+        using b.o_part_lo, b.o_part_hi, b.o_prev_xmax, b.o_cur_xmax, b.o_prev_xip, b.o_cur_snap,
+              s.sub_id, null::bigint;
 end;
 $$;
 

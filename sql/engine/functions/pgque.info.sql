@@ -56,13 +56,15 @@ begin
         perform pgque._queue(i_queue);
     end if;
     return query
-    select q.queue_name, s.sub_name, clock_timestamp() - ct.tick_time, clock_timestamp() - s.sub_active,
-           s.sub_last_tick, s.sub_batch, s.sub_next_tick,
+    select q.queue_name, s.sub_name, clock_timestamp() - ct.tick_time, clock_timestamp() - st.st_time,
+           st.st_last_tick, st.st_batch, st.st_next_tick,
            greatest(coalesce(pg_sequence_last_value(q.queue_event_seq), 0) - ct.tick_event_seq, 0),
            (select count(*) from pgque.retry_queue r where r.ev_owner = s.sub_id)
       from pgque.subscription s
       join pgque.queue q on q.queue_id = s.sub_queue
-      join pgque.tick ct on ct.tick_queue = s.sub_queue and ct.tick_id = s.sub_last_tick
+      cross join lateral pgque._sub_state(s.sub_id) st
+      cross join lateral (select * from pgque.tick t where t.tick_queue = s.sub_queue
+                           and t.tick_id = st.st_last_tick limit 1) ct
      where (i_queue is null or q.queue_name = i_queue)
        and (i_consumer is null or s.sub_name = i_consumer)
      order by q.queue_name, s.sub_name;

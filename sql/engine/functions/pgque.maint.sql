@@ -1,4 +1,4 @@
--- Maintenance: table rotation and tick clean-up.
+-- Maintenance: table rotation, and flips of the tick and state tables.
 --
 -- Rotation, in two steps. Step 1 waits until rotation_period has passed and
 -- until the table that is to become current (the oldest) no longer holds an
@@ -53,14 +53,16 @@ begin
 
     select min(pg_snapshot_xmin(t.tick_snapshot)) into v_xmin
       from pgque.subscription s
-      join pgque.tick t on t.tick_queue = s.sub_queue and t.tick_id = s.sub_last_tick
+      cross join lateral pgque._sub_state(s.sub_id) st
+      join pgque.tick t on t.tick_queue = s.sub_queue and t.tick_id = st.st_last_tick
      where s.sub_queue = q.queue_id;
     if v_xmin is not null then
         execute format(
             'select exists (select 1 from %s e
                              join pgque.subscription s on s.sub_queue = $1
                                   and (e.ev_owner is null or e.ev_owner = s.sub_id)
-                             join pgque.tick t on t.tick_queue = s.sub_queue and t.tick_id = s.sub_last_tick
+                             cross join lateral pgque._sub_state(s.sub_id) st
+                             join pgque.tick t on t.tick_queue = s.sub_queue and t.tick_id = st.st_last_tick
                             where e.ev_txid >= $2
                               and not pg_catalog.pg_visible_in_snapshot(e.ev_txid, t.tick_snapshot))', v_tbl)
            into v_pinned using q.queue_id, v_xmin;
@@ -77,35 +79,151 @@ begin
 end;
 $$;
 
--- _tick_cleanup(queue_id): deletes the ticks no subscription needs: those
--- before the oldest cursor (or all but the latest when nobody subscribes).
--- A subscription being registered is not visible yet but holds a key-share
--- lock on the queue row until it commits: the clean-up then skips the queue
--- until the next maint(), so the new subscription's starting tick survives.
--- Returns the number of ticks deleted.
-create or replace function pgque._tick_cleanup(i_queue_id integer)
+-- Flips of the append-only state (see structure/state.sql). A flip of a
+-- family (ticks or sub_state) takes an ACCESS EXCLUSIVE lock on its current
+-- partition, then makes the other generation current: the lock waits for
+-- every transaction still reading or writing the retired partition, and
+-- once it is held every row in it is committed, so copying what is still
+-- needed into the other partition (with a statement snapshot taken after
+-- the lock) and truncating the retired one loses nothing. Writers that
+-- picked the old generation before the switch wait for the lock and then
+-- insert into the retired partition after the TRUNCATE: their rows are
+-- kept there until the next flip. A flip waits at most 200 ms for the lock
+-- and is retried at the next maint() otherwise; it is skipped (without
+-- locking) when the current partition holds nothing but needed rows, so an
+-- idle system costs a few index probes.
+
+-- _flip_lock(table): locks a retired partition, waiting at most 200 ms.
+-- Returns false when the lock was not granted.
+create or replace function pgque._flip_lock(i_table text)
+returns boolean language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_old_lt text := current_setting('lock_timeout');
+begin
+    perform set_config('lock_timeout', '200ms', true);
+    execute format('lock table %s in access exclusive mode', i_table);
+    perform set_config('lock_timeout', v_old_lt, true);
+    return true;
+exception when lock_not_available then
+    perform set_config('lock_timeout', v_old_lt, true);
+    return false;
+end;
+$$;
+
+-- _state_keep(gen): the newest record of every existing subscription, when
+-- it lives in partition gen.
+create or replace function pgque._state_keep(i_gen integer)
+returns setof pgque.sub_state language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select st.*
+      from pgque.subscription s
+      cross join lateral (select * from pgque.sub_state x where x.st_sub = s.sub_id
+                           order by x.st_seq desc limit 1) st
+     where st.st_gen = i_gen
+$$;
+
+-- _state_flip(): retires the current sub_state partition, keeping the
+-- newest record of every existing subscription. Returns 1 when flipped.
+-- Tables: rotation (lock), sub_state (insert, truncate).
+create or replace function pgque._state_flip()
 returns integer language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    v_keep bigint;
-    v_n    integer;
+    v_cur integer;
 begin
-    perform 1 from pgque.queue where queue_id = i_queue_id for update skip locked;
-    if not found then
+    perform 1 from pgque.rotation where rot_name = 'state' for update;
+    v_cur := pgque._gen('state');
+    if (select count(*) from pgque.sub_state where st_gen = v_cur)
+       <= (select count(*) from pgque._state_keep(v_cur)) then
         return 0;
     end if;
-    select min(sub_last_tick) into v_keep from pgque.subscription where sub_queue = i_queue_id;
-    if v_keep is null then
-        select max(tick_id) into v_keep from pgque.tick where tick_queue = i_queue_id;
+    if not pgque._flip_lock('pgque.sub_state_' || v_cur) then
+        return 0;
     end if;
-    delete from pgque.tick where tick_queue = i_queue_id and tick_id < v_keep;
-    get diagnostics v_n = row_count;
-    return v_n;
+    perform nextval('pgque.state_gen_seq');
+    insert into pgque.sub_state (st_sub, st_seq, st_time, st_last_tick, st_next_tick, st_batch,
+                                 st_acked_to, st_delivered_to, st_delivered_all, st_gen)
+    select k.st_sub, k.st_seq, k.st_time, k.st_last_tick, k.st_next_tick, k.st_batch,
+           k.st_acked_to, k.st_delivered_to, k.st_delivered_all, 1 - v_cur
+      from pgque._state_keep(v_cur) k;
+    execute format('truncate %s', 'pgque.sub_state_' || v_cur);
+    return 1;
 end;
 $$;
 
--- maint(): runs rotation and tick clean-up for every queue. Returns the
+-- _tick_keep(): per queue, the first tick still needed: its oldest cursor
+-- (every open batch ends at a later tick), or its latest tick when nobody
+-- subscribes. A subscription being registered is not visible yet but holds
+-- a key-share lock on its queue row until it commits; so does nothing else
+-- for long (the ticker's lock is short): such a queue keeps all its ticks.
+-- With i_lock false nothing is locked and registrations are not seen: an
+-- estimate, for deciding whether a flip is worth it.
+drop function if exists pgque._tick_keep();
+create or replace function pgque._tick_keep(i_lock boolean, out o_queue integer, out o_from bigint)
+returns setof record language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    for o_queue in select queue_id from pgque.queue order by queue_id loop
+        if i_lock then
+            perform 1 from pgque.queue where queue_id = o_queue for update skip locked;
+        end if;
+        if i_lock and not found then
+            o_from := 0;
+        else
+            select min(st.st_last_tick) into o_from
+              from pgque.subscription s cross join lateral pgque._sub_state(s.sub_id) st
+             where s.sub_queue = o_queue;
+            if o_from is null then
+                select max(tick_id) into o_from from pgque.tick where tick_queue = o_queue;
+            end if;
+        end if;
+        return next;
+    end loop;
+end;
+$$;
+
+-- _tick_flip(): retires the current tick partition, keeping every tick
+-- _tick_keep names. Returns 1 when flipped.
+-- Tables: rotation (lock), tick (insert, truncate).
+create or replace function pgque._tick_flip()
+returns integer language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_cur  integer;
+begin
+    perform 1 from pgque.rotation where rot_name = 'tick' for update;
+    v_cur := pgque._gen('tick');
+    if (select count(*) from pgque.tick where tick_gen = v_cur)
+       <= (select count(*) from pgque.tick t join pgque._tick_keep(false) k
+              on k.o_queue = t.tick_queue and t.tick_id >= k.o_from
+           where t.tick_gen = v_cur) then
+        return 0;
+    end if;
+    if not pgque._flip_lock('pgque.tick_' || v_cur) then
+        return 0;
+    end if;
+    perform nextval('pgque.tick_gen_seq');
+    -- Statement snapshots from here on see every committed cursor.
+    insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq, tick_gen)
+    select t.tick_queue, t.tick_id, t.tick_time, t.tick_snapshot, t.tick_event_seq, 1 - v_cur
+      from pgque.tick t join pgque._tick_keep(true) k on k.o_queue = t.tick_queue and t.tick_id >= k.o_from
+     where t.tick_gen = v_cur;
+    execute format('truncate %s', 'pgque.tick_' || v_cur);
+    return 1;
+end;
+$$;
+
+drop function if exists pgque._tick_cleanup(integer);
+
+-- maint(): runs rotation for every queue, then the flips of the state log
+-- and the ticks (last, so their exclusive locks are held only for the rest
+-- of this transaction: a few milliseconds). Returns the
 -- number of operations that did something. Like the ticker it refuses to
 -- run under REPEATABLE READ or SERIALIZABLE: rotation's safety check must
 -- see every transaction that committed before its table lock was granted,
@@ -124,10 +242,11 @@ begin
     end if;
     for v_id in select queue_id from pgque.queue order by queue_id loop
         v_n := v_n + pgque._rotate(v_id);
-        if pgque._tick_cleanup(v_id) > 0 then
-            v_n := v_n + 1;
-        end if;
     end loop;
+    -- State first: consumers read state before ticks, so taking the locks
+    -- in the same order avoids lock cycles with them.
+    v_n := v_n + pgque._state_flip();
+    v_n := v_n + pgque._tick_flip();
     return v_n;
 end;
 $$;

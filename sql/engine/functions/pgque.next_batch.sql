@@ -1,49 +1,83 @@
 -- Batches.
 --
--- next_batch opens the batch between a subscription's last tick and the
--- next tick; finish_batch moves the cursor to that next tick. A batch id
--- is nextval(batch_id_seq) * 2^20 + sub_id: the subscription is found from
--- the id alone, so subscription needs no index on sub_batch and its updates
--- stay HOT.
+-- A batch is the events committed between two ticks of its queue: visible in
+-- the last tick's snapshot and not in the first's. next_batch opens the batch
+-- from a subscription's cursor (its last tick) to a later tick; finish_batch
+-- moves the cursor to that later tick. Both append a sub_state record and
+-- update nothing. A batch id is nextval(batch_id_seq) * 2^20 + sub_id: the
+-- subscription is found from the id alone.
+
+-- _open_batch(sub_id, queue_id, span): the open batch of the subscription,
+-- or a new one if a later tick exists, or a NULL record. Takes the
+-- subscription's lock (the receive lock): concurrent callers serialise and
+-- get the same batch. With span NULL a new batch ends at the next tick (as
+-- PgQ's next_batch). Otherwise a consumer that is behind takes several
+-- ticks at once: the batch ends at the furthest tick (of the next 1000)
+-- whose recorded event sequence is at most span past the cursor tick's, and
+-- at least at the next tick, so a backlog of small ticks is consumed in
+-- batches of about span events. Polls that find nothing write nothing.
+-- Returns the state record (st_batch, st_last_tick, st_next_tick, progress).
+create or replace function pgque._open_batch(i_sub integer, i_queue integer, i_span bigint)
+returns pgque.sub_state language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    st     pgque.sub_state := pgque._sub_state(i_sub);
+    v_next bigint;
+    v_seq  bigint;
+begin
+    if st.st_batch is null and not exists (
+        select 1 from pgque.tick where tick_queue = i_queue and tick_id > st.st_last_tick) then
+        return null;
+    end if;
+    st := pgque._lock_sub(i_sub);
+    if st.st_batch is not null then
+        return st;
+    end if;
+    select tick_id into v_next from pgque.tick
+     where tick_queue = i_queue and tick_id > st.st_last_tick
+     order by tick_id limit 1;
+    if not found then
+        return null;
+    end if;
+    if i_span is not null then
+        select tick_event_seq into v_seq from pgque.tick
+         where tick_queue = i_queue and tick_id = st.st_last_tick limit 1;
+        if v_seq is not null then
+            select coalesce(max(t.tick_id), v_next) into v_next
+              from (select tick_id, tick_event_seq from pgque.tick
+                     where tick_queue = i_queue and tick_id > v_next
+                     order by tick_id limit 1000) t
+             where t.tick_event_seq <= v_seq + i_span;
+        end if;
+    end if;
+    st.st_next_tick := v_next;
+    st.st_batch := nextval('pgque.batch_id_seq') * 1048576 + i_sub;
+    st.st_acked_to := null;
+    st.st_delivered_to := null;
+    st.st_delivered_all := false;
+    return pgque._put_state(st);
+end;
+$$;
 
 -- next_batch(queue, consumer): the open batch of the subscription, or a new
--- one if a later tick exists, or NULL. The subscription row is locked
--- (the receive lock): concurrent callers serialize and get the same batch.
--- Polls that find nothing write nothing.
+-- one ending at the next tick if one exists, or NULL (PgQ's next_batch).
+-- Tables: sub_state (insert when a batch is opened), subscription (lock).
 create or replace function pgque.next_batch(i_queue text, i_consumer text)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    s      pgque.subscription := pgque._subscription(i_queue, i_consumer);
-    v_next bigint;
-    v_batch bigint;
+    s pgque.subscription := pgque._subscription(i_queue, i_consumer);
 begin
-    if s.sub_batch is null and not exists (
-        select 1 from pgque.tick where tick_queue = s.sub_queue and tick_id > s.sub_last_tick) then
-        return null;
-    end if;
-    select * into s from pgque.subscription where sub_id = s.sub_id for update;
-    if s.sub_batch is not null then
-        return s.sub_batch;
-    end if;
-    select tick_id into v_next from pgque.tick
-     where tick_queue = s.sub_queue and tick_id > s.sub_last_tick
-     order by tick_id limit 1;
-    if not found then
-        return null;
-    end if;
-    v_batch := nextval('pgque.batch_id_seq') * 1048576 + s.sub_id;
-    update pgque.subscription
-       set sub_batch = v_batch, sub_next_tick = v_next, sub_active = now()
-     where sub_id = s.sub_id;
-    return v_batch;
+    return (pgque._open_batch(s.sub_id, s.sub_queue, null)).st_batch;
 end;
 $$;
 
--- _batch(batch_id): the open batch's subscription row, or PQ020.
+-- _batch(batch_id): the open batch's subscription row (with its current
+-- state), or PQ020.
 create or replace function pgque._batch(i_batch_id bigint)
-returns pgque.subscription language plpgsql stable
+returns pgque.subscription language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -52,28 +86,50 @@ begin
     if i_batch_id is null then
         raise exception using errcode = '22004', message = 'batch id must not be NULL';
     end if;
-    select * into s from pgque.subscription
-     where sub_id = (i_batch_id % 1048576)::integer and sub_batch = i_batch_id;
-    if not found then
+    select * into s from pgque.subscription where sub_id = (i_batch_id % 1048576)::integer;
+    s := pgque._with_state(s);
+    if s.sub_batch is distinct from i_batch_id then
         raise exception using errcode = 'PQ020', message = format('batch %s is not open', i_batch_id);
     end if;
     return s;
 end;
 $$;
 
+-- _finish(state): closes the state's open batch and moves the cursor to its
+-- last tick (the caller holds _lock_sub).
+create or replace function pgque._finish(st pgque.sub_state)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    st.st_last_tick := st.st_next_tick;
+    st.st_next_tick := null;
+    st.st_batch := null;
+    st.st_acked_to := null;
+    st.st_delivered_to := null;
+    st.st_delivered_all := false;
+    perform pgque._put_state(st);
+end;
+$$;
+
 -- finish_batch(batch_id): closes the batch and advances the cursor.
 -- Returns 1; raises PQ020 when the batch is not open.
+-- Tables: sub_state (insert), subscription (lock).
 create or replace function pgque.finish_batch(i_batch_id bigint)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    st pgque.sub_state;
 begin
-    update pgque.subscription
-       set sub_last_tick = sub_next_tick, sub_next_tick = null, sub_batch = null, sub_active = now()
-     where sub_id = (i_batch_id % 1048576)::integer and sub_batch = i_batch_id;
-    if not found then
-        perform pgque._batch(i_batch_id);
+    if i_batch_id is null then
+        raise exception using errcode = '22004', message = 'batch id must not be NULL';
     end if;
+    st := pgque._lock_sub((i_batch_id % 1048576)::integer);
+    if st.st_batch is distinct from i_batch_id then
+        raise exception using errcode = 'PQ020', message = format('batch %s is not open', i_batch_id);
+    end if;
+    perform pgque._finish(st);
     return 1;
 end;
 $$;

@@ -1,7 +1,7 @@
 -- register_consumer(queue, consumer): subscribes consumer to queue. The new
 -- subscription starts at the queue's latest tick: it receives the events
 -- committed after that tick. Returns 1 when new, 0 when it existed.
--- Tables: subscription (insert).
+-- Tables: subscription, sub_state (insert).
 create or replace function pgque.register_consumer(i_queue text, i_consumer text)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -16,7 +16,7 @@ begin
         return 0;
     end if;
     -- Until this transaction ends, the key-share lock on the queue row keeps
-    -- _tick_cleanup from deleting the starting tick (it cannot see this
+    -- _tick_flip from dropping the starting tick (it cannot see this
     -- subscription before the commit).
     perform 1 from pgque.queue where queue_id = q.queue_id for key share;
     select tick_id into v_tick from pgque.tick where tick_queue = q.queue_id order by tick_id desc limit 1;
@@ -28,7 +28,11 @@ begin
     insert into pgque.subscription (sub_id, sub_queue, sub_name, sub_last_tick)
     values (v_id, q.queue_id, i_consumer, v_tick)
     on conflict (sub_queue, sub_name) do nothing;
-    return case when found then 1 else 0 end;
+    if not found then
+        return 0;
+    end if;
+    perform pgque._put_state(row(v_id, null, null, v_tick, null, null, null, null, false, null)::pgque.sub_state);
+    return 1;
 end;
 $$;
 

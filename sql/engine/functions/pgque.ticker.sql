@@ -156,13 +156,18 @@ begin
 end;
 $$;
 
--- ticker_resign(worker): gives the ticker lease up if worker holds it.
+-- ticker_resign(worker): gives the ticker lease up if worker holds it, and
+-- then notifies channel pgque_ticker (delivered at commit) so that standing
+-- tickers seek the lease at once instead of at their next lease check.
 create or replace function pgque.ticker_resign(i_worker text)
 returns boolean language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
     update pgque.ticker_lease set owner = null, lease_until = null where owner = i_worker;
+    if found then
+        perform pg_catalog.pg_notify('pgque_ticker', 'resigned');
+    end if;
     return found;
 end;
 $$;

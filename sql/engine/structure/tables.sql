@@ -6,9 +6,9 @@
 -- only ever INSERT into it; rotation reclaims space by TRUNCATE of a whole
 -- partition. No row of an event table is ever updated or deleted.
 --
--- Metadata tables (tick, subscription) are small and written once per tick
--- and per batch. subscription is updated in place with fillfactor 50 and no
--- index on the columns that change, so its updates stay HOT.
+-- Nothing is updated or deleted per tick, batch or chunk: the subscription
+-- row is a static anchor (locked, never updated, while consuming) and the
+-- state that moves is appended to pgque.sub_state (see structure/state.sql).
 
 create table if not exists pgque.version (
     singleton    boolean primary key default true check (singleton),
@@ -55,19 +55,17 @@ create table if not exists pgque.event (
 
 create index if not exists event_txid_idx on pgque.event (ev_txid);
 
--- A tick is a queue position: the snapshot and event sequence at a moment.
-create table if not exists pgque.tick (
-    tick_queue     integer not null,
-    tick_id        bigint not null,
-    tick_time      timestamptz not null,
-    tick_snapshot  pg_snapshot not null,
-    tick_event_seq bigint not null,
-    primary key (tick_queue, tick_id)
-);
+-- Ticks (pgque.tick) and the delivery state log (pgque.sub_state) live in
+-- structure/state.sql: both are append-only and reclaimed by TRUNCATE.
 
--- A subscription is (queue, consumer) with a cursor. While a batch is open,
--- sub_batch and sub_next_tick are set. Batch ids embed sub_id in their low
--- 20 bits, so finding a batch's subscription needs no index on sub_batch.
+-- A subscription is (queue, consumer): a static row, locked while its state
+-- changes but never updated. sub_last_tick is its cursor at registration;
+-- sub_next_tick, sub_batch and sub_active are only read once, by the
+-- install that moves state written in place by earlier versions into
+-- pgque.sub_state. The current cursor and open batch are the
+-- subscription's newest sub_state record. Batch ids embed
+-- sub_id in their low 20 bits, so a batch's subscription is found from the
+-- id alone.
 create table if not exists pgque.subscription (
     sub_id         integer primary key,
     sub_queue      integer not null references pgque.queue (queue_id) on delete cascade,

@@ -13,51 +13,55 @@
 -- the running head first, so a crash loses nothing and keeps per-key order.
 -- Healthy keys never cause a write here.
 
--- hold_key_partitioned(queue, consumer, slot, nslots, worker, key, head):
--- holds key (NULL is the NULL key) from its event head on, which must be in
--- the part of the slot's open batch handed out so far. Returns how many
--- events were deferred. PQ022 when head is not such an event of key.
--- Tables: deferred (insert), key_block (upsert).
+-- Earlier forms took no proof of the chunk (epoch, batch) or epoch.
+drop function if exists pgque.hold_key_partitioned(text, text, integer, integer, text, text, bigint);
+drop function if exists pgque.settle_held_partitioned(text, text, integer, integer, text, text, bigint,
+                                                      bigint[], bigint[], interval[], text[]);
+
+-- hold_key_partitioned(queue, consumer, slot, nslots, worker, epoch,
+-- batch_id, key, head): holds key (NULL is the NULL key) from its event
+-- head on. head must be an event of key in the chunk the slot handed out
+-- last, received under epoch in batch_id (_check_delivery: PQ032 when the
+-- lease changed epoch since, PQ035 when that chunk is no longer the one out;
+-- PQ022 when head is not an event of key there). Returns how many events
+-- were deferred. Tables: sub_state (read), deferred (insert), key_block
+-- (upsert).
 create or replace function pgque.hold_key_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                      i_nslots integer, i_worker text, i_key text,
-                                                      i_head bigint)
+                                                      i_nslots integer, i_worker text,
+                                                      i_epoch bigint, i_batch_id bigint,
+                                                      i_key text, i_head bigint)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     l       pgque.slot_lease;
-    v_batch bigint;
+    st      pgque.sub_state;
     v_kid   text := pgque._kid(i_key);
-    v_upto  bigint;
     v_n     integer := 0;
     v_head  boolean := false;
     r       record;
     c       refcursor;
 begin
-    if i_head is null then
-        raise exception using errcode = '22004', message = 'head must not be NULL';
+    if i_epoch is null or i_batch_id is null or i_head is null then
+        raise exception using errcode = '22004', message = 'epoch, batch id and head must not be NULL';
     end if;
     l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
-    v_batch := pgque._slot_batch(l);
-    c := 'pgque_hold_' || v_batch;
-    select delivered_to into v_upto from pgque.sub_progress
-     where sub_id = l.sl_sub and batch_id = v_batch;
-    if v_upto is not null and v_upto >= i_head then
-        for r in select * from pgque.get_batch_cursor(v_batch, c::text, 2147483647,
-                     concat_ws(' and ', pgque._slot_filter(i_slot, i_nslots), pgque._key_filter(i_key),
-                               'ev_id >= ' || i_head, 'ev_id <= ' || v_upto)) loop
-            if r.ev_extra1 is not distinct from i_key then
-                v_head := v_head or r.ev_id = i_head;
-                v_n := v_n + pgque._defer_row(l.sl_sub, v_kid, r.ev_id, r.ev_time, r.ev_retry, r.ev_type,
-                                              r.ev_data, r.ev_extra1, r.ev_extra2, r.ev_extra3, r.ev_extra4);
-            end if;
-        end loop;
-        close c;
-    end if;
+    st := pgque._check_delivery(l, i_epoch, i_batch_id, i_head);
+    c := 'pgque_hold_' || st.st_batch;
+    for r in select * from pgque.get_batch_cursor(st.st_batch, c::text, 2147483647,
+                 concat_ws(' and ', pgque._slot_filter(i_slot, i_nslots), pgque._key_filter(i_key),
+                           'ev_id >= ' || i_head, 'ev_id <= ' || st.st_delivered_to)) loop
+        if r.ev_extra1 is not distinct from i_key then
+            v_head := v_head or r.ev_id = i_head;
+            v_n := v_n + pgque._defer_row(l.sl_sub, v_kid, r.ev_id, r.ev_time, r.ev_retry, r.ev_type,
+                                          r.ev_data, r.ev_extra1, r.ev_extra2, r.ev_extra3, r.ev_extra4);
+        end if;
+    end loop;
+    close c;
     if not v_head then
         raise exception using errcode = 'PQ022',
             message = format('event %s of key %s is not in the delivered part of batch %s of slot %s',
-                             i_head, coalesce(quote_literal(i_key), 'NULL'), v_batch, i_slot);
+                             i_head, coalesce(quote_literal(i_key), 'NULL'), st.st_batch, i_slot);
     end if;
     insert into pgque.key_block as kb (kb_sub, kb_kid, kb_key, kb_state, kb_head, kb_wait, kb_epoch)
     values (l.sl_sub, v_kid, i_key, 'inflight', i_head, -1, l.sl_epoch)
@@ -68,9 +72,10 @@ begin
 end;
 $$;
 
--- settle_held_partitioned(queue, consumer, slot, nslots, worker, key, head,
--- done, failed, retry_after, reasons): the lane of a key held from head
--- finished. done are the held events it handled; failed (with one delay and
+-- settle_held_partitioned(queue, consumer, slot, nslots, worker, epoch,
+-- key, head, done, failed, retry_after, reasons): the lane of a key held
+-- from head under epoch (the lease epoch its events were received under;
+-- PQ032 when the lease is at another epoch now) finished. done are the held events it handled; failed (with one delay and
 -- one reason each) the ones whose handler failed: each is retried, or
 -- dead-lettered past max_retries. Under pause, a retried failure blocks the
 -- key (state blocked, as nack_partitioned would); otherwise the rest of the
@@ -78,8 +83,8 @@ $$;
 -- hold is no longer this epoch's (a new owner released it: the events are
 -- redelivered). Tables: deferred, retry_queue, dead_letter, key_block.
 create or replace function pgque.settle_held_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                         i_nslots integer, i_worker text, i_key text,
-                                                         i_head bigint, i_done bigint[], i_failed bigint[],
+                                                         i_nslots integer, i_worker text, i_epoch bigint,
+                                                         i_key text, i_head bigint, i_done bigint[], i_failed bigint[],
                                                          i_retry_after interval[], i_reasons text[])
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -95,8 +100,8 @@ declare
     v_block  bigint;
     v_reason text;
 begin
-    if i_head is null then
-        raise exception using errcode = '22004', message = 'head must not be NULL';
+    if i_head is null or i_epoch is null then
+        raise exception using errcode = '22004', message = 'epoch and head must not be NULL';
     end if;
     if coalesce(cardinality(i_failed), 0) <> coalesce(cardinality(i_retry_after), 0)
        or coalesce(cardinality(i_failed), 0) <> coalesce(cardinality(i_reasons), 0) then
@@ -113,8 +118,13 @@ begin
         end if;
     end loop;
     l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    if i_epoch <> l.sl_epoch then
+        raise exception using errcode = 'PQ032',
+            message = format('the key was held under epoch %s of slot %s of consumer %L; the lease is at epoch %s',
+                             i_epoch, l.sl_slot, l.sl_consumer, l.sl_epoch);
+    end if;
     select * into b from pgque.key_block where kb_sub = l.sl_sub and kb_kid = v_kid for update;
-    if not found or b.kb_state <> 'inflight' or b.kb_head <> i_head or b.kb_epoch is distinct from l.sl_epoch then
+    if not found or b.kb_state <> 'inflight' or b.kb_head <> i_head or b.kb_epoch is distinct from i_epoch then
         return 0;
     end if;
 
@@ -172,7 +182,7 @@ $$;
 -- Events of such a key deferred by a chunk the earlier owner never
 -- acknowledged are left to that chunk, which is delivered again. Returns
 -- how many events were put back (they are handled again).
--- Tables: key_block, deferred, event.
+-- Tables: sub_state (read), key_block, deferred, event.
 create or replace function pgque.release_stale_holds_partitioned(i_queue text, i_consumer text, i_slot integer,
                                                                  i_nslots integer, i_worker text)
 returns integer language plpgsql security definer
@@ -181,7 +191,7 @@ as $$
 declare
     l    pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     b    record;
-    p    pgque.sub_progress;
+    st   pgque.sub_state := pgque._sub_state(l.sl_sub);
     r    record;
     c    refcursor;
     v_n  integer := 0;
@@ -189,16 +199,14 @@ begin
     -- The earlier owner may have received a chunk it never acknowledged:
     -- events of a held key it deferred there come again with that chunk,
     -- so their deferred copies are dropped rather than released twice.
-    select sp.* into p from pgque.sub_progress sp join pgque.subscription s on s.sub_id = sp.sub_id
-     where sp.sub_id = l.sl_sub and sp.batch_id = s.sub_batch and sp.delivered_to is not null;
     for b in select kb_kid, kb_key from pgque.key_block
               where kb_sub = l.sl_sub and kb_state = 'inflight'
               for update loop
-        if p.sub_id is not null then
-            c := 'pgque_stale_' || p.batch_id;
-            for r in select * from pgque.get_batch_cursor(p.batch_id, c::text, 2147483647,
+        if st.st_batch is not null and st.st_delivered_to is not null then
+            c := 'pgque_stale_' || st.st_batch;
+            for r in select * from pgque.get_batch_cursor(st.st_batch, c::text, 2147483647,
                          concat_ws(' and ', pgque._slot_filter(i_slot, i_nslots), pgque._key_filter(b.kb_key),
-                                   'ev_id > ' || coalesce(p.acked_to, -1), 'ev_id <= ' || p.delivered_to)) loop
+                                   'ev_id > ' || coalesce(st.st_acked_to, -1), 'ev_id <= ' || st.st_delivered_to)) loop
                 if r.ev_extra1 is not distinct from b.kb_key then
                     delete from pgque.deferred
                      where ev_owner = l.sl_sub and ev_group = b.kb_kid and ev_id = r.ev_id;

@@ -6,7 +6,7 @@
 -- caller's privileges.
 create or replace function pgque._slot_pending(i_sub integer, i_slot integer, i_nslots integer,
                                                out o_lag bigint, out o_oldest interval)
-language plpgsql stable security definer
+language plpgsql volatile security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -21,6 +21,7 @@ begin
     if not found then
         return;
     end if;
+    s := pgque._with_state(s);
     select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
     execute 'select count(*), pg_catalog.clock_timestamp() - min(ev_time) from pgque.event'
          || ' where ev_part >= $1 and ev_part < $2 and ev_txid >= $3'
@@ -40,18 +41,20 @@ select q.queue_name      as queue,
        l.sl_consumer     as consumer,
        l.sl_slot         as slot,
        g.sg_nslots       as nslots,
-       case when l.sl_until > clock_timestamp() then l.sl_owner end as owner,
-       l.sl_until        as lease_until,
+       case when greatest(l.sl_until, st.st_time + l.sl_ttl) > clock_timestamp() then l.sl_owner end as owner,
+       case when l.sl_owner is not null then greatest(l.sl_until, st.st_time + l.sl_ttl) end as lease_until,
        l.sl_epoch        as epoch,
        p.o_lag           as lag,
        p.o_oldest        as oldest_pending_age,
        g.sg_policy       as policy,
-       s.sub_batch       as open_batch,
-       clock_timestamp() - s.sub_active as last_active
+       case when st.st_sub is not null then st.st_batch else s.sub_batch end as open_batch,
+       clock_timestamp() - coalesce(st.st_time, s.sub_active) as last_active
   from pgque.slot_lease l
   join pgque.slot_group g on g.sg_queue = l.sl_queue and g.sg_consumer = l.sl_consumer
   join pgque.queue q on q.queue_id = l.sl_queue
   join pgque.subscription s on s.sub_id = l.sl_sub
+  left join lateral (select x.st_sub, x.st_batch, x.st_time from pgque.sub_state x
+                      where x.st_sub = l.sl_sub order by x.st_seq desc limit 1) st on true
   cross join lateral pgque._slot_pending(l.sl_sub, l.sl_slot, g.sg_nslots) p;
 
 -- partition_slot_leases: the slots and their leases only, without the lag
@@ -61,10 +64,12 @@ select q.queue_name  as queue,
        l.sl_consumer as consumer,
        l.sl_slot     as slot,
        g.sg_nslots   as nslots,
-       case when l.sl_until > clock_timestamp() then l.sl_owner end as owner,
-       l.sl_until    as lease_until,
+       case when greatest(l.sl_until, st.st_time + l.sl_ttl) > clock_timestamp() then l.sl_owner end as owner,
+       case when l.sl_owner is not null then greatest(l.sl_until, st.st_time + l.sl_ttl) end as lease_until,
        l.sl_epoch    as epoch,
        g.sg_policy   as policy
   from pgque.slot_lease l
   join pgque.slot_group g on g.sg_queue = l.sl_queue and g.sg_consumer = l.sl_consumer
-  join pgque.queue q on q.queue_id = l.sl_queue;
+  join pgque.queue q on q.queue_id = l.sl_queue
+  left join lateral (select x.st_time from pgque.sub_state x
+                      where x.st_sub = l.sl_sub order by x.st_seq desc limit 1) st on true;

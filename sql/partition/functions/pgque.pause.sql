@@ -80,8 +80,7 @@ declare
     r      record;
     c      refcursor := 'pgque_pause_' || i_batch;
 begin
-    select delivered_to into v_upto from pgque.sub_progress
-     where sub_id = l.sl_sub and batch_id = i_batch;
+    select st_delivered_to into v_upto from pgque._sub_state(l.sl_sub) where st_batch = i_batch;
     if v_upto is not null and v_upto > i_msg_id then
         for r in select * from pgque.get_batch_cursor(i_batch, c::text, 2147483647,
                      concat_ws(' and ', pgque._slot_filter(l.sl_slot, i_nslots), pgque._key_filter(i_key),
@@ -185,7 +184,8 @@ begin
 end;
 $$;
 
--- _blocked(queue, consumer, key): the block row of a key, or PQ011.
+-- _blocked(queue, consumer, key): the block row of a key, or PQ036 (not
+-- blocked).
 create or replace function pgque._blocked(i_queue text, i_consumer text, i_key text)
 returns pgque.key_block language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -201,7 +201,7 @@ begin
        for update of kb;
     if not found then
         perform pgque._queue(i_queue);
-        raise exception using errcode = 'PQ011',
+        raise exception using errcode = 'PQ036',
             message = format('key %s is not blocked for consumer %L on queue %L',
                              coalesce(quote_literal(i_key), 'NULL'), i_consumer, i_queue);
     end if;
@@ -211,8 +211,9 @@ $$;
 
 -- unblock_key(queue, consumer, key): dead-letters the head of a blocked key
 -- (its pending retry) and releases the events deferred behind it. Raises
--- PQ011 when the key is not blocked or its head is being redelivered right
--- now (try again after that delivery). Returns the dead-lettered ev_id.
+-- PQ036 when the key is not blocked (or is already releasing) and PQ037
+-- when its head is being redelivered right now (try again after that
+-- delivery). Returns the dead-lettered ev_id.
 create or replace function pgque.unblock_key(i_queue text, i_consumer text, i_key text)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -223,12 +224,12 @@ declare
     s pgque.subscription;
 begin
     if b.kb_state <> 'blocked' then
-        raise exception using errcode = 'PQ011',
+        raise exception using errcode = 'PQ036',
             message = format('key %s is not blocked by a failing head (it is %s)', coalesce(quote_literal(i_key), 'NULL'), b.kb_state);
     end if;
     delete from pgque.retry_queue where ev_owner = b.kb_sub and ev_id = b.kb_head returning * into r;
     if not found then
-        raise exception using errcode = 'PQ011',
+        raise exception using errcode = 'PQ037',
             message = format('the head %s of key %s is being redelivered; try again once it was handled',
                              b.kb_head, coalesce(quote_literal(i_key), 'NULL'));
     end if;

@@ -25,7 +25,7 @@ declare
 begin
     -- Fast path: no blocked key on this slot (always so under skip).
     if not exists (select 1 from pgque.key_block where kb_sub = l.sl_sub) then
-        return query select d.*, l.sl_epoch from pgque._deliver(i_queue, v_sub, i_max, v_filter) d;
+        return query select d.*, l.sl_epoch from pgque._deliver(i_queue, v_sub, i_max, v_filter, i_max::bigint * i_nslots) d;
         return;
     end if;
     -- Pause with blocked keys: defer what must wait; a chunk that was all
@@ -36,7 +36,7 @@ begin
     loop
         v_batch := null;
         v_out := 0;
-        for r in select * from pgque._deliver(i_queue, v_sub, i_max, v_filter) loop
+        for r in select * from pgque._deliver(i_queue, v_sub, i_max, v_filter, i_max::bigint * i_nslots) loop
             v_batch := r.batch_id;
             if not ((case when r.partition_key is null then 'n' else 'k' || r.partition_key end) = any(v_kids))
                or pgque._pause_keep(l.sl_sub, r.batch_id, r.msg_id, r.partition_key) then
@@ -71,13 +71,13 @@ $$;
 
 -- _slot_batch(lease): the slot's open batch, or PQ020.
 create or replace function pgque._slot_batch(l pgque.slot_lease)
-returns bigint language plpgsql stable
+returns bigint language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_batch bigint;
 begin
-    select sub_batch into v_batch from pgque.subscription where sub_id = l.sl_sub;
+    v_batch := (pgque._sub_state(l.sl_sub)).st_batch;
     if v_batch is null then
         raise exception using errcode = 'PQ020',
             message = format('slot %s of consumer %L has no open batch', l.sl_slot, l.sl_consumer);
@@ -86,16 +86,82 @@ begin
 end;
 $$;
 
--- ack_partitioned(queue, consumer, slot, nslots, worker): acknowledges the
--- chunk the last receive_partitioned returned. Returns 1 when the batch is
--- finished, 0 when more of it remains.
+-- _check_delivery(lease, epoch, batch, msg_id): proves that the caller
+-- settles the chunk the slot handed out last: its lease epoch is the
+-- current one (PQ032 otherwise: the lease changed hands since it
+-- received), and msg_id, an event it received, is in the slot's current
+-- delivered chunk of batch (PQ035 otherwise: that chunk was acknowledged
+-- already, possibly by another owner, and a newer one is out). Returns the
+-- state.
+create or replace function pgque._check_delivery(l pgque.slot_lease, i_epoch bigint, i_batch bigint, i_msg_id bigint)
+returns pgque.sub_state language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    st pgque.sub_state;
+begin
+    if i_epoch is null or i_batch is null or i_msg_id is null then
+        raise exception using errcode = '22004', message = 'epoch, batch id and msg_id must not be NULL';
+    end if;
+    if i_epoch <> l.sl_epoch then
+        raise exception using errcode = 'PQ032',
+            message = format('the chunk was received under epoch %s of slot %s of consumer %L; the lease is at epoch %s',
+                             i_epoch, l.sl_slot, l.sl_consumer, l.sl_epoch);
+    end if;
+    st := pgque._sub_state(l.sl_sub);
+    if st.st_batch is distinct from i_batch or st.st_delivered_to is null
+       or i_msg_id > st.st_delivered_to or i_msg_id <= coalesce(st.st_acked_to, -1) then
+        raise exception using errcode = 'PQ035',
+            message = format('event %s of batch %s is not in the chunk slot %s of consumer %L handed out last',
+                             i_msg_id, i_batch, l.sl_slot, l.sl_consumer);
+    end if;
+    return st;
+end;
+$$;
+
+-- ack_partitioned(queue, consumer, slot, nslots, worker, epoch, batch_id,
+-- msg_id): acknowledges the chunk the last receive_partitioned returned,
+-- after _check_delivery proved it is the chunk the caller received (epoch
+-- and batch_id from its rows, msg_id any of its events). Returns 1 when the
+-- batch is finished, 0 when more of it remains.
+create or replace function pgque.ack_partitioned(i_queue text, i_consumer text, i_slot integer,
+                                                 i_nslots integer, i_worker text,
+                                                 i_epoch bigint, i_batch_id bigint, i_msg_id bigint)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    l pgque.slot_lease;
+begin
+    if i_epoch is null or i_batch_id is null or i_msg_id is null then
+        raise exception using errcode = '22004', message = 'epoch, batch id and msg_id must not be NULL';
+    end if;
+    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
+    return pgque._ack_slot(l, i_slot, i_nslots);
+end;
+$$;
+
+-- ack_partitioned(queue, consumer, slot, nslots, worker): acknowledges
+-- whatever chunk the slot handed out last, without proof of which one the
+-- caller received. Kept for existing callers; a worker that may have lost
+-- its lease in between should use the fenced form above.
 create or replace function pgque.ack_partitioned(i_queue text, i_consumer text, i_slot integer,
                                                  i_nslots integer, i_worker text)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
+begin
+    return pgque._ack_slot(pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker), i_slot, i_nslots);
+end;
+$$;
+
+-- _ack_slot(lease, slot, nslots): the acknowledgement of both forms.
+create or replace function pgque._ack_slot(l pgque.slot_lease, i_slot integer, i_nslots integer)
+returns integer language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
 declare
-    l       pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     v_batch bigint := pgque._slot_batch(l);
     v_done  integer;
 begin
@@ -107,37 +173,81 @@ begin
 end;
 $$;
 
+-- nack_partitioned(queue, consumer, slot, nslots, worker, epoch,
+-- batch_id, msg_id, retry_after, reason): the fenced form: _check_delivery
+-- proves msg_id is in the chunk the caller received under epoch. A NULL
+-- retry_after dead-letters the event at once, as in the unfenced form.
+create or replace function pgque.nack_partitioned(i_queue text, i_consumer text, i_slot integer,
+                                                  i_nslots integer, i_worker text,
+                                                  i_epoch bigint, i_batch_id bigint, i_msg_id bigint,
+                                                  i_retry_after interval, i_reason text default null)
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    l pgque.slot_lease;
+begin
+    if i_epoch is null or i_batch_id is null or i_msg_id is null then
+        raise exception using errcode = '22004', message = 'epoch, batch id and msg_id must not be NULL';
+    end if;
+    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
+    return pgque._nack_slot(l, i_slot, i_nslots, i_msg_id, i_retry_after, i_reason);
+end;
+$$;
+
 -- nack_partitioned(queue, consumer, slot, nslots, worker, msg_id,
 -- retry_after, reason): schedules one received event for redelivery to this
 -- slot only, or dead-letters it past max_retries. Returns 1 or 0 as nack.
+-- The event must be one of this slot's events in the chunk the slot handed
+-- out last (PQ022 otherwise).
 create or replace function pgque.nack_partitioned(i_queue text, i_consumer text, i_slot integer,
                                                   i_nslots integer, i_worker text, i_msg_id bigint,
                                                   i_retry_after interval, i_reason text default null)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
+begin
+    return pgque._nack_slot(pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker),
+                            i_slot, i_nslots, i_msg_id, i_retry_after, i_reason);
+end;
+$$;
+
+-- _nack_slot(lease, slot, nslots, msg_id, retry_after, reason): the nack of
+-- both forms.
+create or replace function pgque._nack_slot(l pgque.slot_lease, i_slot integer, i_nslots integer,
+                                            i_msg_id bigint, i_retry_after interval, i_reason text)
+returns integer language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
 declare
-    l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
     v_batch  bigint := pgque._slot_batch(l);
     v_filter text := pgque._slot_filter(i_slot, i_nslots);
+    st       pgque.sub_state := pgque._sub_state(l.sl_sub);
     v_pause  boolean;
     v_key    text;
     v_retried integer;
     c        refcursor := 'pgque_nack_' || v_batch;
 begin
+    if i_msg_id is null then
+        raise exception using errcode = '22004', message = 'msg_id must not be NULL';
+    end if;
     select sg_policy = 'pause' into v_pause from pgque.slot_group
      where sg_queue = l.sl_queue and sg_consumer = l.sl_consumer;
-    if v_pause then
-        if i_msg_id is null then
-            raise exception using errcode = '22004', message = 'msg_id must not be NULL';
-        end if;
-        select g.ev_extra1 into v_key
-          from pgque.get_batch_cursor(v_batch, c::text, 1, concat_ws(' and ', v_filter, 'ev_id = ' || i_msg_id)) g;
-        if not found then
-            raise exception using errcode = 'PQ022', message = format('event %s is not in batch %s', i_msg_id, v_batch);
-        end if;
+    -- Only an event this slot handed out in its current chunk can be
+    -- nacked: another slot's event, or one not delivered yet, would get a
+    -- retry copy that no consumer ever receives.
+    select g.ev_extra1 into v_key
+      from pgque.get_batch_cursor(v_batch, c::text, 1,
+               concat_ws(' and ', v_filter, 'ev_id = ' || i_msg_id,
+                         'ev_id <= ' || coalesce(st.st_delivered_to, -1),
+                         'ev_id > ' || coalesce(st.st_acked_to, -1))) g;
+    if not found then
         close c;
+        raise exception using errcode = 'PQ022',
+            message = format('event %s is not in the chunk slot %s handed out last of batch %s', i_msg_id, i_slot, v_batch);
     end if;
+    close c;
     v_retried := pgque._event_retry(v_batch, i_msg_id, i_retry_after, i_reason);
     if v_pause then
         perform pgque._pause_on_nack(l, i_nslots, v_batch, i_msg_id, v_key, v_retried = 1, i_reason);

@@ -1,5 +1,15 @@
 -- Leases.
 --
+-- Renewals write no row version: the lease row (owner, epoch, ttl, the
+-- expiry set by the claim) changes only when the owner changes. A lease is
+-- live until _lease_until: the later of that expiry and the time of the
+-- slot subscription's newest state record plus the ttl. Every state change
+-- of the slot is made by its owner, so consuming renews the lease, and a
+-- renewal with nothing else to write appends a copy of the state
+-- (_touch_state): an append, reclaimed by the state flips. Records older
+-- than a claim are older than the expiry the claim set, so they never
+-- extend a new owner's lease.
+--
 -- A slot is worked by the worker that holds its lease. claim_slot takes a
 -- free or expired lease (epoch + 1) or renews one already held (same
 -- epoch). Every receive/ack/nack on a slot first checks, under the lease
@@ -29,9 +39,14 @@ $$;
 -- _lease(queue, consumer, slot): the slot's lease row, locked. PQ034 when
 -- the slot is not subscribed; a NULL slot (22004) or one outside 0..N-1 of
 -- the persisted N (PQ011) is an invalid argument, not a missing slot.
+-- The owner's calls hold the lock for a moment only, so the wait for it is
+-- bounded: a transaction that keeps the row locked (it can only be an
+-- owner's, or a successful claim's, left open) makes the others fail after
+-- 2 seconds with 55P03 (lock_not_available), which is retryable.
 create or replace function pgque._lease(i_queue text, i_consumer text, i_slot integer)
 returns pgque.slot_lease language plpgsql
 set search_path = pg_catalog, pg_temp
+set lock_timeout = '2s'
 as $$
 declare
     l pgque.slot_lease;
@@ -51,8 +66,46 @@ begin
 end;
 $$;
 
+-- _lease_until(lease): when the lease expires (see the header).
+create or replace function pgque._lease_until(l pgque.slot_lease)
+returns timestamptz language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_last timestamptz;
+begin
+    select st_time into v_last from pgque.sub_state where st_sub = l.sl_sub order by st_seq desc limit 1;
+    return greatest(l.sl_until, v_last + l.sl_ttl);
+end;
+$$;
+
+-- _lease_ttl(ttl, now): the ttl as the real duration it has from now
+-- (intervals compare a month as 30 days, so '10000 years -3599999 days'
+-- would otherwise pass a 1-day cap), checked to be positive and at most one
+-- day (PQ011).
+create or replace function pgque._lease_ttl(i_ttl interval, i_now timestamptz)
+returns interval language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_real interval;
+begin
+    if i_ttl is not null then
+        v_real := (i_now + i_ttl) - i_now;
+    end if;
+    if v_real is null or i_now + i_ttl <= i_now or i_now + i_ttl > i_now + interval '1 day' then
+        raise exception using errcode = 'PQ011',
+            message = format('lease ttl must be positive and at most 1 day, not %s', coalesce(i_ttl::text, 'NULL'));
+    end if;
+    return v_real;
+end;
+$$;
+
 -- claim_slot(queue, consumer, slot, worker, ttl): returns the lease's epoch
--- when worker now holds it, NULL when another live owner does.
+-- when worker now holds it, NULL when another live owner does. A refused
+-- claim holds no lock on the lease row afterwards (the lock is taken in a
+-- subtransaction that is rolled back), so a caller leaving it open in a
+-- transaction cannot block the owner.
 create or replace function pgque.claim_slot(i_queue text, i_consumer text, i_slot integer, i_worker text,
                                             i_ttl interval default '30 seconds')
 returns bigint language plpgsql security definer
@@ -61,26 +114,34 @@ as $$
 declare
     l     pgque.slot_lease;
     v_now timestamptz := clock_timestamp();
+    v_ttl interval;
 begin
     perform pgque._check_worker(i_worker);
-    if i_ttl is null or i_ttl <= interval '0' or i_ttl > interval '1 day' then
-        raise exception using errcode = 'PQ011',
-            message = format('lease ttl must be positive and at most 1 day, not %s', coalesce(i_ttl::text, 'NULL'));
-    end if;
+    v_ttl := pgque._lease_ttl(i_ttl, v_now);
     if i_slot is null then
         raise exception using errcode = '22004', message = 'slot must not be NULL';
     end if;
-    l := pgque._lease(i_queue, i_consumer, i_slot);
+    begin
+        l := pgque._lease(i_queue, i_consumer, i_slot);
+        if l.sl_owner is distinct from i_worker and l.sl_owner is not null and pgque._lease_until(l) > v_now then
+            -- Refused: undo the row lock with the subtransaction.
+            raise exception using errcode = 'PQ099';
+        end if;
+    exception when sqlstate 'PQ099' then
+        return null;
+    end;
     if l.sl_owner = i_worker then
-        update pgque.slot_lease set sl_until = v_now + i_ttl, sl_ttl = i_ttl
-         where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
+        if l.sl_ttl = v_ttl then
+            -- A renewal: an appended state record, no row version.
+            perform pgque._touch_state(l.sl_sub);
+        else
+            update pgque.slot_lease set sl_until = v_now + v_ttl, sl_ttl = v_ttl
+             where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
+        end if;
         return l.sl_epoch;
     end if;
-    if l.sl_owner is not null and l.sl_until > v_now then
-        return null;
-    end if;
     update pgque.slot_lease
-       set sl_owner = i_worker, sl_until = v_now + i_ttl, sl_ttl = i_ttl, sl_epoch = sl_epoch + 1
+       set sl_owner = i_worker, sl_until = v_now + v_ttl, sl_ttl = v_ttl, sl_epoch = sl_epoch + 1
      where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
     return l.sl_epoch + 1;
 end;
@@ -109,7 +170,8 @@ $$;
 -- _hold_lease(queue, consumer, slot, nslots, worker): the lease row, locked,
 -- after checking N and that worker owns the lease (PQ032 otherwise).
 -- Renews the lease when less than half of its ttl is left: the heartbeat
--- rides on the per-batch calls, at most two writes per ttl.
+-- rides on the per-batch calls, at most two appended state records per ttl
+-- when the slot writes no state otherwise.
 create or replace function pgque._hold_lease(i_queue text, i_consumer text, i_slot integer,
                                              i_nslots integer, i_worker text)
 returns pgque.slot_lease language plpgsql
@@ -129,9 +191,9 @@ begin
                              i_worker, i_slot, i_nslots, i_consumer, coalesce(quote_literal(l.sl_owner), 'none'), l.sl_epoch);
     end if;
     v_now := clock_timestamp();
+    l.sl_until := pgque._lease_until(l);
     if l.sl_until - v_now < l.sl_ttl / 2 then
-        update pgque.slot_lease set sl_until = v_now + sl_ttl
-         where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
+        perform pgque._touch_state(l.sl_sub);
         l.sl_until := v_now + l.sl_ttl;
     end if;
     return l;

@@ -3,8 +3,9 @@
 -- slot_group persists N (and the failure policy) per (queue, consumer):
 -- subscribing with another N is refused. slot_lease has one row per slot:
 -- the slot's subscription, the lease (owner, until, ttl) and its epoch,
--- which grows on every change of owner and fences zombies. Lease renewals
--- are in-place HOT updates (fillfactor 50), at most one per half TTL.
+-- which grows on every change of owner and fences zombies. Renewals do not
+-- update the row: they append to pgque.sub_state (see slot_lease.sql), so
+-- the row changes only when its owner does.
 create table if not exists pgque.slot_group (
     sg_queue    integer not null references pgque.queue (queue_id) on delete cascade,
     sg_consumer text not null,

@@ -1,0 +1,124 @@
+package pgque
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// DeadLetterLimitDefault is how many dead letters DeadLetters returns when
+// DeadLetterFilter.Limit is zero.
+const DeadLetterLimitDefault = 100
+
+// DeadLetterEntry is an event that failed more than the queue's max_retries times
+// (or was dead-lettered at once by a handler returning DeadLetter(err), or by
+// UnblockKey), kept with the consumer it failed for.
+type DeadLetterEntry struct {
+	// ID identifies the dead letter within its queue (ReplayDeadLetter).
+	ID       int64
+	Consumer string
+	// DeadSince is when the event was dead-lettered.
+	DeadSince time.Time
+	// Reason is the last failure, as nacked.
+	Reason string
+	// EventID, EventTime, Type, Payload and Key are the event's.
+	EventID   int64
+	EventTime time.Time
+	Type      string
+	Payload   json.RawMessage
+	Key       KeyRef
+	// RetryCount is how many times the event had been retried.
+	RetryCount int
+}
+
+// DeadLetterFilter selects dead letters. The zero value selects the oldest
+// DeadLetterLimitDefault of every consumer.
+type DeadLetterFilter struct {
+	// Consumer, when set, selects only that consumer's dead letters.
+	Consumer string
+	// Limit caps how many are returned, oldest first; zero means
+	// DeadLetterLimitDefault.
+	Limit int
+}
+
+// DeadLetters lists the dead letters of queue, oldest first. A nil filter is
+// the zero filter. Requires pgque_reader or pgque_admin.
+func (c *Client) DeadLetters(ctx context.Context, queue string, filter *DeadLetterFilter) ([]DeadLetterEntry, error) {
+	var f DeadLetterFilter
+	if filter != nil {
+		f = *filter
+	}
+	if f.Limit < 0 {
+		return nil, invalidConfig("dead letter limit must not be negative, got %d", f.Limit)
+	}
+	if f.Limit == 0 {
+		f.Limit = DeadLetterLimitDefault
+	}
+	rows, err := c.queries.DLQList(ctx, queue, nullIfEmpty(f.Consumer), f.Limit)
+	if err != nil {
+		return nil, mapError(fmt.Sprintf("listing dead letters of queue %q", queue), err)
+	}
+	out := make([]DeadLetterEntry, len(rows))
+	for i, r := range rows {
+		out[i] = DeadLetterEntry{
+			ID: r.ID, Consumer: r.Consumer, DeadSince: r.Time, Reason: deref(r.Reason),
+			EventID: r.EvID, EventTime: r.EvTime, Type: deref(r.Type), Key: keyRefOf(r.Key), RetryCount: r.RetryCount,
+		}
+		if r.Payload != nil {
+			out[i].Payload = json.RawMessage(*r.Payload)
+		}
+	}
+	return out, nil
+}
+
+// ReplayDeadLetter puts dead letter id back into queue for the consumer it
+// failed for only (same event id, retry count reset to 0) and removes it
+// from the dead letters; it returns the event id. It fails with
+// ErrDeadLetterNotFound when there is no such dead letter and with
+// ErrConsumerNotFound when its consumer was unsubscribed. Requires
+// pgque_admin.
+func (c *Client) ReplayDeadLetter(ctx context.Context, queue string, id int64) (int64, error) {
+	evID, err := c.queries.DLQReplay(ctx, queue, id)
+	return evID, mapError(fmt.Sprintf("replaying dead letter %d of queue %q", id, queue), err)
+}
+
+// PurgeFilter selects the dead letters PurgeDeadLetters deletes. The zero
+// value selects all of them.
+type PurgeFilter struct {
+	// Consumer, when set, selects only that consumer's dead letters.
+	Consumer string
+	// OlderThan, when positive, keeps the dead letters younger than this.
+	OlderThan time.Duration
+}
+
+// PurgeDeadLetters deletes dead letters of queue for good and returns how
+// many. A nil filter is the zero filter: every dead letter of the queue.
+// Requires pgque_admin.
+func (c *Client) PurgeDeadLetters(ctx context.Context, queue string, filter *PurgeFilter) (int64, error) {
+	var f PurgeFilter
+	if filter != nil {
+		f = *filter
+	}
+	if f.OlderThan < 0 {
+		return 0, invalidConfig("purge older-than must not be negative, got %v", f.OlderThan)
+	}
+	n, err := c.queries.DLQPurge(ctx, queue, nullIfEmpty(f.Consumer), f.OlderThan)
+	return n, mapError(fmt.Sprintf("purging dead letters of queue %q", queue), err)
+}
+
+// nullIfEmpty maps "" to SQL NULL ("any").
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// deref returns *s, or "" for nil.
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

@@ -1,0 +1,109 @@
+package pgque
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque/internal/dbq"
+)
+
+// Subscribe subscribes consumer to queue, from the next tick on, and reports
+// whether the subscription is new (false: it existed). Consumer.Start does
+// this itself; Subscribe is for setting a subscription up ahead of time, so
+// that events sent before the first consumer starts are kept for it.
+func (c *Client) Subscribe(ctx context.Context, queue, consumer string) (bool, error) {
+	created, err := c.queries.Subscribe(ctx, queue, consumer)
+	return created, mapError(fmt.Sprintf("subscribing %q to queue %q", consumer, queue), err)
+}
+
+// Unsubscribe removes the plain subscription of consumer, with its open
+// batch and pending retries, and reports whether it existed (unsubscribing
+// twice is no error). A partitioned consumer's slots are removed with
+// UnsubscribeSlots (a slot's own name is an ErrInvalidName here).
+func (c *Client) Unsubscribe(ctx context.Context, queue, consumer string) (bool, error) {
+	removed, err := c.queries.Unsubscribe(ctx, queue, consumer)
+	return removed, mapError(fmt.Sprintf("unsubscribing %q from queue %q", consumer, queue), err)
+}
+
+// SubscribeSlots subscribes all nslots slots of a partitioned consumer in one
+// transaction and returns how many were new. A zero policy keeps the
+// persisted failure policy (FailurePolicyDefault for a new consumer);
+// another policy than the persisted one fails with ErrPolicyMismatch, and
+// another slot count than the persisted one with ErrSlotCountMismatch.
+// PartitionedConsumer.Start does this itself.
+func (c *Client) SubscribeSlots(ctx context.Context, queue, consumer string, nslots int, policy FailurePolicy) (int, error) {
+	if nslots < 1 {
+		return 0, invalidConfig("nslots must be at least 1, not %d", nslots)
+	}
+	if policy != 0 && !policy.valid() {
+		return 0, invalidConfig("failure policy %v is not supported", policy)
+	}
+	created := 0
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		var err error
+		created, err = subscribeSlotsTx(ctx, dbq.New(tx), queue, consumer, nslots, policy)
+		return err
+	})
+	if err != nil {
+		return 0, mapError(fmt.Sprintf("subscribing %d slots of %q to queue %q", nslots, consumer, queue), err)
+	}
+	return created, nil
+}
+
+// subscribeSlotsTx subscribes slots 0..nslots-1 over q (one transaction)
+// and counts the new ones; a zero policy keeps the persisted one.
+func subscribeSlotsTx(ctx context.Context, q *dbq.Queries, queue, consumer string, nslots int, policy FailurePolicy) (int, error) {
+	var pol *string
+	if policy != 0 {
+		s := policy.String()
+		pol = &s
+	}
+	created := 0
+	for slot := range nslots {
+		isNew, err := q.SubscribeSlotPolicy(ctx, queue, consumer, slot, nslots, pol)
+		if err != nil {
+			return 0, err
+		}
+		if isNew {
+			created++
+		}
+	}
+	return created, nil
+}
+
+// UnsubscribeSlots removes all nslots slots of a partitioned consumer in one
+// transaction, with their leases, open batches and blocked keys.
+func (c *Client) UnsubscribeSlots(ctx context.Context, queue, consumer string, nslots int) error {
+	if nslots < 1 {
+		return invalidConfig("nslots must be at least 1, not %d", nslots)
+	}
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		q := dbq.New(tx)
+		for slot := range nslots {
+			if err := q.UnsubscribeSlot(ctx, queue, consumer, slot, nslots); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return mapError(fmt.Sprintf("unsubscribing %d slots of %q from queue %q", nslots, consumer, queue), err)
+}
+
+// SetQueueConfigTx is SetQueueConfig inside the caller's transaction, so that
+// several parameters change together or not at all.
+func (c *Client) SetQueueConfigTx(ctx context.Context, tx pgx.Tx, queue, param, value string) error {
+	err := dbq.New(tx).SetQueueConfig(ctx, queue, param, value)
+	return mapError(fmt.Sprintf("setting %s of queue %q", param, queue), err)
+}
+
+// ParseFailurePolicy reads a policy by the name String gives it ("skip" or
+// "pause"); anything else is an ErrInvalidArgument.
+func ParseFailurePolicy(s string) (FailurePolicy, error) {
+	p, err := parseFailurePolicy(s)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return p, nil
+}

@@ -1,0 +1,9 @@
+package relay_test
+
+import (
+	"testing"
+
+	"github.com/pgque/pgque/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -1,0 +1,153 @@
+package dbq
+
+import (
+	"context"
+	"time"
+)
+
+// This file binds the monitoring, dead-letter and version functions: what
+// an operator's tools read, one method per SQL function. Intervals are read
+// as seconds and returned as durations.
+
+// seconds converts a number of seconds read from SQL into a duration.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// QueueInfo is one row of get_queue_info.
+type QueueInfo struct {
+	Name             string
+	EvPerSec         *float64
+	Unticked         int64
+	TickerLag        time.Duration
+	RetryPending     int64
+	DeadLetters      int64
+	LastTickID       int64
+	Tables           int
+	CurrentTable     int
+	SinceRotation    time.Duration
+	TickerMaxCount   int
+	TickerMaxLag     time.Duration
+	TickerIdlePeriod time.Duration
+	RotationPeriod   time.Duration
+	MaxRetries       int
+}
+
+// QueueInfo calls pgque.get_queue_info(queue); a nil queue reads every
+// queue.
+func (q *Queries) QueueInfo(ctx context.Context, queue *string) ([]QueueInfo, error) {
+	rows, err := q.db.Query(ctx, `select queue_name, ev_per_sec, ev_new, extract(epoch from ticker_lag)::float8,
+			retry_pending, dead_letters, last_tick_id, queue_ntables, queue_cur_table,
+			extract(epoch from clock_timestamp() - queue_switch_time)::float8,
+			queue_ticker_max_count, extract(epoch from queue_ticker_max_lag)::float8,
+			extract(epoch from queue_ticker_idle_period)::float8,
+			extract(epoch from queue_rotation_period)::float8, queue_max_retries
+		from pgque.get_queue_info($1::text)`, queue)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []QueueInfo
+	for rows.Next() {
+		var i QueueInfo
+		var lag, since, maxLag, idle, rotation float64
+		if err := rows.Scan(&i.Name, &i.EvPerSec, &i.Unticked, &lag, &i.RetryPending, &i.DeadLetters,
+			&i.LastTickID, &i.Tables, &i.CurrentTable, &since,
+			&i.TickerMaxCount, &maxLag, &idle, &rotation, &i.MaxRetries); err != nil {
+			return nil, err
+		}
+		i.TickerLag, i.SinceRotation = seconds(lag), seconds(since)
+		i.TickerMaxLag, i.TickerIdlePeriod, i.RotationPeriod = seconds(maxLag), seconds(idle), seconds(rotation)
+		out = append(out, i)
+	}
+	return out, rows.Err()
+}
+
+// ConsumerInfo is one row of get_consumer_info.
+type ConsumerInfo struct {
+	Queue, Consumer string
+	Lag             time.Duration
+	LastSeen        time.Duration
+	Pending         int64
+	RetryPending    int64
+	OpenBatch       *int64
+}
+
+// ConsumerInfo calls pgque.get_consumer_info(queue, consumer); nil matches
+// every queue or consumer.
+func (q *Queries) ConsumerInfo(ctx context.Context, queue, consumer *string) ([]ConsumerInfo, error) {
+	rows, err := q.db.Query(ctx, `select queue_name, consumer_name, extract(epoch from lag)::float8,
+			extract(epoch from last_seen)::float8, pending_events, retry_pending, current_batch
+		from pgque.get_consumer_info($1::text, $2::text)`, queue, consumer)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []ConsumerInfo
+	for rows.Next() {
+		var i ConsumerInfo
+		var lag, seen float64
+		if err := rows.Scan(&i.Queue, &i.Consumer, &lag, &seen, &i.Pending, &i.RetryPending, &i.OpenBatch); err != nil {
+			return nil, err
+		}
+		i.Lag, i.LastSeen = seconds(lag), seconds(seen)
+		out = append(out, i)
+	}
+	return out, rows.Err()
+}
+
+// DeadLetter is one row of dlq_list.
+type DeadLetter struct {
+	ID         int64
+	Consumer   string
+	Time       time.Time
+	Reason     *string
+	EvID       int64
+	EvTime     time.Time
+	RetryCount int
+	Type       *string
+	Payload    *string
+	Key        *string
+}
+
+// DLQList calls pgque.dlq_list(queue, consumer, max); a nil consumer lists
+// every consumer's dead letters.
+func (q *Queries) DLQList(ctx context.Context, queue string, consumer *string, max int) ([]DeadLetter, error) {
+	rows, err := q.db.Query(ctx, `select dl_id, consumer, dl_time, reason, ev_id, ev_time, ev_retry, ev_type, ev_data, ev_extra1
+		from pgque.dlq_list($1::text, $2::text, $3::int)`, queue, consumer, max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []DeadLetter
+	for rows.Next() {
+		var d DeadLetter
+		if err := rows.Scan(&d.ID, &d.Consumer, &d.Time, &d.Reason, &d.EvID, &d.EvTime, &d.RetryCount,
+			&d.Type, &d.Payload, &d.Key); err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// DLQReplay calls pgque.dlq_replay(queue, dl_id) and returns the event id.
+func (q *Queries) DLQReplay(ctx context.Context, queue string, id int64) (int64, error) {
+	var evID int64
+	err := q.db.QueryRow(ctx, `select pgque.dlq_replay($1::text, $2::bigint)`, queue, id).Scan(&evID)
+	return evID, err
+}
+
+// DLQPurge calls pgque.dlq_purge(queue, consumer, older_than) and returns how
+// many dead letters it removed; a nil consumer purges every consumer's.
+func (q *Queries) DLQPurge(ctx context.Context, queue string, consumer *string, olderThan time.Duration) (int64, error) {
+	var n int64
+	err := q.db.QueryRow(ctx, `select pgque.dlq_purge($1::text, $2::text, $3::interval)`, queue, consumer, olderThan).Scan(&n)
+	return n, err
+}
+
+// SchemaVersion calls pgque.schema_version(): the installed schema version,
+// nil when the version row is missing.
+func (q *Queries) SchemaVersion(ctx context.Context) (*string, error) {
+	var v *string
+	err := q.db.QueryRow(ctx, `select pgque.schema_version()`).Scan(&v)
+	return v, err
+}

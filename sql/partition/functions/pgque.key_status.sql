@@ -1,0 +1,336 @@
+-- Per-key visibility: which keys of a consumer have the oldest pending
+-- head and why (flowing, in flight, retrying, blocked, held), how a slot's
+-- pending work is shared between its keys, and which keys produce the most
+-- events right now.
+--
+-- The functions turn JIT off: their row estimates are guesses (the scans
+-- are bounded by budgets the planner cannot see), and compiling a plan
+-- costs more than running it.
+--
+-- Nothing here is written per event: every answer is computed when asked,
+-- from the log itself, with bounded scans. A slot's pending events are read
+-- through the routing index ((hash expr), ev_txid) in ev_txid order, so the
+-- first rows read are the oldest pending ones; the scan stops after a
+-- budget of rows, and then the counts are lower bounds (estimated = true)
+-- while the heads found are still the oldest ones.
+
+-- _slot_keys(sub_id, slot, nslots, scan): the pending events of one slot
+-- (the same visibility as _slot_pending: committed after the cursor's tick,
+-- retried copies owned by the slot included), at most i_scan of them in
+-- ev_txid order, grouped by key. Per key: its head ev_id and time, how many
+-- of its events were seen, how many of those are in the slot's open batch;
+-- and for the slot: how many rows were read and whether the budget cut the
+-- scan short. The caller validates i_scan; the statement text holds
+-- validated integers only.
+create or replace function pgque._slot_keys(i_sub integer, i_slot integer, i_nslots integer, i_scan integer)
+returns table (key text, head_ev_id bigint, head_time timestamptz, pending bigint, in_batch bigint,
+               scanned bigint, truncated boolean)
+language plpgsql stable rows 100
+set search_path = pg_catalog, pg_temp
+-- Only a walk of the routing index in ev_txid order stops after the budget:
+-- a slot's events are spread over every heap page, so the bitmap scan and
+-- sort the planner may prefer for a large budget read the whole table.
+set enable_seqscan = off
+set enable_bitmapscan = off
+as $$
+declare
+    s      pgque.subscription;
+    v_snap pg_snapshot;
+    v_next pg_snapshot;
+begin
+    perform pgque._check_slot(i_slot, i_nslots);
+    select * into s from pgque.subscription where sub_id = i_sub;
+    if not found then
+        return;
+    end if;
+    select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
+    if s.sub_next_tick is not null then
+        select tick_snapshot into v_next from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_next_tick;
+    end if;
+    return query execute
+        'with e as (select ev_id, ev_time, ev_txid, ev_extra1 from pgque.event'
+     || ' where ev_part >= $1 and ev_part < $2 and ev_txid >= $3'
+     || ' and not pg_catalog.pg_visible_in_snapshot(ev_txid, $4)'
+     || ' and (ev_owner is null or ev_owner = $5)'
+     || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '')
+     || ' order by ev_txid limit $7)'
+     || ' select ev_extra1, min(ev_id), min(ev_time), count(*),'
+     || ' count(*) filter (where $6::pg_snapshot is not null and pg_catalog.pg_visible_in_snapshot(ev_txid, $6)),'
+     || ' (sum(count(*)) over ())::bigint, (sum(count(*)) over ()) >= $7'
+     || ' from e group by ev_extra1'
+      using s.sub_queue * 16, s.sub_queue * 16 + 16, pg_snapshot_xmin(v_snap), v_snap, s.sub_id, v_next, i_scan;
+end;
+$$;
+
+-- _key_scan_args(limit, scan): validates the row limits of the key views
+-- (PQ011 outside their range, 22004 for NULL).
+create or replace function pgque._key_scan_args(i_limit integer, i_scan integer)
+returns void language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_limit is null or i_scan is null then
+        raise exception using errcode = '22004', message = 'limit and scan must not be NULL';
+    end if;
+    if i_limit < 1 or i_limit > 10000 then
+        raise exception using errcode = 'PQ011', message = format('limit must be between 1 and 10000, not %s', i_limit);
+    end if;
+    if i_scan < 1 or i_scan > 100000000 then
+        raise exception using errcode = 'PQ011', message = format('scan must be between 1 and 100000000, not %s', i_scan);
+    end if;
+end;
+$$;
+
+-- _key_slots(queue, consumer, slot): the slot group and the chosen slots
+-- of a consumer (all when i_slot is NULL). Raises PQ001 for a missing
+-- queue, PQ034 when the consumer has no slots, PQ011 for a slot out of
+-- range.
+create or replace function pgque._key_slots(i_queue text, i_consumer text, i_slot integer)
+returns setof pgque.slot_lease language plpgsql stable rows 16
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q pgque.queue := pgque._queue(i_queue);
+    g pgque.slot_group;
+begin
+    select * into g from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer;
+    if not found then
+        raise exception using errcode = 'PQ034',
+            message = format('consumer %L has no slots on queue %L', i_consumer, i_queue);
+    end if;
+    if i_slot is not null then
+        perform pgque._check_slot(i_slot, g.sg_nslots);
+    end if;
+    return query select l.* from pgque.slot_lease l
+                  where l.sl_queue = q.queue_id and l.sl_consumer = i_consumer
+                    and (i_slot is null or l.sl_slot = i_slot)
+                  order by l.sl_slot;
+end;
+$$;
+
+-- key_heads(queue, consumer, slot, limit, scan): the keys of a consumer
+-- (one slot, or all when slot is NULL) with the oldest pending head, oldest
+-- first, at most i_limit rows. Per key: slot, key (NULL and '' are distinct
+-- keys), state, head ev_id and age, pending events (log + retry + deferred),
+-- and for failing keys the failures, last reason, when the retry is due and
+-- how many events are deferred behind the head. State is, in this order of
+-- precedence: 'blocked' (pause policy: the head failed and waits for its
+-- retry; every later event is deferred), 'held' (pause policy: the head was
+-- settled and the deferred events are being put back), 'retrying' (an
+-- event of the key waits in the retry queue), 'in flight' (the head is in
+-- the slot's open batch), 'flowing'. At most i_scan pending log rows are
+-- read in all, split evenly between the slots; estimated is true for a
+-- slot whose scan was cut short (its counts are then lower bounds).
+-- Reads subscription, tick, slot_group, slot_lease, event, retry_queue,
+-- deferred, key_block.
+create or replace function pgque.key_heads(i_queue text, i_consumer text, i_slot integer default null,
+                                           i_limit integer default 20, i_scan integer default 100000)
+returns table (slot integer, key text, state text, head_ev_id bigint, head_age interval, pending bigint,
+               failures integer, reason text, retry_at timestamptz, deferred bigint, estimated boolean)
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+set jit = off
+as $$
+declare
+    v_slots integer;
+    v_budget integer;
+    v_nslots integer;
+    v_now    timestamptz := clock_timestamp();
+begin
+    perform pgque._key_scan_args(i_limit, i_scan);
+    select count(*)::integer into v_slots from pgque._key_slots(i_queue, i_consumer, i_slot);
+    select g.sg_nslots into v_nslots
+      from pgque.slot_group g join pgque.queue q on q.queue_id = g.sg_queue
+     where q.queue_name = i_queue and g.sg_consumer = i_consumer;
+    v_budget := greatest(1, i_scan / greatest(v_slots, 1));
+    -- One row per (slot, key) and source (log, retry queue, deferred),
+    -- folded by grouping rather than joined: the sources have no
+    -- statistics, and a join of two large ones would loop. kid spells the
+    -- key with NULL distinct, as key_block does (_kid, inlined).
+    return query
+    with sl as (select * from pgque._key_slots(i_queue, i_consumer, i_slot)),
+    src as (
+        select sl.sl_slot, case when x.key is null then 'n' else 'k' || x.key end as kid, x.key,
+               x.head_ev_id, x.head_time, x.pending, x.in_batch > 0 as in_batch, false as retrying,
+               null::timestamptz as retry_at, 0::bigint as deferred, x.truncated
+          from sl cross join lateral pgque._slot_keys(sl.sl_sub, sl.sl_slot, v_nslots, v_budget) x
+        union all
+        select sl.sl_slot, case when rq.ev_extra1 is null then 'n' else 'k' || rq.ev_extra1 end, rq.ev_extra1,
+               min(rq.ev_id), min(rq.ev_time), count(*), false, true, min(rq.ev_retry_after), 0, false
+          from sl join pgque.retry_queue rq on rq.ev_owner = sl.sl_sub
+         group by 1, 2, 3
+        union all
+        select sl.sl_slot, de.ev_group, min(de.ev_extra1), min(de.ev_id), min(de.ev_time), count(*), false, false,
+               null, count(*), false
+          from sl join pgque.deferred de on de.ev_owner = sl.sl_sub
+         group by 1, 2),
+    est as (select src.sl_slot, bool_or(src.truncated) as truncated from src group by 1),
+    j as (select src.sl_slot, src.kid, min(src.key) as key, min(src.head_ev_id) as head_ev_id,
+                 min(src.head_time) as head_time, sum(src.pending)::bigint as pending,
+                 bool_or(src.in_batch) as in_batch, bool_or(src.retrying) as retrying,
+                 min(src.retry_at) as retry_at, sum(src.deferred)::bigint as deferred
+            from src group by 1, 2)
+    select j.sl_slot, j.key,
+           case when b.kb_state = 'blocked' then 'blocked'
+                when b.kb_state = 'releasing' then 'held'
+                when j.retrying then 'retrying'
+                when j.in_batch then 'in flight'
+                else 'flowing' end,
+           j.head_ev_id, v_now - j.head_time, j.pending,
+           b.kb_failures, b.kb_reason, j.retry_at, j.deferred,
+           coalesce(est.truncated, false)
+      from j
+      left join est on est.sl_slot = j.sl_slot
+      left join (select sl.sl_slot, kb.* from sl join pgque.key_block kb on kb.kb_sub = sl.sl_sub) b
+        on b.sl_slot = j.sl_slot and b.kb_kid = j.kid
+     order by j.head_time nulls last, j.head_ev_id
+     limit i_limit;
+end;
+$$;
+
+-- key_shares(queue, consumer, scan): per slot of a consumer, how many
+-- events are pending (from a scan of at most i_scan rows in all, split
+-- between the slots; estimated when cut short), the key holding most of
+-- them and its share (0..1). A share near 1 on a slot with a large backlog
+-- is a hot key: the slot cannot go faster than that key's handler. Reads
+-- subscription, tick, slot_group, slot_lease, event.
+create or replace function pgque.key_shares(i_queue text, i_consumer text, i_scan integer default 100000)
+returns table (slot integer, pending bigint, top_key text, top_pending bigint, share double precision,
+               keys bigint, estimated boolean)
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+set jit = off
+as $$
+declare
+    v_slots integer;
+    v_nslots integer;
+begin
+    perform pgque._key_scan_args(1, i_scan);
+    select count(*)::integer into v_slots from pgque._key_slots(i_queue, i_consumer, null);
+    select g.sg_nslots into v_nslots
+      from pgque.slot_group g join pgque.queue q on q.queue_id = g.sg_queue
+     where q.queue_name = i_queue and g.sg_consumer = i_consumer;
+    return query
+    select sl.sl_slot, coalesce(max(x.scanned), 0)::bigint,
+           (array_agg(x.key order by x.pending desc, x.head_ev_id))[1],
+           coalesce(max(x.pending), 0)::bigint,
+           case when coalesce(max(x.scanned), 0) = 0 then 0::double precision
+                else max(x.pending)::double precision / max(x.scanned) end,
+           count(x.head_ev_id), coalesce(bool_or(x.truncated), false)
+      from pgque._key_slots(i_queue, i_consumer, null) sl
+      left join lateral pgque._slot_keys(sl.sl_sub, sl.sl_slot, v_nslots, greatest(1, i_scan / greatest(v_slots, 1))) x
+        on true
+     group by sl.sl_slot
+     order by sl.sl_slot;
+end;
+$$;
+
+-- hot_keys(queue, window, limit, sample): the keys that produced the most
+-- events in the last i_window (new events only, not retried copies), at
+-- most i_limit, busiest first: events, rate per second and share of the
+-- window's events. At most i_sample of the newest events are read (through
+-- the ev_txid index, newest first); when the window holds more, the window
+-- is shortened to the span the sample covers and estimated is true.
+-- Reads event.
+create or replace function pgque.hot_keys(i_queue text, i_window interval default '1 minute',
+                                          i_limit integer default 10, i_sample integer default 100000)
+returns table (key text, events bigint, rate double precision, share double precision,
+               span interval, estimated boolean)
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+set jit = off
+as $$
+declare
+    q pgque.queue := pgque._queue(i_queue);
+begin
+    perform pgque._key_scan_args(i_limit, i_sample);
+    if i_window is null then
+        raise exception using errcode = '22004', message = 'window must not be NULL';
+    end if;
+    if i_window <= interval '0' or i_window > interval '1 day' then
+        raise exception using errcode = 'PQ011',
+            message = format('window must be more than 0 and at most 1 day, not %s', i_window);
+    end if;
+    return query
+    with e as (select ev.ev_time, ev.ev_extra1 from pgque.event ev
+                where ev.ev_part >= q.queue_id * 16 and ev.ev_part < q.queue_id * 16 + 16
+                  and ev.ev_owner is null
+                order by ev.ev_txid desc limit i_sample),
+    w as (select * from e where e.ev_time >= clock_timestamp() - i_window),
+    t as (select count(*) as n, count(*) >= i_sample as cut,
+                 case when count(*) >= i_sample then clock_timestamp() - min(w.ev_time) else i_window end as span
+            from w)
+    select w.ev_extra1, count(*),
+           count(*) / greatest(extract(epoch from t.span), 0.001)::double precision,
+           count(*)::double precision / t.n, t.span, t.cut
+      from w cross join t
+     group by w.ev_extra1, t.n, t.span, t.cut
+     order by count(*) desc, w.ev_extra1 nulls first
+     limit i_limit;
+end;
+$$;
+
+-- _slot_head(sub_id, slot, nslots): the first pending event of one slot in
+-- ev_txid order (its ev_id and ev_time), NULL when nothing is pending. Pending
+-- is what _slot_pending counts, spelled so that an index probe answers it:
+-- an event is not visible in the cursor's snapshot exactly when its
+-- transaction is at or after the snapshot's xmax, or was in progress at the
+-- tick (the snapshot's xip list). Two probes of the routing index, so the
+-- cost does not grow with the backlog.
+create or replace function pgque._slot_head(i_sub integer, i_slot integer, i_nslots integer,
+                                            out o_ev_id bigint, out o_time timestamptz)
+language plpgsql stable
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+set enable_bitmapscan = off
+as $$
+declare
+    s      pgque.subscription;
+    v_snap pg_snapshot;
+    v_from text;
+begin
+    perform pgque._check_slot(i_slot, i_nslots);
+    select * into s from pgque.subscription where sub_id = i_sub;
+    if not found then
+        return;
+    end if;
+    select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
+    v_from := 'select ev_id, ev_time, ev_txid from pgque.event where ev_part >= $1 and ev_part < $2'
+           || ' and (ev_owner is null or ev_owner = $5)'
+           || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '');
+    execute 'select ev_id, ev_time from ('
+         || '(' || v_from || ' and ev_txid >= $3 order by ev_txid limit 1)'
+         || ' union all (' || v_from || ' and ev_txid = any ($4) order by ev_txid limit 1)'
+         || ') h order by ev_txid limit 1'
+       into o_ev_id, o_time
+      using s.sub_queue * 16, s.sub_queue * 16 + 16, pg_snapshot_xmax(v_snap),
+            array(select pg_snapshot_xip(v_snap)), s.sub_id;
+end;
+$$;
+
+-- slot_heads(queue, consumer): per slot of a consumer, the first pending
+-- event in ev_txid order and its age (NULL when the slot is caught up).
+-- Cheap whatever the backlog (two index probes per slot), so the worker
+-- pool reads it on every claim pass to claim the most behind free slot
+-- first. Reads slot_group, slot_lease, subscription, tick, event.
+create or replace function pgque.slot_heads(i_queue text, i_consumer text)
+returns table (slot integer, head_ev_id bigint, head_age interval)
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+set jit = off
+as $$
+declare
+    v_nslots integer;
+    -- One clock reading for every slot, so that ages compare exactly.
+    v_now    timestamptz := clock_timestamp();
+begin
+    select g.sg_nslots into v_nslots
+      from pgque.slot_group g join pgque.queue q on q.queue_id = g.sg_queue
+     where q.queue_name = i_queue and g.sg_consumer = i_consumer;
+    return query
+    select sl.sl_slot, h.o_ev_id, v_now - h.o_time
+      from pgque._key_slots(i_queue, i_consumer, null) sl
+     cross join lateral pgque._slot_head(sl.sl_sub, sl.sl_slot, v_nslots) h
+     order by sl.sl_slot;
+end;
+$$;
