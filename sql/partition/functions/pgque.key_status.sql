@@ -5,7 +5,9 @@
 --
 -- The functions turn JIT off: their row estimates are guesses (the scans
 -- are bounded by budgets the planner cannot see), and compiling a plan
--- costs more than running it.
+-- costs more than running it. They are VOLATILE and read the cursor from
+-- the subscription's state record (_with_state), as every reader of tick
+-- and sub_state must (see engine/functions/pgque._state.sql).
 --
 -- Nothing here is written per event: every answer is computed when asked,
 -- from the log itself, with bounded scans. A slot's pending events are read
@@ -25,7 +27,7 @@
 create or replace function pgque._slot_keys(i_sub integer, i_slot integer, i_nslots integer, i_scan integer)
 returns table (key text, head_ev_id bigint, head_time timestamptz, pending bigint, in_batch bigint,
                scanned bigint, truncated boolean)
-language plpgsql stable rows 100
+language plpgsql volatile rows 100
 set search_path = pg_catalog, pg_temp
 -- Only a walk of the routing index in ev_txid order stops after the budget:
 -- a slot's events are spread over every heap page, so the bitmap scan and
@@ -43,6 +45,7 @@ begin
     if not found then
         return;
     end if;
+    s := pgque._with_state(s);
     select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
     if s.sub_next_tick is not null then
         select tick_snapshot into v_next from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_next_tick;
@@ -86,7 +89,7 @@ $$;
 -- queue, PQ034 when the consumer has no slots, PQ011 for a slot out of
 -- range.
 create or replace function pgque._key_slots(i_queue text, i_consumer text, i_slot integer)
-returns setof pgque.slot_lease language plpgsql stable rows 16
+returns setof pgque.slot_lease language plpgsql volatile rows 16
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -118,7 +121,8 @@ $$;
 -- retry; every later event is deferred), 'held' (pause policy: the head was
 -- settled and the deferred events are being put back), 'retrying' (an
 -- event of the key waits in the retry queue), 'in flight' (the head is in
--- the slot's open batch), 'flowing'. At most i_scan pending log rows are
+-- the slot's open batch, or the key is held while its lane runs it),
+-- 'flowing'. At most i_scan pending log rows are
 -- read in all, split evenly between the slots; estimated is true for a
 -- slot whose scan was cut short (its counts are then lower bounds).
 -- Reads subscription, tick, slot_group, slot_lease, event, retry_queue,
@@ -127,7 +131,7 @@ create or replace function pgque.key_heads(i_queue text, i_consumer text, i_slot
                                            i_limit integer default 20, i_scan integer default 100000)
 returns table (slot integer, key text, state text, head_ev_id bigint, head_age interval, pending bigint,
                failures integer, reason text, retry_at timestamptz, deferred bigint, estimated boolean)
-language plpgsql stable security definer
+language plpgsql volatile security definer
 set search_path = pg_catalog, pg_temp
 set jit = off
 as $$
@@ -173,6 +177,7 @@ begin
     select j.sl_slot, j.key,
            case when b.kb_state = 'blocked' then 'blocked'
                 when b.kb_state = 'releasing' then 'held'
+                when b.kb_state = 'inflight' then 'in flight'
                 when j.retrying then 'retrying'
                 when j.in_batch then 'in flight'
                 else 'flowing' end,
@@ -197,7 +202,7 @@ $$;
 create or replace function pgque.key_shares(i_queue text, i_consumer text, i_scan integer default 100000)
 returns table (slot integer, pending bigint, top_key text, top_pending bigint, share double precision,
                keys bigint, estimated boolean)
-language plpgsql stable security definer
+language plpgsql volatile security definer
 set search_path = pg_catalog, pg_temp
 set jit = off
 as $$
@@ -236,7 +241,7 @@ create or replace function pgque.hot_keys(i_queue text, i_window interval defaul
                                           i_limit integer default 10, i_sample integer default 100000)
 returns table (key text, events bigint, rate double precision, share double precision,
                span interval, estimated boolean)
-language plpgsql stable security definer
+language plpgsql volatile security definer
 set search_path = pg_catalog, pg_temp
 set jit = off
 as $$
@@ -279,7 +284,7 @@ $$;
 -- cost does not grow with the backlog.
 create or replace function pgque._slot_head(i_sub integer, i_slot integer, i_nslots integer,
                                             out o_ev_id bigint, out o_time timestamptz)
-language plpgsql stable
+language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 set enable_bitmapscan = off
@@ -294,6 +299,7 @@ begin
     if not found then
         return;
     end if;
+    s := pgque._with_state(s);
     select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
     v_from := 'select ev_id, ev_time, ev_txid from pgque.event where ev_part >= $1 and ev_part < $2'
            || ' and (ev_owner is null or ev_owner = $5)'
@@ -315,7 +321,7 @@ $$;
 -- first. Reads slot_group, slot_lease, subscription, tick, event.
 create or replace function pgque.slot_heads(i_queue text, i_consumer text)
 returns table (slot integer, head_ev_id bigint, head_age interval)
-language plpgsql stable security definer
+language plpgsql volatile security definer
 set search_path = pg_catalog, pg_temp
 set jit = off
 as $$
