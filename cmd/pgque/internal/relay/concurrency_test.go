@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -51,13 +52,23 @@ func TestRelayConcurrencyRunsKeysAtOnce(t *testing.T) {
 		rc.Consumer.Slots = 1
 		rc.Consumer.MaxWorkers = limit
 	})
-	var send []string
+	// One transaction: the events are in one batch and one chunk, so the
+	// slot has all six keys' lanes at hand from the start.
+	ctx := context.Background()
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for range perKey {
 		for k := range keys {
-			send = append(send, fmt.Sprintf("k%d", k))
+			if _, err := tx.Exec(ctx, `select pgque.send($1, 't', '{}'::jsonb, $2)`, p.queue, fmt.Sprintf("k%d", k)); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	p.send(t, send...)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
 	current := func() int { mu.Lock(); defer mu.Unlock(); return inFlight }
 	waitFor(t, 20*time.Second, fmt.Sprintf("%d requests of one slot in flight at once", limit), func() bool { return current() == limit })
 	close(gate)

@@ -122,7 +122,7 @@ var buildPgque = sync.OnceValues(func() (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "pgque")
-	cmd := exec.Command(goBin, "build", "-o", out, "../../cmd/pgque")
+	cmd := exec.Command(goBin, "build", "-o", out, "../..")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", &buildError{err: err, out: string(b)}
 	}
