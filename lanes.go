@@ -529,10 +529,13 @@ func (pc *PartitionedConsumer) settleHeld(ctx context.Context, sl *slotLanes, le
 	head := ln.msgs[ln.heldFrom].ID
 	var done []int64
 	var failed []dbq.HeldFailure
+	// The delays are those the chunk's settler gives: DeadLetter and
+	// RetryAfter errors are honoured in held lanes too.
+	delays := settler{retryDelay: cfg.RetryDelay}
 	for i := ln.heldFrom; i < ln.next; i++ {
 		m := ln.msgs[i]
 		if err := ln.results[i]; err != nil {
-			failed = append(failed, dbq.HeldFailure{ID: m.ID, RetryAfter: cfg.RetryDelay(m.RetryCount), Reason: reason(err)})
+			failed = append(failed, dbq.HeldFailure{ID: m.ID, RetryAfter: delays.delay(failure{msg: m, err: err}), Reason: reason(err)})
 		} else {
 			done = append(done, m.ID)
 		}

@@ -276,6 +276,49 @@ func TestLanesPauseHeldHeadFails(t *testing.T) {
 	waitFor(t, 20*time.Second, "the block to clear", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
 }
 
+// A held key whose head then returns DeadLetter: the head is dead-lettered
+// at once (not retried), under pause the key is not blocked by it, and its
+// later events follow in order.
+func TestLanesHeldHeadDeadLetter(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	startFastTicker(t, env.client)
+	var log pauseLog
+	gate := make(chan struct{})
+	started := make(chan struct{})
+	var once sync.Once
+	startProcess(t, env, pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 1, FailurePolicy: pgque.FailurePolicyPause,
+		PollInterval: 50 * time.Millisecond,
+		RetryDelay:   func(int) time.Duration { return 200 * time.Millisecond },
+		Handler: pauseHandler(&log, "w", func(m *pgque.Message, p pmsg) error {
+			if p.K == "bad" && p.N == 1 {
+				once.Do(func() { close(started) })
+				<-gate
+				return pgque.DeadLetter(errors.New("bad#1 cannot be processed"))
+			}
+			return nil
+		}),
+	})
+	ids := sendKevs(t, env, append(seq("bad", 1, 3), seq("good", 1, 3)...)...)
+	<-started
+	later := sendKevs(t, env, append(seq("bad", 4, 5), seq("good", 4, 6)...)...)
+	waitFor(t, 30*time.Second, "the good key while bad#1 runs", func() bool {
+		return log.done(append(ids[3:6], later[2:]...))
+	})
+	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("bad")); !ok || bk.State != pgque.BlockStateInflight {
+		t.Fatalf("bad's hold while its head runs: %+v (found %v)", bk, ok)
+	}
+	close(gate)
+	waitFor(t, 30*time.Second, "every event but the dead letter", func() bool { return log.done(append(ids[1:], later...)) })
+	wantCalls(t, &log, "bad", "#1 FAIL r0", "#2 ok r0", "#3 ok r0", "#4 ok r0", "#5 ok r0")
+	dls, err := env.client.DeadLetters(context.Background(), env.queue, nil)
+	if err != nil || len(dls) != 1 || dls[0].EventID != ids[0] {
+		t.Fatalf("dead letters %+v, %v; want bad#1 only", dls, err)
+	}
+	waitFor(t, 20*time.Second, "the block to clear", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
+}
+
 // A crash while a key is held: the next owner releases the hold, the
 // running head first; every event is handled, per-key order holds across
 // the takeover, and the redelivered events are counted.

@@ -18,7 +18,8 @@ func (q *Queries) HoldKeyPartitioned(ctx context.Context, queue, consumer string
 
 // HeldFailure is one failed event of a held key's lane.
 type HeldFailure struct {
-	ID         int64
+	ID int64
+	// RetryAfter is the retry delay; DeadLetterNow dead-letters at once.
 	RetryAfter time.Duration
 	Reason     string
 }
@@ -28,10 +29,10 @@ type HeldFailure struct {
 // (false: a new owner released it).
 func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, epoch int64, key *string, head int64, done []int64, failed []HeldFailure) (bool, error) {
 	ids := make([]int64, len(failed))
-	after := make([]time.Duration, len(failed))
+	after := make([]*time.Duration, len(failed))
 	reasons := make([]string, len(failed))
 	for i, f := range failed {
-		ids[i], after[i], reasons[i] = f.ID, f.RetryAfter, f.Reason
+		ids[i], after[i], reasons[i] = f.ID, retryArg(f.RetryAfter), f.Reason
 	}
 	if done == nil {
 		done = []int64{}

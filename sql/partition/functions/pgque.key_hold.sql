@@ -77,7 +77,7 @@ $$;
 -- from head under epoch (the lease epoch its events were received under;
 -- PQ032 when the lease is at another epoch now) finished. done are the held events it handled; failed (with one delay and
 -- one reason each) the ones whose handler failed: each is retried, or
--- dead-lettered past max_retries. Under pause, a retried failure blocks the
+-- dead-lettered past max_retries or when its delay is NULL (as nack). Under pause, a retried failure blocks the
 -- key (state blocked, as nack_partitioned would); otherwise the rest of the
 -- key's deferred events is put back in ev_id order. Returns 1, or 0 when the
 -- hold is no longer this epoch's (a new owner released it: the events are
@@ -109,8 +109,8 @@ begin
             message = 'failed, retry_after and reasons must have the same length';
     end if;
     for i in 1 .. coalesce(cardinality(i_failed), 0) loop
-        if i_failed[i] is null or i_retry_after[i] is null then
-            raise exception using errcode = '22004', message = 'failed events and retry delays must not be NULL';
+        if i_failed[i] is null then
+            raise exception using errcode = '22004', message = 'failed events must not be NULL';
         end if;
         if i_retry_after[i] < interval '0' then
             raise exception using errcode = 'PQ011',
@@ -143,7 +143,7 @@ begin
             raise exception using errcode = 'PQ022',
                 message = format('event %s is not held for key %s', i_failed[i], coalesce(quote_literal(i_key), 'NULL'));
         end if;
-        if coalesce(d.ev_retry, 0) >= q.queue_max_retries then
+        if i_retry_after[i] is null or coalesce(d.ev_retry, 0) >= q.queue_max_retries then
             insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_retry,
                                            ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
             values (s.sub_queue, s.sub_name, i_reasons[i], d.ev_id, d.ev_time, coalesce(d.ev_retry, 0),
