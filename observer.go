@@ -105,6 +105,21 @@ const (
 	// MetricLeaseFencings (counter, queue, consumer): slots lost while being
 	// worked.
 	MetricLeaseFencings = metrics.LeaseFencings
+	// MetricLanesRunning (gauge, queue, consumer): handlers running in key
+	// lanes in this process.
+	MetricLanesRunning = metrics.LanesRunning
+	// MetricLaneQueued (gauge, queue, consumer, slot): events of held keys'
+	// lanes kept in memory.
+	MetricLaneQueued = metrics.LaneQueued
+	// MetricLaneOldestAge (gauge, queue, consumer, slot): age of the oldest
+	// event a held key's lane still handles, in seconds (0: none).
+	MetricLaneOldestAge = metrics.LaneOldestAge
+	// MetricKeyHolds (counter, queue, consumer): slow keys held on the
+	// server so that their slot could move on.
+	MetricKeyHolds = metrics.KeyHolds
+	// MetricLaneRedelivered (counter, queue, consumer): events of an
+	// earlier owner's key holds put back for redelivery.
+	MetricLaneRedelivered = metrics.LaneRedelivered
 	// MetricTickerRounds (counter): ticker() rounds made while leading.
 	MetricTickerRounds = metrics.TickerRounds
 	// MetricTickerLeader (gauge): 1 while this process's ticker leads.

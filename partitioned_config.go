@@ -25,6 +25,12 @@ const (
 	// registered. Reading the view counts every slot's pending events, so
 	// its cost grows with N × backlog.
 	SlotStatusIntervalDefault = 15 * time.Second
+	// MaxWorkersDefault is how many handlers a PartitionedConsumer runs at
+	// once across all the slots it owns, when MaxWorkers is zero.
+	MaxWorkersDefault = 100
+	// MaxEventsPerSlotFactor sets the default MaxEventsPerSlot: this many
+	// chunks (BatchSize events each) per slot.
+	MaxEventsPerSlotFactor = 10
 )
 
 // FailurePolicy says what happens to a key's later events after a handler
@@ -121,6 +127,24 @@ type PartitionedConsumerConfig struct {
 	// BatchSize is the maximum number of events per chunk. Default
 	// BatchSizeDefault.
 	BatchSize int
+	// MaxWorkers caps the handlers this process runs at once, across all
+	// the slots it owns. Default MaxWorkersDefault (100). Within a slot,
+	// events are dispatched to one lane per partition key: each lane runs
+	// one handler at a time in ev_id order, and the lanes of different keys
+	// run concurrently, so parallelism follows the number of active keys,
+	// not the number of slots. See docs/worker-pool.md.
+	MaxWorkers int
+	// MaxWorkersPerSlot caps the handlers running at once in one slot.
+	// Default MaxWorkers. 1 turns lanes off: the slot handles its chunk one
+	// event at a time and acknowledges it as a whole before fetching the
+	// next, as a single goroutine per slot (MaxWorkers then does not apply).
+	MaxWorkersPerSlot int
+	// MaxEventsPerSlot caps the events a slot holds in this process: the
+	// chunk being handled plus the remaining events of slow keys whose
+	// lanes run on after their chunk was acknowledged. While the cap would
+	// be exceeded, the slot does not fetch. Default MaxEventsPerSlotFactor
+	// × BatchSize; at least BatchSize.
+	MaxEventsPerSlot int
 	// Handler processes each message. Required.
 	Handler HandlerFunc
 	// HandlerTimeout, when positive, bounds each handler call as in
@@ -160,6 +184,15 @@ func (c *PartitionedConsumerConfig) withDefaults() PartitionedConsumerConfig {
 	if out.BatchSize == 0 {
 		out.BatchSize = BatchSizeDefault
 	}
+	if out.MaxWorkers == 0 {
+		out.MaxWorkers = MaxWorkersDefault
+	}
+	if out.MaxWorkersPerSlot == 0 {
+		out.MaxWorkersPerSlot = out.MaxWorkers
+	}
+	if out.MaxEventsPerSlot == 0 {
+		out.MaxEventsPerSlot = MaxEventsPerSlotFactor * out.BatchSize
+	}
 	if out.HotKeyShare == 0 {
 		out.HotKeyShare = HotKeyShareDefault
 	}
@@ -197,6 +230,10 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig intervals must not be negative")
 	case c.BatchSize < 0 || c.BatchSize > BatchSizeMax:
 		return invalidConfig("PartitionedConsumerConfig.BatchSize must be between 1 and %d (got %d)", BatchSizeMax, c.BatchSize)
+	case c.MaxWorkers < 0 || c.MaxWorkersPerSlot < 0:
+		return invalidConfig("PartitionedConsumerConfig.MaxWorkers (%d) and MaxWorkersPerSlot (%d) must not be negative", c.MaxWorkers, c.MaxWorkersPerSlot)
+	case c.MaxEventsPerSlot < 0 || (c.MaxEventsPerSlot > 0 && c.MaxEventsPerSlot < max(c.BatchSize, 1)):
+		return invalidConfig("PartitionedConsumerConfig.MaxEventsPerSlot %d must be at least BatchSize (%d)", c.MaxEventsPerSlot, c.BatchSize)
 	case c.HotKeyShare > 1:
 		return invalidConfig("PartitionedConsumerConfig.HotKeyShare %v is above 1", c.HotKeyShare)
 	case c.FailurePolicy != 0 && !c.FailurePolicy.valid():

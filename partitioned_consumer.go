@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque/internal/metrics"
 	"github.com/pgque/pgque/internal/startstop"
 	"github.com/pgque/pgque/internal/workerpool"
 )
@@ -32,6 +34,17 @@ type PartitionedConsumer struct {
 	// from the server: Start reads it, and settling a chunk with failures
 	// checks it again.
 	policy atomic.Int32
+
+	// Key lanes (lanes.go): workers bounds running handlers across the
+	// owned slots; lanes is the lane state of each owned slot.
+	workers chan struct{}
+	// running counts the handlers running in lanes; runningMu keeps the
+	// gauge's updates in the order of the count's changes.
+	runningMu    sync.Mutex
+	running      int
+	runningGauge metrics.Point
+	lanesMu      sync.Mutex
+	lanes        map[int]*slotLanes
 }
 
 // NewPartitionedConsumer returns a PartitionedConsumer; Start runs it.
@@ -47,7 +60,13 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	case statusInterval == 0:
 		statusInterval = SlotStatusIntervalDefault
 	}
-	pc := &PartitionedConsumer{client: c, config: cfg}
+	pc := &PartitionedConsumer{client: c, config: cfg, workers: make(chan struct{}, cfg.MaxWorkers),
+		lanes: make(map[int]*slotLanes)}
+	pc.runningGauge = c.metrics.LanesRunning.WithLabelValues(cfg.Queue, cfg.Consumer)
+	work := pc.work
+	if cfg.MaxWorkersPerSlot > 1 {
+		work = pc.workLanes
+	}
 	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics,
 		observer: c.config.Observer, timeout: cfg.HandlerTimeout, inFlight: &inFlight{}}
 	pc.service.Running = pc.invoker.inFlight.list
@@ -67,7 +86,8 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		ClaimInterval:  cfg.ClaimInterval,
 		PollInterval:   cfg.PollInterval,
 		StatusInterval: statusInterval,
-		Work:           pc.work,
+		Work:           work,
+		Drain:          pc.drain,
 		IsLeaseLost:    func(err error) bool { return errors.Is(err, ErrLeaseLost) },
 		LeaseLostCause: ErrLeaseLost,
 	})
@@ -129,6 +149,11 @@ func (pc *PartitionedConsumer) Stop(ctx context.Context) error {
 // work processes one chunk of a held slot (a workerpool.WorkFunc).
 func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *workerpool.Lease) (bool, error) {
 	cfg := &pc.config
+	if sl := pc.lanesOf(lease); !sl.recovered {
+		if err := pc.recoverHolds(fetchCtx, sl, lease); err != nil {
+			return false, err
+		}
+	}
 	start := time.Now()
 	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, cfg.BatchSize)
 	if err != nil {
@@ -156,31 +181,7 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 			slog.Int("failed", len(failures)), slog.Int("held", held))
 	}
 	ackStart := time.Now()
-	s := settler{
-		retryDelay: cfg.RetryDelay, metrics: pc.client.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
-		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
-			return q.NackDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, delivery, m.ID, after, reason)
-		},
-		ack: func(ctx context.Context, q *dbq.Queries) (bool, error) {
-			return q.AckDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, delivery)
-		},
-		// The chunk was handled under policy: its nacks and ack are right
-		// only if the server still applies that policy (an operator may have
-		// switched it). Otherwise nothing is settled, and the chunk is
-		// received again and handled under the new policy.
-		check: func(ctx context.Context, q *dbq.Queries) error {
-			now, err := serverPolicy(ctx, q, cfg.Queue, cfg.Consumer)
-			if err != nil {
-				return err
-			}
-			if now != policy {
-				pc.policy.CompareAndSwap(int32(policy), int32(now))
-				return fmt.Errorf("chunk of slot %d was handled under failure policy %s, the consumer's policy is now %s; it is handled again: %w",
-					lease.Slot, policy, now, ErrPolicyMismatch)
-			}
-			return nil
-		},
-	}
+	s := pc.chunkSettler(lease, policy, delivery)
 	if err := s.settle(workCtx, pc.client.pool, failures); err != nil {
 		return false, err
 	}

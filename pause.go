@@ -66,6 +66,11 @@ const (
 	// held events are being delivered, in ev_id order; newer events of the
 	// key wait for the next round.
 	BlockStateReleasing = "releasing"
+	// BlockStateInflight: the key's lane was still running when the rest of
+	// its chunk was done; the chunk was acknowledged without it, and its
+	// unfinished and later events are held until the lane settles (or the
+	// slot's next owner releases them). HeadID is the event it ran then.
+	BlockStateInflight = "inflight"
 )
 
 // BlockedKey is a key held under FailurePolicyPause on one slot.
@@ -73,7 +78,8 @@ type BlockedKey struct {
 	Queue, Consumer string
 	Slot            int
 	Key             KeyRef
-	// State is BlockStateBlocked or BlockStateReleasing.
+	// State is BlockStateBlocked, BlockStateReleasing or
+	// BlockStateInflight.
 	State string
 	// HeadID is the ev_id of the event whose failure blocked the key (the
 	// head); while releasing, the head was acknowledged or dead-lettered.
@@ -88,8 +94,9 @@ type BlockedKey struct {
 	Deferred int64
 }
 
-// BlockedKeys lists the keys held by the pause policy on the slots of
-// consumer, or of every consumer of the queue when consumer is "".
+// BlockedKeys lists the keys held on the slots of consumer — by the pause
+// policy, or while their lane runs (BlockStateInflight) — or of every
+// consumer of the queue when consumer is "".
 func (c *Client) BlockedKeys(ctx context.Context, queue, consumer string) ([]BlockedKey, error) {
 	var con *string
 	if consumer != "" {

@@ -66,6 +66,11 @@ var metrics = map[string]metric{
 	pgque.MetricLeaseRenewals:      {"Background slot lease renewals.", qc},
 	pgque.MetricLeaseTakeovers:     {"Slot leases taken over from another worker.", qc},
 	pgque.MetricLeaseFencings:      {"Slots lost while being worked (fenced).", qc},
+	pgque.MetricLanesRunning:       {"Handlers running in key lanes.", qc},
+	pgque.MetricLaneQueued:         {"Events of held keys' lanes kept in memory, per slot.", qcs},
+	pgque.MetricLaneOldestAge:      {"Age of the oldest event a held key's lane still handles, per slot.", qcs},
+	pgque.MetricKeyHolds:           {"Slow keys held so that their slot could move on.", qc},
+	pgque.MetricLaneRedelivered:    {"Events of an earlier owner's key holds put back for redelivery.", qc},
 	pgque.MetricTickerRounds:       {"ticker() calls made while leading.", nil},
 	pgque.MetricTickerLeader:       {"1 while this process's ticker holds the ticker lease.", nil},
 }
@@ -81,6 +86,9 @@ var kinds = map[string]pgque.MetricKind{
 	pgque.MetricLeaseRenewals: pgque.MetricCounter, pgque.MetricLeaseTakeovers: pgque.MetricCounter,
 	pgque.MetricLeaseFencings: pgque.MetricCounter, pgque.MetricTickerRounds: pgque.MetricCounter,
 	pgque.MetricTickerLeader: pgque.MetricGauge,
+	pgque.MetricLanesRunning: pgque.MetricGauge, pgque.MetricLaneQueued: pgque.MetricGauge,
+	pgque.MetricLaneOldestAge: pgque.MetricGauge, pgque.MetricKeyHolds: pgque.MetricCounter,
+	pgque.MetricLaneRedelivered: pgque.MetricCounter,
 }
 
 // Observer is a pgque.Observer that records every measurement in

@@ -35,6 +35,11 @@ const (
 	LeaseFencings      = "lease_fencings_total"
 	TickerRounds       = "ticker_rounds_total"
 	TickerLeader       = "ticker_leader"
+	LanesRunning       = "lanes_running_handlers"
+	LaneQueued         = "lane_queued_events"
+	LaneOldestAge      = "lane_oldest_inflight_age_seconds"
+	KeyHolds           = "key_holds_total"
+	LaneRedelivered    = "lane_redelivered_events_total"
 )
 
 // Labels are the dimensions of a measurement; unused ones are "".
@@ -80,6 +85,19 @@ type Metrics struct {
 	LeaseTakeovers Vec
 	// LeaseFencings counts slots this process lost while working them.
 	LeaseFencings Vec
+	// LanesRunning is the number of handlers running in key lanes.
+	LanesRunning Vec
+	// LaneQueued is, per slot, the events held in memory by lanes whose
+	// keys are held on the server.
+	LaneQueued Vec
+	// LaneOldestAge is, per slot, the age of the oldest event still being
+	// handled by a held lane, in seconds.
+	LaneOldestAge Vec
+	// KeyHolds counts keys held so that their slot could move on.
+	KeyHolds Vec
+	// LaneRedelivered counts events of holds left by an earlier owner of a
+	// slot (a crash or takeover) put back for redelivery.
+	LaneRedelivered Vec
 	// Ticks counts successful ticker() rounds by the leading ticker.
 	Ticks Point
 	// TickerLeader is 1 while this process's ticker holds the lease.
@@ -100,8 +118,11 @@ func New(sink Sink) *Metrics {
 		SlotTopKeyShare: v(SlotTopKeyShare, Gauge),
 		LeaseClaims:     v(LeaseClaims, Counter), LeaseRenewals: v(LeaseRenewals, Counter),
 		LeaseTakeovers: v(LeaseTakeovers, Counter), LeaseFencings: v(LeaseFencings, Counter),
-		Ticks:        Point{sink: sink, name: TickerRounds, kind: Counter},
-		TickerLeader: Point{sink: sink, name: TickerLeader, kind: Gauge},
+		LanesRunning: v(LanesRunning, Gauge), LaneQueued: v(LaneQueued, Gauge),
+		LaneOldestAge: v(LaneOldestAge, Gauge), KeyHolds: v(KeyHolds, Counter),
+		LaneRedelivered: v(LaneRedelivered, Counter),
+		Ticks:           Point{sink: sink, name: TickerRounds, kind: Counter},
+		TickerLeader:    Point{sink: sink, name: TickerLeader, kind: Gauge},
 	}
 }
 

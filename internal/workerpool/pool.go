@@ -48,6 +48,10 @@ type Config struct {
 	HotKeyShare float64
 
 	Work WorkFunc
+	// Drain, when set, is called once the slot's goroutine stops working a
+	// lease, before the lease is released (or abandoned): it must return
+	// only when no work of that lease runs any more.
+	Drain func(lease *Lease)
 	// IsLeaseLost reports whether an error from Work means the server fenced
 	// this worker (SQLSTATE PQ032).
 	IsLeaseLost func(error) bool

@@ -46,6 +46,7 @@ func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot int, epoch in
 func (p *Pool) run(r *runner) {
 	defer p.runners.Done()
 	defer p.exited(r)
+	defer p.drain(r)
 	log := p.log().With(slog.Int("slot", r.lease.Slot), slog.Int64("epoch", r.lease.Epoch))
 	log.DebugContext(r.workCtx, "pgque: slot claimed")
 	waiter := wakeup.Waiter{Notify: r.wake.C(), Poll: p.cfg.PollInterval, Jitter: 0.2}
@@ -75,7 +76,16 @@ func (p *Pool) run(r *runner) {
 			break
 		}
 	}
+	p.drain(r)
 	p.releaseLease(r, log)
+}
+
+// drain waits for work of the lease that outlives Work calls (see
+// Config.Drain). It is idempotent.
+func (p *Pool) drain(r *runner) {
+	if p.cfg.Drain != nil {
+		p.cfg.Drain(r.lease)
+	}
 }
 
 // releaseLease gives the slot up at a chunk boundary so that the next owner

@@ -16,7 +16,10 @@ grant execute on function
     pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text),
     pgque.nack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint, interval, text),
     pgque.slot_of(text, integer),
-    pgque.announce_worker(text, text, text, boolean, integer[], interval)
+    pgque.announce_worker(text, text, text, boolean, integer[], interval),
+    pgque.hold_key_partitioned(text, text, integer, integer, text, bigint, bigint, text, bigint),
+    pgque.settle_held_partitioned(text, text, integer, integer, text, bigint, text, bigint, bigint[], bigint[], interval[], text[]),
+    pgque.release_stale_holds_partitioned(text, text, integer, integer, text)
     to pgque_reader, pgque_admin;
 
 grant execute on function

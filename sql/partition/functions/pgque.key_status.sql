@@ -5,7 +5,9 @@
 --
 -- The functions turn JIT off: their row estimates are guesses (the scans
 -- are bounded by budgets the planner cannot see), and compiling a plan
--- costs more than running it.
+-- costs more than running it. They are VOLATILE and read the cursor from
+-- the subscription's state record (_with_state), as every reader of tick
+-- and sub_state must (see engine/functions/pgque._state.sql).
 --
 -- Nothing here is written per event: every answer is computed when asked,
 -- from the log itself, with bounded scans. A slot's pending events are read
@@ -43,8 +45,6 @@ begin
     if not found then
         return;
     end if;
-    -- The cursor and open batch live in the subscription's newest state
-    -- record, not in its (static) row.
     s := pgque._with_state(s);
     select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
     if s.sub_next_tick is not null then
@@ -121,7 +121,8 @@ $$;
 -- retry; every later event is deferred), 'held' (pause policy: the head was
 -- settled and the deferred events are being put back), 'retrying' (an
 -- event of the key waits in the retry queue), 'in flight' (the head is in
--- the slot's open batch), 'flowing'. At most i_scan pending log rows are
+-- the slot's open batch, or the key is held while its lane runs it),
+-- 'flowing'. At most i_scan pending log rows are
 -- read in all, split evenly between the slots; estimated is true for a
 -- slot whose scan was cut short (its counts are then lower bounds).
 -- Reads subscription, tick, slot_group, slot_lease, event, retry_queue,
@@ -176,6 +177,7 @@ begin
     select j.sl_slot, j.key,
            case when b.kb_state = 'blocked' then 'blocked'
                 when b.kb_state = 'releasing' then 'held'
+                when b.kb_state = 'inflight' then 'in flight'
                 when j.retrying then 'retrying'
                 when j.in_batch then 'in flight'
                 else 'flowing' end,
@@ -297,8 +299,6 @@ begin
     if not found then
         return;
     end if;
-    -- The cursor and open batch live in the subscription's newest state
-    -- record, not in its (static) row.
     s := pgque._with_state(s);
     select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
     v_from := 'select ev_id, ev_time, ev_txid from pgque.event where ev_part >= $1 and ev_part < $2'

@@ -31,20 +31,73 @@ $$;
 -- was acknowledged or dead-lettered: put the deferred events back (state
 -- releasing until the last of them is acknowledged), or drop the block
 -- when nothing is deferred.
+--
+-- While the slot's batch is open, only the deferred events up to its
+-- acknowledged position are put back. The batch's later events are still
+-- to come, and an event put back goes to a later batch: a later event of
+-- the key still in the open batch, with a smaller ev_id than a deferred
+-- one, would otherwise be handed out first (deferred events come from
+-- earlier batches too, and put-back events of a batch are mixed with newer
+-- ones). Those later events are above the position, so they are deferred
+-- behind what was put back. When nothing could be put back yet, the block
+-- stays releasing with kb_wait -1 (every event of the key is deferred) and
+-- receive_partitioned resolves it again (_release_pending) as the batch
+-- moves on. Tables: sub_state (read), deferred, event, key_block.
 create or replace function pgque._resolve_block(i_sub integer, i_kid text)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    u record := pgque._undefer(i_sub, i_kid);
+    st      pgque.sub_state := pgque._sub_state(i_sub);
+    v_bound bigint := case when st.st_batch is null then null else coalesce(st.st_acked_to, -1) end;
+    v_count integer;
+    v_max   bigint;
 begin
-    if u.o_count = 0 then
-        delete from pgque.key_block where kb_sub = i_sub and kb_kid = i_kid;
-    else
+    with moved as (
+        delete from pgque.deferred d
+         where d.ev_owner = i_sub and d.ev_group = i_kid and (v_bound is null or d.ev_id <= v_bound)
+        returning d.*
+    ), ins as (
+        insert into pgque.event (ev_id, ev_time, ev_part, ev_owner, ev_retry, ev_type, ev_data,
+                                 ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+        select m.ev_id, m.ev_time, q.queue_id * 16 + q.queue_cur_table, m.ev_owner, m.ev_retry,
+               m.ev_type, m.ev_data, m.ev_extra1, m.ev_extra2, m.ev_extra3, m.ev_extra4
+          from moved m join pgque.queue q on q.queue_id = m.ev_queue
+        returning ev_id
+    )
+    select count(*), max(ins.ev_id) into v_count, v_max from ins;
+    if v_count > 0 then
+        -- Let the ticker see pending work, as _undefer does.
+        perform nextval(q.queue_event_seq)
+           from pgque.queue q join pgque.subscription s on s.sub_queue = q.queue_id
+          where s.sub_id = i_sub;
         update pgque.key_block
-           set kb_state = 'releasing', kb_wait = u.o_max_id, kb_wait_batch = null
+           set kb_state = 'releasing', kb_wait = v_max, kb_wait_batch = null
          where kb_sub = i_sub and kb_kid = i_kid;
+    elsif exists (select 1 from pgque.deferred d where d.ev_owner = i_sub and d.ev_group = i_kid) then
+        update pgque.key_block
+           set kb_state = 'releasing', kb_wait = -1, kb_wait_batch = null
+         where kb_sub = i_sub and kb_kid = i_kid;
+    else
+        delete from pgque.key_block where kb_sub = i_sub and kb_kid = i_kid;
     end if;
+end;
+$$;
+
+-- _release_pending(sub): resolves again the blocks that are releasing with
+-- nothing put back yet (kb_wait -1), once the slot's batch moved on.
+-- Tables: key_block, and those of _resolve_block.
+create or replace function pgque._release_pending(i_sub integer)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_kid text;
+begin
+    for v_kid in select kb_kid from pgque.key_block
+                  where kb_sub = i_sub and kb_state = 'releasing' and kb_wait = -1 loop
+        perform pgque._resolve_block(i_sub, v_kid);
+    end loop;
 end;
 $$;
 
@@ -130,8 +183,8 @@ end;
 $$;
 
 -- set_failure_policy(queue, consumer, policy): 'skip' or 'pause' for all
--- slots of a consumer. Switching to skip releases every blocked key.
--- Returns 1.
+-- slots of a consumer. Switching to skip releases every blocked key (a key
+-- held while its lane runs stays held until the lane settles it). Returns 1.
 create or replace function pgque.set_failure_policy(i_queue text, i_consumer text, i_policy text)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -151,7 +204,8 @@ begin
     end if;
     if i_policy = 'skip' then
         for b in select kb.kb_sub, kb.kb_kid from pgque.key_block kb join pgque.slot_lease l on l.sl_sub = kb.kb_sub
-                  where l.sl_queue = q.queue_id and l.sl_consumer = i_consumer loop
+                  where l.sl_queue = q.queue_id and l.sl_consumer = i_consumer
+                    and kb.kb_state <> 'inflight' loop
             perform pgque._undefer(b.kb_sub, b.kb_kid);
             delete from pgque.key_block where kb_sub = b.kb_sub and kb_kid = b.kb_kid;
         end loop;

@@ -33,6 +33,7 @@ begin
     -- deferred is acknowledged here and the next one is fetched. The slot's
     -- blocked keys are read once per call, so rows of healthy keys cost one
     -- array test, not a lookup.
+    perform pgque._release_pending(l.sl_sub);
     v_kids := array(select kb_kid from pgque.key_block where kb_sub = l.sl_sub);
     loop
         v_batch := null;

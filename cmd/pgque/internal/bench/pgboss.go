@@ -100,7 +100,7 @@ type pgbossResult struct {
 // run executes the per-tenant ordered workload against database dsn.
 // The drain stops after budget; the result then says how many jobs were
 // handled (TimedOut).
-func (d *pgbossDriver) run(ctx context.Context, dsn string, events, workers int, cost, budget time.Duration) (*pgbossResult, error) {
+func (d *pgbossDriver) run(ctx context.Context, dsn string, events, tenants, workers int, cost, budget time.Duration) (*pgbossResult, error) {
 	cc, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err

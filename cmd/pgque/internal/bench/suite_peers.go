@@ -133,7 +133,7 @@ func runPeers(ctx context.Context, e *env, r *recorder) error {
 				if err != nil {
 					return 0, err
 				}
-				res, err := d.run(ctx, dsn, bossEvents, peerWorkers, cost, pgbossBudget(e))
+				res, err := d.run(ctx, dsn, bossEvents, tenants, peerWorkers, cost, pgbossBudget(e))
 				if err != nil {
 					return 0, err
 				}
@@ -156,7 +156,7 @@ func runPeers(ctx context.Context, e *env, r *recorder) error {
 		if err != nil {
 			return err
 		}
-		note := fmt.Sprintf("%d events of %d tenants, 8 workers, chunks of 100, handler cost %s; %s", bossEvents, tenants, cost, nodeNote)
+		note := fmt.Sprintf("%d events of %d tenants, 8 workers (pgque: 8 slots, key lanes with the default MaxWorkers), chunks of 100, handler cost %s; %s", bossEvents, tenants, cost, nodeNote)
 		if len(partial) > 0 {
 			note += fmt.Sprintf("; pg-boss did not finish within its %s budget (handled %s): its figure is the rate over the budget",
 				pgbossBudget(e), strings.Join(partial, ", "))
@@ -172,6 +172,49 @@ func runPeers(ctx context.Context, e *env, r *recorder) error {
 				"Client.SendBatch of 1000 (earlier rounds) vs pg-boss insert() of one job per tenant per call (1000)")
 		}
 	}
+	return runPeersLanes(ctx, e, r, p, client, d, nodeNote)
+}
+
+// runPeersLanes: the workload for key lanes — 200 tenants, a 20 ms
+// handler — pg-boss with 16 workers against one pgque process with 16
+// slots at the default MaxWorkers and at 256.
+func runPeersLanes(ctx context.Context, e *env, r *recorder, p *pgqueDB, client *pgque.Client, d *pgbossDriver, nodeNote string) error {
+	const workers, cost = 16, 20 * time.Millisecond
+	bossEvents := pick(e, 2000, 6000)
+	events := pick(e, 4000, 20000)
+	var partial []string
+	m, err := e.rounds(ctx, 1,
+		trial{"pgboss", func(ctx context.Context) (float64, error) {
+			dsn, err := e.freshDB(ctx, "bench_pgboss")
+			if err != nil {
+				return 0, err
+			}
+			res, err := d.run(ctx, dsn, bossEvents, laneTenants, workers, cost, pgbossBudget(e))
+			if err != nil {
+				return 0, err
+			}
+			if res.TimedOut {
+				partial = append(partial, fmt.Sprintf("%d of %d in %.0f s", res.Handled, res.Events, res.WorkMS/1000))
+			}
+			return res.rate(), nil
+		}},
+		trial{"pgque_default", func(ctx context.Context) (float64, error) {
+			return p.laneRate(ctx, client, laneRun{slots: workers, events: events, tenants: laneTenants, cost: cost})
+		}},
+		trial{"pgque_mw256", func(ctx context.Context) (float64, error) {
+			return p.laneRate(ctx, client, laneRun{slots: workers, events: events, tenants: laneTenants, cost: cost, maxWorkers: 256})
+		}},
+	)
+	if err != nil {
+		return err
+	}
+	note := fmt.Sprintf("%d tenants, handler 20 ms; pg-boss key_strict_fifo: %d events, 16 workers; pgque: %d events, one process, 16 slots; %s",
+		laneTenants, bossEvents, events, nodeNote)
+	if len(partial) > 0 {
+		note += fmt.Sprintf("; pg-boss did not finish within its budget (handled %s)", strings.Join(partial, ", "))
+	}
+	r.compare("pgque_lanes_default_cost20ms", m["pgque_default"], "pgboss_16w_cost20ms", m["pgboss"], "events/s", atLeast(10), note+"; MaxWorkers 100 (default)")
+	r.compare("pgque_lanes_mw256_cost20ms", m["pgque_mw256"], "pgboss_16w_cost20ms", m["pgboss"], "events/s", atLeast(10), note+"; MaxWorkers 256")
 	return nil
 }
 

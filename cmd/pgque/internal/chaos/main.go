@@ -60,6 +60,7 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.RetryDelay, "retry-delay", d.RetryDelay, "first retry delay (grows linearly)")
 	fs.IntVar(&o.MaxRetries, "max-retries", d.MaxRetries, "queue max_retries")
 	fs.IntVar(&o.BatchSize, "batch-size", d.BatchSize, "events per chunk")
+	fs.IntVar(&o.Lanes, "lanes", d.Lanes, "handlers per slot at once (key lanes; 1: one event at a time)")
 	fs.Float64Var(&o.ErrorRate, "error-rate", d.ErrorRate, "share of handler runs returning an error")
 	fs.Float64Var(&o.PanicRate, "panic-rate", d.PanicRate, "share of handler runs panicking")
 	fs.Float64Var(&o.SlowRate, "slow-rate", d.SlowRate, "share of handler runs outliving the lease TTL")

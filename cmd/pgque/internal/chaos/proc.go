@@ -55,6 +55,7 @@ type ProcConfig struct {
 	LeaseTTL   time.Duration `json:"lease_ttl"`
 	RetryDelay time.Duration `json:"retry_delay"`
 	BatchSize  int           `json:"batch_size"`
+	Lanes      int           `json:"lanes"`
 	ErrorRate  float64       `json:"error_rate"`
 	PanicRate  float64       `json:"panic_rate"`
 	SlowRate   float64       `json:"slow_rate"`
@@ -332,8 +333,11 @@ func runWorker(ctx context.Context, cfg ProcConfig, logger *slog.Logger) error {
 		ClaimInterval: 200 * time.Millisecond,
 		PollInterval:  100 * time.Millisecond,
 		BatchSize:     cfg.BatchSize,
-		Handler:       handler,
-		RetryDelay:    func(n int) time.Duration { return retry * time.Duration(n+1) },
+		// Several key lanes per slot: slow handlers get their keys held
+		// while the slot moves on, which the checker then sees per key.
+		MaxWorkersPerSlot: cfg.Lanes,
+		Handler:           handler,
+		RetryDelay:        func(n int) time.Duration { return retry * time.Duration(n+1) },
 	})
 	if err != nil {
 		return err

@@ -50,11 +50,15 @@ type Options struct {
 	RetryDelay time.Duration // first retry delay; grows linearly
 	MaxRetries int           // queue max_retries before dead-lettering
 	BatchSize  int
-	ErrorRate  float64 // share of handler runs that return an error
-	PanicRate  float64 // share that panic
-	SlowRate   float64 // share that outlive the lease TTL (renewal in the background)
-	SleepMax   time.Duration
-	PoisonPct  float64 // percent of events that always fail (dead letters)
+	// Lanes is how many handlers a worker runs at once per slot (key
+	// lanes, PartitionedConsumerConfig.MaxWorkersPerSlot); 1 is one event
+	// at a time per slot.
+	Lanes     int
+	ErrorRate float64 // share of handler runs that return an error
+	PanicRate float64 // share that panic
+	SlowRate  float64 // share that outlive the lease TTL (renewal in the background)
+	SleepMax  time.Duration
+	PoisonPct float64 // percent of events that always fail (dead letters)
 
 	// Faults lists the fault kinds to inject (Fault* constants); nil means
 	// every kind available. FaultInterval is the mean time between faults;
@@ -84,7 +88,7 @@ func DefaultOptions() Options {
 	return Options{
 		Duration: 10 * time.Minute, DrainTimeout: 2 * time.Minute,
 		Producers: 2, Workers: 4, Slots: 8, Keys: 64, Rate: 150, Policy: "pause",
-		LeaseTTL: 2 * time.Second, RetryDelay: 100 * time.Millisecond, MaxRetries: 3, BatchSize: 10,
+		LeaseTTL: 2 * time.Second, RetryDelay: 100 * time.Millisecond, MaxRetries: 3, BatchSize: 10, Lanes: 4,
 		ErrorRate: 0.03, PanicRate: 0.01, SlowRate: 0.002, SleepMax: 5 * time.Millisecond, PoisonPct: 0.5,
 		FaultInterval: 5 * time.Second,
 	}
@@ -117,6 +121,7 @@ func (o Options) withDefaults() Options {
 	seti(&o.Keys, d.Keys)
 	seti(&o.MaxRetries, d.MaxRetries)
 	seti(&o.BatchSize, d.BatchSize)
+	seti(&o.Lanes, d.Lanes)
 	if o.Rate == 0 {
 		o.Rate = d.Rate
 	}
@@ -348,7 +353,7 @@ func (r *runner) addFault(f Fault) {
 func (r *runner) procConfig(role, slot string, idx int) ProcConfig {
 	cfg := ProcConfig{
 		Role: role, DSN: r.dsn, Queue: queueName, Consumer: consumerName, Slots: r.o.Slots,
-		Policy: r.o.Policy, LeaseTTL: r.o.LeaseTTL, RetryDelay: r.o.RetryDelay, BatchSize: r.o.BatchSize,
+		Policy: r.o.Policy, LeaseTTL: r.o.LeaseTTL, RetryDelay: r.o.RetryDelay, BatchSize: r.o.BatchSize, Lanes: r.o.Lanes,
 		ErrorRate: r.o.ErrorRate, PanicRate: r.o.PanicRate, SlowRate: r.o.SlowRate, SleepMax: r.o.SleepMax,
 		Rate: r.o.Rate / float64(r.o.Producers), PoisonPct: r.o.PoisonPct,
 	}

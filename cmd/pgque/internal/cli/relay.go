@@ -51,7 +51,9 @@ other relay or worker of the same consumer) and POSTs every event to --to in
 the CloudEvents HTTP binding, binary mode: the payload is the JSON body, the
 attributes are ce-* headers, and pgque-* headers carry the partition key
 (percent-encoded), slot, epoch (fencing token), retry count and ev_id. Within
-a key the next event is posted only after the previous one was answered.
+a key the next event is posted only after the previous one was answered;
+different keys, of one slot or of several, are posted at once, up to
+--concurrency requests per process.
 
 Answers: 2xx acknowledges. 422, or any non-2xx with "pgque-dead-letter: 1",
 dead-letters at once. 5xx, 408, 429, other 4xx, timeouts and connections
@@ -91,10 +93,10 @@ their chunks are acknowledged and the slot leases released.`,
 			default:
 				return usagef("--policy must be skip or pause (got %q)", policy)
 			}
-			// Until the pool runs several events of a slot at once, a
-			// process handles one event per owned slot at a time: the
-			// per-process limit is the number of slots it works.
-			ccfg.MaxActiveSlots = concurrency
+			// The per-process limit of requests at once, over the key
+			// lanes of every owned slot (0: the relay's default, its
+			// --max-in-flight).
+			ccfg.MaxWorkers = concurrency
 			ccfg.RetryDelay = backoff.Policy{Base: retryMin, Max: retryMax, Jitter: 0.1}.Delay
 			rcfg.Queue, rcfg.Consumer = ccfg.Queue, ccfg.Consumer
 			if authEnv != "" {
@@ -148,7 +150,7 @@ their chunks are acknowledged and the slot leases released.`,
 	f.StringVar(&ccfg.Consumer, "consumer", "", "consumer name, shared by every relay and worker of the pool (required)")
 	f.IntVar(&ccfg.Slots, "slots", 0, "number of slots N of the consumer; every process must use the same (required)")
 	f.StringVar(&rcfg.URL, "to", "", "endpoint URL every event is POSTed to, http:// or https:// (required)")
-	f.IntVar(&concurrency, "concurrency", 0, "per-process limit of events handled at once: the slots this process works (default: all N)")
+	f.IntVar(&concurrency, "concurrency", 0, "per-process limit of events handled at once, across the keys of every owned slot, one per key (default: --max-in-flight)")
 	f.StringVar(&policy, "policy", "", "failure policy, skip or pause (default: the persisted one, skip for a new consumer)")
 	f.DurationVar(&ccfg.LeaseTTL, "lease-ttl", pgque.LeaseTTLDefault, "slot lease lifetime: a crashed relay's slots are taken over after it")
 	f.StringVar(&ccfg.WorkerID, "worker", "", "id of this process in slot leases (default hostname-pid-random)")

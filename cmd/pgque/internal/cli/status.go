@@ -145,6 +145,22 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 			return nil, err
 		}
 		for _, b := range blocked {
+			if b.State == pgque.BlockStateInflight {
+				// A key held while its lane runs is normal operation: it
+				// is shown with its slot, and warned about only when the
+				// hold lasts as long as a stuck slot would.
+				age := time.Since(b.Since).Seconds()
+				if sl := findSlot(rep.Slots, b.Queue, b.Consumer, b.Slot); sl != nil {
+					sl.HeldKeys++
+					sl.HeldEvents += b.Deferred
+					sl.OldestHoldSeconds = max(sl.OldestHoldSeconds, age)
+				}
+				if age > th.stuckAfter.Seconds() {
+					rep.Warnings = append(rep.Warnings, fmt.Sprintf("queue %s, consumer %s, slot %d: key %s held for %s while its handler runs (head event %d, %d deferred)",
+						b.Queue, b.Consumer, b.Slot, fmtKey(b.Key), fmtSeconds(age), b.HeadEvID, b.Deferred))
+				}
+				continue
+			}
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("queue %s, consumer %s, slot %d: key %s %s for %s (head event %d, %d failures, %d deferred): %s",
 				b.Queue, b.Consumer, b.Slot, fmtKey(b.Key), b.State, fmtSeconds(time.Since(b.Since).Seconds()), b.HeadEvID, b.Failures, b.Deferred, deref(b.Reason)))
 		}
@@ -198,7 +214,9 @@ partitioned consumer with its owner, epoch, lag and oldest pending event; and
 warnings: stuck or unpolled slots and consumers (they pin table rotation), a
 rotation that is overdue and the subscription pinning it, a ticker that does
 not run, dead letters, keys blocked by the pause policy, and a key that holds
-most of a slot's pending events (see 'pgque keys').
+most of a slot's pending events (see 'pgque keys'). HELD shows, per slot, the
+keys whose handlers run on after their chunk was acknowledged (key lanes): how
+many, the events deferred for them and the oldest hold's age.
 
 --watch refreshes every second until interrupted; with --json it prints one
 JSON document per line per refresh.`,
@@ -296,7 +314,16 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 	}
 	if len(rep.Slots) > 0 {
 		fmt.Fprintln(w, "\nSLOTS")
-		if err := slotTable(w, rep.Slots); err != nil {
+		rows := slotRows(rep.Slots)
+		for i, sl := range rep.Slots {
+			held := "-"
+			if sl.HeldKeys > 0 {
+				held = fmt.Sprintf("%d keys, %d ev, %s", sl.HeldKeys, sl.HeldEvents, fmtSeconds(sl.OldestHoldSeconds))
+			}
+			n := len(rows[i])
+			rows[i] = append(rows[i][:n-1:n-1], held, rows[i][n-1])
+		}
+		if err := table(w, []string{"QUEUE", "CONSUMER", "SLOT", "OWNER", "EPOCH", "LAG", "OLDEST", "LAST BATCH", "HELD", "WARNINGS"}, rows); err != nil {
 			return err
 		}
 	}
@@ -304,6 +331,16 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		fmt.Fprintln(w, "\nWARNINGS")
 		for _, msg := range rep.Warnings {
 			fmt.Fprintln(w, "  - "+msg)
+		}
+	}
+	return nil
+}
+
+// findSlot returns the row of one slot, nil when absent.
+func findSlot(slots []slotRow, queue, consumer string, slot int) *slotRow {
+	for i := range slots {
+		if s := &slots[i]; s.Queue == queue && s.Consumer == consumer && s.Slot == slot {
+			return s
 		}
 	}
 	return nil

@@ -252,8 +252,10 @@ func TestRelayBadEndpoints(t *testing.T) {
 		p.send(t, "a", "b", "c", "d")
 		unreachable := func() float64 { return p.metric(t, "pgque_relay_unreachable_attempts_total", "connection") }
 		waitFor(t, 20*time.Second, "failed connection attempts", func() bool { return unreachable() >= 4 })
-		// At most 2 slots wait, each at most every 400 ms ±20%: about 12
-		// attempts in 2 s. A busy loop would make thousands.
+		// Four keys wait (one lane each), but only one of them tries the
+		// endpoint again per backoff period (400 ms ±20% by then): about 5
+		// attempts in 2 s. A busy loop would make thousands, every key on
+		// its own schedule about 20.
 		if n := attemptsIn(2*time.Second, unreachable); n < 1 || n > 20 {
 			t.Errorf("%v connection attempts in 2s, want between 1 and 20 (bounded backoff, still trying)", n)
 		}

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pgque/pgque/cmd/pgque/internal/relay"
 )
 
 // TestRelayGracefulStopAndHealth: /healthz, /readyz and /metrics are
@@ -41,7 +43,11 @@ func TestRelayGracefulStopAndHealth(t *testing.T) {
 	}
 	admin := probe.Addr().String()
 	probe.Close()
-	p := startInProcListen(t, "http://"+ln.Addr().String()+"/in", admin)
+	// The request outlives the stop by design; the shared 300 ms request
+	// timeout would end it within the window the test waits.
+	p := startInProcWith(t, "http://"+ln.Addr().String()+"/in", admin, func(rc *relay.RunConfig) {
+		rc.Relay.Timeout = 10 * time.Second
+	})
 
 	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + admin + path)

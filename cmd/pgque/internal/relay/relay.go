@@ -55,6 +55,14 @@ type Relay struct {
 	stopping chan struct{}
 	stopOnce atomic.Bool
 	waiting  atomic.Int64 // requests waiting for an unreachable endpoint
+	// probe is held by the one waiting request that tries an unreachable
+	// endpoint again; lastDown is when such a try last found it still
+	// down. With key lanes many requests wait at once, and each of them
+	// trying on its own schedule would multiply the attempts by the number
+	// of keys in flight: a waiter whose sleep began before the last failed
+	// try sleeps on instead.
+	probe    chan struct{}
+	lastDown atomic.Int64 // unix nanoseconds
 }
 
 // New returns a Relay, or an error wrapping ErrInvalidConfig.
@@ -79,6 +87,7 @@ func New(config *Config) (*Relay, error) {
 		client:   client,
 		inFlight: make(chan struct{}, cfg.MaxInFlight),
 		stopping: make(chan struct{}),
+		probe:    make(chan struct{}, 1),
 	}, nil
 }
 
@@ -100,8 +109,30 @@ func (r *Relay) Close() { r.client.CloseIdleConnections() }
 // pgque.RetryAfter, or a plain error (the consumer's backoff).
 func (r *Relay) Handle(ctx context.Context, m *pgque.Message) error {
 	backoff := r.cfg.UnreachableBackoffMin
+	var slept time.Time
 	for attempt := 1; ; attempt++ {
-		res := r.attempt(ctx, m)
+		var res result
+		if attempt == 1 {
+			res = r.attempt(ctx, m)
+		} else {
+			var tried bool
+			var err error
+			res, tried, err = r.retryAttempt(ctx, m, slept)
+			if err != nil {
+				return err
+			}
+			if !tried {
+				// Another waiting request found the endpoint still down
+				// while this one slept.
+				slept = time.Now()
+				if err := r.sleep(ctx, jitter(backoff)); err != nil {
+					return err
+				}
+				backoff = min(backoff*2, r.cfg.UnreachableBackoffMax)
+				attempt--
+				continue
+			}
+		}
 		if !res.unreachable {
 			if attempt > 1 {
 				r.endpointBack(ctx, m, attempt)
@@ -127,11 +158,36 @@ func (r *Relay) Handle(ctx context.Context, m *pgque.Message) error {
 		log(ctx, "pgque relay: endpoint unreachable or misconfigured; the event is not charged a retry, the request is repeated",
 			slog.String("to", r.url), slog.String("reason", res.reason), slog.Any("error", res.err),
 			slog.Int64("ev_id", m.ID), slog.Int("slot", m.Slot), slog.Int("attempt", attempt), slog.Duration("next_in", wait))
+		slept = time.Now()
 		if err := r.sleep(ctx, wait); err != nil {
 			return err
 		}
 		backoff = min(backoff*2, r.cfg.UnreachableBackoffMax)
 	}
+}
+
+// retryAttempt tries m again at an endpoint found unreachable, as the only
+// waiting request doing so at the time. It does not try (tried false) when
+// another waiter found the endpoint still down after slept, when this
+// request began to wait. err, as from sleep, when the relay stops or ctx
+// ends first.
+func (r *Relay) retryAttempt(ctx context.Context, m *pgque.Message, slept time.Time) (res result, tried bool, err error) {
+	select {
+	case r.probe <- struct{}{}:
+	case <-r.stopping:
+		return result{}, false, pgque.RetryAfter(errors.New("relay stopping while the endpoint was unreachable"), 0)
+	case <-ctx.Done():
+		return result{}, false, context.Cause(ctx)
+	}
+	defer func() { <-r.probe }()
+	if r.lastDown.Load() > slept.UnixNano() {
+		return result{}, false, nil
+	}
+	res = r.attempt(ctx, m)
+	if res.unreachable {
+		r.lastDown.Store(time.Now().UnixNano())
+	}
+	return res, true, nil
 }
 
 // endpointDown and endpointUp count the requests waiting for an

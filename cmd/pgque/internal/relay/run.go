@@ -25,7 +25,10 @@ type RunConfig struct {
 	// Client is the pgque client the consumer and the ticker use.
 	Client *pgque.Client
 	// Consumer configures the partitioned consumer; Handler must be nil
-	// (the relay is the handler).
+	// (the relay is the handler). Its MaxWorkers, the requests this process
+	// runs at once across the keys of all its slots (one per key at a time),
+	// defaults to the relay's MaxInFlight: more would only wait for a
+	// request place while counting as a running handler.
 	Consumer pgque.PartitionedConsumerConfig
 	// Relay configures the delivery; its Queue and Consumer default to the
 	// consumer's.
@@ -66,6 +69,9 @@ func Run(ctx context.Context, rc *RunConfig) error {
 	defer r.Close()
 	ccfg := rc.Consumer
 	ccfg.Handler = r.Handle
+	if ccfg.MaxWorkers == 0 {
+		ccfg.MaxWorkers = r.cfg.MaxInFlight
+	}
 	pc, err := rc.Client.NewPartitionedConsumer(&ccfg)
 	if err != nil {
 		return err
@@ -100,7 +106,7 @@ func Run(ctx context.Context, rc *RunConfig) error {
 	}
 	state.Store(1)
 	log.Info("pgque relay: started", slog.String("queue", ccfg.Queue), slog.String("consumer", ccfg.Consumer),
-		slog.Int("slots", ccfg.Slots), slog.String("worker", pc.WorkerID()), slog.String("to", redacted(rcfg.URL)),
+		slog.Int("slots", ccfg.Slots), slog.Int("concurrency", ccfg.MaxWorkers), slog.String("worker", pc.WorkerID()), slog.String("to", redacted(rcfg.URL)),
 		slog.Bool("ticker", ticker != nil), slog.String("policy", pc.Policy().String()))
 	<-ctx.Done()
 	state.Store(2)

@@ -119,6 +119,13 @@ type SlotRow struct {
 	// LastActiveSeconds is how long ago the slot last opened or finished a
 	// batch.
 	LastActiveSeconds float64 `json:"last_active_seconds"`
+	// HeldKeys, HeldEvents and OldestHoldSeconds describe the keys held
+	// while their lanes run on (key_block state inflight): how many, the
+	// events deferred for them, the age of the oldest hold. Filled in by
+	// status.
+	HeldKeys          int     `json:"held_keys"`
+	HeldEvents        int64   `json:"held_events"`
+	OldestHoldSeconds float64 `json:"oldest_hold_seconds"`
 	// Warnings are filled in by status and slots status.
 	Warnings []string `json:"warnings"`
 }

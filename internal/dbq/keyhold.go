@@ -1,0 +1,54 @@
+package dbq
+
+import (
+	"context"
+	"time"
+)
+
+// HoldKeyPartitioned calls pgque.hold_key_partitioned(queue, consumer, slot,
+// nslots, worker, epoch, batch_id, key, head), head being an event of the
+// chunk d, and returns how many events were deferred. A nil key is the NULL
+// key.
+func (q *Queries) HoldKeyPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery, key *string, head int64) (int, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.hold_key_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::bigint, $8::text, $9::bigint)`,
+		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, key, head).Scan(&n)
+	return n, err
+}
+
+// HeldFailure is one failed event of a held key's lane.
+type HeldFailure struct {
+	ID int64
+	// RetryAfter is the retry delay; DeadLetterNow dead-letters at once.
+	RetryAfter time.Duration
+	Reason     string
+}
+
+// SettleHeldPartitioned calls pgque.settle_held_partitioned for a key held
+// under lease epoch and reports whether the hold was still that epoch's
+// (false: a new owner released it).
+func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, epoch int64, key *string, head int64, done []int64, failed []HeldFailure) (bool, error) {
+	ids := make([]int64, len(failed))
+	after := make([]*time.Duration, len(failed))
+	reasons := make([]string, len(failed))
+	for i, f := range failed {
+		ids[i], after[i], reasons[i] = f.ID, retryArg(f.RetryAfter), f.Reason
+	}
+	if done == nil {
+		done = []int64{}
+	}
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.settle_held_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::text, $8::bigint, $9::bigint[], $10::bigint[], $11::interval[], $12::text[])`,
+		queue, consumer, slot, nslots, worker, epoch, key, head, done, ids, after, reasons).Scan(&n)
+	return n == 1, err
+}
+
+// ReleaseStaleHoldsPartitioned calls
+// pgque.release_stale_holds_partitioned(queue, consumer, slot, nslots,
+// worker) and returns how many events were put back for redelivery.
+func (q *Queries) ReleaseStaleHoldsPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string) (int, error) {
+	var n int
+	err := q.db.QueryRow(ctx, `select pgque.release_stale_holds_partitioned($1::text, $2::text, $3::int, $4::int, $5::text)`,
+		queue, consumer, slot, nslots, worker).Scan(&n)
+	return n, err
+}

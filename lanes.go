@@ -1,0 +1,667 @@
+package pgque
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/pgque/pgque/internal/backoff"
+	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque/internal/wakeup"
+	"github.com/pgque/pgque/internal/workerpool"
+)
+
+// Key lanes (see docs/worker-pool.md). A slot's chunk is split by partition
+// key into lanes; each lane is a goroutine that runs its key's events one at
+// a time in ev_id order, and the lanes of a chunk run concurrently, bounded
+// by a per-slot and a per-process semaphore. When all lanes of a chunk are
+// done the chunk is settled as before. When only a few lanes have been left
+// running for laneHoldAfter, the keys of those running a handler are held
+// on the server (their
+// unfinished events deferred, later ones deferred on receipt) and the chunk
+// is acknowledged without them: the slot fetches on, and each held lane,
+// once finished, settles its key with one call that releases what arrived
+// for the key meanwhile.
+
+// laneHoldAfter is how long the last few lanes of a chunk may keep it open
+// before the keys of those running a handler are held. Holding costs a few
+// writes per held event; waiting costs the slot that long without fetching.
+const laneHoldAfter = 50 * time.Millisecond
+
+// laneFewDiv: lanes are "few" when at most 1/laneFewDiv of the chunk's
+// lanes (at least one) are still running.
+const laneFewDiv = 8
+
+// lane is one key's events of one chunk.
+type lane struct {
+	key  KeyRef
+	msgs []*Message
+	// prev, when set, is a held lane of the same key that must finish
+	// before this one starts: one handler per key at a time, even around a
+	// release.
+	prev *lane
+
+	mu       sync.Mutex
+	next     int       // index of the first message not finished
+	results  []error   // per message, valid below next
+	started  time.Time // when the running handler started
+	running  bool      // a handler of the lane runs now
+	finished bool      // no handler of the lane runs any more
+	aborted  bool      // stopped because the work context ended
+	// held: the key is (being) held from msgs[heldFrom] on; the lane then
+	// waits for decided and, when holdOK, settles its key itself.
+	held     bool
+	heldFrom int
+	holdOK   bool
+	decided  chan struct{}
+	// done is closed once a held lane settled (or gave up).
+	done chan struct{}
+}
+
+// slotLanes is the lane state of one slot under one runner (lease).
+type slotLanes struct {
+	lease     *workerpool.Lease
+	recovered bool
+	sem       chan struct{} // running handlers of the slot
+
+	// chunkMu is held by the runner from a receive until its chunk is
+	// settled, and by a held lane while it settles its key: releasing a
+	// key's deferred events while a chunk that deferred some of them is
+	// still unacknowledged would deliver those twice after a crash.
+	chunkMu sync.Mutex
+
+	mu      sync.Mutex
+	held    map[KeyRef]*lane // detached lanes not finished yet
+	queued  int              // unfinished events of detached lanes
+	broken  error            // a held key could not be settled: give the slot up
+	changed *wakeup.Signal
+	wg      sync.WaitGroup
+}
+
+// lanesOf returns the lane state for lease, creating it for a new runner.
+func (pc *PartitionedConsumer) lanesOf(lease *workerpool.Lease) *slotLanes {
+	pc.lanesMu.Lock()
+	defer pc.lanesMu.Unlock()
+	sl := pc.lanes[lease.Slot]
+	if sl == nil || sl.lease != lease {
+		sl = &slotLanes{lease: lease, held: make(map[KeyRef]*lane), changed: wakeup.NewSignal(),
+			sem: make(chan struct{}, pc.config.MaxWorkersPerSlot)}
+		pc.lanes[lease.Slot] = sl
+	}
+	return sl
+}
+
+// drain waits for the detached lanes of the slot (a workerpool.DrainFunc):
+// they finish their handlers and settle their keys before the lease is
+// released.
+func (pc *PartitionedConsumer) drain(lease *workerpool.Lease) {
+	pc.lanesMu.Lock()
+	sl := pc.lanes[lease.Slot]
+	if sl != nil && sl.lease == lease {
+		delete(pc.lanes, lease.Slot)
+	}
+	pc.lanesMu.Unlock()
+	if sl != nil && sl.lease == lease {
+		sl.wg.Wait()
+		pc.observeLanes(lease.Slot, nil)
+	}
+}
+
+// recoverHolds releases the holds left on the slot — by an earlier owner,
+// or by this process before it was fenced from the slot — once per runner,
+// before the first receive: no lane of the slot runs then.
+func (pc *PartitionedConsumer) recoverHolds(ctx context.Context, sl *slotLanes, lease *workerpool.Lease) error {
+	if sl.recovered {
+		return nil
+	}
+	cfg := &pc.config
+	n, err := pc.client.queries.ReleaseStaleHoldsPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID)
+	if err != nil {
+		return mapError(fmt.Sprintf("releasing earlier holds of slot %d", lease.Slot), err)
+	}
+	sl.recovered = true
+	if n > 0 {
+		pc.client.metrics.LaneRedelivered.WithLabelValues(cfg.Queue, cfg.Consumer).Add(float64(n))
+		pc.client.logger.InfoContext(ctx, "pgque: released keys held before this worker started on the slot",
+			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot),
+			slog.Int("events", n))
+	}
+	return nil
+}
+
+// workLanes processes one chunk of the slot with key lanes (a
+// workerpool.WorkFunc).
+func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, lease *workerpool.Lease) (bool, error) {
+	cfg := &pc.config
+	sl := pc.lanesOf(lease)
+	if err := pc.recoverHolds(fetchCtx, sl, lease); err != nil {
+		return false, err
+	}
+	// Backpressure: the events detached lanes still hold in memory, plus
+	// the next chunk, stay within MaxEventsPerSlot.
+	for {
+		sl.mu.Lock()
+		queued, broken := sl.queued, sl.broken
+		sl.mu.Unlock()
+		if broken != nil {
+			return false, broken
+		}
+		if queued == 0 || queued+cfg.BatchSize <= cfg.MaxEventsPerSlot {
+			break
+		}
+		select {
+		case <-sl.changed.C():
+		case <-fetchCtx.Done():
+			return false, nil
+		}
+	}
+
+	sl.chunkMu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			sl.chunkMu.Unlock()
+		}
+	}()
+	start := time.Now()
+	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, cfg.BatchSize)
+	if err != nil {
+		return false, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
+	}
+	lease.Renewed(start)
+	if len(rows) == 0 {
+		return false, nil
+	}
+	if rows[0].Epoch != lease.Epoch {
+		return false, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
+	}
+	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
+	// The chunk's nacks, ack and holds prove which chunk they settle.
+	delivery := dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}
+	policy := pc.Policy()
+	pause := policy == FailurePolicyPause
+
+	lanes := pc.splitLanes(sl, msgs)
+	doneCh := make(chan *lane, len(lanes))
+	for _, ln := range lanes {
+		go pc.runLane(workCtx, sl, lease, ln, pause, doneCh)
+	}
+	pc.observeLanes(lease.Slot, sl)
+
+	// Wait for the lanes; hold the last few if they take long.
+	pending := len(lanes)
+	few := max(1, len(lanes)/laneFewDiv)
+	var fewSince time.Time
+	var timer *time.Timer
+	var timerC <-chan time.Time
+	stopTimer := func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+	var holding []*lane
+wait:
+	for pending > 0 {
+		if pending <= few && fewSince.IsZero() {
+			fewSince = time.Now()
+			timer = time.NewTimer(laneHoldAfter)
+			timerC = timer.C
+		}
+		select {
+		case <-doneCh:
+			pending--
+		case now := <-timerC:
+			holding = markHolds(lanes, now)
+			if len(holding) > 0 {
+				break wait
+			}
+			timer.Reset(laneHoldAfter / 5)
+		}
+	}
+	stopTimer()
+	// Lanes that finished while the holds were being marked report on
+	// doneCh; every lane not held must be collected before settling.
+	for pending > len(holding) {
+		<-doneCh
+		pending--
+	}
+	if workCtx.Err() != nil || anyAborted(lanes) {
+		abandonHolds(holding, doneCh)
+		return false, errors.Join(errAborted, context.Cause(workCtx))
+	}
+
+	failures := chunkFailures(lanes)
+	ackStart := time.Now()
+	s := pc.chunkSettler(lease, policy, delivery)
+	if len(holding) > 0 {
+		// The holds must land with the ack: in the same transaction.
+		err = pc.settleWithHolds(workCtx, &s, failures, lease, delivery, holding)
+	} else {
+		err = s.settle(workCtx, pc.client.pool, failures)
+	}
+	if err != nil && len(holding) > 0 && workCtx.Err() == nil && !errors.Is(err, ErrLeaseLost) {
+		// The holds did not land (the transaction rolled back): fall back
+		// to the chunk barrier, so that a hold that keeps failing costs
+		// throughput, never progress.
+		pc.client.logger.WarnContext(workCtx, "pgque: holding slow keys failed; waiting for them instead",
+			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot),
+			slog.Any("error", err))
+		unhold(holding, doneCh)
+		holding = nil
+		if workCtx.Err() != nil || anyAborted(lanes) {
+			return false, errors.Join(errAborted, context.Cause(workCtx))
+		}
+		ackStart = time.Now()
+		err = s.settle(workCtx, pc.client.pool, chunkFailures(lanes))
+	}
+	if err != nil {
+		abandonHolds(holding, doneCh)
+		return false, err
+	}
+	lease.Renewed(ackStart)
+	sl.chunkMu.Unlock()
+	locked = false
+	if len(holding) > 0 {
+		pc.detach(sl, holding)
+	}
+	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(start).Seconds())
+	pc.observeLanes(lease.Slot, sl)
+	return true, nil
+}
+
+// splitLanes groups a chunk by key, keeping ev_id order within each key.
+func (pc *PartitionedConsumer) splitLanes(sl *slotLanes, msgs []*Message) []*lane {
+	byKey := make(map[KeyRef]*lane)
+	var lanes []*lane
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	for _, m := range msgs {
+		k := m.Key()
+		ln := byKey[k]
+		if ln == nil {
+			ln = &lane{key: k, prev: sl.held[k], decided: make(chan struct{}), done: make(chan struct{})}
+			byKey[k] = ln
+			lanes = append(lanes, ln)
+		}
+		ln.msgs = append(ln.msgs, m)
+	}
+	for _, ln := range lanes {
+		ln.results = make([]error, len(ln.msgs))
+	}
+	return lanes
+}
+
+// runLane runs one lane's handlers, then reports on doneCh or, when its
+// key was held, settles the key.
+func (pc *PartitionedConsumer) runLane(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, ln *lane, pause bool, doneCh chan<- *lane) {
+	if ln.prev != nil {
+		select {
+		case <-ln.prev.done:
+		case <-ctx.Done():
+		}
+	}
+	for i, m := range ln.msgs {
+		if !pc.acquire(ctx, sl) {
+			break
+		}
+		ln.mu.Lock()
+		ln.started, ln.running = time.Now(), true
+		ln.mu.Unlock()
+		err := pc.invoker.call(ctx, m)
+		pc.releaseWorker(sl)
+		ln.mu.Lock()
+		ln.running = false
+		if ctx.Err() == nil {
+			ln.results[i] = err
+			ln.next = i + 1
+		}
+		ln.mu.Unlock()
+		if ctx.Err() != nil {
+			break
+		}
+		if err != nil && pause {
+			break
+		}
+	}
+	ln.mu.Lock()
+	ln.finished = true
+	ln.aborted = ctx.Err() != nil
+	held := ln.held
+	ln.mu.Unlock()
+	if !held {
+		doneCh <- ln
+		return
+	}
+	<-ln.decided
+	if !ln.holdOK {
+		doneCh <- ln
+		return
+	}
+	pc.settleHeld(ctx, sl, lease, ln)
+}
+
+// acquire takes a running-handler place in the slot and in the process.
+func (pc *PartitionedConsumer) acquire(ctx context.Context, sl *slotLanes) bool {
+	select {
+	case sl.sem <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case pc.workers <- struct{}{}:
+	case <-ctx.Done():
+		<-sl.sem
+		return false
+	}
+	pc.addRunning(1)
+	return true
+}
+
+func (pc *PartitionedConsumer) releaseWorker(sl *slotLanes) {
+	pc.addRunning(-1)
+	<-pc.workers
+	<-sl.sem
+}
+
+// addRunning changes the count of running handlers and its gauge.
+func (pc *PartitionedConsumer) addRunning(d int) {
+	pc.runningMu.Lock()
+	pc.running += d
+	pc.runningGauge.Set(float64(pc.running))
+	pc.runningMu.Unlock()
+}
+
+// markHolds marks as held, from their first unfinished event, the lanes
+// whose running handler has run for laneHoldAfter by now, and returns them.
+// A lane waiting for a place in a semaphore, or for its turn on the CPU
+// between fast handlers, is not a slow key: holding it would only cost
+// writes.
+func markHolds(lanes []*lane, now time.Time) []*lane {
+	var out []*lane
+	for _, ln := range lanes {
+		ln.mu.Lock()
+		if !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= laneHoldAfter {
+			ln.held, ln.heldFrom = true, ln.next
+			out = append(out, ln)
+		}
+		ln.mu.Unlock()
+	}
+	return out
+}
+
+// abandonHolds tells held lanes that their hold did not land, and waits for
+// them: the chunk is not acknowledged, so their events come again.
+func abandonHolds(holding []*lane, doneCh <-chan *lane) {
+	for _, ln := range holding {
+		ln.holdOK = false
+		close(ln.decided)
+	}
+	for range holding {
+		<-doneCh
+	}
+	for _, ln := range holding {
+		close(ln.done)
+	}
+}
+
+// unhold turns held lanes back into ordinary ones of the chunk and waits
+// for them to finish.
+func unhold(holding []*lane, doneCh <-chan *lane) {
+	for _, ln := range holding {
+		ln.mu.Lock()
+		ln.held = false
+		ln.mu.Unlock()
+		ln.holdOK = false
+		close(ln.decided)
+	}
+	for range holding {
+		<-doneCh
+	}
+	for _, ln := range holding {
+		close(ln.done)
+	}
+}
+
+func anyAborted(lanes []*lane) bool {
+	for _, ln := range lanes {
+		ln.mu.Lock()
+		a := ln.aborted && !ln.held
+		ln.mu.Unlock()
+		if a {
+			return true
+		}
+	}
+	return false
+}
+
+// chunkFailures collects the failures the chunk's ack settles: all of the
+// lanes not held, and those before the hold of the held ones.
+func chunkFailures(lanes []*lane) []failure {
+	var out []failure
+	for _, ln := range lanes {
+		ln.mu.Lock()
+		upto := ln.next
+		if ln.held {
+			upto = ln.heldFrom
+		}
+		for i := range upto {
+			if ln.results[i] != nil {
+				out = append(out, failure{msg: ln.msgs[i], err: ln.results[i]})
+			}
+		}
+		ln.mu.Unlock()
+	}
+	return out
+}
+
+// settleWithHolds holds the keys of holding and settles the chunk, in one
+// transaction.
+func (pc *PartitionedConsumer) settleWithHolds(ctx context.Context, s *settler, failures []failure, lease *workerpool.Lease, delivery dbq.Delivery, holding []*lane) error {
+	cfg := &pc.config
+	tx, err := pc.client.pool.Begin(ctx)
+	if err != nil {
+		return mapError("settling chunk", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	q := dbq.New(tx)
+	for _, ln := range holding {
+		ln.mu.Lock()
+		head := ln.msgs[ln.heldFrom].ID
+		ln.mu.Unlock()
+		if _, err := q.HoldKeyPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, delivery, ln.key.arg(), head); err != nil {
+			return mapError(fmt.Sprintf("holding key %v of slot %d", ln.key, lease.Slot), err)
+		}
+	}
+	if err := s.settle(ctx, tx, failures); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return mapError("settling chunk", err)
+	}
+	pc.client.metrics.KeyHolds.WithLabelValues(cfg.Queue, cfg.Consumer).Add(float64(len(holding)))
+	return nil
+}
+
+// detach hands held lanes over to the slot's lane state: the slot fetches
+// on while they finish.
+func (pc *PartitionedConsumer) detach(sl *slotLanes, holding []*lane) {
+	sl.mu.Lock()
+	for _, ln := range holding {
+		ln.mu.Lock()
+		ln.holdOK = true
+		n := len(ln.msgs) - ln.heldFrom
+		ln.mu.Unlock()
+		sl.held[ln.key] = ln
+		sl.queued += n
+		sl.wg.Add(1)
+	}
+	sl.mu.Unlock()
+	for _, ln := range holding {
+		close(ln.decided)
+	}
+}
+
+// settleHeld settles a held lane's key once its handlers are done: the
+// events it handled are dropped from the hold, failures retried or
+// dead-lettered, the rest released. It retries transient errors; if the
+// key cannot be settled, the slot is given up so that its next owner
+// releases the hold.
+func (pc *PartitionedConsumer) settleHeld(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, ln *lane) {
+	cfg := &pc.config
+	defer func() {
+		sl.mu.Lock()
+		if sl.held[ln.key] == ln {
+			delete(sl.held, ln.key)
+		}
+		sl.queued -= len(ln.msgs) - ln.heldFrom
+		sl.mu.Unlock()
+		close(ln.done)
+		sl.changed.Fire()
+		pc.observeLanes(lease.Slot, sl)
+		sl.wg.Done()
+	}()
+	if ln.aborted || ctx.Err() != nil {
+		return // the next owner releases the hold
+	}
+	head := ln.msgs[ln.heldFrom].ID
+	var done []int64
+	var failed []dbq.HeldFailure
+	// The delays are those the chunk's settler gives: DeadLetter and
+	// RetryAfter errors are honoured in held lanes too.
+	delays := settler{retryDelay: cfg.RetryDelay}
+	for i := ln.heldFrom; i < ln.next; i++ {
+		m := ln.msgs[i]
+		if err := ln.results[i]; err != nil {
+			failed = append(failed, dbq.HeldFailure{ID: m.ID, RetryAfter: delays.delay(failure{msg: m, err: err}), Reason: reason(err)})
+		} else {
+			done = append(done, m.ID)
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		sl.chunkMu.Lock()
+		start := time.Now()
+		ok, err := pc.client.queries.SettleHeldPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID,
+			lease.Epoch, ln.key.arg(), head, done, failed)
+		sl.chunkMu.Unlock()
+		if err == nil {
+			lease.Renewed(start)
+			if !ok {
+				pc.client.logger.WarnContext(ctx, "pgque: hold of key was released by another owner; its events are handled again",
+					slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot))
+				return
+			}
+			break
+		}
+		err = mapError(fmt.Sprintf("settling held key %v of slot %d", ln.key, lease.Slot), err)
+		if errors.Is(err, ErrLeaseLost) || ctx.Err() != nil || attempt >= 4 {
+			sl.mu.Lock()
+			if sl.broken == nil {
+				sl.broken = fmt.Errorf("%w; giving the slot up so that its next owner releases the key: %w", err, ErrLeaseLost)
+			}
+			sl.mu.Unlock()
+			return
+		}
+		pc.client.logger.WarnContext(ctx, "pgque: settling held key", slog.Any("error", err))
+		if !backoff.Sleep(ctx.Done(), backoff.Errors.Delay(attempt)) {
+			return
+		}
+	}
+}
+
+// chunkSettler is the settler of the chunk delivery of the slot held by
+// lease: its nacks and ack prove which chunk they settle.
+func (pc *PartitionedConsumer) chunkSettler(lease *workerpool.Lease, policy FailurePolicy, delivery dbq.Delivery) settler {
+	cfg := &pc.config
+	return settler{
+		retryDelay: cfg.RetryDelay, metrics: pc.client.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
+		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
+			return q.NackDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, delivery, m.ID, after, reason)
+		},
+		ack: func(ctx context.Context, q *dbq.Queries) (bool, error) {
+			return q.AckDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, delivery)
+		},
+		// The chunk was handled under policy: its nacks and ack are right
+		// only if the server still applies that policy (an operator may have
+		// switched it). Otherwise nothing is settled, and the chunk is
+		// received again and handled under the new policy.
+		check: func(ctx context.Context, q *dbq.Queries) error {
+			now, err := serverPolicy(ctx, q, cfg.Queue, cfg.Consumer)
+			if err != nil {
+				return err
+			}
+			if now != policy {
+				pc.policy.CompareAndSwap(int32(policy), int32(now))
+				return fmt.Errorf("chunk of slot %d was handled under failure policy %s, the consumer's policy is now %s; it is handled again: %w",
+					lease.Slot, policy, now, ErrPolicyMismatch)
+			}
+			return nil
+		},
+	}
+}
+
+// LaneStats is a snapshot of one owned slot's key lanes in this process.
+type LaneStats struct {
+	Slot int
+	// HeldKeys are keys whose lanes run on after their chunk was
+	// acknowledged (held on the server).
+	HeldKeys int
+	// Queued is how many events those lanes still hold in memory.
+	Queued int
+	// OldestInFlight is when the oldest event still being handled by a
+	// held lane was created (zero when none).
+	OldestInFlight time.Time
+}
+
+// LaneStats returns the lane state of each slot this process owns.
+func (pc *PartitionedConsumer) LaneStats() []LaneStats {
+	pc.lanesMu.Lock()
+	slots := make(map[int]*slotLanes, len(pc.lanes))
+	for s, sl := range pc.lanes {
+		slots[s] = sl
+	}
+	pc.lanesMu.Unlock()
+	out := make([]LaneStats, 0, len(slots))
+	for s, sl := range slots {
+		out = append(out, sl.stats(s))
+	}
+	return out
+}
+
+func (sl *slotLanes) stats(slot int) LaneStats {
+	st := LaneStats{Slot: slot}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	st.HeldKeys, st.Queued = len(sl.held), sl.queued
+	for _, ln := range sl.held {
+		ln.mu.Lock()
+		if ln.next < len(ln.msgs) {
+			if t := ln.msgs[ln.next].CreatedAt; st.OldestInFlight.IsZero() || t.Before(st.OldestInFlight) {
+				st.OldestInFlight = t
+			}
+		}
+		ln.mu.Unlock()
+	}
+	return st
+}
+
+// observeLanes updates the per-slot lane gauges (nil: the slot is gone).
+func (pc *PartitionedConsumer) observeLanes(slot int, sl *slotLanes) {
+	m, cfg := pc.client.metrics, &pc.config
+	lbl := []string{cfg.Queue, cfg.Consumer, fmt.Sprint(slot)}
+	if sl == nil {
+		// The slot is no longer worked here: nothing of it is held.
+		m.LaneQueued.WithLabelValues(lbl...).Set(0)
+		m.LaneOldestAge.WithLabelValues(lbl...).Set(0)
+		return
+	}
+	st := sl.stats(slot)
+	m.LaneQueued.WithLabelValues(lbl...).Set(float64(st.Queued))
+	age := 0.0
+	if !st.OldestInFlight.IsZero() {
+		age = time.Since(st.OldestInFlight).Seconds()
+	}
+	m.LaneOldestAge.WithLabelValues(lbl...).Set(age)
+}
