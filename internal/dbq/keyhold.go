@@ -11,7 +11,7 @@ import (
 // key.
 func (q *Queries) HoldKeyPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery, key *string, head int64) (int, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.hold_key_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::bigint, $8::text, $9::bigint)`,
+	err := q.db.QueryRow(ctx, `select pgque.hold_key_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::bigint, $7::bigint, $8::pg_catalog.text, $9::bigint)`,
 		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, key, head).Scan(&n)
 	return n, err
 }
@@ -38,7 +38,7 @@ func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer str
 		done = []int64{}
 	}
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.settle_held_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::bigint, $7::text, $8::bigint, $9::bigint[], $10::bigint[], $11::interval[], $12::text[])`,
+	err := q.db.QueryRow(ctx, `select pgque.settle_held_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::bigint, $7::pg_catalog.text, $8::bigint, $9::bigint[], $10::bigint[], $11::interval[], $12::pg_catalog.text[])`,
 		queue, consumer, slot, nslots, worker, epoch, key, head, done, ids, after, reasons).Scan(&n)
 	return n == 1, err
 }
@@ -48,7 +48,7 @@ func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer str
 // worker) and returns how many events were put back for redelivery.
 func (q *Queries) ReleaseStaleHoldsPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string) (int, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.release_stale_holds_partitioned($1::text, $2::text, $3::int, $4::int, $5::text)`,
+	err := q.db.QueryRow(ctx, `select pgque.release_stale_holds_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text)`,
 		queue, consumer, slot, nslots, worker).Scan(&n)
 	return n, err
 }

@@ -23,7 +23,9 @@ import (
 // process, on one cluster in one run. b.N events over 1000 keys are sent
 // as fast as possible and drained (ev/s); then 200 events are sent at
 // 100/s and their latency from send to the handler is measured (p50 and
-// p99 ms). Slots: $PGQUE_RELAY_BENCH_SLOTS, default 16.
+// p99 ms). Slots: $PGQUE_RELAY_BENCH_SLOTS, default 16; handlers running at
+// once (lanes) and requests in flight: $PGQUE_RELAY_BENCH_WORKERS, default
+// pgque.MaxWorkersDefault.
 //
 //	go test -run '^$' -bench BenchmarkRelay -benchtime 4000x ./internal/relay/
 func BenchmarkRelay(b *testing.B) {
@@ -101,7 +103,9 @@ func benchRelay(b *testing.B, cost time.Duration, slots int, viaHTTP bool) {
 			sink.seen(created)
 		}))
 		defer srv.Close()
-		r, err := relay.New(&relay.Config{URL: srv.URL, Queue: "bench", Consumer: "c", Logger: quiet, MaxInFlight: slots})
+		// Requests in flight as many as handlers may run (lanes): the relay
+		// must not be the narrower limit of the two.
+		r, err := relay.New(&relay.Config{URL: srv.URL, Queue: "bench", Consumer: "c", Logger: quiet, MaxInFlight: benchWorkers(b)})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -118,6 +122,7 @@ func benchRelay(b *testing.B, cost time.Duration, slots int, viaHTTP bool) {
 	}
 	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
 		Queue: "bench", Consumer: "c", Slots: slots, Handler: handler, ClaimInterval: 100 * time.Millisecond,
+		MaxWorkers: benchWorkers(b),
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -176,4 +181,17 @@ func benchRelay(b *testing.B, cost time.Duration, slots int, viaHTTP bool) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 	b.ReportMetric(0, "ns/op")
+}
+
+// benchWorkers is the per-process handler limit of both modes:
+// $PGQUE_RELAY_BENCH_WORKERS, default pgque.MaxWorkersDefault.
+func benchWorkers(b *testing.B) int {
+	if s := os.Getenv("PGQUE_RELAY_BENCH_WORKERS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			b.Fatalf("PGQUE_RELAY_BENCH_WORKERS=%q is not a positive number", s)
+		}
+		return n
+	}
+	return pgque.MaxWorkersDefault
 }
