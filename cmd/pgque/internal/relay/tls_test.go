@@ -30,7 +30,7 @@ func TestHandleTLS(t *testing.T) {
 	}
 	newR := func(mod func(*relay.Config)) (*relay.Relay, *bytes.Buffer) {
 		var logs bytes.Buffer
-		cfg := relay.Config{URL: srv.URL + "/in", Queue: "q", Consumer: "c", Timeout: 2 * time.Second,
+		cfg := relay.Config{URL: srv.URL + "/in", Queue: "q", Consumer: "c", Timeout: 15 * time.Second, // a handshake on a loaded machine under -race can take seconds
 			UnreachableBackoffMin: 10 * time.Millisecond, UnreachableBackoffMax: 20 * time.Millisecond,
 			Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 		mod(&cfg)
