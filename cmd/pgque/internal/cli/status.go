@@ -13,6 +13,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/cmd/pgque/internal/view"
 )
 
 // Defaults of the status checks.
@@ -149,12 +150,7 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 				// A key held while its lane runs is normal operation: it
 				// is shown with its slot, and warned about only when the
 				// hold lasts as long as a stuck slot would.
-				age := time.Since(b.Since).Seconds()
-				if sl := findSlot(rep.Slots, b.Queue, b.Consumer, b.Slot); sl != nil {
-					sl.HeldKeys++
-					sl.HeldEvents += b.Deferred
-					sl.OldestHoldSeconds = max(sl.OldestHoldSeconds, age)
-				}
+				age := view.AddHold(rep.Slots, b.Queue, b.Consumer, b.Slot, b.Since, b.Deferred, time.Now())
 				if age > th.stuckAfter.Seconds() {
 					rep.Warnings = append(rep.Warnings, fmt.Sprintf("queue %s, consumer %s, slot %d: key %s held for %s while its handler runs (head event %d, %d deferred)",
 						b.Queue, b.Consumer, b.Slot, fmtKey(b.Key), fmtSeconds(age), b.HeadEvID, b.Deferred))
@@ -331,16 +327,6 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		fmt.Fprintln(w, "\nWARNINGS")
 		for _, msg := range rep.Warnings {
 			fmt.Fprintln(w, "  - "+msg)
-		}
-	}
-	return nil
-}
-
-// findSlot returns the row of one slot, nil when absent.
-func findSlot(slots []slotRow, queue, consumer string, slot int) *slotRow {
-	for i := range slots {
-		if s := &slots[i]; s.Queue == queue && s.Consumer == consumer && s.Slot == slot {
-			return s
 		}
 	}
 	return nil

@@ -218,3 +218,19 @@ func KeyRefOf(k *string) pgque.KeyRef {
 	}
 	return pgque.KeyOf(*k)
 }
+
+// AddHold counts a key held while its lane runs (state inflight, since
+// since, deferred events behind it) on the row of its slot, if slots has it,
+// and returns the hold's age in seconds.
+func AddHold(slots []SlotRow, queue, consumer string, slot int, since time.Time, deferred int64, now time.Time) float64 {
+	age := now.Sub(since).Seconds()
+	for i := range slots {
+		if s := &slots[i]; s.Queue == queue && s.Consumer == consumer && s.Slot == slot {
+			s.HeldKeys++
+			s.HeldEvents += deferred
+			s.OldestHoldSeconds = max(s.OldestHoldSeconds, age)
+			break
+		}
+	}
+	return age
+}

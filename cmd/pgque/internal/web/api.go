@@ -47,6 +47,18 @@ func (s *Server) sample(ctx context.Context) (sample, error) {
 		return smp, err
 	}
 	smp.Slots = view.SlotRowsOf(slots)
+	// Keys held while their lane runs (key lanes), counted on their slots.
+	for _, q := range qs {
+		bks, err := s.cfg.Client.BlockedKeys(ctx, q.Name, "")
+		if err != nil {
+			return smp, err
+		}
+		for _, b := range bks {
+			if b.State == pgque.BlockStateInflight {
+				view.AddHold(smp.Slots, b.Queue, b.Consumer, b.Slot, b.Since, b.Deferred, smp.Time)
+			}
+		}
+	}
 	return smp, nil
 }
 

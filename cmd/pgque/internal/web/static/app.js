@@ -144,7 +144,8 @@ function renderConsumers(ov) {
   const groups = ov.groups.map((g) => [el("a", { href: "/keys?" + new URLSearchParams({ queue: g.queue, consumer: g.consumer }) }, g.queue + " / " + g.consumer),
     g.nslots, g.owned, g.workers, g.lag, fmtAge(g.head_age_seconds), g.policy]);
   const slots = ov.slots.map((s) => [s.queue, s.consumer, s.slot + "/" + s.nslots, s.owner === null ? { v: "unowned", cls: "state state-blocked" } : s.owner,
-    s.epoch, s.lag, fmtAge(s.oldest_pending_seconds), s.open_batch === null ? "-" : String(s.open_batch), fmtAge(s.last_active_seconds) + " ago"]);
+    s.epoch, s.lag, fmtAge(s.oldest_pending_seconds), s.held_keys > 0 ? s.held_keys + " keys, " + s.held_events + " ev, " + fmtAge(s.oldest_hold_seconds) : "-",
+    s.open_batch === null ? "-" : String(s.open_batch), fmtAge(s.last_active_seconds) + " ago"]);
   const plain = ov.consumers.map((c) => [c.queue, c.consumer, c.pending, fmtAge(c.lag_seconds), fmtAge(c.last_seen_seconds) + " ago", c.retry_pending]);
   const charts = ov.groups.map((g) => el("div", { class: "charts" },
     chart(g.queue + "/" + g.consumer + " lag (events)", seriesOf(ov.history, "lag", g.queue + "/" + g.consumer), fmtNum),
@@ -153,7 +154,7 @@ function renderConsumers(ov) {
     table("groups", ["consumer", "slots", "owned", "workers", "lag", "oldest head", "policy"], groups, "no partitioned consumers"),
     charts,
     el("h2", {}, "Slots"),
-    table("slots", ["queue", "consumer", "slot", "owner", "epoch", "lag", "head age", "open batch", "last active"], slots, "no slots"),
+    table("slots", ["queue", "consumer", "slot", "owner", "epoch", "lag", "head age", "held keys (lanes)", "open batch", "last active"], slots, "no slots"),
     el("h2", {}, "Plain consumers"),
     table("consumers", ["queue", "consumer", "pending", "cursor age", "last seen", "retry pending"], plain, "no plain consumers")];
 }
