@@ -121,6 +121,29 @@ begin
 end;
 $$;
 
+-- _fenced_lease(queue, consumer, slot, nslots, worker, epoch, batch_id,
+-- msg_id): what the fenced ack and nack check first: their proof is
+-- complete (22004), the caller may consume the queue, holds the lease, and
+-- received the chunk it names (_check_delivery). Returns the locked lease.
+create or replace function pgque._fenced_lease(i_queue text, i_consumer text, i_slot integer,
+                                               i_nslots integer, i_worker text,
+                                               i_epoch bigint, i_batch_id bigint, i_msg_id bigint)
+returns pgque.slot_lease language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    l pgque.slot_lease;
+begin
+    if i_epoch is null or i_batch_id is null or i_msg_id is null then
+        raise exception using errcode = '22004', message = 'epoch, batch id and msg_id must not be NULL';
+    end if;
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
+    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
+    return l;
+end;
+$$;
+
 -- ack_partitioned(queue, consumer, slot, nslots, worker, epoch, batch_id,
 -- msg_id): acknowledges the chunk the last receive_partitioned returned,
 -- after _check_delivery proved it is the chunk the caller received (epoch
@@ -135,12 +158,7 @@ as $$
 declare
     l pgque.slot_lease;
 begin
-    if i_epoch is null or i_batch_id is null or i_msg_id is null then
-        raise exception using errcode = '22004', message = 'epoch, batch id and msg_id must not be NULL';
-    end if;
-    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
-    perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
+    l := pgque._fenced_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_epoch, i_batch_id, i_msg_id);
     return pgque._ack_slot(l, i_slot, i_nslots);
 end;
 $$;
@@ -191,12 +209,7 @@ as $$
 declare
     l pgque.slot_lease;
 begin
-    if i_epoch is null or i_batch_id is null or i_msg_id is null then
-        raise exception using errcode = '22004', message = 'epoch, batch id and msg_id must not be NULL';
-    end if;
-    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
-    perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
+    l := pgque._fenced_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_epoch, i_batch_id, i_msg_id);
     return pgque._nack_slot(l, i_slot, i_nslots, i_msg_id, i_retry_after, i_reason);
 end;
 $$;
