@@ -1,10 +1,9 @@
-// The pgque command. It requires the library (and pgqueprom) at a released
-// version; during development go.work maps the placeholder version below to
-// the checkout. A release tags the library vX.Y.Z, updates these
-// requirements to it (GOWORK=off go get github.com/pgque/pgque@vX.Y.Z, then
-// scripts/tidy) and tags cmd/pgque/vX.Y.Z, so that
+// The pgque command. Between releases it requires the library (and
+// pgqueprom) at the placeholder version below and replaces them with their
+// directories, so `go mod tidy` works here alone. A release commit drops
+// the replaces and requires the tagged vX.Y.Z instead, so that
 // go install github.com/pgque/pgque/cmd/pgque@vX.Y.Z works from the module
-// proxy without any replace directive (see docs/design.md).
+// proxy (go install refuses replace directives; see docs/design.md).
 module github.com/pgque/pgque/cmd/pgque
 
 go 1.26.0
@@ -51,3 +50,7 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+replace github.com/pgque/pgque => ../..
+
+replace github.com/pgque/pgque/pgqueprom => ../../pgqueprom
