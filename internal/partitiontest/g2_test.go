@@ -121,7 +121,7 @@ func TestG2Parallel(t *testing.T) {
 	d.tick("g2p")
 	slots := d.claimAll("g2p", "c", 2, "w", 2)
 	slots[1].worker = "v" // a different worker on slot 1
-	d.exec("select pgque.release_slot('g2p', 'c', 1, 'w')")
+	release(t, d.pool, "g2p", "c", 1, "w")
 	mustClaim(t, d.pool, "g2p", "c", 1, "v", "1 hour")
 
 	t.Run("different slots overlap", func(t *testing.T) {

@@ -107,19 +107,19 @@ func TestLease(t *testing.T) {
 	}
 
 	// Only the owner releases.
-	if ok := one[bool](t, d.pool, "select pgque.release_slot('ls', 'c', 0, 'w2')"); ok {
+	if ok := release(t, d.pool, "ls", "c", 0, "w2"); ok {
 		t.Error("release_slot by a non-owner returned true")
 	}
 	if owner, _, _ := leaseRow(t, d, "ls", "c", 0); owner == nil || *owner != "w1" {
 		t.Errorf("after a non-owner's release the owner is %s, want w1", keyString(owner))
 	}
-	if ok := one[bool](t, d.pool, "select pgque.release_slot('ls', 'c', 0, 'w1')"); !ok {
+	if ok := release(t, d.pool, "ls", "c", 0, "w1"); !ok {
 		t.Error("release_slot by the owner returned false")
 	}
 	if owner, _, _ := leaseRow(t, d, "ls", "c", 0); owner != nil {
 		t.Errorf("after release the owner is %s, want NULL", *owner)
 	}
-	if ok := one[bool](t, d.pool, "select pgque.release_slot('ls', 'c', 0, 'w1')"); ok {
+	if ok := release(t, d.pool, "ls", "c", 0, "w1"); ok {
 		t.Error("a second release_slot returned true")
 	}
 	if e := mustClaim(t, d.pool, "ls", "c", 0, "w2", ttl); e != 2 {

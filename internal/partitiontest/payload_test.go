@@ -98,7 +98,7 @@ func TestHostileDataIsDelivered(t *testing.T) {
 				t.Fatal("ack did not finish the batch")
 			}
 			check("receive_partitioned", receiveText(t, d.pool,
-				"select msg_id, batch_id, payload::text from pgque.receive_partitioned('q', 'c', 0, 1, 'w', 100)"))
+				"select msg_id, batch_id, payload::text from pgque.receive_partitioned('q', 'c', 0, 1, 'w', $1::uuid, 100)", tokenFor(t, d.pool, "q", "c", 0, "w")))
 			if mustAck(t, d.pool, slot) != 1 {
 				t.Fatal("ack_partitioned did not finish the batch")
 			}

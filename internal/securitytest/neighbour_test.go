@@ -211,9 +211,9 @@ func TestHostileNeighbours(t *testing.T) {
 		defer wg.Done()
 		attacks := []string{
 			`select pgque.claim_slot('files', 'thumbs', 0, '` + workerID + `', '1 day')`,
-			`select pgque.release_slot('files', 'thumbs', 1, '` + workerID + `')`,
-			`select * from pgque.receive_partitioned('files', 'thumbs', 2, 4, '` + workerID + `', 100)`,
-			`select pgque.ack_partitioned('files', 'thumbs', 3, 4, '` + workerID + `')`,
+			`select pgque.release_slot('files', 'thumbs', 1, '` + workerID + `', ` + tok + `)`,
+			`select * from pgque.receive_partitioned('files', 'thumbs', 2, 4, '` + workerID + `', ` + tok + `, 100)`,
+			`select pgque.ack_partitioned('files', 'thumbs', 3, 4, '` + workerID + `', ` + tok + `, 1, 1, 1)`,
 			`select * from pgque.announce_worker('files', 'thumbs', 'fake', true, '{}', '1 s')`,
 			`select pgque.unsubscribe_slot('files', 'thumbs', 0, 4)`,
 			`select pgque.subscribe('files', 'spy')`,
