@@ -132,7 +132,7 @@ func TestLease(t *testing.T) {
 		t.Errorf("takeover of an expired lease: epoch %d, want 3", e)
 	}
 	_, err := receive(ctx, d.pool, slotRef{q: "ls", c: "c", slot: 0, n: 2, worker: "w2", max: 10})
-	wantState(t, err, "PQ032", "receive_partitioned by the owner whose expired lease was taken over")
+	wantState(t, err, "PQ085", "receive_partitioned by the owner whose expired lease was taken over")
 	if e := claim(t, d.pool, "ls", "c", 0, "w2", ttl); e != nil {
 		t.Errorf("the fenced worker re-claimed a live lease: epoch %d", *e)
 	}
@@ -210,11 +210,11 @@ func TestFencing(t *testing.T) {
 	}
 
 	_, err := ack(ctx, d.pool, zombie)
-	wantState(t, err, "PQ032", "zombie's ack_partitioned after takeover")
+	wantState(t, err, "PQ085", "zombie's ack_partitioned after takeover")
 	_, err = nack(ctx, d.pool, zombie, zrows[0].ID, "0 seconds")
-	wantState(t, err, "PQ032", "zombie's nack_partitioned after takeover")
+	wantState(t, err, "PQ085", "zombie's nack_partitioned after takeover")
 	_, err = receive(ctx, d.pool, zombie)
-	wantState(t, err, "PQ032", "zombie's receive_partitioned after takeover")
+	wantState(t, err, "PQ085", "zombie's receive_partitioned after takeover")
 	if n := one[int64](t, d.pool, "select count(*) from pgque.retry_queue"); n != 0 {
 		t.Errorf("the zombie's refused nack left %d retry rows", n)
 	}
