@@ -117,20 +117,25 @@ drop function if exists pgque._hold_lease(text, text, integer, integer, text);
 
 -- _token_hash(token): what the lease row stores of a token.
 create or replace function pgque._token_hash(i_token uuid)
-returns bytea language sql immutable strict
+returns bytea language plpgsql immutable
 set search_path = pg_catalog, pg_temp
-as $$ select pg_catalog.sha256(pg_catalog.uuid_send(i_token)) $$;
+as $$
+begin
+    return sha256(uuid_send(i_token));
+end;
+$$;
 
 -- _lease_proved(lease, worker, token): whether (worker, token) proves the
 -- lease: the lease has an owner, it is worker, and token hashes to the
 -- stored hash. A lease left from before tokens (no hash) proves nothing
 -- until it is claimed again.
 create or replace function pgque._lease_proved(l pgque.slot_lease, i_worker text, i_token uuid)
-returns boolean language sql immutable
+returns boolean language plpgsql immutable
 set search_path = pg_catalog, pg_temp
 as $$
-    select coalesce(l.sl_owner operator(pg_catalog.=) i_worker
-                    and l.sl_token operator(pg_catalog.=) pgque._token_hash(i_token), false)
+begin
+    return coalesce(l.sl_owner = i_worker and l.sl_token = pgque._token_hash(i_token), false);
+end;
 $$;
 
 -- _check_token(token): a NULL token is a missing argument (22004).
