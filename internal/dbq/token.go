@@ -2,8 +2,11 @@ package dbq
 
 import (
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // LeaseToken is the secret credential of a slot lease: claim_slot returns
@@ -45,4 +48,12 @@ func (t LeaseToken) Value() (driver.Value, error) {
 		return nil, nil
 	}
 	return string(t), nil
+}
+
+// NotLeaseHolder reports whether err is the server's refusal of a caller
+// whose lease token does not prove the slot's lease (PQ085): the lease
+// changed hands or was released.
+func NotLeaseHolder(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "PQ085"
 }

@@ -97,6 +97,11 @@ func (p *Pool) releaseLease(r *runner, log *slog.Logger) {
 		return
 	}
 	if _, err := p.cfg.Queries.ReleaseSlot(r.workCtx, p.cfg.Queue, p.cfg.Consumer, r.lease.Slot, p.cfg.Worker, r.lease.Token); err != nil {
+		if dbq.NotLeaseHolder(err) {
+			// Taken over meanwhile: there is nothing left to give up.
+			log.DebugContext(r.workCtx, "pgque: slot lease was not held any more at release")
+			return
+		}
 		log.WarnContext(r.workCtx, "pgque: releasing slot", slog.Any("error", err))
 		p.reportError(r.workCtx, err)
 		return
