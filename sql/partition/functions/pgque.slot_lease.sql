@@ -15,8 +15,9 @@
 -- caller proves it holds (same epoch). Every receive/ack/nack on a slot
 -- first checks, under the lease row's lock, that the caller presents the
 -- lease's token: a worker whose lease was taken over, or anyone who merely
--- knows the owner's worker id, gets PQ085 and can neither receive nor ack. An expired lease that
--- nobody took over still belongs to its owner (grace rule), so a slow but
+-- knows the owner's worker id, gets PQ085 and can neither receive nor ack.
+-- An expired lease that nobody took over still belongs to its owner, whose
+-- token still proves it (grace rule), so a slow but
 -- sole worker is not fenced for nothing. Leases are plain short
 -- transactions: they work through transaction-mode poolers. Times come
 -- from clock_timestamp(), not the transaction start.
