@@ -168,7 +168,7 @@ func (p *Pool) renew(ctx context.Context, r *runner) {
 		return
 	}
 	at := time.Now()
-	epoch, _, ok, err := p.cfg.Queries.ClaimSlot(ctx, p.cfg.Queue, p.cfg.Consumer, l.Slot, p.cfg.Worker, p.cfg.LeaseTTL, l.Token)
+	epoch, token, ok, err := p.cfg.Queries.ClaimSlot(ctx, p.cfg.Queue, p.cfg.Consumer, l.Slot, p.cfg.Worker, p.cfg.LeaseTTL, l.Token)
 	switch {
 	case err != nil:
 		// The local expiry fences the slot if renewals keep failing.
@@ -177,6 +177,14 @@ func (p *Pool) renew(ctx context.Context, r *runner) {
 		}
 	case !ok || epoch != l.Epoch:
 		p.fence(r, "lease renewal found another epoch", slog.Int64("new_epoch", epoch), slog.Bool("held_by_other", !ok))
+		if ok {
+			// The slot was free, so the renewal took it as a new lease that
+			// this runner will not work: give it back at once rather than
+			// leave it unworked until its TTL runs out.
+			if _, err := p.cfg.Queries.ReleaseSlot(ctx, p.cfg.Queue, p.cfg.Consumer, l.Slot, p.cfg.Worker, token); err != nil && ctx.Err() == nil {
+				p.log().WarnContext(ctx, "pgque: giving back a lease a renewal took", slog.Int("slot", l.Slot), slog.Any("error", err))
+			}
+		}
 	default:
 		l.extend(at.Add(p.cfg.LeaseTTL))
 		p.cfg.Metrics.LeaseRenewals.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
