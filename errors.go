@@ -40,7 +40,8 @@ var (
 	// for (queue, consumer) (PQ031); change it with Client.SetFailurePolicy.
 	ErrPolicyMismatch = errors.New("pgque: failure policy mismatch")
 	// ErrLeaseLost: this worker does not hold the slot's lease any more —
-	// taken over, released, or expired (PQ032). A handler's context is
+	// taken over, released, or expired (PQ032), or its lease token does not
+	// prove the lease (PQ085). A handler's context is
 	// cancelled with this cause when its slot is fenced.
 	ErrLeaseLost = errors.New("pgque: slot lease lost")
 	// ErrSlotSubscription: the plain receive/ack/nack API was used on a slot
@@ -108,6 +109,9 @@ var sqlstates = map[string]error{
 	// A fenced ack or nack named a chunk that is no longer the slot's
 	// current delivery: for this worker it is the same as losing the lease.
 	"PQ035": ErrLeaseLost,
+	// The lease token presented does not prove the current lease: taken
+	// over by a new claim (which got a new token), released, or never held.
+	"PQ085": ErrLeaseLost,
 	"PQ036": ErrKeyNotBlocked,
 	"PQ037": ErrKeyBusy,
 	"PQ040": ErrDeadLetterNotFound,

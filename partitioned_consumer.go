@@ -155,7 +155,7 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		}
 	}
 	start := time.Now()
-	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, cfg.BatchSize)
+	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, lease.Token, cfg.BatchSize)
 	if err != nil {
 		return false, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
 	}

@@ -861,16 +861,22 @@ func TestPausePolicySwitchRacesNack(t *testing.T) {
 	if _, err := q.SubscribeSlotPolicy(ctx, env.queue, "c", 0, 1, sptr("pause")); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := q.ClaimSlot(ctx, env.queue, "c", 0, "w", time.Hour); err != nil {
+	_, token, _, err := q.ClaimSlot(ctx, env.queue, "c", 0, "w", time.Hour, "")
+	if err != nil {
 		t.Fatal(err)
 	}
 	ids := sendKevs(t, env, seq("a", 1, 2)...)
 	forceTick(t, env.pool, env.queue)
+	// last is the chunk received last, which the fenced ack names.
+	var last dbq.Delivery
 	receive := func() []int64 {
 		t.Helper()
-		rows, err := q.ReceivePartitioned(ctx, env.queue, "c", 0, 1, "w", 100)
+		rows, err := q.ReceivePartitioned(ctx, env.queue, "c", 0, 1, "w", token, 100)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if len(rows) > 0 {
+			last = dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}
 		}
 		var got []int64
 		for _, r := range rows {
@@ -887,7 +893,7 @@ func TestPausePolicySwitchRacesNack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := dbq.New(tx).NackPartitioned(ctx, env.queue, "c", 0, 1, "w", ids[0], 0, "a#1 fails"); err != nil {
+	if _, err := dbq.New(tx).NackPartitioned(ctx, env.queue, "c", 0, 1, "w", token, ids[0], 0, "a#1 fails"); err != nil {
 		t.Fatal(err)
 	}
 	// ... while an operator switches the consumer to skip (today it does
@@ -900,7 +906,7 @@ func TestPausePolicySwitchRacesNack(t *testing.T) {
 		switched <- err
 	case <-time.After(time.Second):
 	}
-	if _, err := dbq.New(tx).AckPartitioned(ctx, env.queue, "c", 0, 1, "w"); err != nil {
+	if _, err := dbq.New(tx).AckDelivery(ctx, env.queue, "c", 0, 1, "w", token, last); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -925,14 +931,14 @@ func TestPausePolicySwitchRacesNack(t *testing.T) {
 		}
 		for _, id := range r {
 			if id == ids[0] {
-				if _, err := q.NackPartitioned(ctx, env.queue, "c", 0, 1, "w", id, 0, "a#1 fails again"); err != nil {
+				if _, err := q.NackPartitioned(ctx, env.queue, "c", 0, 1, "w", token, id, 0, "a#1 fails again"); err != nil {
 					t.Fatal(err)
 				}
 				continue
 			}
 			got = append(got, id)
 		}
-		if _, err := q.AckPartitioned(ctx, env.queue, "c", 0, 1, "w"); err != nil {
+		if _, err := q.AckDelivery(ctx, env.queue, "c", 0, 1, "w", token, last); err != nil {
 			t.Fatal(err)
 		}
 	}

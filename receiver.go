@@ -60,32 +60,69 @@ func (r *Receiver) Ack(ctx context.Context, batchID int64) (bool, error) {
 	return done, mapError(fmt.Sprintf("acknowledging batch %d", batchID), err)
 }
 
-// ClaimSlot takes the lease of slot for worker for ttl and returns its
-// epoch, or false when another live worker holds it.
-func (r *Receiver) ClaimSlot(ctx context.Context, queue, consumer string, slot int, worker string, ttl time.Duration) (int64, bool, error) {
-	epoch, ok, err := r.q.ClaimSlot(ctx, queue, consumer, slot, worker, ttl)
-	return epoch, ok, mapError(fmt.Sprintf("claiming slot %d of %q", slot, consumer), err)
+// LeaseToken is the secret credential of a slot lease: ClaimSlot returns it
+// to the claimer alone (the server keeps only a hash), and every call that
+// acts as the lease holder presents it. It never prints: fmt, log/slog and
+// text encodings show "[redacted]".
+type LeaseToken = dbq.LeaseToken
+
+// SlotLease is a lease on one slot as ClaimSlot grants it; every later call
+// on the slot presents it. Worker is a display name (anyone who can read the
+// lease views sees it); Token proves the lease.
+type SlotLease struct {
+	Queue, Consumer string
+	Slot            int
+	Worker          string
+	// Epoch grows on every change of owner; events received under the
+	// lease carry it (Message.Epoch).
+	Epoch int64
+	Token LeaseToken
 }
 
-// ReleaseSlot gives the lease of slot up if worker holds it.
-func (r *Receiver) ReleaseSlot(ctx context.Context, queue, consumer string, slot int, worker string) (bool, error) {
-	ok, err := r.q.ReleaseSlot(ctx, queue, consumer, slot, worker)
-	return ok, mapError(fmt.Sprintf("releasing slot %d of %q", slot, consumer), err)
-}
-
-// ReceiveSlot is Receive for slot of nslots, held by worker (it renews the
-// lease; ErrLeaseLost when worker does not hold it).
-func (r *Receiver) ReceiveSlot(ctx context.Context, queue, consumer string, slot, nslots int, worker string, max int) ([]*Message, error) {
-	rows, err := r.q.ReceivePartitioned(ctx, queue, consumer, slot, nslots, worker, max)
-	if err != nil {
-		return nil, mapError(fmt.Sprintf("receiving slot %d/%d of %q", slot, nslots, consumer), err)
+// ClaimSlot takes the lease of slot for worker for ttl, or false when
+// another live lease holds it (one held under the same worker id counts:
+// only its token could renew it).
+func (r *Receiver) ClaimSlot(ctx context.Context, queue, consumer string, slot int, worker string, ttl time.Duration) (SlotLease, bool, error) {
+	epoch, token, ok, err := r.q.ClaimSlot(ctx, queue, consumer, slot, worker, ttl, "")
+	if err != nil || !ok {
+		return SlotLease{}, false, mapError(fmt.Sprintf("claiming slot %d of %q", slot, consumer), err)
 	}
-	return toMessages(rows, queue, consumer, slot), nil
+	return SlotLease{Queue: queue, Consumer: consumer, Slot: slot, Worker: worker, Epoch: epoch, Token: token}, true, nil
 }
 
-// AckSlot acknowledges the slot's chunk and reports whether that finished
-// its batch.
-func (r *Receiver) AckSlot(ctx context.Context, queue, consumer string, slot, nslots int, worker string) (bool, error) {
-	done, err := r.q.AckPartitioned(ctx, queue, consumer, slot, nslots, worker)
-	return done, mapError(fmt.Sprintf("acknowledging slot %d/%d of %q", slot, nslots, consumer), err)
+// RenewSlot extends the lease by ttl from now and reports whether it was
+// still held (false: it changed hands).
+func (r *Receiver) RenewSlot(ctx context.Context, lease SlotLease, ttl time.Duration) (bool, error) {
+	epoch, _, ok, err := r.q.ClaimSlot(ctx, lease.Queue, lease.Consumer, lease.Slot, lease.Worker, ttl, lease.Token)
+	return ok && epoch == lease.Epoch, mapError(fmt.Sprintf("renewing slot %d of %q", lease.Slot, lease.Consumer), err)
+}
+
+// ReleaseSlot gives the lease up (ErrLeaseLost when it is not held any
+// more).
+func (r *Receiver) ReleaseSlot(ctx context.Context, lease SlotLease) (bool, error) {
+	ok, err := r.q.ReleaseSlot(ctx, lease.Queue, lease.Consumer, lease.Slot, lease.Worker, lease.Token)
+	return ok, mapError(fmt.Sprintf("releasing slot %d of %q", lease.Slot, lease.Consumer), err)
+}
+
+// ReceiveSlot is Receive for the leased slot of nslots (it renews the
+// lease; ErrLeaseLost when the lease is not held any more).
+func (r *Receiver) ReceiveSlot(ctx context.Context, lease SlotLease, nslots, max int) ([]*Message, error) {
+	rows, err := r.q.ReceivePartitioned(ctx, lease.Queue, lease.Consumer, lease.Slot, nslots, lease.Worker, lease.Token, max)
+	if err != nil {
+		return nil, mapError(fmt.Sprintf("receiving slot %d/%d of %q", lease.Slot, nslots, lease.Consumer), err)
+	}
+	return toMessages(rows, lease.Queue, lease.Consumer, lease.Slot), nil
+}
+
+// AckSlot acknowledges the chunk ReceiveSlot returned, named by any one of
+// its messages m (its epoch, batch and id prove which chunk it is:
+// ErrLeaseLost when that chunk is not the slot's current one), and reports
+// whether that finished its batch.
+func (r *Receiver) AckSlot(ctx context.Context, lease SlotLease, nslots int, m *Message) (bool, error) {
+	if m == nil {
+		return false, fmt.Errorf("acknowledging slot %d/%d of %q: no message of the chunk: %w", lease.Slot, nslots, lease.Consumer, ErrInvalidArgument)
+	}
+	done, err := r.q.AckDelivery(ctx, lease.Queue, lease.Consumer, lease.Slot, nslots, lease.Worker, lease.Token,
+		dbq.Delivery{Epoch: m.Epoch, BatchID: m.BatchID, MsgID: m.ID})
+	return done, mapError(fmt.Sprintf("acknowledging slot %d/%d of %q", lease.Slot, nslots, lease.Consumer), err)
 }

@@ -6,13 +6,13 @@ import (
 )
 
 // HoldKeyPartitioned calls pgque.hold_key_partitioned(queue, consumer, slot,
-// nslots, worker, epoch, batch_id, key, head), head being an event of the
+// nslots, worker, token, epoch, batch_id, key, head), head being an event of the
 // chunk d, and returns how many events were deferred. A nil key is the NULL
 // key.
-func (q *Queries) HoldKeyPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery, key *string, head int64) (int, error) {
+func (q *Queries) HoldKeyPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, d Delivery, key *string, head int64) (int, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.hold_key_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::bigint, $7::bigint, $8::pg_catalog.text, $9::bigint)`,
-		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, key, head).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.hold_key_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::bigint, $8::bigint, $9::pg_catalog.text, $10::bigint)`,
+		queue, consumer, slot, nslots, worker, token, d.Epoch, d.BatchID, key, head).Scan(&n)
 	return n, err
 }
 
@@ -27,7 +27,7 @@ type HeldFailure struct {
 // SettleHeldPartitioned calls pgque.settle_held_partitioned for a key held
 // under lease epoch and reports whether the hold was still that epoch's
 // (false: a new owner released it).
-func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, epoch int64, key *string, head int64, done []int64, failed []HeldFailure) (bool, error) {
+func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, epoch int64, key *string, head int64, done []int64, failed []HeldFailure) (bool, error) {
 	ids := make([]int64, len(failed))
 	after := make([]*time.Duration, len(failed))
 	reasons := make([]string, len(failed))
@@ -38,17 +38,17 @@ func (q *Queries) SettleHeldPartitioned(ctx context.Context, queue, consumer str
 		done = []int64{}
 	}
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.settle_held_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::bigint, $7::pg_catalog.text, $8::bigint, $9::bigint[], $10::bigint[], $11::interval[], $12::pg_catalog.text[])`,
-		queue, consumer, slot, nslots, worker, epoch, key, head, done, ids, after, reasons).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.settle_held_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::bigint, $8::pg_catalog.text, $9::bigint, $10::bigint[], $11::bigint[], $12::interval[], $13::pg_catalog.text[])`,
+		queue, consumer, slot, nslots, worker, token, epoch, key, head, done, ids, after, reasons).Scan(&n)
 	return n == 1, err
 }
 
 // ReleaseStaleHoldsPartitioned calls
 // pgque.release_stale_holds_partitioned(queue, consumer, slot, nslots,
-// worker) and returns how many events were put back for redelivery.
-func (q *Queries) ReleaseStaleHoldsPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string) (int, error) {
+// worker, token) and returns how many events were put back for redelivery.
+func (q *Queries) ReleaseStaleHoldsPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken) (int, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.release_stale_holds_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text)`,
-		queue, consumer, slot, nslots, worker).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.release_stale_holds_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid)`,
+		queue, consumer, slot, nslots, worker, token).Scan(&n)
 	return n, err
 }

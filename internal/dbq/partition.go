@@ -14,34 +14,39 @@ func (q *Queries) UnsubscribeSlot(ctx context.Context, queue, consumer string, s
 	return err
 }
 
-// ClaimSlot calls pgque.claim_slot(queue, consumer, slot, worker, ttl). It
-// returns the lease epoch and true, or false when another live owner holds the
-// slot.
-func (q *Queries) ClaimSlot(ctx context.Context, queue, consumer string, slot int, worker string, ttl time.Duration) (int64, bool, error) {
+// ClaimSlot calls pgque.claim_slot(queue, consumer, slot, worker, ttl,
+// token). It returns the lease epoch, the lease token and true; or false
+// when another live lease holds the slot. token is the current token when
+// renewing a lease this worker holds, empty for a new claim; a renewal
+// returns the same token, a new claim a new one.
+func (q *Queries) ClaimSlot(ctx context.Context, queue, consumer string, slot int, worker string, ttl time.Duration, token LeaseToken) (int64, LeaseToken, bool, error) {
 	var epoch *int64
-	err := q.db.QueryRow(ctx, `select pgque.claim_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::pg_catalog.text, $5::interval)`,
-		queue, consumer, slot, worker, ttl).Scan(&epoch)
-	if err != nil || epoch == nil {
-		return 0, false, err
+	var tok *string
+	err := q.db.QueryRow(ctx, `select epoch, token::pg_catalog.text
+		from pgque.claim_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::pg_catalog.text, $5::interval, $6::pg_catalog.uuid)`,
+		queue, consumer, slot, worker, ttl, token).Scan(&epoch, &tok)
+	if err != nil || epoch == nil || tok == nil {
+		return 0, "", false, err
 	}
-	return *epoch, true, nil
+	return *epoch, LeaseToken(*tok), true, nil
 }
 
-// ReleaseSlot calls pgque.release_slot(queue, consumer, slot, worker) and
-// reports whether the lease was released.
-func (q *Queries) ReleaseSlot(ctx context.Context, queue, consumer string, slot int, worker string) (bool, error) {
+// ReleaseSlot calls pgque.release_slot(queue, consumer, slot, worker, token)
+// and reports whether the lease was released (PQ085 when the token does not
+// prove it).
+func (q *Queries) ReleaseSlot(ctx context.Context, queue, consumer string, slot int, worker string, token LeaseToken) (bool, error) {
 	var ok *bool
-	err := q.db.QueryRow(ctx, `select pgque.release_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::pg_catalog.text)`,
-		queue, consumer, slot, worker).Scan(&ok)
+	err := q.db.QueryRow(ctx, `select pgque.release_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::pg_catalog.text, $5::pg_catalog.uuid)`,
+		queue, consumer, slot, worker, token).Scan(&ok)
 	return ok != nil && *ok, err
 }
 
 // ReceivePartitioned calls pgque.receive_partitioned(queue, consumer, slot,
-// nslots, worker, max): the slot's next chunk, renewing the lease.
-func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, max int) ([]Row, error) {
+// nslots, worker, token, max): the slot's next chunk, renewing the lease.
+func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, max int) ([]Row, error) {
 	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload::pg_catalog.text, retry_count, created_at, partition_key, epoch
-		from pgque.receive_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::int)`,
-		queue, consumer, slot, nslots, worker, max)
+		from pgque.receive_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::int)`,
+		queue, consumer, slot, nslots, worker, token, max)
 	if err != nil {
 		return nil, err
 	}
@@ -59,15 +64,6 @@ func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string
 	return out, rows.Err()
 }
 
-// AckPartitioned calls pgque.ack_partitioned(queue, consumer, slot, nslots,
-// worker) and reports whether the batch was finished.
-func (q *Queries) AckPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string) (bool, error) {
-	var n int
-	err := q.db.QueryRow(ctx, `select pgque.ack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text)`,
-		queue, consumer, slot, nslots, worker).Scan(&n)
-	return n == 1, err
-}
-
 // Delivery names the chunk a slot handed out: the lease epoch and batch id it
 // was received under, and one of its events. The fenced ack and nack present
 // it, so a worker whose lease changed hands since it received cannot settle
@@ -77,32 +73,32 @@ type Delivery struct {
 }
 
 // AckDelivery calls the fenced pgque.ack_partitioned(queue, consumer, slot,
-// nslots, worker, epoch, batch_id, msg_id) and reports whether the batch was
-// finished.
-func (q *Queries) AckDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery) (bool, error) {
+// nslots, worker, token, epoch, batch_id, msg_id) and reports whether the
+// batch was finished.
+func (q *Queries) AckDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, d Delivery) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.ack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::bigint, $7::bigint, $8::bigint)`,
-		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, d.MsgID).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.ack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::bigint, $8::bigint, $9::bigint)`,
+		queue, consumer, slot, nslots, worker, token, d.Epoch, d.BatchID, d.MsgID).Scan(&n)
 	return n == 1, err
 }
 
 // NackDelivery calls the fenced pgque.nack_partitioned(queue, consumer, slot,
-// nslots, worker, epoch, batch_id, msg_id, retry_after, reason): msgID is the
-// event to retry, d the chunk it was received in.
-func (q *Queries) NackDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, d Delivery, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
+// nslots, worker, token, epoch, batch_id, msg_id, retry_after, reason):
+// msgID is the event to retry, d the chunk it was received in.
+func (q *Queries) NackDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, d Delivery, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::bigint, $7::bigint, $8::bigint, $9::interval, $10::pg_catalog.text)`,
-		queue, consumer, slot, nslots, worker, d.Epoch, d.BatchID, msgID, retryArg(retryAfter), reason).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::bigint, $8::bigint, $9::bigint, $10::interval, $11::pg_catalog.text)`,
+		queue, consumer, slot, nslots, worker, token, d.Epoch, d.BatchID, msgID, retryArg(retryAfter), reason).Scan(&n)
 	return n == 1, err
 }
 
 // NackPartitioned calls pgque.nack_partitioned(queue, consumer, slot, nslots,
-// worker, msg_id, retry_after, reason) and reports whether the event was
-// scheduled for retry (false: dead-lettered).
-func (q *Queries) NackPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
+// worker, token, msg_id, retry_after, reason) and reports whether the event
+// was scheduled for retry (false: dead-lettered).
+func (q *Queries) NackPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, msgID int64, retryAfter time.Duration, reason string) (bool, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::bigint, $7::interval, $8::pg_catalog.text)`,
-		queue, consumer, slot, nslots, worker, msgID, retryArg(retryAfter), reason).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.nack_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::bigint, $8::interval, $9::pg_catalog.text)`,
+		queue, consumer, slot, nslots, worker, token, msgID, retryArg(retryAfter), reason).Scan(&n)
 	return n == 1, err
 }
 

@@ -313,15 +313,17 @@ func TestInstallByNonSuperuserOwner(t *testing.T) {
 	exec(t, conn, "select pgque.finish_batch($1)", b)
 	var slotRows int
 	for slot := range 2 {
-		if ep := scalar[*int64](t, conn, "select pgque.claim_slot('q', 's', $1, 'w1')", slot); ep == nil {
+		token := scalar[*string](t, conn, "select token::text from pgque.claim_slot('q', 's', $1, 'w1')", slot)
+		if token == nil {
 			t.Fatalf("owner: claim_slot(%d) = NULL", slot)
 		}
-		rows := column[int64](t, conn, "select msg_id from pgque.receive_partitioned('q', 's', $1, 2, 'w1', 100)", slot)
+		rows := column[string](t, conn, "select epoch || ', ' || batch_id || ', ' || msg_id from pgque.receive_partitioned('q', 's', $1, 2, 'w1', $2::uuid, 100)", slot, *token)
 		slotRows += len(rows)
 		if len(rows) > 0 {
-			exec(t, conn, "select pgque.ack_partitioned('q', 's', $1, 2, 'w1')", slot)
+			// The fenced ack names the chunk by (epoch, batch_id, msg_id) of one of its rows.
+			exec(t, conn, "select pgque.ack_partitioned('q', 's', $1, 2, 'w1', $2::uuid, "+rows[0]+")", slot, *token)
 		}
-		exec(t, conn, "select pgque.release_slot('q', 's', $1, 'w1')", slot)
+		exec(t, conn, "select pgque.release_slot('q', 's', $1, 'w1', $2::uuid)", slot, *token)
 	}
 	if slotRows != 4 {
 		t.Errorf("owner: the two slots received %d events, want 4", slotRows)

@@ -152,17 +152,20 @@ func TestAttachTableReadsThroughSlots(t *testing.T) {
 	tick(t, pool, "q")
 	seen := 0
 	for slot := 0; slot < 4; slot++ {
-		exec(t, pool, `select pgque.claim_slot('q', 'g', $1, 'w')`, slot)
-		rows, err := pool.Query(context.Background(), `select type, payload, partition_key, extra2, pgque.slot_of(partition_key, 4)
-			  from pgque.receive_partitioned('q', 'g', $1, 4, 'w', 1000)`, slot)
+		token := scalar[string](t, pool, `select token::text from pgque.claim_slot('q', 'g', $1, 'w')`, slot)
+		rows, err := pool.Query(context.Background(), `select type, payload, partition_key, extra2, pgque.slot_of(partition_key, 4),
+			  epoch || ', ' || batch_id || ', ' || msg_id
+			  from pgque.receive_partitioned('q', 'g', $1, 4, 'w', $2::uuid, 1000)`, slot, token)
 		if err != nil {
 			t.Fatal(err)
 		}
+		// proof names the chunk for the fenced ack: epoch, batch id, msg id.
+		var proof string
 		for rows.Next() {
 			var typ, key, table string
 			var payload map[string]any
 			var at int32
-			if err := rows.Scan(&typ, &payload, &key, &table, &at); err != nil {
+			if err := rows.Scan(&typ, &payload, &key, &table, &at, &proof); err != nil {
 				t.Fatal(err)
 			}
 			if typ != "insert" || table != "public.files" || payload["tenant"] != key || int(at) != slot {
@@ -174,7 +177,9 @@ func TestAttachTableReadsThroughSlots(t *testing.T) {
 		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
-		exec(t, pool, `select pgque.ack_partitioned('q', 'g', $1, 4, 'w')`, slot)
+		if proof != "" {
+			exec(t, pool, `select pgque.ack_partitioned('q', 'g', $1, 4, 'w', $2::uuid, `+proof+`)`, slot, token)
+		}
 	}
 	if seen != 40 {
 		t.Fatalf("received %d events over the slots, want 40", seen)

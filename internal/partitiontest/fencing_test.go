@@ -13,9 +13,13 @@ import (
 
 // fencedAck calls the fenced ack_partitioned with the delivery's proof.
 func fencedAck(ctx context.Context, q querier, s slotRef, epoch, batch, msgID int64) (int32, error) {
+	token, err := holderToken(ctx, q, s)
+	if err != nil {
+		return 0, err
+	}
 	var n int32
-	err := q.QueryRow(ctx, "select pgque.ack_partitioned($1, $2, $3, $4, $5, $6, $7, $8)",
-		s.q, s.c, s.slot, s.n, s.worker, epoch, batch, msgID).Scan(&n)
+	err = q.QueryRow(ctx, "select pgque.ack_partitioned($1, $2, $3, $4, $5, $6::uuid, $7, $8, $9)",
+		s.q, s.c, s.slot, s.n, s.worker, token, epoch, batch, msgID).Scan(&n)
 	return n, err
 }
 
@@ -57,7 +61,7 @@ func TestFencedAckAfterReclaim(t *testing.T) {
 	}
 	// w1 loses the lease; w2 takes over, receives the same chunk, acks it
 	// and receives the next one.
-	if !one[bool](t, d.pool, "select pgque.release_slot('q', 'c', 0, 'w1')") {
+	if !release(t, d.pool, "q", "c", 0, "w1") {
 		t.Fatal("release_slot refused")
 	}
 	e2 := mustClaim(t, d.pool, "q", "c", 0, "w2", "1 hour")
@@ -72,7 +76,7 @@ func TestFencedAckAfterReclaim(t *testing.T) {
 		t.Fatalf("w2's second chunk %v", c2)
 	}
 	// w2 goes away; the stale w1 comes back with a new lease.
-	one[bool](t, d.pool, "select pgque.release_slot('q', 'c', 0, 'w2')")
+	release(t, d.pool, "q", "c", 0, "w2")
 	e3 := mustClaim(t, d.pool, "q", "c", 0, "w1", "1 hour")
 
 	_, err := fencedAck(ctx, d.pool, w1, e1, c1[0].Batch, c1[0].ID)
@@ -130,8 +134,8 @@ func TestNackOnlyOwnDeliveredChunk(t *testing.T) {
 		_, err := nack(ctx, d.pool, s0, c.id, "1 s")
 		wantState(t, err, "PQ022", "nack_partitioned of "+c.what)
 		var n int32
-		err = d.pool.QueryRow(ctx, "select pgque.nack_partitioned('q', 'c', 0, 2, 'w', $1, $2, $3, '1 s', 'r')",
-			e, c2[0].Batch, c.id).Scan(&n)
+		err = d.pool.QueryRow(ctx, "select pgque.nack_partitioned('q', 'c', 0, 2, 'w', $1::uuid, $2, $3, $4, '1 s', 'r')",
+			tokenFor(t, d.pool, "q", "c", 0, "w"), e, c2[0].Batch, c.id).Scan(&n)
 		if st := sqlState(err); st != "PQ022" && st != "PQ035" {
 			t.Errorf("fenced nack_partitioned of %s: SQLSTATE %q (%v), want PQ035 or PQ022", c.what, st, err)
 		}
@@ -225,7 +229,7 @@ func TestLeaseTTLRealDuration(t *testing.T) {
 		{"-1 second", "PQ011"},
 	} {
 		var e *int64
-		err := d.pool.QueryRow(ctx, "select pgque.claim_slot('q', 'c', 0, 'w', $1::interval)", c.ttl).Scan(&e)
+		err := d.pool.QueryRow(ctx, "select epoch from pgque.claim_slot('q', 'c', 0, 'w', $1::interval)", c.ttl).Scan(&e)
 		if c.want == "" {
 			if err != nil {
 				t.Errorf("ttl %q: %v, want accepted", c.ttl, err)
@@ -277,7 +281,7 @@ func TestLeaseRenewalWritesNoVersion(t *testing.T) {
 		t.Errorf("another worker claimed a renewed, live lease (epoch %d)", *c)
 	}
 	// A release frees it at once.
-	one[bool](t, conn, "select pgque.release_slot('q', 'c', 0, 'w')")
+	release(t, conn, "q", "c", 0, "w")
 	if c := claim(t, conn, "q", "c", 0, "other", "1 hour"); c == nil || *c != e+1 {
 		t.Errorf("claim after release = %v, want epoch %d", c, e+1)
 	}

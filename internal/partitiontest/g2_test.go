@@ -40,11 +40,11 @@ func TestG2Block(t *testing.T) {
 		t.Errorf("claim_slot by w2 on a slot w1 holds = %d, want NULL", *e)
 	}
 	_, err := receive(ctx, d.pool, intruder)
-	wantState(t, err, "PQ032", "receive_partitioned by a worker without the lease")
+	wantState(t, err, "PQ085", "receive_partitioned by a worker without the lease")
 	_, err = ack(ctx, d.pool, intruder)
-	wantState(t, err, "PQ032", "ack_partitioned by a worker without the lease")
+	wantState(t, err, "PQ085", "ack_partitioned by a worker without the lease")
 	_, err = nack(ctx, d.pool, intruder, got[0].ID, "0 seconds")
-	wantState(t, err, "PQ032", "nack_partitioned by a worker without the lease")
+	wantState(t, err, "PQ085", "nack_partitioned by a worker without the lease")
 
 	var owner string
 	var ep, open int64
@@ -121,7 +121,7 @@ func TestG2Parallel(t *testing.T) {
 	d.tick("g2p")
 	slots := d.claimAll("g2p", "c", 2, "w", 2)
 	slots[1].worker = "v" // a different worker on slot 1
-	d.exec("select pgque.release_slot('g2p', 'c', 1, 'w')")
+	release(t, d.pool, "g2p", "c", 1, "w")
 	mustClaim(t, d.pool, "g2p", "c", 1, "v", "1 hour")
 
 	t.Run("different slots overlap", func(t *testing.T) {

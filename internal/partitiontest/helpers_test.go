@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -137,10 +138,123 @@ func (d *db) subscribeSlots(q, c string, n int) {
 	}
 }
 
-// claim claims a slot and returns the epoch, nil when another owner holds it.
+// claim claims a slot and returns the epoch, nil when another owner holds
+// it. It presents the token worker was last given for the slot (so a claim
+// by the holder renews), and remembers the token the claim returns: the
+// helpers below present it for worker, as a real worker would, and a
+// worker whose lease changed hands keeps presenting its stale one.
 func claim(t testing.TB, q querier, queue, c string, slot int, worker, ttl string) *int64 {
 	t.Helper()
-	return one[*int64](t, q, "select pgque.claim_slot($1, $2, $3, $4, $5::interval)", queue, c, slot, worker, ttl)
+	ctx := context.Background()
+	key, err := leaseKey(ctx, q, queue, c, slot, worker)
+	if err != nil {
+		t.Fatalf("claim_slot(%s, %s, %d, %s): %v", queue, c, slot, worker, err)
+	}
+	var epoch *int64
+	var token *string
+	if err := q.QueryRow(ctx, "select epoch, token::text from pgque.claim_slot($1, $2, $3, $4, $5::interval, $6::uuid)",
+		queue, c, slot, worker, ttl, tokenOf(key)).Scan(&epoch, &token); err != nil {
+		t.Fatalf("claim_slot(%s, %s, %d, %s): %v", queue, c, slot, worker, err)
+	}
+	if token != nil {
+		leases.Lock()
+		leases.tokens[key] = *token
+		leases.Unlock()
+	}
+	return epoch
+}
+
+// release calls release_slot as worker with its token and reports
+// whether the lease was released; a refusal (PQ085) is false.
+func release(t testing.TB, q querier, queue, c string, slot int, worker string) bool {
+	t.Helper()
+	var ok bool
+	err := q.QueryRow(context.Background(), "select pgque.release_slot($1, $2, $3, $4, $5::uuid)",
+		queue, c, slot, worker, tokenFor(t, q, queue, c, slot, worker)).Scan(&ok)
+	switch sqlState(err) {
+	case "":
+		return ok
+	case "PQ085", "22004":
+		return false
+	}
+	t.Fatalf("release_slot(%s, %s, %d, %s): %v", queue, c, slot, worker, err)
+	return false
+}
+
+// leases is what the test workers know: the token each was given per
+// slot, and the chunk each token received last (tokens are unique, so
+// that map needs no other key).
+var leases = struct {
+	sync.Mutex
+	tokens map[slotKey]string
+	last   map[string]chunkProof
+	dbs    map[querier]string
+}{tokens: map[slotKey]string{}, last: map[string]chunkProof{}, dbs: map[querier]string{}}
+
+// slotKey names one worker's view of one slot of one test database.
+type slotKey struct {
+	db, q, c string
+	slot     int
+	worker   string
+}
+
+// chunkProof is what the fenced ack presents: the epoch and batch the
+// chunk was received under and one of its events.
+type chunkProof struct{ epoch, batch, msg int64 }
+
+// leaseKey is the key of (queue, c, slot, worker) in q's database.
+func leaseKey(ctx context.Context, q querier, queue, c string, slot int, worker string) (slotKey, error) {
+	leases.Lock()
+	db, ok := leases.dbs[q]
+	leases.Unlock()
+	if !ok {
+		if err := q.QueryRow(ctx, "select pg_catalog.current_database()::text").Scan(&db); err != nil {
+			return slotKey{}, err
+		}
+		leases.Lock()
+		leases.dbs[q] = db
+		leases.Unlock()
+	}
+	return slotKey{db: db, q: queue, c: c, slot: slot, worker: worker}, nil
+}
+
+// tokenOf is the token the worker of key was last given, nil when none.
+func tokenOf(key slotKey) *string {
+	leases.Lock()
+	defer leases.Unlock()
+	if tk, ok := leases.tokens[key]; ok {
+		return &tk
+	}
+	return nil
+}
+
+// noToken is what a worker that was never given a token presents: a
+// well-formed token no claim returned.
+const noToken = "00000000-0000-4000-8000-000000000000"
+
+// holderToken is the token s.worker presents for s: the one it was last
+// given, noToken when it was never given one.
+func holderToken(ctx context.Context, q querier, s slotRef) (*string, error) {
+	key, err := leaseKey(ctx, q, s.q, s.c, s.slot, s.worker)
+	if err != nil {
+		return nil, err
+	}
+	if tk := tokenOf(key); tk != nil {
+		return tk, nil
+	}
+	tk := noToken
+	return &tk, nil
+}
+
+// tokenFor is holderToken failing the test on error, for statements a
+// test writes out.
+func tokenFor(t testing.TB, q querier, queue, c string, slot int, worker string) *string {
+	t.Helper()
+	tk, err := holderToken(context.Background(), q, slotRef{q: queue, c: c, slot: slot, worker: worker})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk
 }
 
 // mustClaim claims a slot that must be free, returning the epoch.
@@ -177,10 +291,14 @@ type slotRef struct {
 
 func (s slotRef) String() string { return fmt.Sprintf("%s#%d/%d", s.c, s.slot, s.n) }
 
-// receive calls receive_partitioned.
+// receive calls receive_partitioned as s.worker with its token.
 func receive(ctx context.Context, q querier, s slotRef) ([]msg, error) {
+	token, err := holderToken(ctx, q, s)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := q.Query(ctx, `select msg_id, batch_id, retry_count, partition_key, epoch
-		from pgque.receive_partitioned($1, $2, $3, $4, $5, $6)`, s.q, s.c, s.slot, s.n, s.worker, s.max)
+		from pgque.receive_partitioned($1, $2, $3, $4, $5, $6::uuid, $7)`, s.q, s.c, s.slot, s.n, s.worker, token, s.max)
 	if err != nil {
 		return nil, err
 	}
@@ -190,21 +308,40 @@ func receive(ctx context.Context, q querier, s slotRef) ([]msg, error) {
 		m.Slot = s.slot
 		return m, err
 	})
+	if err == nil && len(ms) > 0 {
+		leases.Lock()
+		leases.last[*token] = chunkProof{epoch: ms[0].Epoch, batch: ms[0].Batch, msg: ms[0].ID}
+		leases.Unlock()
+	}
 	return ms, err
 }
 
-// ack calls ack_partitioned.
+// ack calls the fenced ack_partitioned for the chunk s.worker received
+// last with its token.
 func ack(ctx context.Context, q querier, s slotRef) (int32, error) {
+	token, err := holderToken(ctx, q, s)
+	if err != nil {
+		return 0, err
+	}
+	var p chunkProof
+	leases.Lock()
+	p = leases.last[*token]
+	leases.Unlock()
 	var n int32
-	err := q.QueryRow(ctx, "select pgque.ack_partitioned($1, $2, $3, $4, $5)", s.q, s.c, s.slot, s.n, s.worker).Scan(&n)
+	err = q.QueryRow(ctx, "select pgque.ack_partitioned($1, $2, $3, $4, $5, $6::uuid, $7, $8, $9)",
+		s.q, s.c, s.slot, s.n, s.worker, token, p.epoch, p.batch, p.msg).Scan(&n)
 	return n, err
 }
 
-// nack calls nack_partitioned.
+// nack calls nack_partitioned as s.worker with its token.
 func nack(ctx context.Context, q querier, s slotRef, id int64, after string) (int32, error) {
+	token, err := holderToken(ctx, q, s)
+	if err != nil {
+		return 0, err
+	}
 	var n int32
-	err := q.QueryRow(ctx, "select pgque.nack_partitioned($1, $2, $3, $4, $5, $6, $7::interval, 'test')",
-		s.q, s.c, s.slot, s.n, s.worker, id, after).Scan(&n)
+	err = q.QueryRow(ctx, "select pgque.nack_partitioned($1, $2, $3, $4, $5, $6::uuid, $7, $8::interval, 'test')",
+		s.q, s.c, s.slot, s.n, s.worker, token, id, after).Scan(&n)
 	return n, err
 }
 

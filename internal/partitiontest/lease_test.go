@@ -107,19 +107,19 @@ func TestLease(t *testing.T) {
 	}
 
 	// Only the owner releases.
-	if ok := one[bool](t, d.pool, "select pgque.release_slot('ls', 'c', 0, 'w2')"); ok {
+	if ok := release(t, d.pool, "ls", "c", 0, "w2"); ok {
 		t.Error("release_slot by a non-owner returned true")
 	}
 	if owner, _, _ := leaseRow(t, d, "ls", "c", 0); owner == nil || *owner != "w1" {
 		t.Errorf("after a non-owner's release the owner is %s, want w1", keyString(owner))
 	}
-	if ok := one[bool](t, d.pool, "select pgque.release_slot('ls', 'c', 0, 'w1')"); !ok {
+	if ok := release(t, d.pool, "ls", "c", 0, "w1"); !ok {
 		t.Error("release_slot by the owner returned false")
 	}
 	if owner, _, _ := leaseRow(t, d, "ls", "c", 0); owner != nil {
 		t.Errorf("after release the owner is %s, want NULL", *owner)
 	}
-	if ok := one[bool](t, d.pool, "select pgque.release_slot('ls', 'c', 0, 'w1')"); ok {
+	if ok := release(t, d.pool, "ls", "c", 0, "w1"); ok {
 		t.Error("a second release_slot returned true")
 	}
 	if e := mustClaim(t, d.pool, "ls", "c", 0, "w2", ttl); e != 2 {
@@ -132,7 +132,7 @@ func TestLease(t *testing.T) {
 		t.Errorf("takeover of an expired lease: epoch %d, want 3", e)
 	}
 	_, err := receive(ctx, d.pool, slotRef{q: "ls", c: "c", slot: 0, n: 2, worker: "w2", max: 10})
-	wantState(t, err, "PQ032", "receive_partitioned by the owner whose expired lease was taken over")
+	wantState(t, err, "PQ085", "receive_partitioned by the owner whose expired lease was taken over")
 	if e := claim(t, d.pool, "ls", "c", 0, "w2", ttl); e != nil {
 		t.Errorf("the fenced worker re-claimed a live lease: epoch %d", *e)
 	}
@@ -210,11 +210,11 @@ func TestFencing(t *testing.T) {
 	}
 
 	_, err := ack(ctx, d.pool, zombie)
-	wantState(t, err, "PQ032", "zombie's ack_partitioned after takeover")
+	wantState(t, err, "PQ085", "zombie's ack_partitioned after takeover")
 	_, err = nack(ctx, d.pool, zombie, zrows[0].ID, "0 seconds")
-	wantState(t, err, "PQ032", "zombie's nack_partitioned after takeover")
+	wantState(t, err, "PQ085", "zombie's nack_partitioned after takeover")
 	_, err = receive(ctx, d.pool, zombie)
-	wantState(t, err, "PQ032", "zombie's receive_partitioned after takeover")
+	wantState(t, err, "PQ085", "zombie's receive_partitioned after takeover")
 	if n := one[int64](t, d.pool, "select count(*) from pgque.retry_queue"); n != 0 {
 		t.Errorf("the zombie's refused nack left %d retry rows", n)
 	}

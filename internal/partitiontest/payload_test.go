@@ -47,7 +47,7 @@ func TestHostileDataIsDelivered(t *testing.T) {
 	d.exec("select pgque.subscribe('q', 'p')")
 	d.subscribeSlots("q", "c", 1)
 	slot := slotRef{q: "q", c: "c", slot: 0, n: 1, worker: "w", max: 100}
-	mustClaim(t, d.pool, "q", "c", 0, "w", "1 hour")
+	epoch := mustClaim(t, d.pool, "q", "c", 0, "w", "1 hour")
 
 	deep := strings.Repeat("[", 200000) + strings.Repeat("]", 200000)
 	cases := []struct{ name, data string }{
@@ -97,10 +97,11 @@ func TestHostileDataIsDelivered(t *testing.T) {
 			if one[int32](t, d.pool, "select pgque.ack($1)", one[int64](t, d.pool, "select current_batch from pgque.get_consumer_info('q', 'p')")) != 1 {
 				t.Fatal("ack did not finish the batch")
 			}
-			check("receive_partitioned", receiveText(t, d.pool,
-				"select msg_id, batch_id, payload::text from pgque.receive_partitioned('q', 'c', 0, 1, 'w', 100)"))
-			if mustAck(t, d.pool, slot) != 1 {
-				t.Fatal("ack_partitioned did not finish the batch")
+			got := receiveText(t, d.pool,
+				"select msg_id, batch_id, payload::text from pgque.receive_partitioned('q', 'c', 0, 1, 'w', $1::uuid, 100)", tokenFor(t, d.pool, "q", "c", 0, "w"))
+			check("receive_partitioned", got)
+			if n, err := fencedAck(context.Background(), d.pool, slot, epoch, got[0].Batch, got[0].ID); err != nil || n != 1 {
+				t.Fatalf("ack_partitioned = %d, %v; want the batch finished", n, err)
 			}
 		})
 	}

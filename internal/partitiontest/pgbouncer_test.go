@@ -138,12 +138,13 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 		if err := free.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		var ackPID, done int32
+		var ackPID int32
 		err = pgx.BeginFunc(ctx, c1, func(tx pgx.Tx) error {
 			if err := tx.QueryRow(ctx, "select pg_backend_pid()").Scan(&ackPID); err != nil {
 				return err
 			}
-			return tx.QueryRow(ctx, "select pgque.ack_partitioned($1, 'c', 0, $2, 'w0')", q, n).Scan(&done)
+			_, err := ack(ctx, tx, s)
+			return err
 		})
 		if err != nil {
 			t.Fatalf("ack through pgbouncer on another server connection: %v", err)
@@ -171,7 +172,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 			t.Errorf("claim of w0's live lease through pgbouncer = %d, want NULL", *e)
 		}
 		_, err = receive(ctx, bp, slotRef{q: q, c: "c", slot: 0, n: n, worker: "intruder", max: 10})
-		wantState(t, err, "PQ032", "receive_partitioned through pgbouncer without the lease")
+		wantState(t, err, "PQ085", "receive_partitioned through pgbouncer without the lease")
 	})
 
 	t.Run("concurrent workers", func(t *testing.T) {
@@ -187,9 +188,8 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 					return
 				}
 				defer c.Release()
-				var epoch *int64
-				if err := c.QueryRow(ctx, "select pgque.claim_slot($1, 'c', $2, $3, '1 hour')", q, k, worker).Scan(&epoch); err != nil || epoch == nil {
-					errs <- fmt.Errorf("slot %d: claim through pgbouncer = %v, %v; want an epoch", k, epoch, err)
+				if epoch := claim(t, c, q, "c", k, worker, "1 hour"); epoch == nil {
+					errs <- fmt.Errorf("slot %d: claim through pgbouncer = NULL; want an epoch", k)
 					return
 				}
 				s := slotRef{q: q, c: "c", slot: k, n: n, worker: worker, max: 4}

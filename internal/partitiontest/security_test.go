@@ -186,13 +186,13 @@ func TestSecuritySlotArguments(t *testing.T) {
 	}{
 		{"subscribe_slot", "select pgque.subscribe_slot('sec', 'c', $1, $2)", true},
 		{"unsubscribe_slot", "select pgque.unsubscribe_slot('sec', 'c', $1, $2)", true},
-		{"receive_partitioned", "select * from pgque.receive_partitioned('sec', 'c', $1, $2, 'r1', 10)", true},
-		{"ack_partitioned", "select pgque.ack_partitioned('sec', 'c', $1, $2, 'r1')", true},
-		{"nack_partitioned", "select pgque.nack_partitioned('sec', 'c', $1, $2, 'r1', 1, '0 s', 'x')", true},
+		{"receive_partitioned", "select * from pgque.receive_partitioned('sec', 'c', $1, $2, 'r1', '" + noToken + "', 10)", true},
+		{"ack_partitioned", "select pgque.ack_partitioned('sec', 'c', $1, $2, 'r1', '" + noToken + "', 1, 1, 1)", true},
+		{"nack_partitioned", "select pgque.nack_partitioned('sec', 'c', $1, $2, 'r1', '" + noToken + "', 1, '0 s', 'x')", true},
 		// claim_slot and release_slot take no slot count; the persisted N
 		// bounds the slot.
-		{"claim_slot", "select pgque.claim_slot('sec', 'c', $1, 'r1', '1 hour')", false},
-		{"release_slot", "select pgque.release_slot('sec', 'c', $1, 'r1')", false},
+		{"claim_slot", "select epoch from pgque.claim_slot('sec', 'c', $1, 'r1', '1 hour')", false},
+		{"release_slot", "select pgque.release_slot('sec', 'c', $1, 'r1', '" + noToken + "')", false},
 	}
 	cases := []struct {
 		slot, nslots any

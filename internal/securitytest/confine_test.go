@@ -71,10 +71,10 @@ func TestConfinedQueues(t *testing.T) {
 			`select pgque.subscribe_slot('` + q + `', 'sc2', 0, 2, 'pause')`,
 			`select pgque.unsubscribe_slot('` + q + `', 'sc', 1, 2)`,
 			`select pgque.claim_slot('` + q + `', 'sc', 0, 'w', '30 s')`,
-			`select pgque.release_slot('` + q + `', 'sc', 0, 'w')`,
-			`select * from pgque.receive_partitioned('` + q + `', 'sc', 0, 2, 'w', 10)`,
-			`select pgque.ack_partitioned('` + q + `', 'sc', 0, 2, 'w')`,
-			`select pgque.nack_partitioned('` + q + `', 'sc', 0, 2, 'w', 1, '1 s', 'r')`,
+			`select pgque.release_slot('` + q + `', 'sc', 0, 'w', ` + tok + `)`,
+			`select * from pgque.receive_partitioned('` + q + `', 'sc', 0, 2, 'w', ` + tok + `, 10)`,
+			`select pgque.ack_partitioned('` + q + `', 'sc', 0, 2, 'w', ` + tok + `, 1, 1, 1)`,
+			`select pgque.nack_partitioned('` + q + `', 'sc', 0, 2, 'w', ` + tok + `, 1, '1 s', 'r')`,
 			`select * from pgque.announce_worker('` + q + `', 'sc', 'w', true, '{}', '3 s')`,
 		}
 	}

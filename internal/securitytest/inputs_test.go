@@ -95,15 +95,15 @@ func TestHostileNamesAndKeys(t *testing.T) {
 			t.Errorf("slot_of(%q, 7) = %d, %v", name, slot, err)
 		}
 		// Worker ids: verbatim in the lease, or PQ011 when too long.
-		var epoch *int64
-		err = conn.QueryRow(ctx, `select pgque.claim_slot('q1', 'sc', 1, $1, '1 min')`, name).Scan(&epoch)
+		var token *string
+		err = conn.QueryRow(ctx, `select token::text from pgque.claim_slot('q1', 'sc', 1, $1, '1 min')`, name).Scan(&token)
 		switch c := code(err); c {
 		case "":
 			var owner string
 			if err := conn.QueryRow(ctx, `select owner from pgque.partition_slot_status where consumer = 'sc' and slot = 1`).Scan(&owner); err != nil || owner != name {
 				t.Errorf("worker %q holds the lease as %q (%v)", name, owner, err)
 			}
-			if _, err := conn.Exec(ctx, `select pgque.release_slot('q1', 'sc', 1, $1)`, name); err != nil {
+			if _, err := conn.Exec(ctx, `select pgque.release_slot('q1', 'sc', 1, $1, $2::uuid)`, name, token); err != nil {
 				t.Errorf("release_slot(%q): %v", name, err)
 			}
 		case "PQ011":

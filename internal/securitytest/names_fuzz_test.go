@@ -85,8 +85,9 @@ func FuzzSQLNames(f *testing.F) {
 			check("unsubscribe_slot", exec(ctx, pool, `select pgque.unsubscribe_slot('q1', $1, 0, 1)`, name))
 		}
 		// Worker id.
-		if check("claim_slot", exec(ctx, pool, `select pgque.claim_slot('q1', 'sc', 1, $1, '1 min')`, name)) {
-			check("release_slot", exec(ctx, pool, `select pgque.release_slot('q1', 'sc', 1, $1)`, name))
+		var token *string
+		if check("claim_slot", pool.QueryRow(ctx, `select token::text from pgque.claim_slot('q1', 'sc', 1, $1, '1 min')`, name).Scan(&token)) && token != nil {
+			check("release_slot", exec(ctx, pool, `select pgque.release_slot('q1', 'sc', 1, $1, $2::uuid)`, name, *token))
 		}
 		// Type and key through the Go client.
 		id, err := client.Send(ctx, "q1", pgque.Event{Type: name, PartitionKey: key, Payload: json.RawMessage(`{"k":1}`)})

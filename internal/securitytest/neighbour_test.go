@@ -28,6 +28,9 @@ import (
 //     the first application's confined queue and consumer, burns
 //     subscription ids in rolled-back transactions, and subscribes many N
 //     on its own queue;
+//   - a second session of the application's own reader login, which knows
+//     the pool's worker id, tries to receive, ack and release as it and to
+//     claim its slots, with guessed lease tokens;
 //   - a role with CREATE on the database has planted functions, operators
 //     and domains in public;
 //   - a superuser re-installs pgque.
@@ -211,9 +214,9 @@ func TestHostileNeighbours(t *testing.T) {
 		defer wg.Done()
 		attacks := []string{
 			`select pgque.claim_slot('files', 'thumbs', 0, '` + workerID + `', '1 day')`,
-			`select pgque.release_slot('files', 'thumbs', 1, '` + workerID + `')`,
-			`select * from pgque.receive_partitioned('files', 'thumbs', 2, 4, '` + workerID + `', 100)`,
-			`select pgque.ack_partitioned('files', 'thumbs', 3, 4, '` + workerID + `')`,
+			`select pgque.release_slot('files', 'thumbs', 1, '` + workerID + `', ` + tok + `)`,
+			`select * from pgque.receive_partitioned('files', 'thumbs', 2, 4, '` + workerID + `', ` + tok + `, 100)`,
+			`select pgque.ack_partitioned('files', 'thumbs', 3, 4, '` + workerID + `', ` + tok + `, 1, 1, 1)`,
 			`select * from pgque.announce_worker('files', 'thumbs', 'fake', true, '{}', '1 s')`,
 			`select pgque.unsubscribe_slot('files', 'thumbs', 0, 4)`,
 			`select pgque.subscribe('files', 'spy')`,
@@ -236,6 +239,52 @@ func TestHostileNeighbours(t *testing.T) {
 				_ = tx.Rollback(ctx)
 			}
 			_, _ = other.Exec(ctx, `select pgque.subscribe_slot('other', 'n' || $1::int, 0, $1::int)`, 2+i%50)
+		}
+	}()
+
+	// A second session of the application's own reader login knows the
+	// pool's worker id (from the lease view) and each slot's epoch and open
+	// batch, and tries to act as the pool's lease holder with tokens it
+	// guesses: every call must be refused (PQ085, or NULL for a claim).
+	thief := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "app_r"))
+	var thiefRefused, thiefAllowed atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; runCtx.Err() == nil; i++ {
+			slot := i % 4
+			var owner *string
+			var epoch, batch int64
+			// Its own statement qualifies operators too: public's are the attacker's.
+			if err := thief.QueryRow(ctx, `select owner, epoch, coalesce(open_batch, 0) from pgque.partition_slot_status
+				where queue operator(pg_catalog.=) 'files' and consumer operator(pg_catalog.=) 'thumbs'
+				  and slot operator(pg_catalog.=) $1`, slot).Scan(&owner, &epoch, &batch); err != nil {
+				t.Error("thief reading the lease view:", err)
+				return
+			}
+			if owner == nil || *owner != workerID {
+				continue // between leases: nothing to steal
+			}
+			guess := fmt.Sprintf("%08x-0000-4000-8000-%012x", i, epoch)
+			h := fmt.Sprintf("'files', 'thumbs', %d, 4, '%s', '%s'", slot, workerID, guess)
+			for _, a := range []string{
+				fmt.Sprintf("select * from pgque.receive_partitioned(%s, 100)", h),
+				fmt.Sprintf("select pgque.ack_partitioned(%s, %d, %d, 1)", h, epoch, batch),
+				fmt.Sprintf("select pgque.release_slot('files', 'thumbs', %d, '%s', '%s')", slot, workerID, guess),
+				fmt.Sprintf("select pgque.release_stale_holds_partitioned(%s)", h),
+			} {
+				_, err := thief.Exec(ctx, a)
+				if c := codeOf(err); c == "PQ085" || c == "55P03" {
+					thiefRefused.Add(1)
+				} else {
+					thiefAllowed.Add(1)
+					t.Errorf("thief: %s: %v", a, err)
+				}
+			}
+			var e *int64
+			if err := thief.QueryRow(ctx, `select epoch from pgque.claim_slot('files', 'thumbs', $1, $2, '1 day')`, slot, workerID).Scan(&e); err != nil || e != nil {
+				t.Errorf("thief's claim of slot %d as %s = %v, %v; want NULL", slot, workerID, e, err)
+			}
 		}
 	}()
 
@@ -275,6 +324,9 @@ func TestHostileNeighbours(t *testing.T) {
 	}
 	if m := minOwned.Load(); m < 4 {
 		t.Errorf("the pool dropped to %d slots: forged announcements or the other app moved its slots", m)
+	}
+	if thiefRefused.Load() == 0 || thiefAllowed.Load() != 0 {
+		t.Errorf("thief with the worker id: %d calls refused, %d allowed", thiefRefused.Load(), thiefAllowed.Load())
 	}
 	if otherDenied.Load() == 0 || otherAllowed.Load() != 0 {
 		t.Errorf("other app: %d calls denied, %d allowed", otherDenied.Load(), otherAllowed.Load())

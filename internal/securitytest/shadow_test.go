@@ -188,24 +188,41 @@ func TestNonSuperuserInstallAndShadowedPublic(t *testing.T) {
 	)
 	// Work both slots: nack the first event of each chunk (pause blocks
 	// its key and defers the rest), ack, then retry and unblock.
+	tokens := make([]string, 2)
+	// recv receives a chunk of slot as w1 and returns its event ids and the
+	// proof of the chunk for the fenced ack ("epoch, batch, first id").
+	recv := func(slot int) ([]int64, string) {
+		rows, err := reader.Query(ctx, `select msg_id, batch_id, epoch from pgque.receive_partitioned('q', 'c', $1, 2, 'w1', $2::pg_catalog.uuid, 100)`, slot, tokens[slot])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int64
+		var proof string
+		var id, batch, epoch int64
+		if _, err := pgx.ForEachRow(rows, []any{&id, &batch, &epoch}, func() error {
+			if ids == nil {
+				proof = itoa64(epoch) + ", " + itoa64(batch) + ", " + itoa64(id)
+			}
+			ids = append(ids, id)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return ids, proof
+	}
+	holder := func(slot int) string { return `'w1', '` + tokens[slot] + `'` }
 	for slot := range 2 {
-		var epoch *int64
-		if err := reader.QueryRow(ctx, `select pgque.claim_slot('q', 'c', $1, 'w1', '30 s')`, slot).Scan(&epoch); err != nil || epoch == nil {
-			t.Fatalf("claim_slot %d: %v %v", slot, epoch, err)
+		var token *string
+		if err := reader.QueryRow(ctx, `select token::pg_catalog.text from pgque.claim_slot('q', 'c', $1, 'w1', '30 s')`, slot).Scan(&token); err != nil || token == nil {
+			t.Fatalf("claim_slot %d: %v %v", slot, token, err)
 		}
-		rows, err := reader.Query(ctx, `select msg_id from pgque.receive_partitioned('q', 'c', $1, 2, 'w1', 100)`, slot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			t.Fatal(err)
-		}
+		tokens[slot] = *token
+		ids, proof := recv(slot)
 		if len(ids) > 0 {
-			run(reader, "reader", `select pgque.nack_partitioned('q', 'c', `+itoa(slot)+`, 2, 'w1', `+itoa64(ids[0])+`, '0', 'boom')`)
+			run(reader, "reader", `select pgque.nack_partitioned('q', 'c', `+itoa(slot)+`, 2, `+holder(slot)+`, `+itoa64(ids[0])+`, '0', 'boom')`)
 		}
 		run(reader, "reader",
-			`select pgque.ack_partitioned('q', 'c', `+itoa(slot)+`, 2, 'w1')`,
+			`select pgque.ack_partitioned('q', 'c', `+itoa(slot)+`, 2, `+holder(slot)+`, `+proof+`)`,
 			`select * from pgque.partition_slot_status`,
 			`select * from pgque.blocked_keys('q', 'c')`,
 			`select pgque.slot_of('k1', 2)`,
@@ -215,21 +232,14 @@ func TestNonSuperuserInstallAndShadowedPublic(t *testing.T) {
 	// The blocked heads come back: fail them again for an hour, so that
 	// the operator functions have something to act on.
 	for slot := range 2 {
-		rows, err := reader.Query(ctx, `select msg_id from pgque.receive_partitioned('q', 'c', $1, 2, 'w1', 100)`, slot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			t.Fatal(err)
-		}
+		ids, proof := recv(slot)
 		if len(ids) > 0 {
-			run(reader, "reader", `select pgque.nack_partitioned('q', 'c', `+itoa(slot)+`, 2, 'w1', `+itoa64(ids[0])+`, '1 hour', 'boom')`)
+			run(reader, "reader", `select pgque.nack_partitioned('q', 'c', `+itoa(slot)+`, 2, `+holder(slot)+`, `+itoa64(ids[0])+`, '1 hour', 'boom')`)
 		}
-		run(reader, "reader", `select pgque.ack_partitioned('q', 'c', `+itoa(slot)+`, 2, 'w1')`)
+		run(reader, "reader", `select pgque.ack_partitioned('q', 'c', `+itoa(slot)+`, 2, `+holder(slot)+`, `+proof+`)`)
 	}
 	run(reader, "reader",
-		`select pgque.release_slot('q', 'c', 0, 'w1')`,
+		`select pgque.release_slot('q', 'c', 0, `+holder(0)+`)`,
 		`select * from pgque.receive('q', 'plain', 100)`,
 		`select * from pgque.dlq_list('q')`,
 	)

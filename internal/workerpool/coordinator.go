@@ -182,7 +182,7 @@ func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner stri
 	at := time.Now()
 	cctx, cancel := context.WithTimeout(fetchCtx, queryTimeout(p.cfg.ClaimInterval))
 	defer cancel()
-	epoch, ok, err := p.cfg.Queries.ClaimSlot(cctx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL)
+	epoch, token, ok, err := p.cfg.Queries.ClaimSlot(cctx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL, "")
 	if err != nil {
 		if fetchCtx.Err() == nil {
 			p.log().WarnContext(fetchCtx, "pgque: claiming slot", slog.Int("slot", slot), slog.Any("error", err))
@@ -196,7 +196,7 @@ func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner stri
 	if prevOwner != "" && prevOwner != p.cfg.Worker {
 		p.cfg.Metrics.LeaseTakeovers.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
 	}
-	p.startRunner(fetchCtx, workCtx, slot, epoch, at)
+	p.startRunner(fetchCtx, workCtx, slot, epoch, token, at)
 	return true
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque/internal/backoff"
+	"github.com/pgque/pgque/internal/dbq"
 )
 
 // Lease is this process's view of one slot lease: the epoch it was granted
@@ -19,6 +20,9 @@ type Lease struct {
 	Slot int
 	// Epoch is the fencing token the server granted with the lease.
 	Epoch int64
+	// Token is the lease's secret credential, presented by every call that
+	// acts as the holder. It never prints (see dbq.LeaseToken).
+	Token dbq.LeaseToken
 
 	ttl time.Duration
 
@@ -57,8 +61,8 @@ const (
 // armed yet: a claim that took close to the TTL leaves no time, and the
 // expiry callback must not run before the caller has stored the lease
 // where the callback finds it. Call arm next.
-func newLease(slot int, epoch int64, ttl time.Duration, at time.Time) *Lease {
-	return &Lease{Slot: slot, Epoch: epoch, ttl: ttl, heldUntil: at.Add(ttl)}
+func newLease(slot int, epoch int64, token dbq.LeaseToken, ttl time.Duration, at time.Time) *Lease {
+	return &Lease{Slot: slot, Epoch: epoch, Token: token, ttl: ttl, heldUntil: at.Add(ttl)}
 }
 
 // arm starts the local expiry: onExpire runs when the lease runs out
@@ -154,7 +158,8 @@ func (p *Pool) keep(ctx context.Context, stop <-chan struct{}) {
 }
 
 // renew extends one lease with claim_slot, which renews with the same epoch
-// when this worker still owns it. Any other answer means the slot was lost.
+// and token when this worker's token still proves the lease. Any other
+// answer means the slot was lost.
 func (p *Pool) renew(ctx context.Context, r *runner) {
 	l := r.lease
 	l.renewMu.Lock()
@@ -163,7 +168,7 @@ func (p *Pool) renew(ctx context.Context, r *runner) {
 		return
 	}
 	at := time.Now()
-	epoch, ok, err := p.cfg.Queries.ClaimSlot(ctx, p.cfg.Queue, p.cfg.Consumer, l.Slot, p.cfg.Worker, p.cfg.LeaseTTL)
+	epoch, token, ok, err := p.cfg.Queries.ClaimSlot(ctx, p.cfg.Queue, p.cfg.Consumer, l.Slot, p.cfg.Worker, p.cfg.LeaseTTL, l.Token)
 	switch {
 	case err != nil:
 		// The local expiry fences the slot if renewals keep failing.
@@ -172,6 +177,14 @@ func (p *Pool) renew(ctx context.Context, r *runner) {
 		}
 	case !ok || epoch != l.Epoch:
 		p.fence(r, "lease renewal found another epoch", slog.Int64("new_epoch", epoch), slog.Bool("held_by_other", !ok))
+		if ok {
+			// The slot was free, so the renewal took it as a new lease that
+			// this runner will not work: give it back at once rather than
+			// leave it unworked until its TTL runs out.
+			if _, err := p.cfg.Queries.ReleaseSlot(ctx, p.cfg.Queue, p.cfg.Consumer, l.Slot, p.cfg.Worker, token); err != nil && ctx.Err() == nil {
+				p.log().WarnContext(ctx, "pgque: giving back a lease a renewal took", slog.Int("slot", l.Slot), slog.Any("error", err))
+			}
+		}
 	default:
 		l.extend(at.Add(p.cfg.LeaseTTL))
 		p.cfg.Metrics.LeaseRenewals.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque/internal/backoff"
+	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/wakeup"
 )
 
@@ -27,12 +28,12 @@ type runner struct {
 }
 
 // startRunner registers and starts the goroutine for a freshly claimed slot.
-func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot int, epoch int64, claimedAt time.Time) {
+func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot int, epoch int64, token dbq.LeaseToken, claimedAt time.Time) {
 	r := &runner{wake: wakeup.NewSignal()}
 	r.workCtx, r.cancel = context.WithCancelCause(workCtx)
 	r.fetchCtx, r.fetchCancel = context.WithCancel(r.workCtx)
 	r.stopFetch = context.AfterFunc(fetchCtx, r.fetchCancel)
-	r.lease = newLease(slot, epoch, p.cfg.LeaseTTL, claimedAt)
+	r.lease = newLease(slot, epoch, token, p.cfg.LeaseTTL, claimedAt)
 	r.lease.arm(func() { p.fence(r, "lease expired before renewal") }) // after r.lease is set: it may fire at once
 
 	p.mu.Lock()
@@ -95,7 +96,12 @@ func (p *Pool) releaseLease(r *runner, log *slog.Logger) {
 	if r.workCtx.Err() != nil {
 		return
 	}
-	if _, err := p.cfg.Queries.ReleaseSlot(r.workCtx, p.cfg.Queue, p.cfg.Consumer, r.lease.Slot, p.cfg.Worker); err != nil {
+	if _, err := p.cfg.Queries.ReleaseSlot(r.workCtx, p.cfg.Queue, p.cfg.Consumer, r.lease.Slot, p.cfg.Worker, r.lease.Token); err != nil {
+		if dbq.NotLeaseHolder(err) {
+			// Taken over meanwhile: there is nothing left to give up.
+			log.DebugContext(r.workCtx, "pgque: slot lease was not held any more at release")
+			return
+		}
 		log.WarnContext(r.workCtx, "pgque: releasing slot", slog.Any("error", err))
 		p.reportError(r.workCtx, err)
 		return

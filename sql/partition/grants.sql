@@ -8,18 +8,17 @@ grant execute on function
     pgque.subscribe_slot(text, text, integer, integer, text),
     pgque.blocked_keys(text, text),
     pgque.unsubscribe_slot(text, text, integer, integer),
-    pgque.claim_slot(text, text, integer, text, interval),
-    pgque.release_slot(text, text, integer, text),
-    pgque.receive_partitioned(text, text, integer, integer, text, integer),
-    pgque.ack_partitioned(text, text, integer, integer, text),
-    pgque.ack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint),
-    pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text),
-    pgque.nack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint, interval, text),
+    pgque.claim_slot(text, text, integer, text, interval, uuid),
+    pgque.release_slot(text, text, integer, text, uuid),
+    pgque.receive_partitioned(text, text, integer, integer, text, uuid, integer),
+    pgque.ack_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, bigint),
+    pgque.nack_partitioned(text, text, integer, integer, text, uuid, bigint, interval, text),
+    pgque.nack_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, bigint, interval, text),
     pgque.slot_of(text, integer),
     pgque.announce_worker(text, text, text, boolean, integer[], interval),
-    pgque.hold_key_partitioned(text, text, integer, integer, text, bigint, bigint, text, bigint),
-    pgque.settle_held_partitioned(text, text, integer, integer, text, bigint, text, bigint, bigint[], bigint[], interval[], text[]),
-    pgque.release_stale_holds_partitioned(text, text, integer, integer, text)
+    pgque.hold_key_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, text, bigint),
+    pgque.settle_held_partitioned(text, text, integer, integer, text, uuid, bigint, text, bigint, bigint[], bigint[], interval[], text[]),
+    pgque.release_stale_holds_partitioned(text, text, integer, integer, text, uuid)
     to pgque_reader, pgque_admin;
 
 grant execute on function

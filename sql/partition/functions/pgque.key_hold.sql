@@ -17,8 +17,13 @@
 drop function if exists pgque.hold_key_partitioned(text, text, integer, integer, text, text, bigint);
 drop function if exists pgque.settle_held_partitioned(text, text, integer, integer, text, text, bigint,
                                                       bigint[], bigint[], interval[], text[]);
+-- Forms without the lease token.
+drop function if exists pgque.hold_key_partitioned(text, text, integer, integer, text, bigint, bigint, text, bigint);
+drop function if exists pgque.settle_held_partitioned(text, text, integer, integer, text, bigint, text, bigint,
+                                                      bigint[], bigint[], interval[], text[]);
+drop function if exists pgque.release_stale_holds_partitioned(text, text, integer, integer, text);
 
--- hold_key_partitioned(queue, consumer, slot, nslots, worker, epoch,
+-- hold_key_partitioned(queue, consumer, slot, nslots, worker, token, epoch,
 -- batch_id, key, head): holds key (NULL is the NULL key) from its event
 -- head on. head must be an event of key in the chunk the slot handed out
 -- last, received under epoch in batch_id (_check_delivery: PQ032 when the
@@ -27,7 +32,7 @@ drop function if exists pgque.settle_held_partitioned(text, text, integer, integ
 -- were deferred. Tables: sub_state (read), deferred (insert), key_block
 -- (upsert).
 create or replace function pgque.hold_key_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                      i_nslots integer, i_worker text,
+                                                      i_nslots integer, i_worker text, i_token uuid,
                                                       i_epoch bigint, i_batch_id bigint,
                                                       i_key text, i_head bigint)
 returns integer language plpgsql security definer
@@ -46,7 +51,7 @@ begin
         raise exception using errcode = '22004', message = 'epoch, batch id and head must not be NULL';
     end if;
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
     st := pgque._check_delivery(l, i_epoch, i_batch_id, i_head);
     c := 'pgque_hold_' || st.st_batch;
     for r in select * from pgque.get_batch_cursor(st.st_batch, c::text, 2147483647,
@@ -73,8 +78,8 @@ begin
 end;
 $$;
 
--- settle_held_partitioned(queue, consumer, slot, nslots, worker, epoch,
--- key, head, done, failed, retry_after, reasons): the lane of a key held
+-- settle_held_partitioned(queue, consumer, slot, nslots, worker, token,
+-- epoch, key, head, done, failed, retry_after, reasons): the lane of a key held
 -- from head under epoch (the lease epoch its events were received under;
 -- PQ032 when the lease is at another epoch now) finished. done are the held events it handled; failed (with one delay and
 -- one reason each) the ones whose handler failed: each is retried, or
@@ -84,7 +89,7 @@ $$;
 -- hold is no longer this epoch's (a new owner released it: the events are
 -- redelivered). Tables: deferred, retry_queue, dead_letter, key_block.
 create or replace function pgque.settle_held_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                         i_nslots integer, i_worker text, i_epoch bigint,
+                                                         i_nslots integer, i_worker text, i_token uuid, i_epoch bigint,
                                                          i_key text, i_head bigint, i_done bigint[], i_failed bigint[],
                                                          i_retry_after interval[], i_reasons text[])
 returns integer language plpgsql security definer
@@ -119,7 +124,7 @@ begin
         end if;
     end loop;
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
     if i_epoch <> l.sl_epoch then
         raise exception using errcode = 'PQ032',
             message = format('the key was held under epoch %s of slot %s of consumer %L; the lease is at epoch %s',
@@ -176,7 +181,8 @@ begin
 end;
 $$;
 
--- release_stale_holds_partitioned(queue, consumer, slot, nslots, worker):
+-- release_stale_holds_partitioned(queue, consumer, slot, nslots, worker,
+-- token):
 -- the caller, the slot's owner, starting to work the slot with no lane of
 -- it running, releases every hold left on the slot — by an earlier owner,
 -- or by itself before it lost and re-took the slot under the same epoch:
@@ -186,13 +192,13 @@ $$;
 -- how many events were put back (they are handled again).
 -- Tables: sub_state (read), key_block, deferred, event.
 create or replace function pgque.release_stale_holds_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                                 i_nslots integer, i_worker text)
+                                                                 i_nslots integer, i_worker text, i_token uuid)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_access boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l    pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    l    pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
     b    record;
     st   pgque.sub_state := pgque._sub_state(l.sl_sub);
     r    record;

@@ -1,12 +1,25 @@
 -- Consuming a slot. Each call first proves the caller holds the slot's
 -- lease (and renews it), then delivers through the api layer with the
 -- slot's routing predicate. The epoch is returned with every row as a
--- fencing token for the handler's side effects.
+-- fencing token for the handler's side effects. The lease token claim_slot
+-- returned is the caller's credential: every function here takes it after
+-- the worker id.
 
--- receive_partitioned(queue, consumer, slot, nslots, worker, max): the next
--- chunk of the slot's open batch: events of this slot only, in ev_id order.
+-- Forms without a lease token, and the acknowledgement without a proof of
+-- the chunk (removed: use the fenced ack_partitioned with the token).
+drop function if exists pgque.receive_partitioned(text, text, integer, integer, text, integer);
+drop function if exists pgque.ack_partitioned(text, text, integer, integer, text);
+drop function if exists pgque.ack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint);
+drop function if exists pgque.nack_partitioned(text, text, integer, integer, text, bigint, interval, text);
+drop function if exists pgque.nack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint, interval, text);
+drop function if exists pgque._fenced_lease(text, text, integer, integer, text, bigint, bigint, bigint);
+
+-- receive_partitioned(queue, consumer, slot, nslots, worker, token, max):
+-- the next chunk of the slot's open batch: events of this slot only, in
+-- ev_id order.
 create or replace function pgque.receive_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                     i_nslots integer, i_worker text, i_max integer default 100)
+                                                     i_nslots integer, i_worker text, i_token uuid,
+                                                     i_max integer default 100)
 returns table (msg_id bigint, batch_id bigint, type text, payload jsonb, retry_count integer,
                created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text,
                epoch bigint)
@@ -15,7 +28,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_access boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
     v_sub    text := pgque._slot_name(i_consumer, i_slot, i_nslots);
     v_filter text := pgque._slot_filter(i_slot, i_nslots);
     r        record;
@@ -121,12 +134,13 @@ begin
 end;
 $$;
 
--- _fenced_lease(queue, consumer, slot, nslots, worker, epoch, batch_id,
--- msg_id): what the fenced ack and nack check first: their proof is
--- complete (22004), the caller may consume the queue, holds the lease, and
--- received the chunk it names (_check_delivery). Returns the locked lease.
+-- _fenced_lease(queue, consumer, slot, nslots, worker, token, epoch,
+-- batch_id, msg_id): what the fenced ack and nack check first: their proof
+-- is complete (22004), the caller may consume the queue, holds the lease
+-- (its token proves it, PQ085 otherwise), and received the chunk it names
+-- (_check_delivery). Returns the locked lease.
 create or replace function pgque._fenced_lease(i_queue text, i_consumer text, i_slot integer,
-                                               i_nslots integer, i_worker text,
+                                               i_nslots integer, i_worker text, i_token uuid,
                                                i_epoch bigint, i_batch_id bigint, i_msg_id bigint)
 returns pgque.slot_lease language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -138,19 +152,19 @@ begin
         raise exception using errcode = '22004', message = 'epoch, batch id and msg_id must not be NULL';
     end if;
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker);
+    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
     perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
     return l;
 end;
 $$;
 
--- ack_partitioned(queue, consumer, slot, nslots, worker, epoch, batch_id,
--- msg_id): acknowledges the chunk the last receive_partitioned returned,
--- after _check_delivery proved it is the chunk the caller received (epoch
--- and batch_id from its rows, msg_id any of its events). Returns 1 when the
--- batch is finished, 0 when more of it remains.
+-- ack_partitioned(queue, consumer, slot, nslots, worker, token, epoch,
+-- batch_id, msg_id): acknowledges the chunk the last receive_partitioned
+-- returned, after _check_delivery proved it is the chunk the caller
+-- received (epoch and batch_id from its rows, msg_id any of its events).
+-- Returns 1 when the batch is finished, 0 when more of it remains.
 create or replace function pgque.ack_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                 i_nslots integer, i_worker text,
+                                                 i_nslots integer, i_worker text, i_token uuid,
                                                  i_epoch bigint, i_batch_id bigint, i_msg_id bigint)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -158,27 +172,12 @@ as $$
 declare
     l pgque.slot_lease;
 begin
-    l := pgque._fenced_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_epoch, i_batch_id, i_msg_id);
+    l := pgque._fenced_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token, i_epoch, i_batch_id, i_msg_id);
     return pgque._ack_slot(l, i_slot, i_nslots);
 end;
 $$;
 
--- ack_partitioned(queue, consumer, slot, nslots, worker): acknowledges
--- whatever chunk the slot handed out last, without proof of which one the
--- caller received. Kept for existing callers; a worker that may have lost
--- its lease in between should use the fenced form above.
-create or replace function pgque.ack_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                 i_nslots integer, i_worker text)
-returns integer language plpgsql security definer
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    return pgque._ack_slot(pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker), i_slot, i_nslots);
-end;
-$$;
-
--- _ack_slot(lease, slot, nslots): the acknowledgement of both forms.
+-- _ack_slot(lease, slot, nslots): the acknowledgement.
 create or replace function pgque._ack_slot(l pgque.slot_lease, i_slot integer, i_nslots integer)
 returns integer language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -195,12 +194,12 @@ begin
 end;
 $$;
 
--- nack_partitioned(queue, consumer, slot, nslots, worker, epoch,
+-- nack_partitioned(queue, consumer, slot, nslots, worker, token, epoch,
 -- batch_id, msg_id, retry_after, reason): the fenced form: _check_delivery
 -- proves msg_id is in the chunk the caller received under epoch. A NULL
 -- retry_after dead-letters the event at once, as in the unfenced form.
 create or replace function pgque.nack_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                  i_nslots integer, i_worker text,
+                                                  i_nslots integer, i_worker text, i_token uuid,
                                                   i_epoch bigint, i_batch_id bigint, i_msg_id bigint,
                                                   i_retry_after interval, i_reason text default null)
 returns integer language plpgsql security definer
@@ -209,25 +208,26 @@ as $$
 declare
     l pgque.slot_lease;
 begin
-    l := pgque._fenced_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_epoch, i_batch_id, i_msg_id);
+    l := pgque._fenced_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token, i_epoch, i_batch_id, i_msg_id);
     return pgque._nack_slot(l, i_slot, i_nslots, i_msg_id, i_retry_after, i_reason);
 end;
 $$;
 
--- nack_partitioned(queue, consumer, slot, nslots, worker, msg_id,
--- retry_after, reason): schedules one received event for redelivery to this
--- slot only, or dead-letters it past max_retries. Returns 1 or 0 as nack.
--- The event must be one of this slot's events in the chunk the slot handed
--- out last (PQ022 otherwise).
+-- nack_partitioned(queue, consumer, slot, nslots, worker, token, msg_id,
+-- retry_after, reason): schedules one received event for redelivery to
+-- this slot only, or dead-letters it past max_retries. Returns 1 or 0 as
+-- nack. The event must be one of this slot's events in the chunk the slot
+-- handed out last (PQ022 otherwise); the token ties the call to the
+-- current holder, who alone received that chunk.
 create or replace function pgque.nack_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                  i_nslots integer, i_worker text, i_msg_id bigint,
+                                                  i_nslots integer, i_worker text, i_token uuid, i_msg_id bigint,
                                                   i_retry_after interval, i_reason text default null)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    return pgque._nack_slot(pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker),
+    return pgque._nack_slot(pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token),
                             i_slot, i_nslots, i_msg_id, i_retry_after, i_reason);
 end;
 $$;

@@ -11,11 +11,13 @@
 -- extend a new owner's lease.
 --
 -- A slot is worked by the worker that holds its lease. claim_slot takes a
--- free or expired lease (epoch + 1) or renews one already held (same
--- epoch). Every receive/ack/nack on a slot first checks, under the lease
--- row's lock, that the caller is the owner: a worker whose lease was taken
--- over gets PQ032 and can neither receive nor ack. An expired lease that
--- nobody took over still belongs to its owner (grace rule), so a slow but
+-- free or expired lease (epoch + 1, a new secret token) or renews one the
+-- caller proves it holds (same epoch). Every receive/ack/nack on a slot
+-- first checks, under the lease row's lock, that the caller presents the
+-- lease's token: a worker whose lease was taken over, or anyone who merely
+-- knows the owner's worker id, gets PQ085 and can neither receive nor ack.
+-- An expired lease that nobody took over still belongs to its owner, whose
+-- token still proves it (grace rule), so a slow but
 -- sole worker is not fenced for nothing. Leases are plain short
 -- transactions: they work through transaction-mode poolers. Times come
 -- from clock_timestamp(), not the transaction start.
@@ -101,20 +103,77 @@ begin
 end;
 $$;
 
--- claim_slot(queue, consumer, slot, worker, ttl): returns the lease's epoch
--- when worker now holds it, NULL when another live owner does. A refused
--- claim holds no lock on the lease row afterwards (the lock is taken in a
--- subtransaction that is rolled back), so a caller leaving it open in a
--- transaction cannot block the owner.
+-- Lease tokens. The worker id is a display name: it is visible in the
+-- lease views, in presence and in messages, so it proves nothing. The claim
+-- that takes a lease returns a fresh random token (gen_random_uuid, 122
+-- random bits) to the caller alone and stores only its SHA-256 in the lease
+-- row; every call that acts as the holder presents (worker, token) and
+-- _lease_proved checks it. A new owner gets a new token, so an earlier
+-- owner's token is refused after a takeover.
+
+-- Forms without a token.
+drop function if exists pgque.claim_slot(text, text, integer, text, interval);
+drop function if exists pgque.release_slot(text, text, integer, text);
+drop function if exists pgque._hold_lease(text, text, integer, integer, text);
+
+-- _token_hash(token): what the lease row stores of a token.
+create or replace function pgque._token_hash(i_token uuid)
+returns bytea language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    return sha256(uuid_send(i_token));
+end;
+$$;
+
+-- _lease_proved(lease, worker, token): whether (worker, token) proves the
+-- lease: the lease has an owner, it is worker, and token hashes to the
+-- stored hash. A lease left from before tokens (no hash) proves nothing
+-- until it is claimed again.
+create or replace function pgque._lease_proved(l pgque.slot_lease, i_worker text, i_token uuid)
+returns boolean language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    return coalesce(l.sl_owner = i_worker and l.sl_token = pgque._token_hash(i_token), false);
+end;
+$$;
+
+-- _check_token(token): a NULL token is a missing argument (22004).
+create or replace function pgque._check_token(i_token uuid)
+returns void language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_token is null then
+        raise exception using errcode = '22004', message = 'lease token must not be NULL';
+    end if;
+end;
+$$;
+
+-- claim_slot(queue, consumer, slot, worker, ttl, token): takes the slot's
+-- lease for worker, or renews it. Returns (epoch, token): a free or expired
+-- lease is taken with epoch + 1 and a new token, which only this answer
+-- ever carries (keep it secret: it is the lease's credential); a lease that
+-- (worker, token) proves is renewed with the same epoch and token, even
+-- after it expired if nobody took it over. Returns (NULL, NULL) when
+-- another live lease holds the slot, including one held under worker's own
+-- id that token does not prove. A refused claim holds no lock on the lease
+-- row afterwards (the lock is taken in a subtransaction that is rolled
+-- back), so a caller leaving it open in a transaction cannot block the
+-- owner. Tables: slot_lease (update on a change of owner or ttl), sub_state
+-- (append on a renewal).
 create or replace function pgque.claim_slot(i_queue text, i_consumer text, i_slot integer, i_worker text,
-                                            i_ttl interval default '30 seconds')
-returns bigint language plpgsql security definer
+                                            i_ttl interval default '30 seconds', i_token uuid default null,
+                                            out epoch bigint, out token uuid)
+language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    l     pgque.slot_lease;
-    v_now timestamptz := clock_timestamp();
-    v_ttl interval;
+    l       pgque.slot_lease;
+    v_now   timestamptz := clock_timestamp();
+    v_ttl   interval;
+    v_held  boolean;
 begin
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_worker(i_worker);
@@ -124,14 +183,15 @@ begin
     end if;
     begin
         l := pgque._lease(i_queue, i_consumer, i_slot);
-        if l.sl_owner is distinct from i_worker and l.sl_owner is not null and pgque._lease_until(l) > v_now then
+        v_held := pgque._lease_proved(l, i_worker, i_token);
+        if not v_held and l.sl_owner is not null and pgque._lease_until(l) > v_now then
             -- Refused: undo the row lock with the subtransaction.
             raise exception using errcode = 'PQ099';
         end if;
     exception when sqlstate 'PQ099' then
-        return null;
+        return;
     end;
-    if l.sl_owner = i_worker then
+    if v_held then
         if l.sl_ttl = v_ttl then
             -- A renewal: an appended state record, no row version.
             perform pgque._touch_state(l.sl_sub);
@@ -139,18 +199,24 @@ begin
             update pgque.slot_lease set sl_until = v_now + v_ttl, sl_ttl = v_ttl
              where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
         end if;
-        return l.sl_epoch;
+        epoch := l.sl_epoch;
+        token := i_token;
+        return;
     end if;
+    token := pg_catalog.gen_random_uuid();
     update pgque.slot_lease
-       set sl_owner = i_worker, sl_until = v_now + v_ttl, sl_ttl = v_ttl, sl_epoch = sl_epoch + 1
+       set sl_owner = i_worker, sl_until = v_now + v_ttl, sl_ttl = v_ttl, sl_epoch = sl_epoch + 1,
+           sl_token = pgque._token_hash(token)
      where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
-    return l.sl_epoch + 1;
+    epoch := l.sl_epoch + 1;
 end;
 $$;
 
--- release_slot(queue, consumer, slot, worker): gives the lease up. Only the
--- owner can; returns true when released, false when worker did not hold it.
-create or replace function pgque.release_slot(i_queue text, i_consumer text, i_slot integer, i_worker text)
+-- release_slot(queue, consumer, slot, worker, token): gives the lease up.
+-- Only its holder can: returns true when released; PQ085 when (worker,
+-- token) does not prove the lease (see _hold_lease). Tables: slot_lease.
+create or replace function pgque.release_slot(i_queue text, i_consumer text, i_slot integer, i_worker text,
+                                              i_token uuid)
 returns boolean language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
@@ -159,23 +225,44 @@ declare
 begin
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_worker(i_worker);
-    l := pgque._lease(i_queue, i_consumer, i_slot);
-    if l.sl_owner is distinct from i_worker then
-        return false;
+    perform pgque._check_token(i_token);
+    if i_slot is null then
+        raise exception using errcode = '22004', message = 'slot must not be NULL';
     end if;
-    update pgque.slot_lease set sl_owner = null, sl_until = null
+    l := pgque._lease(i_queue, i_consumer, i_slot);
+    perform pgque._refuse_unproved(l, i_worker, i_token);
+    update pgque.slot_lease set sl_owner = null, sl_until = null, sl_token = null
      where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
     return true;
 end;
 $$;
 
--- _hold_lease(queue, consumer, slot, nslots, worker): the lease row, locked,
--- after checking N and that worker owns the lease (PQ032 otherwise).
+-- _refuse_unproved(lease, worker, token): raises PQ085 unless (worker,
+-- token) proves the lease. The message names the slot only: never the
+-- token, nor the owner's worker id (a caller may have presented it).
+create or replace function pgque._refuse_unproved(l pgque.slot_lease, i_worker text, i_token uuid)
+returns void language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if not pgque._lease_proved(l, i_worker, i_token) then
+        raise exception using errcode = 'PQ085',
+            message = format('the lease token does not prove the lease on slot %s of consumer %L',
+                             l.sl_slot, l.sl_consumer),
+            hint = 'claim the slot again: claim_slot returns a new token';
+    end if;
+end;
+$$;
+
+-- _hold_lease(queue, consumer, slot, nslots, worker, token): the lease row,
+-- locked, after checking N and that (worker, token) proves the lease (PQ085
+-- otherwise: the lease changed hands, was released, or the caller never
+-- held it). Every call that acts as the holder goes through here.
 -- Renews the lease when less than half of its ttl is left: the heartbeat
 -- rides on the per-batch calls, at most two appended state records per ttl
 -- when the slot writes no state otherwise.
 create or replace function pgque._hold_lease(i_queue text, i_consumer text, i_slot integer,
-                                             i_nslots integer, i_worker text)
+                                             i_nslots integer, i_worker text, i_token uuid)
 returns pgque.slot_lease language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
@@ -184,14 +271,11 @@ declare
     v_now timestamptz;
 begin
     perform pgque._check_worker(i_worker);
+    perform pgque._check_token(i_token);
     perform pgque._check_slot(i_slot, i_nslots);
     perform pgque._slot_group(i_queue, i_consumer, i_nslots);
     l := pgque._lease(i_queue, i_consumer, i_slot);
-    if l.sl_owner is distinct from i_worker then
-        raise exception using errcode = 'PQ032',
-            message = format('worker %L does not hold the lease on slot %s/%s of consumer %L (owner %s, epoch %s)',
-                             i_worker, i_slot, i_nslots, i_consumer, coalesce(quote_literal(l.sl_owner), 'none'), l.sl_epoch);
-    end if;
+    perform pgque._refuse_unproved(l, i_worker, i_token);
     v_now := clock_timestamp();
     l.sl_until := pgque._lease_until(l);
     if l.sl_until - v_now < l.sl_ttl / 2 then

@@ -28,6 +28,22 @@ create table if not exists pgque.slot_lease (
     foreign key (sl_queue, sl_consumer) references pgque.slot_group (sg_queue, sg_consumer) on delete cascade
 ) with (fillfactor = 50);
 
+-- sl_token: the SHA-256 of the lease token handed to the owner by the claim
+-- that took the lease (NULL when nobody holds it). Only the hash is stored,
+-- so nobody who can read this table or its views learns the credential;
+-- it changes with the owner, in the same update, so it adds no row version.
+-- Catalog-checked rather than ADD COLUMN IF NOT EXISTS, which takes an
+-- exclusive lock on the lease table even when the column exists, and so
+-- would make every upgrade wait for (and deadlock with) running workers.
+do $token$
+begin
+    if not exists (select 1 from pg_catalog.pg_attribute
+                    where attrelid = 'pgque.slot_lease'::regclass and attname = 'sl_token' and not attisdropped) then
+        alter table pgque.slot_lease add column sl_token bytea;
+    end if;
+end
+$token$;
+
 -- key_block: under the pause policy, one row per blocked key of a slot
 -- (never per healthy event). State "blocked": kb_head failed and awaits its
 -- retry; every other event of the key is deferred. State "releasing": the

@@ -160,18 +160,18 @@ func drainPlain(ctx context.Context, c *pgx.Conn, queue, consumer string) (int, 
 }
 
 // drainSlot consumes everything available to slot k of n with
-// receive_partitioned + ack_partitioned as worker (which must hold the
-// slot's lease) and returns the number of events received.
-func drainSlot(ctx context.Context, c *pgx.Conn, queue, consumer string, k, n int, worker string) (int, error) {
-	return drainSlotChunks(ctx, c, queue, consumer, k, n, worker, batchSize)
+// receive_partitioned + the fenced ack_partitioned as worker, presenting
+// token, the slot's lease token, and returns the number of events received.
+func drainSlot(ctx context.Context, c *pgx.Conn, queue, consumer string, k, n int, worker, token string) (int, error) {
+	return drainSlotChunks(ctx, c, queue, consumer, k, n, worker, token, batchSize)
 }
 
 // drainSlotChunks is drainSlot receiving at most chunk events per call.
-func drainSlotChunks(ctx context.Context, c *pgx.Conn, queue, consumer string, k, n int, worker string, chunk int) (int, error) {
+func drainSlotChunks(ctx context.Context, c *pgx.Conn, queue, consumer string, k, n int, worker, token string, chunk int) (int, error) {
 	total := 0
 	for {
-		got, err := drainRows(c.Query(ctx, "select * from pgque.receive_partitioned($1, $2, $3, $4, $5, $6)",
-			queue, consumer, k, n, worker, chunk))
+		got, proof, err := drainSlotRows(c.Query(ctx, "select * from pgque.receive_partitioned($1, $2, $3, $4, $5, $6::uuid, $7)",
+			queue, consumer, k, n, worker, token, chunk))
 		if err != nil {
 			return total, fmt.Errorf("receive_partitioned slot %d/%d: %w", k, n, err)
 		}
@@ -179,28 +179,54 @@ func drainSlotChunks(ctx context.Context, c *pgx.Conn, queue, consumer string, k
 			return total, nil
 		}
 		total += got
-		if _, err := c.Exec(ctx, "select pgque.ack_partitioned($1, $2, $3, $4, $5)", queue, consumer, k, n, worker); err != nil {
+		if _, err := c.Exec(ctx, "select pgque.ack_partitioned($1, $2, $3, $4, $5, $6::uuid, $7, $8, $9)",
+			queue, consumer, k, n, worker, token, proof[0], proof[1], proof[2]); err != nil {
 			return total, fmt.Errorf("ack_partitioned slot %d/%d: %w", k, n, err)
 		}
 	}
 }
 
+// drainSlotRows is drainRows for a receive_partitioned result; it also
+// returns the chunk's proof for the fenced ack: epoch, batch id and the
+// first msg_id.
+func drainSlotRows(rows pgx.Rows, err error) (int, [3]int64, error) {
+	var proof [3]int64
+	if err != nil {
+		return 0, proof, err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		v, err := rows.Values()
+		if err != nil {
+			return n, proof, err
+		}
+		if n == 0 {
+			proof = [3]int64{v[10].(int64), v[1].(int64), v[0].(int64)}
+		}
+		n++
+	}
+	return n, proof, rows.Err()
+}
+
 // subscribeSlots subscribes and claims every slot of an N-slot consumer for
-// worker.
-func subscribeSlots(ctx context.Context, c *pgx.Conn, queue, consumer string, n int, worker string) error {
+// worker and returns the lease token of each slot.
+func subscribeSlots(ctx context.Context, c *pgx.Conn, queue, consumer string, n int, worker string) ([]string, error) {
+	tokens := make([]string, n)
 	for k := range n {
 		if _, err := c.Exec(ctx, "select pgque.subscribe_slot($1, $2, $3, $4)", queue, consumer, k, n); err != nil {
-			return fmt.Errorf("subscribe_slot %d/%d: %w", k, n, err)
+			return nil, fmt.Errorf("subscribe_slot %d/%d: %w", k, n, err)
 		}
-		var epoch *int64
-		if err := c.QueryRow(ctx, "select pgque.claim_slot($1, $2, $3, $4, '10 minutes')", queue, consumer, k, worker).Scan(&epoch); err != nil {
-			return fmt.Errorf("claim_slot %d/%d: %w", k, n, err)
+		var token *string
+		if err := c.QueryRow(ctx, "select token::text from pgque.claim_slot($1, $2, $3, $4, '10 minutes')", queue, consumer, k, worker).Scan(&token); err != nil {
+			return nil, fmt.Errorf("claim_slot %d/%d: %w", k, n, err)
 		}
-		if epoch == nil {
-			return fmt.Errorf("claim_slot %d/%d: slot held by another worker", k, n)
+		if token == nil {
+			return nil, fmt.Errorf("claim_slot %d/%d: slot held by another worker", k, n)
 		}
+		tokens[k] = *token
 	}
-	return nil
+	return tokens, nil
 }
 
 // checkFloorShape compares the floor table's columns with pgque.event's and

@@ -91,7 +91,8 @@ type bloatPass struct {
 	steps   int
 	conn    *pgxpool.Conn
 	c       *pgx.Conn
-	holdTx  pgx.Tx // the REPEATABLE READ transaction holding xmin, or nil
+	tokens  []string // the lease token of each slot
+	holdTx  pgx.Tx   // the REPEATABLE READ transaction holding xmin, or nil
 	cleanup []func()
 
 	events       int
@@ -136,7 +137,7 @@ func newBloatPass(ctx context.Context, e *env, held bool, steps int) (*bloatPass
 			return nil, fmt.Errorf("%s: %w", s, err)
 		}
 	}
-	if err := subscribeSlots(ctx, b.c, pgqueQueue, bloatPart, bloatSlots, bloatWorker); err != nil {
+	if b.tokens, err = subscribeSlots(ctx, b.c, pgqueQueue, bloatPart, bloatSlots, bloatWorker); err != nil {
 		b.close()
 		return nil, err
 	}
@@ -185,7 +186,7 @@ func (b *bloatPass) step(ctx context.Context, i int) error {
 		return err
 	}
 	for k := range bloatSlots {
-		if _, err := drainSlot(ctx, b.c, pgqueQueue, bloatPart, k, bloatSlots, bloatWorker); err != nil {
+		if _, err := drainSlot(ctx, b.c, pgqueQueue, bloatPart, k, bloatSlots, bloatWorker, b.tokens[k]); err != nil {
 			return err
 		}
 	}

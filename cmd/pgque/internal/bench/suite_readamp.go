@@ -118,7 +118,8 @@ func runReadAmpScenario(ctx context.Context, p *pgqueDB, mode readAmpMode, nslot
 		}
 	}
 	const consumer, worker = "amp", "w1"
-	if err := subscribeSlots(ctx, c, q, consumer, nslots, worker); err != nil {
+	tokens, err := subscribeSlots(ctx, c, q, consumer, nslots, worker)
+	if err != nil {
 		return res, err
 	}
 	polled := nslots
@@ -141,7 +142,7 @@ func runReadAmpScenario(ctx context.Context, p *pgqueDB, mode readAmpMode, nslot
 			return res, err
 		}
 		for k := range polled {
-			n, err := drainSlotChunks(ctx, c, q, consumer, k, nslots, worker, mode.chunk)
+			n, err := drainSlotChunks(ctx, c, q, consumer, k, nslots, worker, tokens[k], mode.chunk)
 			if err != nil {
 				return res, err
 			}

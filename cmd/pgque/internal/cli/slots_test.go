@@ -30,17 +30,20 @@ func TestPauseCommands(t *testing.T) {
 	slot := c.slotOf("k", 2)
 	conn := c.conn()
 	_, err := conn.Exec(ctx, `select pgque.force_next_tick('q'); select pgque.ticker('q')`)
+	var token string
+	var epoch, batch, first int64
 	if err == nil {
-		_, err = conn.Exec(ctx, `select pgque.claim_slot('q', 'p', $1, 'w')`, slot)
+		err = conn.QueryRow(ctx, `select token::text from pgque.claim_slot('q', 'p', $1, 'w')`, slot).Scan(&token)
 	}
 	if err == nil {
-		_, err = conn.Exec(ctx, `select count(*) from pgque.receive_partitioned('q', 'p', $1, 2, 'w')`, slot)
+		err = conn.QueryRow(ctx, `select epoch, batch_id, msg_id from pgque.receive_partitioned('q', 'p', $1, 2, 'w', $2::uuid) limit 1`,
+			slot, token).Scan(&epoch, &batch, &first)
 	}
 	if err == nil {
-		_, err = conn.Exec(ctx, `select pgque.nack_partitioned('q', 'p', $1, 2, 'w', $2, '1 hour', 'disk full')`, slot, ids[0])
+		_, err = conn.Exec(ctx, `select pgque.nack_partitioned('q', 'p', $1, 2, 'w', $2::uuid, $3, '1 hour', 'disk full')`, slot, token, ids[0])
 	}
 	if err == nil {
-		_, err = conn.Exec(ctx, `select pgque.ack_partitioned('q', 'p', $1, 2, 'w')`, slot)
+		_, err = conn.Exec(ctx, `select pgque.ack_partitioned('q', 'p', $1, 2, 'w', $2::uuid, $3, $4, $5)`, slot, token, epoch, batch, first)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -135,6 +135,8 @@ type tailer struct {
 	o     *tailOptions
 	r     *pgque.Receiver
 	start time.Time
+	// lease is the slot's lease when tailing a slot.
+	lease pgque.SlotLease
 }
 
 // runTail sets up the subscription or slot, runs the loop and cleans up.
@@ -180,10 +182,11 @@ func (a *app) runTail(ctx context.Context, s *session, o *tailOptions) (err erro
 			}()
 		}
 	case o.nslots > 0:
-		_, ok, err := t.r.ClaimSlot(ctx, o.queue, o.consumer, o.slot, o.worker, tailSlotTTL)
+		lease, ok, err := t.r.ClaimSlot(ctx, o.queue, o.consumer, o.slot, o.worker, tailSlotTTL)
 		if err != nil {
 			return err
 		}
+		t.lease = lease
 		if !ok {
 			return fmt.Errorf("slot %d/%d of consumer %q on queue %q is held by another live worker (see 'pgque slots status %s')", o.slot, o.nslots, o.consumer, o.queue, o.queue)
 		}
@@ -191,7 +194,7 @@ func (a *app) runTail(ctx context.Context, s *session, o *tailOptions) (err erro
 			defer func() {
 				cctx, cancel := context.WithTimeout(cleanup, cleanupTimeout)
 				defer cancel()
-				if _, rerr := t.r.ReleaseSlot(cctx, o.queue, o.consumer, o.slot, o.worker); rerr != nil {
+				if _, rerr := t.r.ReleaseSlot(cctx, t.lease); rerr != nil {
 					err = errors.Join(err, rerr)
 				}
 			}()
@@ -234,7 +237,7 @@ func (t *tailer) loop(ctx context.Context, a *app) error {
 		}
 		// Ack what was printed even when interrupted meanwhile.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		err = t.ack(actx, rows[0].BatchID)
+		err = t.ack(actx, rows[0])
 		cancel()
 		if err != nil {
 			return err
@@ -248,18 +251,19 @@ func (t *tailer) loop(ctx context.Context, a *app) error {
 func (t *tailer) receive(ctx context.Context, n int) ([]*pgque.Message, error) {
 	o := t.o
 	if o.nslots > 0 {
-		return t.r.ReceiveSlot(ctx, o.queue, o.consumer, o.slot, o.nslots, o.worker, n)
+		return t.r.ReceiveSlot(ctx, t.lease, o.nslots, n)
 	}
 	return t.r.Receive(ctx, o.queue, o.consumer, n)
 }
 
-func (t *tailer) ack(ctx context.Context, batchID int64) error {
+// ack acknowledges the chunk whose first message is m.
+func (t *tailer) ack(ctx context.Context, m *pgque.Message) error {
 	o := t.o
 	if o.nslots > 0 {
-		_, err := t.r.AckSlot(ctx, o.queue, o.consumer, o.slot, o.nslots, o.worker)
+		_, err := t.r.AckSlot(ctx, t.lease, o.nslots, m)
 		return err
 	}
-	_, err := t.r.Ack(ctx, batchID)
+	_, err := t.r.Ack(ctx, m.BatchID)
 	return err
 }
 
