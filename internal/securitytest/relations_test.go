@@ -30,6 +30,7 @@ var relations = map[string]string{
 	"layer_hook":            "a",
 	"partition_slot_status": "rwa",
 	"partition_slot_leases": "rwa",
+	"partition_slot_stalls": "rwa",
 	"queue":                 "a",
 	"queue_grant":           "a",
 	"queue_dedup":           "a",
