@@ -110,4 +110,17 @@ func TestStalledSlotView(t *testing.T) {
 	if r := stalls(t, d, "st", "c")[0]; r.stalled || r.behind {
 		t.Errorf("slot 0 after consuming: %+v, want neither behind nor stalled", r)
 	}
+
+	// A caught-up slot is idle, not stalled, however long ago it last
+	// moved: wait until slot 3's last progress is past its stall bound.
+	for one[bool](t, d.pool, `select last_progress >= clock_timestamp() - stall_after
+			from pgque.partition_slot_stalls where queue = 'st' and consumer = 'c' and slot = 3`) {
+		if time.Now().After(deadline.Add(30 * time.Second)) {
+			t.Fatal("slot 3's last progress never got older than its stall bound")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r := stalls(t, d, "st", "c")[3]; r.stalled || r.behind {
+		t.Errorf("caught-up slot 3 with old progress: %+v, want neither behind nor stalled", r)
+	}
 }

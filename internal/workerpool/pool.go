@@ -46,6 +46,14 @@ type Config struct {
 	// HotKeyShare: with the status refresh, warn when one key holds more
 	// than this share of a slot's pending events; 0 disables.
 	HotKeyShare float64
+	// StallTimeout: the watchdog gives a slot up when its loop showed no
+	// progress for this long outside its handlers (see stall.go).
+	// 0: LeaseTTL.
+	StallTimeout time.Duration
+	// StallCheckInterval is how often partition_slot_stalls is read for
+	// the stalled-slot gauge and warning. 0: 10 × ClaimInterval; negative
+	// disables.
+	StallCheckInterval time.Duration
 
 	Work WorkFunc
 	// Drain, when set, is called once the slot's goroutine stops working a
@@ -122,6 +130,11 @@ func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 		go func() { defer background.Done(); p.observeStatus(fetchCtx, stopStatus) }()
 	}
 
+	if p.stallCheckInterval() > 0 {
+		background.Add(1)
+		go func() { defer background.Done(); p.watchStalls(fetchCtx, stopStatus) }()
+	}
+
 	p.coordinate(fetchCtx, workCtx)
 
 	close(stopStatus)
@@ -130,13 +143,17 @@ func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 	background.Wait()
 }
 
-// Owned returns the slots this process currently works, for tests and status.
+// Owned returns the slots this process currently works, for tests, status
+// and announcements. A slot the watchdog gave up is not among them, even
+// while its stuck goroutine has not exited: peers must see it as free.
 func (p *Pool) Owned() []int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]int, 0, len(p.running))
-	for s := range p.running {
-		out = append(out, s)
+	for s, r := range p.running {
+		if !r.givenUp.Load() {
+			out = append(out, s)
+		}
 	}
 	return out
 }

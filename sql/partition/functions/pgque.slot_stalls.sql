@@ -35,8 +35,10 @@ create or replace view pgque.partition_slot_stalls as
 select v.queue, v.consumer, v.slot, v.nslots, v.owner, v.lease_live,
        v.behind_since, v.last_progress, v.stall_after,
        case when v.behind_since is not null then greatest(v.behind_since, v.last_progress) end as stalled_since,
-       coalesce(greatest(v.behind_since, v.last_progress) < v.checked_at - v.stall_after, false) as stalled,
-       case when not coalesce(greatest(v.behind_since, v.last_progress) < v.checked_at - v.stall_after, false) then null
+       coalesce(greatest(v.behind_since, v.last_progress) < v.checked_at - v.stall_after
+                and v.behind_since is not null, false) as stalled,
+       case when not coalesce(greatest(v.behind_since, v.last_progress) < v.checked_at - v.stall_after
+                              and v.behind_since is not null, false) then null
             when v.raw_owner is null then 'unclaimed'
             when not v.lease_live then 'lease expired'
             else 'not progressing' end as reason
