@@ -40,6 +40,7 @@ var relations = map[string]string{
 	"slot_lease":            "",
 	"rotation":              "a",
 	"state_gen_seq":         "",
+	"ticker_beat_seq":       "",
 	"sub_state":             "a",
 	"sub_state_0":           "a",
 	"sub_state_1":           "a",

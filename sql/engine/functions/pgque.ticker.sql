@@ -158,10 +158,25 @@ as $$
     select strpos(coalesce(current_setting('pgque.forced_ticks', true), ''), ',' || i_queue_id || ',') > 0
 $$;
 
+-- _ticker_lease_until(lease): when the ticker lease expires: the later of
+-- the claim's expiry and the last renewal's (ticker_beat_seq, see
+-- structure/tables.sql). Meaningless once the owner is NULL (free).
+create or replace function pgque._ticker_lease_until(l pgque.ticker_lease)
+returns timestamptz language sql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+    select greatest(l.lease_until,
+                    to_timestamp(pg_sequence_last_value('pgque.ticker_beat_seq'::regclass)::double precision / 1000))
+$$;
+
 -- ticker_lead(worker, ttl): leader election for ticker daemons. Returns
 -- true when worker holds the single ticker lease (renewing it when less than
 -- half of ttl is left, taking it over when free or expired). worker is 1 to
--- 200 bytes; ttl is 1 ms to 1 day of real time (PQ011).
+-- 200 bytes; ttl is 1 ms to 1 day of real time (PQ011). A renewal writes no
+-- row version: it locks the row (which marks the tuple in place, and makes
+-- a concurrent takeover wait and then see the renewal) and moves
+-- ticker_beat_seq. Only a change of owner updates the row.
+-- Tables: ticker_lease (lock; insert or update on a change of owner).
 create or replace function pgque.ticker_lead(i_worker text, i_ttl interval)
 returns boolean language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -181,8 +196,17 @@ begin
     -- Bounded on the real duration, so a lease cannot be taken for years
     -- with an interval that only compares as short.
     v_ttl := pgque._check_interval('ticker lease ttl', i_ttl, interval '1 millisecond', interval '1 day');
+    -- The common case, a leader well within its lease, only reads.
     select * into l from pgque.ticker_lease;
-    if found and l.owner = i_worker and l.lease_until - v_now > v_ttl / 2 then
+    if found and l.owner = i_worker and pgque._ticker_lease_until(l) - v_now > v_ttl / 2 then
+        return true;
+    end if;
+    select * into l from pgque.ticker_lease for update;
+    if found and l.owner = i_worker then
+        -- A renewal (also of a lease that ran out while nobody took it).
+        if coalesce(pgque._ticker_lease_until(l) - v_now <= v_ttl / 2, true) then
+            perform setval('pgque.ticker_beat_seq', (extract(epoch from v_now + v_ttl) * 1000)::bigint);
+        end if;
         return true;
     end if;
     insert into pgque.ticker_lease as tl (singleton, owner, lease_until, epoch)
@@ -191,7 +215,9 @@ begin
        set owner = excluded.owner,
            lease_until = excluded.lease_until,
            epoch = tl.epoch + case when tl.owner is not distinct from excluded.owner then 0 else 1 end
-     where tl.owner = excluded.owner or tl.owner is null or tl.lease_until < v_now;
+     where tl.owner is null
+        or greatest(tl.lease_until,
+                    to_timestamp(pg_sequence_last_value('pgque.ticker_beat_seq'::regclass)::double precision / 1000)) < v_now;
     return found;
 end;
 $$;
