@@ -77,8 +77,9 @@ begin
     -- Notifications are queued at commit, and a full NOTIFY queue (a
     -- listener idle in a transaction, perhaps a stranger's: any role may
     -- LISTEN) would then fail the tick. Consumers poll anyway, so past
-    -- half full the wake-up is skipped rather than the tick put at risk.
-    if pg_notification_queue_usage() < 0.5 then
+    -- half full (_notify_max_usage) the wake-up is skipped rather than the
+    -- tick put at risk.
+    if pg_notification_queue_usage() < pgque._notify_max_usage() then
         perform pg_notify('pgque', q.queue_name);
     end if;
     return v_tick;
@@ -144,6 +145,36 @@ begin
                        coalesce(nullif(current_setting('pgque.forced_ticks', true), ''), '') || ',' || q.queue_id || ',', true);
     return setval(q.queue_event_seq,
                   coalesce(pg_sequence_last_value(q.queue_event_seq), 0) + q.queue_ticker_max_count);
+end;
+$$;
+
+-- _notify_max_usage(): the NOTIFY queue usage (0..1) from which ticks
+-- skip their wake-up notification: 0.5, or less when the ticking session
+-- sets pgque.notify_max_usage to a number between 0 and 0.5. The setting
+-- can only make the skip start earlier (a session that lowers it only
+-- makes its own ticks quieter); anything else is ignored. The queue is 8 GB
+-- in a standard build, so tests lower it to exercise the skip without
+-- filling gigabytes. Touches no table.
+create or replace function pgque._notify_max_usage()
+returns double precision language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_set text := current_setting('pgque.notify_max_usage', true);
+    v_max double precision;
+begin
+    if v_set is null or v_set = '' then
+        return 0.5;
+    end if;
+    begin
+        v_max := v_set::double precision;
+    exception when others then
+        return 0.5;
+    end;
+    if v_max is null or not (v_max >= 0 and v_max <= 0.5) then
+        return 0.5;
+    end if;
+    return v_max;
 end;
 $$;
 
