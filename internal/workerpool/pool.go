@@ -2,6 +2,8 @@ package workerpool
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"sync"
 	"time"
@@ -14,11 +16,19 @@ import (
 
 // Channel names the pool listens on.
 const (
-	// TickChannel carries the queue name after every tick.
+	// TickChannel carries TickTag(queue) after every tick.
 	TickChannel = "pgque"
 	// PresenceChannel carries worker announcements (see presence.go).
 	PresenceChannel = "pgque_workers"
 )
+
+// TickTag is the payload of queue's tick notifications (pgque._tick_tag):
+// 16 hex digits of sha256("tick:" + queue), so that LISTENers of other
+// roles do not read queue names from the channel.
+func TickTag(queue string) string {
+	sum := sha256.Sum256([]byte("tick:" + queue))
+	return hex.EncodeToString(sum[:8])
+}
 
 // WorkFunc processes at most one chunk of the slot held by lease. fetchCtx
 // ends when the pool stops fetching (receive must use it); workCtx ends when
@@ -110,7 +120,8 @@ func New(cfg Config) *Pool {
 func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 	var notify, announce <-chan string
 	if n := p.cfg.Notifier; n != nil {
-		ticks := n.Listen(TickChannel, func(payload string) bool { return payload == p.cfg.Queue })
+		tag := TickTag(p.cfg.Queue)
+		ticks := n.Listen(TickChannel, func(payload string) bool { return payload == tag })
 		defer ticks.Unlisten()
 		peers := n.Listen(PresenceChannel, nil) // a hint only: see presence.go
 		defer peers.Unlisten()

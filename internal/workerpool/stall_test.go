@@ -424,3 +424,53 @@ func TestWatchdogGivesUpStuckSlot(t *testing.T) {
 		t.Error(led.overlap)
 	}
 }
+
+// The tick notification's payload is computed by the server
+// (pgque._tick_tag) and matched by the client (TickTag): they must agree,
+// or consumers would only ever wake by polling. The payload never spells
+// the queue's name.
+func TestTickTagMatchesServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.NewInstalledDB(t))
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, q := range []string{"files", "tt", "orders_eu-1.v2"} {
+		var server string
+		if err := conn.QueryRow(ctx, "select pgque._tick_tag($1)", q).Scan(&server); err != nil {
+			t.Fatal(err)
+		}
+		if got := TickTag(q); got != server || len(got) != 16 {
+			t.Errorf("TickTag(%q) = %q, server %q", q, got, server)
+		}
+	}
+	// The notification a real tick sends carries the tag.
+	if _, err := conn.Exec(ctx, "listen pgque"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "select pgque.create_queue('tt')"); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "select pgque.force_next_tick('tt')"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "select pgque.ticker('tt')")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	n, err := conn.Conn().WaitForNotification(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Payload != TickTag("tt") {
+		t.Errorf("the tick notified %q, want TickTag(\"tt\") = %q", n.Payload, TickTag("tt"))
+	}
+}

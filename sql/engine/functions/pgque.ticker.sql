@@ -80,7 +80,7 @@ begin
     -- half full (_notify_max_usage) the wake-up is skipped rather than the
     -- tick put at risk.
     if pg_notification_queue_usage() < pgque._notify_max_usage() then
-        perform pg_notify('pgque', q.queue_name);
+        perform pg_notify('pgque', pgque._tick_tag(q.queue_name));
     end if;
     return v_tick;
 end;
@@ -146,6 +146,20 @@ begin
     return setval(q.queue_event_seq,
                   coalesce(pg_sequence_last_value(q.queue_event_seq), 0) + q.queue_ticker_max_count);
 end;
+$$;
+
+-- _tick_tag(queue): the payload of a queue's tick notification on
+-- channel pgque: 16 hex digits of sha256('tick:' || queue). Any role of
+-- the cluster may LISTEN, so the payload does not spell the queue's name;
+-- clients compute the same tag from the name they consume (Go:
+-- workerpool.TickTag). A listener that guesses a name can confirm it: the
+-- tag keeps names out of plain sight, it does not make them secret.
+-- Touches no table.
+create or replace function pgque._tick_tag(i_queue text)
+returns text language sql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+    select encode(substring(sha256(convert_to('tick:' || i_queue, 'UTF8')) from 1 for 8), 'hex')
 $$;
 
 -- _notify_max_usage(): the NOTIFY queue usage (0..1) from which ticks
