@@ -236,6 +236,7 @@ wait:
 	}
 	handled()
 	if workCtx.Err() != nil || anyAborted(lanes) {
+		defer lease.Busy()() // the held lanes run handlers
 		abandonHolds(holding, doneCh)
 		return false, errors.Join(errAborted, context.Cause(workCtx))
 	}
@@ -267,6 +268,7 @@ wait:
 		err = s.settle(workCtx, pc.client.pool, chunkFailures(lanes))
 	}
 	if err != nil {
+		defer lease.Busy()() // the held lanes run handlers
 		abandonHolds(holding, doneCh)
 		return false, err
 	}

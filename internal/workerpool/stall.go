@@ -69,9 +69,11 @@ func (p *Pool) giveUp(ctx context.Context, r *runner, now time.Time) {
 	}
 	l := r.lease
 	stuck := l.stuckFor(now)
+	// Counted before the warning, so that whoever sees the warning sees
+	// the count too.
+	p.cfg.Metrics.SlotGivenUp.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
 	p.log().WarnContext(ctx, "pgque: slot made no progress outside its handlers; giving it up so that another worker takes it over",
 		slog.Int("slot", l.Slot), slog.Int64("epoch", l.Epoch), slog.Duration("stuck_for", stuck))
-	p.cfg.Metrics.SlotGivenUp.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
 	p.mu.Lock()
 	p.holdoff[l.Slot] = now.Add(2 * p.cfg.ClaimInterval)
 	p.mu.Unlock()
