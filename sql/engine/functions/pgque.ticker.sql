@@ -203,10 +203,10 @@ as $$
     select strpos(coalesce(current_setting('pgque.forced_ticks', true), ''), ',' || i_queue_id || ',') > 0
 $$;
 
--- _ticker_lease_until(lease): when the ticker lease expires: the later of
+-- _ticker_expiry(lease): when the ticker lease expires: the later of
 -- the claim's expiry and the last renewal's (ticker_beat_seq, see
 -- structure/tables.sql). Meaningless once the owner is NULL (free).
-create or replace function pgque._ticker_lease_until(l pgque.ticker_lease)
+create or replace function pgque._ticker_expiry(l pgque.ticker_lease)
 returns timestamptz language sql volatile
 set search_path = pg_catalog, pg_temp
 as $$
@@ -243,13 +243,13 @@ begin
     v_ttl := pgque._check_interval('ticker lease ttl', i_ttl, interval '1 millisecond', interval '1 day');
     -- The common case, a leader well within its lease, only reads.
     select * into l from pgque.ticker_lease;
-    if found and l.owner = i_worker and pgque._ticker_lease_until(l) - v_now > v_ttl / 2 then
+    if found and l.owner = i_worker and pgque._ticker_expiry(l) - v_now > v_ttl / 2 then
         return true;
     end if;
     select * into l from pgque.ticker_lease for update;
     if found and l.owner = i_worker then
         -- A renewal (also of a lease that ran out while nobody took it).
-        if coalesce(pgque._ticker_lease_until(l) - v_now <= v_ttl / 2, true) then
+        if coalesce(pgque._ticker_expiry(l) - v_now <= v_ttl / 2, true) then
             perform setval('pgque.ticker_beat_seq', (extract(epoch from v_now + v_ttl) * 1000)::bigint);
         end if;
         return true;

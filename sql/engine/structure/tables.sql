@@ -131,7 +131,7 @@ create index if not exists dead_letter_consumer_idx on pgque.dead_letter (dl_que
 -- lease_until is the expiry the claim set, and a renewal moves
 -- ticker_beat_seq to the renewed expiry in milliseconds since 1970 (a
 -- sequence changes in place and makes no row version). The lease lives
--- until the later of the two (_ticker_lease_until).
+-- until the later of the two (_ticker_expiry).
 create table if not exists pgque.ticker_lease (
     singleton   boolean primary key default true check (singleton),
     owner       text,
