@@ -2,7 +2,6 @@ package pgque
 
 import (
 	"context"
-
 	"time"
 
 	"github.com/pgque/pgque/internal/workerpool"
