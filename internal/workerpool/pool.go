@@ -58,7 +58,7 @@ type Config struct {
 	HotKeyShare float64
 	// StallTimeout: the watchdog gives a slot up when its loop showed no
 	// progress for this long outside its handlers (see stall.go).
-	// 0: LeaseTTL.
+	// 0: twice LeaseTTL, at least a minute.
 	StallTimeout time.Duration
 	// StallCheckInterval is how often partition_slot_stalls is read for
 	// the stalled-slot gauge and warning. 0: 10 × ClaimInterval; negative

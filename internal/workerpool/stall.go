@@ -20,8 +20,11 @@ import (
 //     A slot's loop shows progress at every receive, ack and return from
 //     Work, and while it waits for its handlers it is busy (Lease.Busy):
 //     handlers are user code, bounded by the handler timeout. A slot that
-//     is neither busy nor progressing for StallTimeout (default one lease
-//     TTL) is given up: its lease is released on the server (so that any
+//     is neither busy nor progressing for StallTimeout (default twice the
+//     lease TTL and at least a minute: a database call may legitimately
+//     wait seconds on a lock, during an upgrade for one, and giving a slot
+//     up redelivers its chunk) is given up: its lease is released on the
+//     server (so that any
 //     worker claims it at once, with a new epoch that fences whatever the
 //     stuck loop still tries), its work is cancelled, and this process
 //     holds off claiming it for two claim passes, so that a healthier peer
@@ -34,12 +37,15 @@ import (
 //     runs a claim pass at once: a stalled slot with no live owner is
 //     claimed by the next pass of any pool with room for it.
 
+// stallTimeoutMin is the least default StallTimeout.
+const stallTimeoutMin = time.Minute
+
 // stallTimeout is Config.StallTimeout with its default.
 func (p *Pool) stallTimeout() time.Duration {
 	if p.cfg.StallTimeout > 0 {
 		return p.cfg.StallTimeout
 	}
-	return p.cfg.LeaseTTL
+	return max(2*p.cfg.LeaseTTL, stallTimeoutMin)
 }
 
 // stallCheckInterval is Config.StallCheckInterval with its default; 0

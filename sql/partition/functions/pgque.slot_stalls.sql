@@ -20,10 +20,11 @@
 --                  it has been behind without moving
 -- A slot is stalled when stalled_since is older than stall_after: twice
 -- the lease ttl (one minute for a slot never claimed). That is past the
--- point where a live pool takes a dead worker's slot over (one ttl, then a claim pass)
--- and where the pool's own watchdog gives up a slot whose loop is stuck
--- (docs/worker-pool.md), so a stalled slot means no live pool is working
--- it. reason says what to do (docs/operations.md):
+-- point where a live pool takes a dead worker's slot over (one ttl, then a
+-- claim pass), so 'unclaimed' or 'lease expired' means no live pool with
+-- room; a pool whose own loop on the slot is stuck gives it up a little
+-- later, at twice the ttl and at least a minute (its watchdog,
+-- docs/worker-pool.md). reason says what to do (docs/operations.md):
 --   'unclaimed'        nobody holds the lease: no live worker
 --   'lease expired'    the last owner stopped renewing and nobody took
 --                      over: no live worker
