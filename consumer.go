@@ -75,7 +75,8 @@ func (con *Consumer) Stop(ctx context.Context) error {
 func (con *Consumer) run(fetchCtx, workCtx context.Context) {
 	waiter := wakeup.Waiter{Poll: con.config.PollInterval, Jitter: 0.2}
 	if n := con.client.notifier; n != nil {
-		sub := n.Listen(workerpool.TickChannel, func(payload string) bool { return payload == con.config.Queue })
+		tag := workerpool.TickTag(con.config.Queue)
+		sub := n.Listen(workerpool.TickChannel, func(payload string) bool { return payload == tag })
 		defer sub.Unlisten()
 		waiter.Notify = sub.C()
 	}

@@ -141,7 +141,10 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 		return false, err
 	}
 	// Backpressure: the events detached lanes still hold in memory, plus
-	// the next chunk, stay within MaxEventsPerSlot.
+	// the next chunk, stay within MaxEventsPerSlot. Waiting for handlers
+	// is not a stuck loop (workerpool's watchdog).
+	waited := lease.Busy()
+	defer waited()
 	for {
 		sl.mu.Lock()
 		queued, broken := sl.queued, sl.broken
@@ -158,6 +161,7 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 			return false, nil
 		}
 	}
+	waited()
 
 	sl.chunkMu.Lock()
 	locked := true
@@ -185,6 +189,8 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 	pause := policy == FailurePolicyPause
 
 	lanes := pc.splitLanes(sl, msgs)
+	handled := lease.Busy()
+	defer handled()
 	doneCh := make(chan *lane, len(lanes))
 	for _, ln := range lanes {
 		go pc.runLane(workCtx, sl, lease, ln, pause, doneCh)
@@ -228,7 +234,9 @@ wait:
 		<-doneCh
 		pending--
 	}
+	handled()
 	if workCtx.Err() != nil || anyAborted(lanes) {
+		defer lease.Busy()() // the held lanes run handlers
 		abandonHolds(holding, doneCh)
 		return false, errors.Join(errAborted, context.Cause(workCtx))
 	}
@@ -249,7 +257,9 @@ wait:
 		pc.client.logger.WarnContext(workCtx, "pgque: holding slow keys failed; waiting for them instead",
 			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot),
 			slog.Any("error", err))
+		waitHeld := lease.Busy()
 		unhold(holding, doneCh)
+		waitHeld()
 		holding = nil
 		if workCtx.Err() != nil || anyAborted(lanes) {
 			return false, errors.Join(errAborted, context.Cause(workCtx))
@@ -258,6 +268,7 @@ wait:
 		err = s.settle(workCtx, pc.client.pool, chunkFailures(lanes))
 	}
 	if err != nil {
+		defer lease.Busy()() // the held lanes run handlers
 		abandonHolds(holding, doneCh)
 		return false, err
 	}

@@ -120,6 +120,15 @@ const (
 	// MetricLaneRedelivered (counter, queue, consumer): events of an
 	// earlier owner's key holds put back for redelivery.
 	MetricLaneRedelivered = metrics.LaneRedelivered
+	// MetricSlotStalled (gauge, queue, consumer, slot): how long the slot
+	// has been stalled, in seconds: behind, with no progress for longer
+	// than twice the lease TTL (view partition_slot_stalls); 0 when it is
+	// not. Any value above 0 means no live worker consumes the slot and it
+	// pins rotation for the whole queue: see docs/operations.md.
+	MetricSlotStalled = metrics.SlotStalled
+	// MetricSlotGivenUp (counter, queue, consumer): slots this process's
+	// watchdog gave up because their poll loop was stuck.
+	MetricSlotGivenUp = metrics.SlotGivenUp
 	// MetricTickerRounds (counter): ticker() rounds made while leading.
 	MetricTickerRounds = metrics.TickerRounds
 	// MetricTickerLeader (gauge): 1 while this process's ticker leads.

@@ -171,7 +171,10 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 	// level, not only in this process).
 	delivery := dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}
 	policy := pc.Policy()
+	// Handlers are bounded by HandlerTimeout, not by the pool's watchdog.
+	handled := lease.Busy()
 	failures, held, aborted := pc.invoker.handleChunk(workCtx, msgs, policy == FailurePolicyPause)
+	handled()
 	if aborted {
 		return false, errors.Join(errAborted, context.Cause(workCtx))
 	}

@@ -71,6 +71,8 @@ var metrics = map[string]metric{
 	pgque.MetricLaneOldestAge:      {"Age of the oldest event a held key's lane still handles, per slot.", qcs},
 	pgque.MetricKeyHolds:           {"Slow keys held so that their slot could move on.", qc},
 	pgque.MetricLaneRedelivered:    {"Events of an earlier owner's key holds put back for redelivery.", qc},
+	pgque.MetricSlotStalled:        {"Seconds each slot has been behind without progress past its stall bound (0: not stalled).", qcs},
+	pgque.MetricSlotGivenUp:        {"Slots given up by this process's watchdog because their poll loop was stuck.", qc},
 	pgque.MetricTickerRounds:       {"ticker() calls made while leading.", nil},
 	pgque.MetricTickerLeader:       {"1 while this process's ticker holds the ticker lease.", nil},
 }
@@ -89,6 +91,7 @@ var kinds = map[string]pgque.MetricKind{
 	pgque.MetricLanesRunning: pgque.MetricGauge, pgque.MetricLaneQueued: pgque.MetricGauge,
 	pgque.MetricLaneOldestAge: pgque.MetricGauge, pgque.MetricKeyHolds: pgque.MetricCounter,
 	pgque.MetricLaneRedelivered: pgque.MetricCounter,
+	pgque.MetricSlotStalled:     pgque.MetricGauge, pgque.MetricSlotGivenUp: pgque.MetricCounter,
 }
 
 // Observer is a pgque.Observer that records every measurement in

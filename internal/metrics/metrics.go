@@ -40,6 +40,8 @@ const (
 	LaneOldestAge      = "lane_oldest_inflight_age_seconds"
 	KeyHolds           = "key_holds_total"
 	LaneRedelivered    = "lane_redelivered_events_total"
+	SlotStalled        = "slot_stalled_seconds"
+	SlotGivenUp        = "slot_watchdog_releases_total"
 )
 
 // Labels are the dimensions of a measurement; unused ones are "".
@@ -98,6 +100,13 @@ type Metrics struct {
 	// LaneRedelivered counts events of holds left by an earlier owner of a
 	// slot (a crash or takeover) put back for redelivery.
 	LaneRedelivered Vec
+	// SlotStalled is, per slot, how long it has been stalled (behind with
+	// no progress past its stall bound; partition_slot_stalls), in seconds;
+	// 0 when it is not.
+	SlotStalled Vec
+	// SlotGivenUp counts slots this process's watchdog gave up because
+	// their poll loop made no progress.
+	SlotGivenUp Vec
 	// Ticks counts successful ticker() rounds by the leading ticker.
 	Ticks Point
 	// TickerLeader is 1 while this process's ticker holds the lease.
@@ -121,8 +130,9 @@ func New(sink Sink) *Metrics {
 		LanesRunning: v(LanesRunning, Gauge), LaneQueued: v(LaneQueued, Gauge),
 		LaneOldestAge: v(LaneOldestAge, Gauge), KeyHolds: v(KeyHolds, Counter),
 		LaneRedelivered: v(LaneRedelivered, Counter),
-		Ticks:           Point{sink: sink, name: TickerRounds, kind: Counter},
-		TickerLeader:    Point{sink: sink, name: TickerLeader, kind: Gauge},
+		SlotStalled:     v(SlotStalled, Gauge), SlotGivenUp: v(SlotGivenUp, Counter),
+		Ticks:        Point{sink: sink, name: TickerRounds, kind: Counter},
+		TickerLeader: Point{sink: sink, name: TickerLeader, kind: Gauge},
 	}
 }
 

@@ -47,6 +47,7 @@ func BenchmarkKeyViews(b *testing.B) {
 	for _, c := range []struct{ name, sql string }{
 		{"partition_slot_status", "select count(*) from pgque.partition_slot_status where queue = 'kb'"},
 		{"slot_heads", "select count(*) from pgque.slot_heads('kb', 'c')"},
+		{"partition_slot_stalls", "select count(*) from pgque.partition_slot_stalls where queue = 'kb'"},
 		{"key_heads_all_slots", "select count(*) from pgque.key_heads('kb', 'c')"},
 		{"key_heads_all_slots_scan20k", "select count(*) from pgque.key_heads('kb', 'c', null, 20, 20000)"},
 		{"key_heads_one_slot", "select count(*) from pgque.key_heads('kb', 'c', 3)"},

@@ -38,6 +38,13 @@ type Lease struct {
 	// renewing is set while a background renewal of this lease is in
 	// flight, so that the keeper never waits on it nor starts a second.
 	renewing atomic.Bool
+
+	// progressAt (unix nanoseconds) is the last sign that the slot's loop
+	// moves, and busy counts the phases in which it waits for handlers:
+	// the watchdog (stall.go) gives up a slot that shows neither for
+	// Config.StallTimeout.
+	progressAt atomic.Int64
+	busy       atomic.Int32
 }
 
 // expiryMargin is the fraction of the TTL by which the local view expires
@@ -62,7 +69,9 @@ const (
 // expiry callback must not run before the caller has stored the lease
 // where the callback finds it. Call arm next.
 func newLease(slot int, epoch int64, token dbq.LeaseToken, ttl time.Duration, at time.Time) *Lease {
-	return &Lease{Slot: slot, Epoch: epoch, Token: token, ttl: ttl, heldUntil: at.Add(ttl)}
+	l := &Lease{Slot: slot, Epoch: epoch, Token: token, ttl: ttl, heldUntil: at.Add(ttl)}
+	l.progressAt.Store(at.UnixNano())
+	return l
 }
 
 // arm starts the local expiry: onExpire runs when the lease runs out
@@ -86,7 +95,38 @@ func (l *Lease) remaining() time.Duration {
 // started at `at` succeeded. The server renews the lease on those calls
 // only when less than half of the TTL is left, so such a call guarantees
 // half a TTL from its start, not a full one.
-func (l *Lease) Renewed(at time.Time) { l.extend(at.Add(l.ttl / 2)) }
+func (l *Lease) Renewed(at time.Time) {
+	l.Progressed()
+	l.extend(at.Add(l.ttl / 2))
+}
+
+// Progressed records that the slot's loop moved (a receive, an ack, a
+// handler finished). Renewed implies it.
+func (l *Lease) Progressed() { l.progressAt.Store(time.Now().UnixNano()) }
+
+// Busy marks a phase in which the slot waits for its handlers (they run
+// user code, bounded by the handler timeout, not by the watchdog); the
+// returned function ends the phase and counts as progress. Phases may nest
+// and overlap.
+func (l *Lease) Busy() (done func()) {
+	l.busy.Add(1)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.Progressed()
+			l.busy.Add(-1)
+		})
+	}
+}
+
+// stuckFor is how long the slot's loop has shown no progress, 0 while it
+// waits for handlers.
+func (l *Lease) stuckFor(now time.Time) time.Duration {
+	if l.busy.Load() > 0 {
+		return 0
+	}
+	return now.Sub(time.Unix(0, l.progressAt.Load()))
+}
 
 // extend moves the local end of the lease forward to until.
 func (l *Lease) extend(until time.Time) {
@@ -137,7 +177,14 @@ func (p *Pool) keep(ctx context.Context, stop <-chan struct{}) {
 		}
 		p.mu.Lock()
 		due := make([]*runner, 0, len(p.running))
+		now := time.Now()
 		for _, r := range p.running {
+			if p.stuck(r, now) {
+				// Renewing would keep a stuck slot from every other worker.
+				wg.Add(1)
+				go func() { defer wg.Done(); p.giveUp(ctx, r, now) }()
+				continue
+			}
 			if r.lease.left() < threshold && r.lease.renewing.CompareAndSwap(false, true) {
 				due = append(due, r)
 			}

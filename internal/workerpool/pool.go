@@ -2,6 +2,8 @@ package workerpool
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"sync"
 	"time"
@@ -14,11 +16,19 @@ import (
 
 // Channel names the pool listens on.
 const (
-	// TickChannel carries the queue name after every tick.
+	// TickChannel carries TickTag(queue) after every tick.
 	TickChannel = "pgque"
 	// PresenceChannel carries worker announcements (see presence.go).
 	PresenceChannel = "pgque_workers"
 )
+
+// TickTag is the payload of queue's tick notifications (pgque._tick_tag):
+// 16 hex digits of sha256("tick:" + queue), so that LISTENers of other
+// roles do not read queue names from the channel.
+func TickTag(queue string) string {
+	sum := sha256.Sum256([]byte("tick:" + queue))
+	return hex.EncodeToString(sum[:8])
+}
 
 // WorkFunc processes at most one chunk of the slot held by lease. fetchCtx
 // ends when the pool stops fetching (receive must use it); workCtx ends when
@@ -46,6 +56,14 @@ type Config struct {
 	// HotKeyShare: with the status refresh, warn when one key holds more
 	// than this share of a slot's pending events; 0 disables.
 	HotKeyShare float64
+	// StallTimeout: the watchdog gives a slot up when its loop showed no
+	// progress for this long outside its handlers (see stall.go).
+	// 0: twice LeaseTTL, at least a minute.
+	StallTimeout time.Duration
+	// StallCheckInterval is how often partition_slot_stalls is read for
+	// the stalled-slot gauge and warning. 0: 10 × ClaimInterval; negative
+	// disables.
+	StallCheckInterval time.Duration
 
 	Work WorkFunc
 	// Drain, when set, is called once the slot's goroutine stops working a
@@ -102,7 +120,8 @@ func New(cfg Config) *Pool {
 func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 	var notify, announce <-chan string
 	if n := p.cfg.Notifier; n != nil {
-		ticks := n.Listen(TickChannel, func(payload string) bool { return payload == p.cfg.Queue })
+		tag := TickTag(p.cfg.Queue)
+		ticks := n.Listen(TickChannel, func(payload string) bool { return payload == tag })
 		defer ticks.Unlisten()
 		peers := n.Listen(PresenceChannel, nil) // a hint only: see presence.go
 		defer peers.Unlisten()
@@ -122,6 +141,11 @@ func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 		go func() { defer background.Done(); p.observeStatus(fetchCtx, stopStatus) }()
 	}
 
+	if p.stallCheckInterval() > 0 {
+		background.Add(1)
+		go func() { defer background.Done(); p.watchStalls(fetchCtx, stopStatus) }()
+	}
+
 	p.coordinate(fetchCtx, workCtx)
 
 	close(stopStatus)
@@ -130,13 +154,17 @@ func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 	background.Wait()
 }
 
-// Owned returns the slots this process currently works, for tests and status.
+// Owned returns the slots this process currently works, for tests, status
+// and announcements. A slot the watchdog gave up is not among them, even
+// while its stuck goroutine has not exited: peers must see it as free.
 func (p *Pool) Owned() []int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]int, 0, len(p.running))
-	for s := range p.running {
-		out = append(out, s)
+	for s, r := range p.running {
+		if !r.givenUp.Load() {
+			out = append(out, s)
+		}
 	}
 	return out
 }

@@ -25,6 +25,8 @@ type runner struct {
 	wake        *wakeup.Signal
 	// release asks the runner to give the slot up at the next chunk boundary.
 	release atomic.Bool
+	// givenUp is set once the watchdog gave the slot up (stall.go).
+	givenUp atomic.Bool
 }
 
 // startRunner registers and starts the goroutine for a freshly claimed slot.
@@ -53,6 +55,7 @@ func (p *Pool) run(r *runner) {
 	waiter := wakeup.Waiter{Notify: r.wake.C(), Poll: p.cfg.PollInterval, Jitter: 0.2}
 	for failures := 0; r.fetchCtx.Err() == nil && !r.release.Load(); {
 		more, err := p.cfg.Work(r.fetchCtx, r.workCtx, r.lease)
+		r.lease.Progressed()
 		if r.workCtx.Err() != nil {
 			return // fenced or hard stop: abandon without ack or release
 		}

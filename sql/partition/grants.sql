@@ -30,6 +30,7 @@ grant execute on function
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
 grant select on pgque.partition_slot_status, pgque.partition_slot_leases to pgque_reader, pgque_writer, pgque_admin;
+grant select on pgque.partition_slot_stalls to pgque_reader, pgque_writer, pgque_admin;
 
 -- Per-key visibility (pgque.key_status.sql): read-only, for every pgque role.
 grant execute on function

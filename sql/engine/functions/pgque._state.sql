@@ -77,18 +77,20 @@ as $$
 begin
     st.st_seq := nextval('pgque.sub_state_seq');
     st.st_time := clock_timestamp();
+    st.st_moved := st.st_time;
     insert into pgque.sub_state (st_sub, st_seq, st_time, st_last_tick, st_next_tick, st_batch,
-                                 st_acked_to, st_delivered_to, st_delivered_all)
+                                 st_acked_to, st_delivered_to, st_delivered_all, st_moved)
     values (st.st_sub, st.st_seq, st.st_time, st.st_last_tick, st.st_next_tick, st.st_batch,
-            st.st_acked_to, st.st_delivered_to, coalesce(st.st_delivered_all, false));
+            st.st_acked_to, st.st_delivered_to, coalesce(st.st_delivered_all, false), st.st_moved);
     return st;
 end;
 $$;
 
 -- _touch_state(sub_id): appends a copy of the current state with a new
 -- st_time, for layers that keep time-bound facts (a heartbeat) in the
--- state's timestamp instead of updating a row. Tables: sub_state (insert),
--- subscription (lock).
+-- state's timestamp instead of updating a row. The copy keeps st_moved:
+-- a heartbeat is not progress. Tables: sub_state (insert), subscription
+-- (lock).
 create or replace function pgque._touch_state(i_sub integer)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -97,7 +99,11 @@ declare
     st pgque.sub_state := pgque._lock_sub(i_sub);
 begin
     if st.st_sub is not null then
-        perform pgque._put_state(st);
+        insert into pgque.sub_state (st_sub, st_seq, st_time, st_last_tick, st_next_tick, st_batch,
+                                     st_acked_to, st_delivered_to, st_delivered_all, st_moved)
+        values (st.st_sub, nextval('pgque.sub_state_seq'), clock_timestamp(), st.st_last_tick, st.st_next_tick,
+                st.st_batch, st.st_acked_to, st.st_delivered_to, st.st_delivered_all,
+                coalesce(st.st_moved, st.st_time));
     end if;
 end;
 $$;

@@ -146,9 +146,9 @@ begin
     end if;
     perform nextval('pgque.state_gen_seq');
     insert into pgque.sub_state (st_sub, st_seq, st_time, st_last_tick, st_next_tick, st_batch,
-                                 st_acked_to, st_delivered_to, st_delivered_all, st_gen)
+                                 st_acked_to, st_delivered_to, st_delivered_all, st_gen, st_moved)
     select k.st_sub, k.st_seq, k.st_time, k.st_last_tick, k.st_next_tick, k.st_batch,
-           k.st_acked_to, k.st_delivered_to, k.st_delivered_all, 1 - v_cur
+           k.st_acked_to, k.st_delivered_to, k.st_delivered_all, 1 - v_cur, k.st_moved
       from pgque._state_keep(v_cur) k;
     execute format('truncate %s', 'pgque.sub_state_' || v_cur);
     return 1;

@@ -35,7 +35,7 @@ begin
         on conflict do nothing;
         if found then
             -- A reused id's old records are superseded by this newer one.
-            perform pgque._put_state(row(v_id, null, null, v_tick, null, null, null, null, false, null)::pgque.sub_state);
+            perform pgque._put_state(row(v_id, null, null, v_tick, null, null, null, null, false, null, null)::pgque.sub_state);
             return 1;
         end if;
         if exists (select 1 from pgque.subscription where sub_queue = q.queue_id and sub_name = i_consumer) then

@@ -77,9 +77,10 @@ begin
     -- Notifications are queued at commit, and a full NOTIFY queue (a
     -- listener idle in a transaction, perhaps a stranger's: any role may
     -- LISTEN) would then fail the tick. Consumers poll anyway, so past
-    -- half full the wake-up is skipped rather than the tick put at risk.
-    if pg_notification_queue_usage() < 0.5 then
-        perform pg_notify('pgque', q.queue_name);
+    -- half full (_notify_max_usage) the wake-up is skipped rather than the
+    -- tick put at risk.
+    if pg_notification_queue_usage() < pgque._notify_max_usage() then
+        perform pg_notify('pgque', pgque._tick_tag(q.queue_name));
     end if;
     return v_tick;
 end;
@@ -147,6 +148,50 @@ begin
 end;
 $$;
 
+-- _tick_tag(queue): the payload of a queue's tick notification on
+-- channel pgque: 16 hex digits of sha256('tick:' || queue). Any role of
+-- the cluster may LISTEN, so the payload does not spell the queue's name;
+-- clients compute the same tag from the name they consume (Go:
+-- workerpool.TickTag). A listener that guesses a name can confirm it: the
+-- tag keeps names out of plain sight, it does not make them secret.
+-- Touches no table.
+create or replace function pgque._tick_tag(i_queue text)
+returns text language sql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+    select encode(substring(sha256(convert_to('tick:' || i_queue, 'UTF8')) from 1 for 8), 'hex')
+$$;
+
+-- _notify_max_usage(): the NOTIFY queue usage (0..1) from which ticks
+-- skip their wake-up notification: 0.5, or less when the ticking session
+-- sets pgque.notify_max_usage to a number between 0 and 0.5. The setting
+-- can only make the skip start earlier (a session that lowers it only
+-- makes its own ticks quieter); anything else is ignored. The queue is 8 GB
+-- in a standard build, so tests lower it to exercise the skip without
+-- filling gigabytes. Touches no table.
+create or replace function pgque._notify_max_usage()
+returns double precision language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_set text := current_setting('pgque.notify_max_usage', true);
+    v_max double precision;
+begin
+    if v_set is null or v_set = '' then
+        return 0.5;
+    end if;
+    begin
+        v_max := v_set::double precision;
+    exception when others then
+        return 0.5;
+    end;
+    if v_max is null or not (v_max >= 0 and v_max <= 0.5) then
+        return 0.5;
+    end if;
+    return v_max;
+end;
+$$;
+
 -- _tick_forced(queue_id): whether force_next_tick(queue) ran earlier in
 -- this transaction. The setting is only a hint for the admin's own
 -- transaction: setting it by hand forces ticks, which force_next_tick
@@ -158,10 +203,25 @@ as $$
     select strpos(coalesce(current_setting('pgque.forced_ticks', true), ''), ',' || i_queue_id || ',') > 0
 $$;
 
+-- _ticker_expiry(lease): when the ticker lease expires: the later of
+-- the claim's expiry and the last renewal's (ticker_beat_seq, see
+-- structure/tables.sql). Meaningless once the owner is NULL (free).
+create or replace function pgque._ticker_expiry(l pgque.ticker_lease)
+returns timestamptz language sql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+    select greatest(l.lease_until,
+                    to_timestamp(pg_sequence_last_value('pgque.ticker_beat_seq'::regclass)::double precision / 1000))
+$$;
+
 -- ticker_lead(worker, ttl): leader election for ticker daemons. Returns
 -- true when worker holds the single ticker lease (renewing it when less than
 -- half of ttl is left, taking it over when free or expired). worker is 1 to
--- 200 bytes; ttl is 1 ms to 1 day of real time (PQ011).
+-- 200 bytes; ttl is 1 ms to 1 day of real time (PQ011). A renewal writes no
+-- row version: it locks the row (which marks the tuple in place, and makes
+-- a concurrent takeover wait and then see the renewal) and moves
+-- ticker_beat_seq. Only a change of owner updates the row.
+-- Tables: ticker_lease (lock; insert or update on a change of owner).
 create or replace function pgque.ticker_lead(i_worker text, i_ttl interval)
 returns boolean language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -181,8 +241,17 @@ begin
     -- Bounded on the real duration, so a lease cannot be taken for years
     -- with an interval that only compares as short.
     v_ttl := pgque._check_interval('ticker lease ttl', i_ttl, interval '1 millisecond', interval '1 day');
+    -- The common case, a leader well within its lease, only reads.
     select * into l from pgque.ticker_lease;
-    if found and l.owner = i_worker and l.lease_until - v_now > v_ttl / 2 then
+    if found and l.owner = i_worker and pgque._ticker_expiry(l) - v_now > v_ttl / 2 then
+        return true;
+    end if;
+    select * into l from pgque.ticker_lease for update;
+    if found and l.owner = i_worker then
+        -- A renewal (also of a lease that ran out while nobody took it).
+        if coalesce(pgque._ticker_expiry(l) - v_now <= v_ttl / 2, true) then
+            perform setval('pgque.ticker_beat_seq', (extract(epoch from v_now + v_ttl) * 1000)::bigint);
+        end if;
         return true;
     end if;
     insert into pgque.ticker_lease as tl (singleton, owner, lease_until, epoch)
@@ -191,7 +260,9 @@ begin
        set owner = excluded.owner,
            lease_until = excluded.lease_until,
            epoch = tl.epoch + case when tl.owner is not distinct from excluded.owner then 0 else 1 end
-     where tl.owner = excluded.owner or tl.owner is null or tl.lease_until < v_now;
+     where tl.owner is null
+        or greatest(tl.lease_until,
+                    to_timestamp(pg_sequence_last_value('pgque.ticker_beat_seq'::regclass)::double precision / 1000)) < v_now;
     return found;
 end;
 $$;

@@ -116,6 +116,23 @@ create table if not exists pgque.sub_state_0 partition of pgque.sub_state for va
 create table if not exists pgque.sub_state_1 partition of pgque.sub_state for values in (1);
 create index if not exists sub_state_sub_idx on pgque.sub_state (st_sub, st_seq desc);
 
+-- st_moved: when the state last moved (a cursor, batch or chunk change).
+-- A heartbeat copy (_touch_state) keeps the copied record's st_moved and
+-- takes a new st_time, so "renewed but made no progress" can be told apart
+-- from "consumed" (pgque.partition_slot_stalls). Added after the table, so
+-- that old and new installs have the same column order; NULL in records
+-- written before it existed means st_time. Guarded by the catalog:
+-- ALTER TABLE locks the table before it looks, and a re-install must not
+-- take an exclusive lock on the state log of running consumers.
+do $moved$
+begin
+    if not exists (select 1 from pg_catalog.pg_attribute
+                    where attrelid = 'pgque.sub_state'::regclass and attname = 'st_moved' and not attisdropped) then
+        alter table pgque.sub_state add column st_moved timestamptz;
+    end if;
+end
+$moved$;
+
 -- Subscriptions registered by versions that kept their state in the
 -- subscription row get their first record from it.
 insert into pgque.sub_state (st_sub, st_seq, st_time, st_last_tick, st_next_tick, st_batch)

@@ -125,13 +125,20 @@ create table if not exists pgque.dead_letter (
 );
 create index if not exists dead_letter_consumer_idx on pgque.dead_letter (dl_queue, dl_consumer, dl_id);
 
--- The single ticker lease: whichever ticker daemon holds it ticks.
+-- The single ticker lease: whichever ticker daemon holds it ticks. The
+-- row changes only when its owner does (a takeover, a resignation), so that
+-- a held xmin horizon does not pile up a dead version per renewal:
+-- lease_until is the expiry the claim set, and a renewal moves
+-- ticker_beat_seq to the renewed expiry in milliseconds since 1970 (a
+-- sequence changes in place and makes no row version). The lease lives
+-- until the later of the two (_ticker_expiry).
 create table if not exists pgque.ticker_lease (
     singleton   boolean primary key default true check (singleton),
     owner       text,
     lease_until timestamptz,
     epoch       bigint not null default 0
 );
+create sequence if not exists pgque.ticker_beat_seq;
 
 -- Events set aside by event_defer for one subscription, in groups, without
 -- counting a retry. event_undefer puts a group back into the log (same

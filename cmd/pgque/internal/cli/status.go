@@ -50,6 +50,23 @@ func (th *thresholds) slotWarnings(s *slotRow) []string {
 	return w
 }
 
+// slotKey names one slot.
+type slotKey struct {
+	queue, consumer string
+	slot            int
+}
+
+// stallWarning describes a stalled slot (partition_slot_stalls): how long,
+// why, and what to do.
+func stallWarning(st pgque.SlotStall) string {
+	who := "no live owner"
+	if st.Owner != "" {
+		who = "owner " + st.Owner
+	}
+	return fmt.Sprintf("stalled for %s (%s, %s; it pins rotation of the whole queue): %s",
+		fmtSeconds(st.StalledFor.Seconds()), st.Reason, who, st.Action)
+}
+
 // consumerWarnings checks one plain subscription.
 func (th *thresholds) consumerWarnings(c *consumerInfo) []string {
 	if c.Pending > 0 && c.LastSeenSeconds > th.stuckAfter.Seconds() {
@@ -99,6 +116,16 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 	if err != nil {
 		return nil, err
 	}
+	stalls, err := s.SlotStalls(ctx, queue, "")
+	if err != nil {
+		return nil, err
+	}
+	stalled := map[slotKey]pgque.SlotStall{}
+	for _, st := range stalls {
+		if st.Stalled {
+			stalled[slotKey{st.Queue, st.Consumer, st.Slot}] = st
+		}
+	}
 	rep := &statusReport{Time: time.Now(), Consumers: []consumerInfo{}, Slots: nonNil(slots), Blocked: []blockedKey{}, Warnings: []string{}}
 	for _, c := range subs {
 		if strings.Contains(c.Consumer, "#") {
@@ -114,6 +141,9 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 	for i := range rep.Slots {
 		sl := &rep.Slots[i]
 		sl.Warnings = nonNil(th.slotWarnings(sl))
+		if st, ok := stalled[slotKey{sl.Queue, sl.Consumer, sl.Slot}]; ok {
+			sl.Warnings = append(sl.Warnings, stallWarning(st))
+		}
 		groupLag[[2]string{sl.Queue, sl.Consumer}] += sl.Lag
 		for _, w := range sl.Warnings {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("queue %s, consumer %s, slot %d/%d: %s", sl.Queue, sl.Consumer, sl.Slot, sl.NSlots, w))
@@ -207,7 +237,9 @@ func (a *app) statusCommand() *cobra.Command {
 events of its slowest consumer), events not yet ticked and ticker lag; every
 plain consumer with its cursor's age and pending events; every slot of every
 partitioned consumer with its owner, epoch, lag and oldest pending event; and
-warnings: stuck or unpolled slots and consumers (they pin table rotation), a
+warnings: stuck, unpolled or stalled slots and consumers (they pin table
+rotation; a slot is stalled when it is behind and has not moved for twice its
+lease TTL: the warning says why and what to do), a
 rotation that is overdue and the subscription pinning it, a ticker that does
 not run, dead letters, keys blocked by the pause policy, and a key that holds
 most of a slot's pending events (see 'pgque keys'). HELD shows, per slot, the
