@@ -53,7 +53,7 @@ func TestStalledSlotView(t *testing.T) {
 	for s := range 4 {
 		mustClaim(t, d.pool, "st", "c", s, "w", "1 second")
 	}
-	d.exec("select pgque.release_slot('st', 'c', 1, 'w')")
+	d.exec("select pgque.release_slot('st', 'c', 1, 'w', $1::uuid)", tokenFor(t, d.pool, "st", "c", 1, "w"))
 	// Nothing is pending anywhere yet: nobody is behind, so nothing pins
 	// rotation and nothing is stalled, whoever holds what.
 	for s, r := range stalls(t, d, "st", "c") {
