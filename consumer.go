@@ -22,6 +22,10 @@ type Consumer struct {
 	invoker invoker
 	settler settler
 	service startstop.Service
+	// pendingAck is the batch whose last chunk was handled without failures
+	// and is acknowledged by the next receive (receive_raw's ack_batch), so
+	// a chunk costs one round trip. Only the run goroutine touches it.
+	pendingAck *int64
 }
 
 // NewConsumer returns a Consumer; Start runs it.
@@ -81,6 +85,7 @@ func (con *Consumer) run(fetchCtx, workCtx context.Context) {
 		waiter.Notify = sub.C()
 	}
 	log := con.client.logger.With(slog.String("queue", con.config.Queue), slog.String("consumer", con.config.Consumer))
+	defer con.flushAck(workCtx, log)
 	for failures := 0; fetchCtx.Err() == nil; {
 		more, err := con.chunk(fetchCtx, workCtx)
 		switch {
@@ -101,10 +106,17 @@ func (con *Consumer) run(fetchCtx, workCtx context.Context) {
 }
 
 // chunk receives and processes one chunk; it reports whether there may be
-// more work right away.
+// more work right away. A chunk handled without failures is acknowledged
+// by the next receive, in the same statement; one with failures is settled
+// at once (nacks and ack in one transaction).
 func (con *Consumer) chunk(fetchCtx, workCtx context.Context) (bool, error) {
 	start := time.Now()
-	rows, err := con.client.queries.Receive(fetchCtx, con.config.Queue, con.config.Consumer, con.config.BatchSize)
+	ack := con.pendingAck
+	// Whatever the receive does, the pending ack is not sent again: when
+	// the statement fails it rolled back, and the chunk is redelivered, as
+	// after any failed ack.
+	con.pendingAck = nil
+	rows, err := con.client.queries.ReceiveRaw(fetchCtx, con.config.Queue, con.config.Consumer, con.config.BatchSize, ack)
 	if err != nil {
 		return false, mapError("receiving", err)
 	}
@@ -116,14 +128,33 @@ func (con *Consumer) chunk(fetchCtx, workCtx context.Context) (bool, error) {
 	if aborted {
 		return false, errors.Join(errAborted, workCtx.Err())
 	}
-	s := con.settler
 	batchID := rows[0].BatchID
-	s.ack = func(ctx context.Context, q *dbq.Queries) (bool, error) { return q.Ack(ctx, batchID) }
-	if err := s.settle(workCtx, con.client.pool, failures); err != nil {
-		return false, err
+	if len(failures) == 0 {
+		con.pendingAck = &batchID
+	} else {
+		s := con.settler
+		s.ack = func(ctx context.Context, q *dbq.Queries) (bool, error) { return q.Ack(ctx, batchID) }
+		if err := s.settle(workCtx, con.client.pool, failures); err != nil {
+			return false, err
+		}
 	}
 	con.client.metrics.BatchDuration.WithLabelValues(con.config.Queue, con.config.Consumer).Observe(time.Since(start).Seconds())
 	return true, nil
+}
+
+// flushAck sends the pending acknowledgement on its own when the consumer
+// stops, so that the last chunk handled is not redelivered.
+func (con *Consumer) flushAck(ctx context.Context, log *slog.Logger) {
+	if con.pendingAck == nil || ctx.Err() != nil {
+		return
+	}
+	batchID := *con.pendingAck
+	con.pendingAck = nil
+	if _, err := con.client.queries.Ack(ctx, batchID); err != nil {
+		err = mapError("acknowledging chunk", err)
+		log.WarnContext(ctx, "pgque: consuming", slog.Any("error", err))
+		con.client.reportError(ctx, err)
+	}
 }
 
 // errAborted marks a chunk abandoned because its work context ended.

@@ -74,7 +74,17 @@ type invoker struct {
 type inFlight struct {
 	mu    sync.Mutex
 	seq   uint64
-	calls map[uint64]string
+	calls map[uint64]inFlightCall
+}
+
+// inFlightCall is one handler call in progress. It keeps the fields list names,
+// not their text: a call is recorded for every event, listed only when a
+// Stop gives up.
+type inFlightCall struct {
+	id              int64
+	queue, consumer string
+	slot            int
+	start           time.Time
 }
 
 // begin records a call and returns its key for end.
@@ -82,11 +92,10 @@ func (f *inFlight) begin(m *Message, start time.Time) uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.calls == nil {
-		f.calls = make(map[uint64]string)
+		f.calls = make(map[uint64]inFlightCall)
 	}
 	f.seq++
-	f.calls[f.seq] = fmt.Sprintf("handler of event %d (queue %s, consumer %s, slot %d) since %s",
-		m.ID, m.Queue, m.Consumer, m.Slot, start.Format(time.RFC3339Nano))
+	f.calls[f.seq] = inFlightCall{id: m.ID, queue: m.Queue, consumer: m.Consumer, slot: m.Slot, start: start}
 	return f.seq
 }
 
@@ -107,7 +116,9 @@ func (f *inFlight) list() []string {
 	slices.Sort(keys)
 	out := make([]string, len(keys))
 	for i, k := range keys {
-		out[i] = f.calls[k]
+		c := f.calls[k]
+		out[i] = fmt.Sprintf("handler of event %d (queue %s, consumer %s, slot %d) since %s",
+			c.id, c.queue, c.consumer, c.slot, c.start.Format(time.RFC3339Nano))
 	}
 	return out
 }

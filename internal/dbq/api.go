@@ -89,6 +89,46 @@ func (q *Queries) Receive(ctx context.Context, queue, consumer string, max int) 
 	return out, rows.Err()
 }
 
+// ReceiveRaw calls pgque.receive_raw(queue, consumer, max, ack_batch): when
+// ackBatch is not nil it first acknowledges the chunk last received from
+// that batch, then returns the next chunk, in one statement. Payloads come
+// as stored, so nothing parses them on the server; rawPayload keeps the
+// promise that every payload is JSON.
+func (q *Queries) ReceiveRaw(ctx context.Context, queue, consumer string, max int, ackBatch *int64) ([]Row, error) {
+	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload, retry_count, created_at, partition_key
+		from pgque.receive_raw($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::bigint)`, queue, consumer, max, ackBatch)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		var r Row
+		var payload []byte
+		if err := rows.Scan(&r.MsgID, &r.BatchID, &r.Type, &payload, &r.RetryCount, &r.CreatedAt, &r.PartitionKey); err != nil {
+			return nil, err
+		}
+		r.Payload = rawPayload(payload)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// rawPayload is a payload as stored, made JSON the way receive makes it:
+// send stores JSON, which passes through untouched; data only insert_event
+// can store that is not JSON becomes a JSON string of the stored text, and
+// SQL NULL the JSON literal null.
+func rawPayload(b []byte) []byte {
+	if b == nil {
+		return []byte("null")
+	}
+	if json.Valid(b) {
+		return b
+	}
+	s, _ := json.Marshal(string(b))
+	return s
+}
+
 // Ack calls pgque.ack(batch_id) and reports whether the batch was finished.
 func (q *Queries) Ack(ctx context.Context, batchID int64) (bool, error) {
 	var n int

@@ -192,6 +192,11 @@ var functions = map[string]fn{
 		bc("PQ011", "'q1'", "'c1'", "0"), bc("PQ011", "'q1'", "'c1'", "-1"), bc("PQ033", "'q1'", "'sc#0/2'", "10"),
 		bc("PQ002", "'q1'", "'nope'", "10"),
 	}},
+	"pgque.receive_raw(text,text,integer,bigint)": {roles: "ra", args: []string{"'q1'", "'c1'", "10", "null"}, nullable: []int{3},
+		cases: []badCase{
+			bc("PQ011", "'q1'", "'c1'", "0", "null"), bc("PQ033", "'q1'", "'sc#0/2'", "10", "null"),
+			bc("PQ002", "'q1'", "'nope'", "10", "null"), bc("PQ020", "'q1'", "'c1'", "10", "-1"),
+		}},
 	"pgque.ack(bigint)": {roles: "ra", args: []string{"1"}, cases: []badCase{bc("PQ020", "-1")}},
 	"pgque.nack(bigint,bigint,interval,text)": {roles: "ra", args: []string{"1", "1", "'1 s'", "'r'"}, nullable: []int{3},
 		nullAs: map[int]string{1: "PQ020", 2: "PQ020"},

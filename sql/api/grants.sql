@@ -13,6 +13,7 @@ grant execute on function
     pgque.subscribe(text, text),
     pgque.unsubscribe(text, text),
     pgque.receive(text, text, integer),
+    pgque.receive_raw(text, text, integer, bigint),
     pgque.ack(bigint),
     pgque.nack(bigint, bigint, interval, text)
     to pgque_reader, pgque_admin;

@@ -1,4 +1,5 @@
--- Chunked delivery of batches, shared by receive and the partition layer.
+-- Chunked delivery of batches: the acknowledgement (_ack) shared by every
+-- receive, and the text-predicate form of delivery (_deliver).
 --
 -- A batch is handed out in chunks of at most max rows in ev_id order. A
 -- chunk is redelivered until it is acknowledged (at-least-once, no session
@@ -48,7 +49,10 @@ as $$ select 33554432::bigint $$;
 
 -- _deliver(queue, subscription, max, where, span): the next unacknowledged
 -- chunk of the subscription's open batch (opening one if needed; span is
--- _open_batch's catch-up bound). A chunk is at most max events and at most
+-- _open_batch's catch-up bound), for a trusted predicate given as SQL text.
+-- receive, receive_raw and receive_partitioned use _deliver_raw
+-- (pgque.deliver_raw.sql), which hands out the same chunks at less cost;
+-- this form is kept for callers that still pass a predicate. A chunk is at most max events and at most
 -- _chunk_bytes() of data. One event past the chunk is looked at, so the
 -- state records whether the chunk reaches the batch's end and ack needs no
 -- second read. Tables: sub_state (insert when the delivered range changes).

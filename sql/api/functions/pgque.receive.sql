@@ -16,9 +16,10 @@ end;
 $$;
 
 -- receive(queue, consumer, max): the next chunk of at most max events of
--- the consumer's open batch, in ev_id order. The same chunk comes back until
--- it is acked. A consumer that is behind takes several ticks per batch
--- (about max events' worth, see _open_batch).
+-- the consumer's open batch, in ev_id order, payloads as jsonb. The same
+-- chunk comes back until it is acked. A consumer that is behind takes
+-- several ticks per batch (about max events' worth, see _open_batch).
+-- receive_raw is the same without the jsonb parse.
 create or replace function pgque.receive(i_queue text, i_consumer text, i_max integer default 100)
 returns table (msg_id bigint, batch_id bigint, type text, payload jsonb, retry_count integer,
                created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
@@ -29,7 +30,28 @@ begin
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._not_null('consumer name', i_consumer);
     perform pgque._refuse_slot(i_consumer);
-    return query select * from pgque._deliver(i_queue, i_consumer, i_max, null, i_max);
+    return query select * from unnest(pgque._as_messages(i_queue, i_consumer, i_max, null, null, i_max));
+end;
+$$;
+
+-- receive_raw(queue, consumer, max, ack_batch): receive with the payload
+-- as stored (text; send stores JSON, so it is JSON text) and an optional
+-- acknowledgement first: when ack_batch is given, the chunk last received
+-- from that batch is acknowledged (as ack would) and the next chunk is
+-- returned, in one call and one transaction. ack_batch must be the
+-- consumer's open batch (PQ020 otherwise, and nothing is acknowledged).
+create or replace function pgque.receive_raw(i_queue text, i_consumer text, i_max integer default 100,
+                                             i_ack_batch bigint default null)
+returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
+               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
+    perform pgque._not_null('consumer name', i_consumer);
+    perform pgque._refuse_slot(i_consumer);
+    return query select * from pgque._deliver_raw(i_queue, i_consumer, i_max, null, null, i_max, i_ack_batch);
 end;
 $$;
 

@@ -7,15 +7,47 @@
 -- update nothing. A batch id is nextval(batch_id_seq) * 2^20 + sub_id: the
 -- subscription is found from the id alone.
 
+-- _batch_end(queue_id, last_tick, span): the last tick of a new batch
+-- starting at last_tick, or NULL when no later tick exists. With span NULL
+-- it is the next tick (as PgQ's next_batch). Otherwise a consumer that is
+-- behind takes several ticks at once: the furthest tick (of the next 1000)
+-- whose recorded event sequence is at most span past last_tick's, and at
+-- least the next tick, so a backlog of small ticks is consumed in batches
+-- of about span events. Tables: tick (read).
+create or replace function pgque._batch_end(i_queue integer, i_last_tick bigint, i_span bigint)
+returns bigint language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_next bigint;
+    v_seq  bigint;
+begin
+    select tick_id into v_next from pgque.tick
+     where tick_queue = i_queue and tick_id > i_last_tick
+     order by tick_id limit 1;
+    if v_next is null or i_span is null then
+        return v_next;
+    end if;
+    select tick_event_seq into v_seq from pgque.tick
+     where tick_queue = i_queue and tick_id = i_last_tick limit 1;
+    if v_seq is null then
+        return v_next;
+    end if;
+    select coalesce(max(t.tick_id), v_next) into v_next
+      from (select tick_id, tick_event_seq from pgque.tick
+             where tick_queue = i_queue and tick_id > v_next
+             order by tick_id limit 1000) t
+     where t.tick_event_seq <= v_seq + i_span;
+    return v_next;
+end;
+$$;
+
 -- _open_batch(sub_id, queue_id, span): the open batch of the subscription,
 -- or a new one if a later tick exists, or a NULL record. Takes the
 -- subscription's lock (the receive lock): concurrent callers serialise and
--- get the same batch. With span NULL a new batch ends at the next tick (as
--- PgQ's next_batch). Otherwise a consumer that is behind takes several
--- ticks at once: the batch ends at the furthest tick (of the next 1000)
--- whose recorded event sequence is at most span past the cursor tick's, and
--- at least at the next tick, so a backlog of small ticks is consumed in
--- batches of about span events. Polls that find nothing write nothing.
+-- get the same batch. A new batch ends where _batch_end(span) says: at the
+-- next tick with span NULL (as PgQ's next_batch), further on for a
+-- consumer that is behind. Polls that find nothing write nothing.
 -- Returns the state record (st_batch, st_last_tick, st_next_tick, progress).
 create or replace function pgque._open_batch(i_sub integer, i_queue integer, i_span bigint)
 returns pgque.sub_state language plpgsql
@@ -24,7 +56,6 @@ as $$
 declare
     st     pgque.sub_state := pgque._sub_state(i_sub);
     v_next bigint;
-    v_seq  bigint;
 begin
     if st.st_batch is null and not exists (
         select 1 from pgque.tick where tick_queue = i_queue and tick_id > st.st_last_tick) then
@@ -34,22 +65,9 @@ begin
     if st.st_batch is not null then
         return st;
     end if;
-    select tick_id into v_next from pgque.tick
-     where tick_queue = i_queue and tick_id > st.st_last_tick
-     order by tick_id limit 1;
-    if not found then
+    v_next := pgque._batch_end(i_queue, st.st_last_tick, i_span);
+    if v_next is null then
         return null;
-    end if;
-    if i_span is not null then
-        select tick_event_seq into v_seq from pgque.tick
-         where tick_queue = i_queue and tick_id = st.st_last_tick limit 1;
-        if v_seq is not null then
-            select coalesce(max(t.tick_id), v_next) into v_next
-              from (select tick_id, tick_event_seq from pgque.tick
-                     where tick_queue = i_queue and tick_id > v_next
-                     order by tick_id limit 1000) t
-             where t.tick_event_seq <= v_seq + i_span;
-        end if;
     end if;
     st.st_next_tick := v_next;
     st.st_batch := nextval('pgque.batch_id_seq') * 1048576 + i_sub;

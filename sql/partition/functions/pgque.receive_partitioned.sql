@@ -39,7 +39,8 @@ declare
 begin
     -- Fast path: no blocked key on this slot (always so under skip).
     if not exists (select 1 from pgque.key_block where kb_sub = l.sl_sub) then
-        return query select d.*, l.sl_epoch from pgque._deliver(i_queue, v_sub, i_max, v_filter, i_max::bigint * i_nslots) d;
+        return query select d.*, l.sl_epoch
+                       from unnest(pgque._as_messages(i_queue, v_sub, i_max, i_slot, i_nslots, i_max::bigint * i_nslots)) d;
         return;
     end if;
     -- Pause with blocked keys: defer what must wait; a chunk that was all
@@ -51,7 +52,7 @@ begin
     loop
         v_batch := null;
         v_out := 0;
-        for r in select * from pgque._deliver(i_queue, v_sub, i_max, v_filter, i_max::bigint * i_nslots) loop
+        for r in select * from unnest(pgque._as_messages(i_queue, v_sub, i_max, i_slot, i_nslots, i_max::bigint * i_nslots)) loop
             v_batch := r.batch_id;
             if not ((case when r.partition_key is null then 'n' else 'k' || r.partition_key end) = any(v_kids))
                or pgque._pause_keep(l.sl_sub, r.batch_id, r.msg_id, r.partition_key) then

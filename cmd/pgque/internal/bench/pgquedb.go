@@ -159,6 +159,41 @@ func drainPlain(ctx context.Context, c *pgx.Conn, queue, consumer string) (int, 
 	}
 }
 
+// drainPlainRaw consumes everything available to a plain subscription
+// with receive_raw(max batchSize, ack_batch): each call acknowledges the
+// previous chunk and returns the next one, payloads as stored, one
+// statement per chunk. It returns the number of events received.
+func drainPlainRaw(ctx context.Context, c *pgx.Conn, queue, consumer string) (int, error) {
+	total := 0
+	var ack *int64
+	for {
+		var batch int64
+		n := 0
+		rows, err := c.Query(ctx, "select * from pgque.receive_raw($1, $2, $3, $4)", queue, consumer, batchSize, ack)
+		if err != nil {
+			return total, fmt.Errorf("receive_raw: %w", err)
+		}
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				rows.Close()
+				return total, err
+			}
+			batch = vals[1].(int64)
+			n++
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return total, fmt.Errorf("receive_raw: %w", err)
+		}
+		if n == 0 {
+			return total, nil
+		}
+		total += n
+		ack = &batch
+	}
+}
+
 // drainSlot consumes everything available to slot k of n with
 // receive_partitioned + the fenced ack_partitioned as worker, presenting
 // token, the slot's lease token, and returns the number of events received.
@@ -250,9 +285,10 @@ func checkFloorShape(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 
 // plainReadRate builds a backlog of batches ticks of batchSize events in a
 // fresh queue with one plain subscription, then times draining it with
-// receive(max 1000) + ack; events per second. It is the pgque counterpart
-// of pgqRef.readRate.
-func (p *pgqueDB) plainReadRate(ctx context.Context, batches int) (float64, error) {
+// drain (drainPlain: receive(max 1000) + ack; drainPlainRaw: receive_raw
+// with the acknowledgement folded in); events per second. It is the pgque
+// counterpart of pgqRef.readRate.
+func (p *pgqueDB) plainReadRate(ctx context.Context, batches int, drain func(context.Context, *pgx.Conn, string, string) (int, error)) (float64, error) {
 	q := p.fresh("read")
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
@@ -273,7 +309,7 @@ func (p *pgqueDB) plainReadRate(ctx context.Context, batches int) (float64, erro
 	}
 	got := 0
 	rate, err := timeIt(ctx, func(ctx context.Context) (int, error) {
-		n, err := drainPlain(ctx, c, q, "c")
+		n, err := drain(ctx, c, q, "c")
 		got = n
 		return n, err
 	})

@@ -1,0 +1,83 @@
+package pgque_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque"
+)
+
+// The Consumer acknowledges a chunk handled without failures with its next
+// receive (receive_raw's ack_batch): draining batches of one chunk each
+// appends one state record per batch, plus one for the receive that
+// acknowledges the last and finds nothing, where a separate ack would
+// append two per batch. Payloads reach the handler as the JSON sent.
+func TestConsumerAcksWithTheNextReceive(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	if _, err := env.client.Receiver(nil).Subscribe(ctx, env.queue, "c"); err != nil {
+		t.Fatal(err)
+	}
+	const batches, perBatch = 5, 3
+	want := map[string]bool{}
+	for b := range batches {
+		var events []pgque.Event
+		for i := range perBatch {
+			p := fmt.Sprintf(`{"b":%d,"i":%d}`, b, i)
+			want[p] = true
+			events = append(events, pgque.Event{Payload: json.RawMessage(p)})
+		}
+		if _, err := env.client.SendBatch(ctx, env.queue, events); err != nil {
+			t.Fatal(err)
+		}
+		err := pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "select pgque.force_next_tick($1)", env.queue); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "select pgque.ticker($1)", env.queue)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	records := func() int64 {
+		var n int64
+		err := env.pool.QueryRow(ctx, `select count(*) from pgque.sub_state st
+			join pgque.subscription s on s.sub_id = st.st_sub join pgque.queue q on q.queue_id = s.sub_queue
+			where q.queue_name = $1 and s.sub_name = 'c'`, env.queue).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := records()
+	c := &collector{}
+	startConsumer(t, env, &pgque.ConsumerConfig{Queue: env.queue, Consumer: "c", Handler: c.handle,
+		BatchSize: perBatch, PollInterval: 50 * time.Millisecond})
+	got := c.wait(t, batches*perBatch)
+	waitFor(t, 20*time.Second, "the last batch acknowledged", func() bool {
+		subs, err := env.client.Consumers(ctx, env.queue)
+		return err == nil && len(subs) == 1 && subs[0].OpenBatch == nil
+	})
+	if len(got) != batches*perBatch {
+		t.Fatalf("handled %d events, want %d", len(got), batches*perBatch)
+	}
+	for _, m := range got {
+		var b bytes.Buffer
+		if err := json.Compact(&b, m.Payload); err != nil || !want[b.String()] {
+			t.Fatalf("handler got payload %s (%v), not one that was sent", m.Payload, err)
+		}
+	}
+	if n := records() - before; n != batches+1 {
+		t.Fatalf("draining %d one-chunk batches appended %d state records, want %d (each acknowledgement folded into the next receive)",
+			batches, n, batches+1)
+	}
+}

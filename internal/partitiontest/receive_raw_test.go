@@ -1,0 +1,179 @@
+package partitiontest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+)
+
+// stateRecords counts the sub_state records of a plain subscription.
+func stateRecords(t *testing.T, d *db, queue, consumer string) int64 {
+	t.Helper()
+	return one[int64](t, d.pool, `select count(*) from pgque.sub_state st
+		join pgque.subscription s on s.sub_id = st.st_sub join pgque.queue q on q.queue_id = s.sub_queue
+		where q.queue_name = $1 and s.sub_name = $2`, queue, consumer)
+}
+
+// T-receive-raw: receive_raw hands out the same chunks as receive (same
+// events, same cuts, same order) with the payload as stored, and its
+// acknowledgement (ack_batch) does what ack does: a consumer draining with
+// receive_raw(..., ack_batch) one call per chunk sees exactly the chunks a
+// consumer draining with receive + ack sees, over ticks smaller, equal to
+// and larger than the chunk, an event only insert_event could store, and
+// retried events. Each receive_raw call appends at most one state record;
+// a redelivery and an empty poll append none.
+func TestReceiveRawMatchesReceive(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	d.createQueue("q")
+	d.exec("select pgque.subscribe('q', 'a')")
+	d.exec("select pgque.subscribe('q', 'b')")
+	stored := map[int64]string{}
+	for _, n := range []int{3, 5, 12, 1, 0, 7} {
+		for i := range n {
+			data := fmt.Sprintf(`{"n": %d, "i": %d}`, n, i)
+			id := one[int64](t, d.pool, "select pgque.send('q', 't', $1::jsonb)", data)
+			stored[id] = one[string](t, d.pool, "select ev_data from pgque.event where ev_id = $1", id)
+		}
+		if n == 12 {
+			id := one[int64](t, d.pool, "select pgque.insert_event('q', 't', 'not json', null, null, null, null)")
+			stored[id] = "not json"
+		}
+		d.tick("q")
+	}
+	const max = 5
+	ctx := context.Background()
+
+	// a: receive + ack.
+	var chunksA [][]int64
+	for range 100 {
+		got := receiveText(t, d.pool, "select msg_id, batch_id, payload::text from pgque.receive('q', 'a', $1)", max)
+		if len(got) == 0 {
+			break
+		}
+		chunksA = append(chunksA, receivedIDs(got))
+		d.exec("select pgque.ack($1)", got[0].Batch)
+	}
+
+	// b: receive_raw with the previous chunk's acknowledgement.
+	var chunksB [][]int64
+	var ackBatch *int64
+	for range 100 {
+		before := stateRecords(t, d, "q", "b")
+		got := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'b', $1, $2)", max, ackBatch)
+		if n := stateRecords(t, d, "q", "b") - before; n > 1 {
+			t.Fatalf("receive_raw appended %d state records, want at most 1", n)
+		}
+		if len(got) == 0 {
+			break
+		}
+		for _, r := range got {
+			if r.Payload == nil || *r.Payload != stored[r.ID] {
+				t.Fatalf("receive_raw payload of event %d = %v, want the stored %q", r.ID, r.Payload, stored[r.ID])
+			}
+		}
+		// Redelivery: the same chunk, and nothing written.
+		before = stateRecords(t, d, "q", "b")
+		again := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'b', $1)", max)
+		if fmt.Sprint(receivedIDs(again)) != fmt.Sprint(receivedIDs(got)) || again[0].Batch != got[0].Batch {
+			t.Fatalf("receive_raw redelivered %v of batch %d, want %v of batch %d", receivedIDs(again), again[0].Batch, receivedIDs(got), got[0].Batch)
+		}
+		if n := stateRecords(t, d, "q", "b") - before; n != 0 {
+			t.Fatalf("a redelivery appended %d state records", n)
+		}
+		chunksB = append(chunksB, receivedIDs(got))
+		b := got[0].Batch
+		ackBatch = &b
+	}
+	if len(chunksA) == 0 || fmt.Sprint(chunksA) != fmt.Sprint(chunksB) {
+		t.Fatalf("receive + ack saw chunks %v, receive_raw with ack_batch saw %v", chunksA, chunksB)
+	}
+	// Everything was acknowledged: an empty poll writes nothing and both
+	// consumers are at the same position.
+	before := stateRecords(t, d, "q", "b")
+	if got := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'b', 10)"); len(got) != 0 {
+		t.Fatalf("receive_raw after the drain returned %d rows", len(got))
+	}
+	if n := stateRecords(t, d, "q", "b") - before; n != 0 {
+		t.Fatalf("an empty poll appended %d state records", n)
+	}
+	la := one[int64](t, d.pool, "select last_tick from pgque.get_consumer_info('q', 'a')")
+	lb := one[int64](t, d.pool, "select last_tick from pgque.get_consumer_info('q', 'b')")
+	if la != lb {
+		t.Fatalf("after the drain a is at tick %d, b at tick %d", la, lb)
+	}
+
+	// Retried events come back through receive_raw too.
+	id := d.send("q", nil)
+	d.tick("q")
+	got := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'b', 10)")
+	if len(got) != 1 || got[0].ID != id {
+		t.Fatalf("receive_raw returned %v, want event %d", receivedIDs(got), id)
+	}
+	if one[int32](t, d.pool, "select pgque.nack($1, $2, '0 s', 'again')", got[0].Batch, id) != 1 {
+		t.Fatal("nack did not retry")
+	}
+	b := got[0].Batch
+	if rest := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'b', 10, $1)", b); len(rest) != 0 {
+		t.Fatalf("after the ack receive_raw returned %v before the retry was due", receivedIDs(rest))
+	}
+	if _, err := d.pool.Exec(ctx, "select pgque.maint_retry_events()"); err != nil {
+		t.Fatal(err)
+	}
+	d.tick("q")
+	retried := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'b', 10)")
+	if len(retried) != 1 || retried[0].ID != id {
+		t.Fatalf("the retried event came back as %v, want %d", receivedIDs(retried), id)
+	}
+}
+
+// T-receive-raw-ack: receive_raw's acknowledgement names the batch it
+// acknowledges; a batch that is not the consumer's open one (another
+// consumer's, a finished one, nonsense) is PQ020, and nothing is
+// acknowledged: the chunk is redelivered.
+func TestReceiveRawAckChecksTheBatch(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	d.createQueue("q")
+	d.exec("select pgque.subscribe('q', 'a')")
+	d.exec("select pgque.subscribe('q', 'b')")
+	for range 3 {
+		d.send("q", nil)
+	}
+	d.tick("q")
+	ctx := context.Background()
+	ga := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'a', 2)")
+	gb := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'b', 2)")
+	if len(ga) != 2 || len(gb) != 2 {
+		t.Fatalf("received %d and %d rows, want 2 and 2", len(ga), len(gb))
+	}
+	for _, bad := range []int64{gb[0].Batch, -1, ga[0].Batch + 1048576} {
+		_, err := d.pool.Exec(ctx, "select * from pgque.receive_raw('q', 'a', 2, $1)", bad)
+		wantState(t, err, "PQ020", fmt.Sprintf("receive_raw acknowledging batch %d", bad))
+	}
+	again := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'a', 2)")
+	if fmt.Sprint(receivedIDs(again)) != fmt.Sprint(receivedIDs(ga)) {
+		t.Fatalf("after refused acknowledgements a received %v, want its chunk %v again", receivedIDs(again), receivedIDs(ga))
+	}
+	// The right batch moves on to the rest of it, and then finishes it.
+	rest := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'a', 2, $1)", ga[0].Batch)
+	if len(rest) != 1 || rest[0].ID <= ga[1].ID || rest[0].Batch != ga[0].Batch {
+		t.Fatalf("after acknowledging a received %v, want the batch's last event", receivedIDs(rest))
+	}
+	if got := receiveText(t, d.pool, "select msg_id, batch_id, payload from pgque.receive_raw('q', 'a', 2, $1)", ga[0].Batch); len(got) != 0 {
+		t.Fatalf("after the last acknowledgement a received %v", receivedIDs(got))
+	}
+	if one[*int64](t, d.pool, "select current_batch from pgque.get_consumer_info('q', 'a')") != nil {
+		t.Fatal("the batch is still open after its last chunk was acknowledged")
+	}
+	_, err := d.pool.Exec(ctx, "select * from pgque.receive_raw('q', 'a', 2, $1)", ga[0].Batch)
+	wantState(t, err, "PQ020", "receive_raw acknowledging a finished batch")
+}
+
+func receivedIDs(rs []received) []int64 {
+	out := make([]int64, len(rs))
+	for i, r := range rs {
+		out[i] = r.ID
+	}
+	return out
+}

@@ -1,0 +1,212 @@
+-- The read path: chunked delivery with the payload as stored (text).
+--
+-- _deliver_raw is what receive, receive_raw and receive_partitioned run. It
+-- keeps _deliver's contract (chunks of at most max rows and _chunk_bytes()
+-- of data, redelivered until acknowledged, the state recording whether a
+-- chunk reached the batch's end) at a lower cost per chunk: the batch is
+-- read by one static statement (the slot predicate takes the slot and the
+-- slot count as parameters), which cuts and returns the chunk in one pass;
+-- every state change of the call is made in memory and appended as one
+-- record; and the payload is handed out as the stored text, so nothing
+-- parses it. Callers that promise jsonb cast it themselves. See "The read
+-- path" in docs/design.md.
+
+-- _deliver_raw(queue, subscription, max, slot, nslots, span, ack_batch):
+-- the next unacknowledged chunk of the subscription's open batch, opening
+-- one if needed (span: _batch_end's catch-up bound), restricted to slot of
+-- nslots when nslots is greater than 1 (the routing rule of _slot_filter,
+-- G1). With ack_batch, the chunk last handed out from that batch is
+-- acknowledged first, as _ack would (PQ020 when it is not the open batch).
+-- Returns the chunk's events in ev_id order, payload as stored. Every step
+-- (acknowledge, finish, open, hand out) works on the state in memory under
+-- the subscription's lock and the call appends at most one record, the
+-- final state; a poll that finds nothing, or a redelivery, appends none.
+-- Tables: event, tick (read), sub_state (insert), subscription (lock).
+create or replace function pgque._deliver_raw(i_queue text, i_sub text, i_max integer,
+                                              i_slot integer, i_nslots integer, i_span bigint,
+                                              i_ack_batch bigint default null)
+returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
+               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+    v_sub    integer;
+    v_queue  integer;
+    st       pgque.sub_state;
+    v_dirty  boolean := false;
+    v_next   bigint;
+    v_prev   pg_snapshot;
+    v_cur    pg_snapshot;
+    v_xip    xid8[];
+    v_empty  integer := 0;
+    v_budget bigint := pgque._chunk_bytes();
+    v_end    text;
+    v_last   bigint;
+    v_all    boolean;
+begin
+    if i_max is null then
+        raise exception using errcode = '22004', message = 'max must not be NULL';
+    end if;
+    if i_max < 1 or i_max > 100000 then
+        raise exception using errcode = 'PQ011', message = format('max must be between 1 and 100000, not %s', i_max);
+    end if;
+    select s1.sub_id, s1.sub_queue into v_sub, v_queue
+      from pgque.subscription s1 join pgque.queue q on q.queue_id = s1.sub_queue
+     where q.queue_name = i_queue and s1.sub_name = i_sub;
+    if not found then
+        perform pgque._subscription(i_queue, i_sub); -- raises the right error
+    end if;
+    if i_ack_batch is null then
+        -- A poll with nothing to do reads and locks nothing more.
+        st := pgque._sub_state(v_sub);
+        if st.st_batch is null and not exists (
+            select 1 from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_last_tick) then
+            return;
+        end if;
+    end if;
+    st := pgque._lock_sub(v_sub);
+    if i_ack_batch is not null then
+        if st.st_batch is distinct from i_ack_batch then
+            raise exception using errcode = 'PQ020',
+                message = format('batch %s is not open for consumer %L of queue %L', i_ack_batch, i_sub, i_queue);
+        end if;
+        if st.st_delivered_to is not null then
+            if st.st_delivered_all then
+                st.st_last_tick := st.st_next_tick;
+                st.st_next_tick := null;
+                st.st_batch := null;
+                st.st_acked_to := null;
+            else
+                st.st_acked_to := st.st_delivered_to;
+            end if;
+            st.st_delivered_to := null;
+            st.st_delivered_all := false;
+            v_dirty := true;
+        end if;
+    end if;
+    loop
+        if st.st_batch is null then
+            v_next := pgque._batch_end(v_queue, st.st_last_tick, i_span);
+            if v_next is null then
+                exit;
+            end if;
+            st.st_next_tick := v_next;
+            st.st_batch := nextval('pgque.batch_id_seq') * 1048576 + v_sub;
+            st.st_acked_to := null;
+            st.st_delivered_to := null;
+            st.st_delivered_all := false;
+            v_dirty := true;
+        end if;
+        -- Both ticks of the batch in one statement (a flip may hold a tick
+        -- in both generations for a moment: any copy will do).
+        select (select t.tick_snapshot from pgque.tick t
+                 where t.tick_queue = v_queue and t.tick_id = st.st_last_tick limit 1),
+               (select t.tick_snapshot from pgque.tick t
+                 where t.tick_queue = v_queue and t.tick_id = st.st_next_tick limit 1)
+          into v_prev, v_cur;
+        if v_prev is null or v_cur is null then
+            raise exception using errcode = 'XX000',
+                message = format('ticks %s/%s of batch %s are missing', st.st_last_tick, st.st_next_tick, st.st_batch);
+        end if;
+        v_xip := array(select pg_snapshot_xip(v_prev));
+        -- The batch's next max+1 rows past the acknowledged ones, cut to
+        -- the chunk by count and byte budget, returned in ev_id order. The
+        -- row after the chunk says whether it reaches the batch's end. The
+        -- chunk's last row notes its ev_id and that fact in the
+        -- transaction-local setting pgque.chunk_end as it goes out, so the
+        -- rows are read, cut and returned by one plan-cached statement
+        -- with no second pass (a CTE to count them costs about as much as
+        -- the read itself).
+        return query
+        select x.ev_id, st.st_batch, x.ev_type, x.ev_data, coalesce(x.ev_retry, 0), x.ev_time,
+               x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4
+          from (select e.*,
+                       row_number() over w as rn,
+                       sum(octet_length(e.ev_data)) over w as run,
+                       lead(e.ev_id) over w as nxt,
+                       lead(octet_length(e.ev_data)) over w as nxt_len
+                  from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
+                               ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
+                          from pgque.event ev
+                         where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
+                           and ((ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur))
+                                or ev.ev_txid = any(v_xip))
+                           and pg_visible_in_snapshot(ev.ev_txid, v_cur)
+                           and (ev.ev_owner is null or ev.ev_owner = v_sub)
+                           and ev.ev_id > coalesce(st.st_acked_to, -1)
+                           and (i_nslots is null or i_nslots = 1
+                                or (case when ev.ev_extra1 is null then 0
+                                         else (hashtextextended(ev.ev_extra1, 0) % i_nslots + i_nslots) % i_nslots end) = i_slot)
+                         order by ev.ev_id
+                         limit i_max + 1) e
+                window w as (order by e.ev_id rows unbounded preceding)) x
+         where x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
+           -- The chunk's last row: the max-th, the batch's last, or the last
+           -- within the byte budget. The test is complete on its own (it
+           -- implies the row is in the chunk), whatever order the planner
+           -- gives the quals.
+           and (not (x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
+                     and (x.rn = i_max or x.nxt is null or coalesce(x.run, 0) + coalesce(x.nxt_len, 0) > v_budget))
+                or set_config('pgque.chunk_end', x.ev_id::text || case when x.nxt is null then ' all' else ' more' end,
+                              true) is not null)
+         order by x.ev_id;
+        if found then
+            v_end := current_setting('pgque.chunk_end');
+            v_last := split_part(v_end, ' ', 1)::bigint;
+            v_all := split_part(v_end, ' ', 2) = 'all';
+            if st.st_delivered_to is distinct from v_last or st.st_delivered_all is distinct from v_all then
+                st.st_delivered_to := v_last;
+                st.st_delivered_all := v_all;
+                v_dirty := true;
+            end if;
+            exit;
+        end if;
+        -- Nothing (left) for this consumer in the batch: finish it, go on.
+        st.st_last_tick := st.st_next_tick;
+        st.st_next_tick := null;
+        st.st_batch := null;
+        st.st_acked_to := null;
+        st.st_delivered_to := null;
+        st.st_delivered_all := false;
+        v_dirty := true;
+        v_empty := v_empty + 1;
+        exit when v_empty >= 100;
+    end loop;
+    -- A redelivery of the same chunk writes nothing.
+    if v_dirty then
+        perform pgque._put_state(st);
+    end if;
+end;
+$$;
+
+-- _as_messages(queue, subscription, max, slot, nslots, span): the chunk
+-- _deliver_raw hands out, with payloads as jsonb, for the functions whose
+-- contract is jsonb (receive, receive_partitioned). Data that jsonb cannot
+-- hold (only insert_event can store it: text that is not JSON, a \u0000
+-- escape, a number out of range, nesting past the stack limit) comes as a
+-- JSON string of the stored text: the chunk is then read again, and its
+-- state appended again, in place of the failed attempt (one subtransaction
+-- per chunk, none per row). The chunk is collected before it is returned,
+-- so a failed attempt returns nothing.
+create or replace function pgque._as_messages(i_queue text, i_sub text, i_max integer,
+                                              i_slot integer, i_nslots integer, i_span bigint)
+returns pgque.message[] language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_rows pgque.message[];
+begin
+    begin
+        v_rows := array(select row(d.msg_id, d.batch_id, d.type, d.payload::jsonb, d.retry_count, d.created_at,
+                                   d.partition_key, d.extra2, d.extra3, d.extra4)::pgque.message
+                          from pgque._deliver_raw(i_queue, i_sub, i_max, i_slot, i_nslots, i_span) d);
+    exception when data_exception or program_limit_exceeded then
+        v_rows := array(select row(d.msg_id, d.batch_id, d.type, pgque._payload(d.payload), d.retry_count, d.created_at,
+                                   d.partition_key, d.extra2, d.extra3, d.extra4)::pgque.message
+                          from pgque._deliver_raw(i_queue, i_sub, i_max, i_slot, i_nslots, i_span) d);
+    end;
+    return v_rows;
+end;
+$$;
