@@ -226,6 +226,9 @@ func TestPartitionedFencing(t *testing.T) {
 	var calls atomic.Int32
 	startProcess(t, env, pgque.PartitionedConsumerConfig{
 		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "victim", LeaseTTL: time.Second,
+		// One event at a time: a lane would hold the blocked key on the
+		// server after its grace, and the thief would find it deferred.
+		MaxWorkersPerSlot: 1,
 		Handler: func(ctx context.Context, m *pgque.Message) error {
 			if calls.Add(1) > 1 {
 				return nil

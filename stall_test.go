@@ -65,9 +65,12 @@ func TestPartitionedConsumerTakesOverStalledSlot(t *testing.T) {
 		}
 	}
 
+	// The renewer claims once and then renews with its lease token.
+	var token *string
 	renew := func() bool {
 		var epoch *int64
-		err := env.pool.QueryRow(ctx, "select pgque.claim_slot($1, 'c', 0, 'renewer', '1 second')", env.queue).Scan(&epoch)
+		err := env.pool.QueryRow(ctx, "select epoch, token::text from pgque.claim_slot($1, 'c', 0, 'renewer', '1 second', $2::uuid)",
+			env.queue, token).Scan(&epoch, &token)
 		if err != nil {
 			t.Error("renewer:", err)
 		}
