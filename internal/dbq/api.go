@@ -8,15 +8,18 @@ import (
 
 // Send calls pgque.send(queue, type, payload, partition_key[, dedup_key])
 // and returns the event id. A nil key is the NULL key (slot 0); a nil dedup
-// key sends without dedup, through the four-argument call.
+// key sends without dedup, through the four-argument call. The payload
+// goes as text to the text form of send: the client already holds JSON
+// bytes, so the server checks their syntax instead of building a jsonb
+// value and printing it back.
 func (q *Queries) Send(ctx context.Context, queue, typ string, payload json.RawMessage, key, dedup *string) (int64, error) {
 	var id int64
 	var err error
 	if dedup == nil {
-		err = q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.jsonb, $4::pg_catalog.text)`,
+		err = q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text, $4::pg_catalog.text)`,
 			queue, typ, string(payload), key).Scan(&id)
 	} else {
-		err = q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.jsonb, $4::pg_catalog.text, $5::pg_catalog.text)`,
+		err = q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text, $4::pg_catalog.text, $5::pg_catalog.text)`,
 			queue, typ, string(payload), key, *dedup).Scan(&id)
 	}
 	return id, err

@@ -150,6 +150,12 @@ var functions = map[string]fn{
 			bc("", "'q1'", "'t'", "'{}'", "null", `'''); drop table pgque.dedup_0; --'`),
 			bc("PQ063", "'q1'", "'t'", "'{}'", "null", "''"), bc("PQ063", "'q1'", "'t'", "'{}'", "null", "repeat('x', 513)"),
 			bc("PQ001", "'nope'", "'t'", "'{}'", "null", "'d'")}},
+	"pgque.send(text,text,text,text,text)": {roles: "wa", args: []string{"'q1'", "'t'", `'{"a":1}'`, "'k'", "'d3'"}, nullable: []int{3, 4},
+		cases: []badCase{bc("22P02", "'q1'", "'t'", "'{'", "'k'", "null"), bc("22P02", "'q1'", "'t'", "'not json'", "'k'", "null"),
+			bc("22P05", "'q1'", "'t'", `'"a\u0000b"'`, "'k'", "null"), bc("", "'q1'", "'t'", `'"a\\u0000b"'`, "'k'", "null"),
+			bc("", "'q1'", "'t'", "'{}'", `'''); drop table pgque.queue; --'`, "null"),
+			bc("PQ063", "'q1'", "'t'", "'{}'", "null", "''"), bc("PQ001", "'nope'", "'t'", "'{}'", "null", "null"),
+			bc("PQ001", "'nope'", "'t'", "'{}'", "null", "'d'")}},
 	"pgque.send_batch(text,text,jsonb[],text[],text[])": {roles: "wa", args: []string{"'q1'", "'t'", `array['{"a":1}']::jsonb[]`, "array['k']", "array['d2']"},
 		nullable: []int{1, 3, 4}, cases: []badCase{
 			bc("PQ011", "'q1'", "'t'", `array['{}','{}']::jsonb[]`, "array['k']", "null"),

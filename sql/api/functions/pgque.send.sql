@@ -60,6 +60,67 @@ begin
 end;
 $$;
 
+-- send(queue, type, payload text, partition_key[, dedup_key]): send for
+-- a payload the caller already holds as JSON text (the Go client, psql
+-- literals): the same contract and result, without building a jsonb value
+-- on the way in and printing it back on the way to the event table. The
+-- text is checked with json_in (syntax only, nothing built) and stored as
+-- given, whitespace and key order included; consumers read the same jsonb
+-- as from the jsonb form. A \u0000 escape, which jsonb refuses, is refused
+-- here with jsonb's error (22P05) by a jsonb parse that only payloads with
+-- a "\u0000" in their text pay.
+create or replace function pgque.send(queue text, type text, payload text, partition_key text,
+                                      dedup_key text default null)
+returns bigint language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    i_queue         alias for $1;
+    i_type          alias for $2;
+    i_payload       alias for $3;
+    i_partition_key alias for $4;
+    i_dedup_key     alias for $5;
+    v_lock          bigint;
+    v_part          integer;
+    v_seq           regclass;
+    v_id            bigint;
+    v_confined      boolean;
+begin
+    -- One test on the common path: NULLs and the NUL escape take the
+    -- branch, valid JSON without "\u0000" does not.
+    if i_type is null or i_payload::json is null or strpos(i_payload, E'\\u0000') > 0 then
+        if i_payload is null or i_type is null then
+            raise exception using errcode = '22004', message = 'event type and payload must not be NULL';
+        end if;
+        perform i_payload::jsonb;
+    end if;
+    if i_dedup_key is null then
+        -- Inlined _insert_event, as in the jsonb form.
+        select queue_id * 16 + queue_cur_table, queue_event_seq, 'produce' = any (queue_confined)
+          into v_part, v_seq, v_confined
+          from pgque.queue where queue_name = i_queue;
+        if not found then
+            perform pgque._raise_no_queue(i_queue);
+        end if;
+        if v_confined then
+            perform pgque._authorize_id(v_part / 16, 'produce'); -- access check
+        end if;
+        v_id := nextval(v_seq);
+        insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
+        values (v_id, v_part, i_type, i_payload, i_partition_key);
+        return v_id;
+    end if;
+    if i_dedup_key = '' or octet_length(i_dedup_key) > 512 then
+        perform pgque._dedup_check_keys(array[i_dedup_key]);
+    end if;
+    v_lock := hashtextextended(i_dedup_key, hashtext(i_queue));
+    if not pg_try_advisory_xact_lock(v_lock) then
+        perform pgque._dedup_lock(i_queue, array[i_dedup_key]);
+    end if;
+    return pgque._dedup_send(i_queue, i_type, i_payload, i_partition_key, i_dedup_key);
+end;
+$$;
+
 create or replace function pgque.send(i_queue text, i_type text, i_payload jsonb)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
