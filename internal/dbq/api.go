@@ -26,16 +26,18 @@ func (q *Queries) Send(ctx context.Context, queue, typ string, payload json.RawM
 }
 
 // SendBatch calls pgque.send_batch(queue, type, payloads, partition_keys,
-// dedup_keys) and returns the event ids in input order. keys and dedups are
+// dedup_keys) and returns the event ids in input order. The payloads go
+// to the text[] form, which checks their JSON syntax without building
+// jsonb values. keys and dedups are
 // each nil or as long as payloads.
 func (q *Queries) SendBatch(ctx context.Context, queue, typ string, payloads []string, keys, dedups []*string) ([]int64, error) {
 	var ids []int64
 	var err error
 	if dedups == nil {
-		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[]::pg_catalog.jsonb[], $4::pg_catalog.text[])`,
+		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[], $4::pg_catalog.text[])`,
 			queue, typ, payloads, keys).Scan(&ids)
 	} else {
-		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[]::pg_catalog.jsonb[], $4::pg_catalog.text[], $5::pg_catalog.text[])`,
+		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[], $4::pg_catalog.text[], $5::pg_catalog.text[])`,
 			queue, typ, payloads, keys, dedups).Scan(&ids)
 	}
 	return ids, err

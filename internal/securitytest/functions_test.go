@@ -156,6 +156,16 @@ var functions = map[string]fn{
 			bc("", "'q1'", "'t'", "'{}'", `'''); drop table pgque.queue; --'`, "null"),
 			bc("PQ063", "'q1'", "'t'", "'{}'", "null", "''"), bc("PQ001", "'nope'", "'t'", "'{}'", "null", "null"),
 			bc("PQ001", "'nope'", "'t'", "'{}'", "null", "'d'")}},
+	"pgque.send_batch(text,text,text[],text[],text[])": {roles: "wa", args: []string{"'q1'", "'t'", `array['{"a":1}']`, "array['k']", "array['d4']"},
+		nullable: []int{3, 4}, cases: []badCase{
+			bc("PQ011", "'q1'", "'t'", `array['{}','{}']`, "array['k']", "null"),
+			bc("22004", "'q1'", "'t'", `array['{}', null]`, "null", "null"),
+			bc("22P02", "'q1'", "'t'", `array['{}', '{']`, "null", "null"),
+			bc("22P02", "'q1'", "'t'", `array['{}', '{']`, "null", "array['d5', 'd6']"),
+			bc("22P05", "'q1'", "'t'", `array['"\u0000"']`, "null", "null"),
+			bc("", "'q1'", "'t'", `array[]::text[]`, "null", "null"),
+			bc("PQ063", "'q1'", "'t'", `array['{}','{}']`, "null", "array['d', '']"),
+			bc("PQ001", "'nope'", "'t'", `array['{}']`, "null", "null")}},
 	"pgque.send_batch(text,text,jsonb[],text[],text[])": {roles: "wa", args: []string{"'q1'", "'t'", `array['{"a":1}']::jsonb[]`, "array['k']", "array['d2']"},
 		nullable: []int{1, 3, 4}, cases: []badCase{
 			bc("PQ011", "'q1'", "'t'", `array['{}','{}']::jsonb[]`, "array['k']", "null"),

@@ -145,33 +145,29 @@ begin
 end;
 $$;
 
--- send_batch(queue, type, payloads, partition_keys, dedup_keys): one
--- INSERT for the whole array (parameters named as documented, aliased i_ in
--- the body). partition_keys and dedup_keys are each NULL or as long as
--- payloads. ev_ids are taken in array order, so they are returned in input
--- order. With dedup_keys, elements are sent one by one in order under the
--- locks of all their keys: an element whose key was sent within the window
--- (by an earlier element of the same batch too) gets that event's ev_id,
--- and a NULL element key means no dedup for that element.
-drop function if exists pgque.send_batch(text, text, jsonb[], text[]);
-create or replace function pgque.send_batch(queue text, type text, payloads jsonb[],
-                                            partition_keys text[] default null,
-                                            dedup_keys text[] default null)
-returns bigint[] language plpgsql security definer
+-- _send_batch(queue, type, payloads, partition_keys, dedup_keys, check):
+-- the body of both send_batch forms, over payloads as text. check says
+-- whether the payloads still need their JSON checked (the text form) or
+-- came as jsonb (the jsonb form, whose caller parsed them). One INSERT for
+-- the whole array; partition_keys and dedup_keys are each NULL or as long
+-- as payloads. ev_ids are taken in array order, so they are returned in
+-- input order. With dedup_keys, elements are sent one by one in order
+-- under the locks of all their keys: an element whose key was sent within
+-- the window (by an earlier element of the same batch too) gets that
+-- event's ev_id, and a NULL element key means no dedup for that element.
+-- Not granted: the send_batch entry points call it after their access
+-- check. Tables: reads queue; inserts into event (and dedup_0/1).
+create or replace function pgque._send_batch(i_queue text, i_type text, i_payloads text[],
+                                             i_partition_keys text[], i_dedup_keys text[], i_check boolean)
+returns bigint[] language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    i_queue          alias for $1;
-    i_type           alias for $2;
-    i_payloads       alias for $3;
-    i_partition_keys alias for $4;
-    i_dedup_keys     alias for $5;
     v_i    integer;
     v_part integer;
     v_seq  regclass;
     v_ids  bigint[];
 begin
-    perform pgque._authorize(i_queue, null, 'produce'); -- access check
     if i_type is null or i_payloads is null then
         raise exception using errcode = '22004', message = 'event type and payloads must not be NULL';
     end if;
@@ -203,15 +199,22 @@ begin
         return '{}';
     end if;
 
+    -- The text form's JSON check (see send): json_in for every payload,
+    -- jsonb's for one with a "\u0000", all before any ev_id is taken.
+    if i_check then
+        perform count(case when strpos(p, E'\\u0000') > 0 then p::jsonb::text else p::json::text end)
+           from unnest(i_payloads) as p;
+    end if;
+
     if i_dedup_keys is not null then
         perform pgque._dedup_check_keys(i_dedup_keys);
         perform pgque._dedup_lock(i_queue, i_dedup_keys);
         v_ids := '{}';
         for v_i in 1 .. cardinality(i_payloads) loop
             if i_dedup_keys[v_i] is null then
-                v_ids := v_ids || pgque._insert_event(i_queue, i_type, i_payloads[v_i]::text, i_partition_keys[v_i], null, null, null);
+                v_ids := v_ids || pgque._insert_event(i_queue, i_type, i_payloads[v_i], i_partition_keys[v_i], null, null, null);
             else
-                v_ids := v_ids || pgque._dedup_send(i_queue, i_type, i_payloads[v_i]::text,
+                v_ids := v_ids || pgque._dedup_send(i_queue, i_type, i_payloads[v_i],
                                                     i_partition_keys[v_i], i_dedup_keys[v_i]);
             end if;
         end loop;
@@ -223,11 +226,57 @@ begin
     -- sessions' values may interleave, never reorder ours).
     with ins as (
         insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
-        select nextval(v_seq), v_part, i_type, u.payload::text, u.pkey
+        select nextval(v_seq), v_part, i_type, u.payload, u.pkey
           from unnest(i_payloads, i_partition_keys) as u(payload, pkey)
         returning ev_id
     )
     select array_agg(ev_id order by ev_id) into v_ids from ins;
     return v_ids;
+end;
+$$;
+
+-- send_batch(queue, type, payloads jsonb[], partition_keys, dedup_keys):
+-- sends payloads as one set-based INSERT (see _send_batch); parameters
+-- named as documented, aliased i_ in the body. Returns the ev_ids in input
+-- order.
+drop function if exists pgque.send_batch(text, text, jsonb[], text[]);
+create or replace function pgque.send_batch(queue text, type text, payloads jsonb[],
+                                            partition_keys text[] default null,
+                                            dedup_keys text[] default null)
+returns bigint[] language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    i_queue          alias for $1;
+    i_type           alias for $2;
+    i_payloads       alias for $3;
+    i_partition_keys alias for $4;
+    i_dedup_keys     alias for $5;
+begin
+    perform pgque._authorize(i_queue, null, 'produce'); -- access check
+    return pgque._send_batch(i_queue, i_type, i_payloads::text[], i_partition_keys, i_dedup_keys, false);
+end;
+$$;
+
+-- send_batch(queue, type, payloads text[], partition_keys, dedup_keys): the
+-- same for payloads held as JSON text (the Go client): each is checked as
+-- the text form of send checks it and stored as given, with no jsonb value
+-- built and printed back. Returns the ev_ids in input order. An untyped
+-- NULL or array literal for payloads matches both forms: cast it.
+create or replace function pgque.send_batch(queue text, type text, payloads text[],
+                                            partition_keys text[] default null,
+                                            dedup_keys text[] default null)
+returns bigint[] language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    i_queue          alias for $1;
+    i_type           alias for $2;
+    i_payloads       alias for $3;
+    i_partition_keys alias for $4;
+    i_dedup_keys     alias for $5;
+begin
+    perform pgque._authorize(i_queue, null, 'produce'); -- access check
+    return pgque._send_batch(i_queue, i_type, i_payloads, i_partition_keys, i_dedup_keys, true);
 end;
 $$;
