@@ -156,11 +156,12 @@ $$;
 -- the window (by an earlier element of the same batch too) gets that
 -- event's ev_id, and a NULL element key means no dedup for that element.
 -- Not granted: the send_batch entry points call it after their access
--- check. Tables: reads queue; inserts into event (and dedup_0/1).
+-- check, and it runs under their pinned search_path (no SET clause of its
+-- own: see _dedup_send). Tables: reads queue; inserts into event (and
+-- dedup_0/1).
 create or replace function pgque._send_batch(i_queue text, i_type text, i_payloads text[],
                                              i_partition_keys text[], i_dedup_keys text[], i_check boolean)
 returns bigint[] language plpgsql
-set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_i    integer;
