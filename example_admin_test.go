@@ -92,7 +92,7 @@ func ExampleClient_DeadLetters() {
 	left, _ := client.DeadLetters(ctx, "files_dlq", nil)
 	fmt.Println("dead letters left:", len(left))
 	// Output:
-	// thumbnailer FileCreated image decoder crashed true {"path": "/cat.png", "tenant": "acme"}
+	// thumbnailer FileCreated image decoder crashed true {"tenant":"acme","path":"/cat.png"}
 	// replayed true retry count 0
 	// dead letters left: 0
 }

@@ -8,31 +8,36 @@ import (
 
 // Send calls pgque.send(queue, type, payload, partition_key[, dedup_key])
 // and returns the event id. A nil key is the NULL key (slot 0); a nil dedup
-// key sends without dedup, through the four-argument call.
+// key sends without dedup, through the four-argument call. The payload
+// goes as text to the text form of send: the client already holds JSON
+// bytes, so the server checks their syntax instead of building a jsonb
+// value and printing it back.
 func (q *Queries) Send(ctx context.Context, queue, typ string, payload json.RawMessage, key, dedup *string) (int64, error) {
 	var id int64
 	var err error
 	if dedup == nil {
-		err = q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.jsonb, $4::pg_catalog.text)`,
+		err = q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text, $4::pg_catalog.text)`,
 			queue, typ, string(payload), key).Scan(&id)
 	} else {
-		err = q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.jsonb, $4::pg_catalog.text, $5::pg_catalog.text)`,
+		err = q.db.QueryRow(ctx, `select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text, $4::pg_catalog.text, $5::pg_catalog.text)`,
 			queue, typ, string(payload), key, *dedup).Scan(&id)
 	}
 	return id, err
 }
 
 // SendBatch calls pgque.send_batch(queue, type, payloads, partition_keys,
-// dedup_keys) and returns the event ids in input order. keys and dedups are
+// dedup_keys) and returns the event ids in input order. The payloads go
+// to the text[] form, which checks their JSON syntax without building
+// jsonb values. keys and dedups are
 // each nil or as long as payloads.
 func (q *Queries) SendBatch(ctx context.Context, queue, typ string, payloads []string, keys, dedups []*string) ([]int64, error) {
 	var ids []int64
 	var err error
 	if dedups == nil {
-		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[]::pg_catalog.jsonb[], $4::pg_catalog.text[])`,
+		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[], $4::pg_catalog.text[])`,
 			queue, typ, payloads, keys).Scan(&ids)
 	} else {
-		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[]::pg_catalog.jsonb[], $4::pg_catalog.text[], $5::pg_catalog.text[])`,
+		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[], $4::pg_catalog.text[], $5::pg_catalog.text[])`,
 			queue, typ, payloads, keys, dedups).Scan(&ids)
 	}
 	return ids, err

@@ -161,7 +161,12 @@ func TestBadPayloads(t *testing.T) {
 		{"NULL payload", "select pgque.send('q', NULL::jsonb)", nil, "22004", []string{"payload"}},
 		{"NULL type", "select pgque.send('q', NULL, '{}'::jsonb)", nil, "22004", []string{"type"}},
 		{"send_batch with a NULL element", "select pgque.send_batch('q', 't', array['{}', NULL, '{}']::jsonb[])", nil, "22004", []string{"payload 2"}},
-		{"send_batch with NULL payloads", "select pgque.send_batch('q', 't', NULL)", nil, "22004", []string{"payloads"}},
+		{"send_batch with NULL payloads", "select pgque.send_batch('q', 't', NULL::jsonb[])", nil, "22004", []string{"payloads"}},
+		{"send_batch with NULL text payloads", "select pgque.send_batch('q', 't', NULL::text[])", nil, "22004", []string{"payloads"}},
+		{"send_batch with an invalid text payload", `select pgque.send_batch('q', 't', array['{}', '{"a":'])`, nil, "22P02", []string{"json"}},
+		{"send_batch with a NUL escape in a text payload", `select pgque.send_batch('q', 't', array['{}', '"\u0000"'])`, nil, "22P05", nil},
+		{"send with an invalid text payload", `select pgque.send('q', 't', '{"a": }'::text, 'k')`, nil, "22P02", []string{"json"}},
+		{"send with a NUL escape in a text payload", `select pgque.send('q', 't', '{"a": "\u0000"}'::text, 'k')`, nil, "22P05", nil},
 		{"send_batch with too few keys", "select pgque.send_batch('q', 't', array['{}', '{}', '{}']::jsonb[], array['a', 'b'])", nil, "PQ011", []string{"2 partition keys for 3 payloads"}},
 		{"send_batch with 2-D payloads", "select pgque.send_batch('q', 't', array[['{}'], ['{}']]::jsonb[])", nil, "PQ011", []string{"one-dimensional"}},
 	}

@@ -155,10 +155,13 @@ $$;
 -- Tables: reads pgque.queue, queue_dedup, dedup_state, dedup_0/1; inserts
 -- into pgque.event and dedup_0/1 (updates a record only to reuse one past
 -- its window).
+-- No SET search_path: it is granted to no one and called only by send and
+-- send_batch, SECURITY DEFINER functions that pin search_path, whose
+-- setting it runs under; the SET clause cost a keyed send about 3% of its
+-- server instructions.
 create or replace function pgque._dedup_send(
     i_queue text, i_type text, i_data text, i_partition_key text, i_dedup_key text)
 returns bigint language plpgsql
-set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_now    timestamptz := clock_timestamp();

@@ -60,6 +60,67 @@ begin
 end;
 $$;
 
+-- send(queue, type, payload text, partition_key[, dedup_key]): send for
+-- a payload the caller already holds as JSON text (the Go client, psql
+-- literals): the same contract and result, without building a jsonb value
+-- on the way in and printing it back on the way to the event table. The
+-- text is checked with json_in (syntax only, nothing built) and stored as
+-- given, whitespace and key order included; consumers read the same jsonb
+-- as from the jsonb form. A \u0000 escape, which jsonb refuses, is refused
+-- here with jsonb's error (22P05) by a jsonb parse that only payloads with
+-- a "\u0000" in their text pay.
+create or replace function pgque.send(queue text, type text, payload text, partition_key text,
+                                      dedup_key text default null)
+returns bigint language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    i_queue         alias for $1;
+    i_type          alias for $2;
+    i_payload       alias for $3;
+    i_partition_key alias for $4;
+    i_dedup_key     alias for $5;
+    v_lock          bigint;
+    v_part          integer;
+    v_seq           regclass;
+    v_id            bigint;
+    v_confined      boolean;
+begin
+    -- One test on the common path: NULLs and the NUL escape take the
+    -- branch, valid JSON without "\u0000" does not.
+    if i_type is null or i_payload::json is null or strpos(i_payload, E'\\u0000') > 0 then
+        if i_payload is null or i_type is null then
+            raise exception using errcode = '22004', message = 'event type and payload must not be NULL';
+        end if;
+        perform i_payload::jsonb;
+    end if;
+    if i_dedup_key is null then
+        -- Inlined _insert_event, as in the jsonb form.
+        select queue_id * 16 + queue_cur_table, queue_event_seq, 'produce' = any (queue_confined)
+          into v_part, v_seq, v_confined
+          from pgque.queue where queue_name = i_queue;
+        if not found then
+            perform pgque._raise_no_queue(i_queue);
+        end if;
+        if v_confined then
+            perform pgque._authorize_id(v_part / 16, 'produce'); -- access check
+        end if;
+        v_id := nextval(v_seq);
+        insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
+        values (v_id, v_part, i_type, i_payload, i_partition_key);
+        return v_id;
+    end if;
+    if i_dedup_key = '' or octet_length(i_dedup_key) > 512 then
+        perform pgque._dedup_check_keys(array[i_dedup_key]);
+    end if;
+    v_lock := hashtextextended(i_dedup_key, hashtext(i_queue));
+    if not pg_try_advisory_xact_lock(v_lock) then
+        perform pgque._dedup_lock(i_queue, array[i_dedup_key]);
+    end if;
+    return pgque._dedup_send(i_queue, i_type, i_payload, i_partition_key, i_dedup_key);
+end;
+$$;
+
 create or replace function pgque.send(i_queue text, i_type text, i_payload jsonb)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -84,33 +145,30 @@ begin
 end;
 $$;
 
--- send_batch(queue, type, payloads, partition_keys, dedup_keys): one
--- INSERT for the whole array (parameters named as documented, aliased i_ in
--- the body). partition_keys and dedup_keys are each NULL or as long as
--- payloads. ev_ids are taken in array order, so they are returned in input
--- order. With dedup_keys, elements are sent one by one in order under the
--- locks of all their keys: an element whose key was sent within the window
--- (by an earlier element of the same batch too) gets that event's ev_id,
--- and a NULL element key means no dedup for that element.
-drop function if exists pgque.send_batch(text, text, jsonb[], text[]);
-create or replace function pgque.send_batch(queue text, type text, payloads jsonb[],
-                                            partition_keys text[] default null,
-                                            dedup_keys text[] default null)
-returns bigint[] language plpgsql security definer
-set search_path = pg_catalog, pg_temp
+-- _send_batch(queue, type, payloads, partition_keys, dedup_keys, check):
+-- the body of both send_batch forms, over payloads as text. check says
+-- whether the payloads still need their JSON checked (the text form) or
+-- came as jsonb (the jsonb form, whose caller parsed them). One INSERT for
+-- the whole array; partition_keys and dedup_keys are each NULL or as long
+-- as payloads. ev_ids are taken in array order, so they are returned in
+-- input order. With dedup_keys, elements are sent one by one in order
+-- under the locks of all their keys: an element whose key was sent within
+-- the window (by an earlier element of the same batch too) gets that
+-- event's ev_id, and a NULL element key means no dedup for that element.
+-- Not granted: the send_batch entry points call it after their access
+-- check, and it runs under their pinned search_path (no SET clause of its
+-- own: see _dedup_send). Tables: reads queue; inserts into event (and
+-- dedup_0/1).
+create or replace function pgque._send_batch(i_queue text, i_type text, i_payloads text[],
+                                             i_partition_keys text[], i_dedup_keys text[], i_check boolean)
+returns bigint[] language plpgsql
 as $$
 declare
-    i_queue          alias for $1;
-    i_type           alias for $2;
-    i_payloads       alias for $3;
-    i_partition_keys alias for $4;
-    i_dedup_keys     alias for $5;
     v_i    integer;
     v_part integer;
     v_seq  regclass;
     v_ids  bigint[];
 begin
-    perform pgque._authorize(i_queue, null, 'produce'); -- access check
     if i_type is null or i_payloads is null then
         raise exception using errcode = '22004', message = 'event type and payloads must not be NULL';
     end if;
@@ -142,15 +200,22 @@ begin
         return '{}';
     end if;
 
+    -- The text form's JSON check (see send): json_in for every payload,
+    -- jsonb's for one with a "\u0000", all before any ev_id is taken.
+    if i_check then
+        perform count(case when strpos(p, E'\\u0000') > 0 then p::jsonb::text else p::json::text end)
+           from unnest(i_payloads) as p;
+    end if;
+
     if i_dedup_keys is not null then
         perform pgque._dedup_check_keys(i_dedup_keys);
         perform pgque._dedup_lock(i_queue, i_dedup_keys);
         v_ids := '{}';
         for v_i in 1 .. cardinality(i_payloads) loop
             if i_dedup_keys[v_i] is null then
-                v_ids := v_ids || pgque._insert_event(i_queue, i_type, i_payloads[v_i]::text, i_partition_keys[v_i], null, null, null);
+                v_ids := v_ids || pgque._insert_event(i_queue, i_type, i_payloads[v_i], i_partition_keys[v_i], null, null, null);
             else
-                v_ids := v_ids || pgque._dedup_send(i_queue, i_type, i_payloads[v_i]::text,
+                v_ids := v_ids || pgque._dedup_send(i_queue, i_type, i_payloads[v_i],
                                                     i_partition_keys[v_i], i_dedup_keys[v_i]);
             end if;
         end loop;
@@ -162,11 +227,57 @@ begin
     -- sessions' values may interleave, never reorder ours).
     with ins as (
         insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
-        select nextval(v_seq), v_part, i_type, u.payload::text, u.pkey
+        select nextval(v_seq), v_part, i_type, u.payload, u.pkey
           from unnest(i_payloads, i_partition_keys) as u(payload, pkey)
         returning ev_id
     )
     select array_agg(ev_id order by ev_id) into v_ids from ins;
     return v_ids;
+end;
+$$;
+
+-- send_batch(queue, type, payloads jsonb[], partition_keys, dedup_keys):
+-- sends payloads as one set-based INSERT (see _send_batch); parameters
+-- named as documented, aliased i_ in the body. Returns the ev_ids in input
+-- order.
+drop function if exists pgque.send_batch(text, text, jsonb[], text[]);
+create or replace function pgque.send_batch(queue text, type text, payloads jsonb[],
+                                            partition_keys text[] default null,
+                                            dedup_keys text[] default null)
+returns bigint[] language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    i_queue          alias for $1;
+    i_type           alias for $2;
+    i_payloads       alias for $3;
+    i_partition_keys alias for $4;
+    i_dedup_keys     alias for $5;
+begin
+    perform pgque._authorize(i_queue, null, 'produce'); -- access check
+    return pgque._send_batch(i_queue, i_type, i_payloads::text[], i_partition_keys, i_dedup_keys, false);
+end;
+$$;
+
+-- send_batch(queue, type, payloads text[], partition_keys, dedup_keys): the
+-- same for payloads held as JSON text (the Go client): each is checked as
+-- the text form of send checks it and stored as given, with no jsonb value
+-- built and printed back. Returns the ev_ids in input order. An untyped
+-- NULL or array literal for payloads matches both forms: cast it.
+create or replace function pgque.send_batch(queue text, type text, payloads text[],
+                                            partition_keys text[] default null,
+                                            dedup_keys text[] default null)
+returns bigint[] language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    i_queue          alias for $1;
+    i_type           alias for $2;
+    i_payloads       alias for $3;
+    i_partition_keys alias for $4;
+    i_dedup_keys     alias for $5;
+begin
+    perform pgque._authorize(i_queue, null, 'produce'); -- access check
+    return pgque._send_batch(i_queue, i_type, i_payloads, i_partition_keys, i_dedup_keys, true);
 end;
 $$;

@@ -32,15 +32,43 @@ end;
 $$;
 
 -- insert_event(queue, type, data[, extra1, extra2, extra3, extra4]): PgQ's
--- producer call. Returns the ev_id.
+-- producer call. Returns the ev_id. PL/pgSQL with _insert_event's body
+-- rather than a LANGUAGE sql wrapper around it: a SECURITY DEFINER SQL
+-- function is never inlined and plans its statement on every call, and the
+-- second PL/pgSQL layer costs as much again.
 create or replace function pgque.insert_event(
     i_queue text, i_type text, i_data text,
     i_extra1 text, i_extra2 text, i_extra3 text, i_extra4 text)
-returns bigint language sql security definer
+returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
-as $$ select pgque._insert_event(i_queue, i_type, i_data, i_extra1, i_extra2, i_extra3, i_extra4) $$;
+as $$
+declare
+    v_part integer;
+    v_seq  regclass;
+    v_id   bigint;
+    v_confined boolean;
+begin
+    select queue_id * 16 + queue_cur_table, queue_event_seq, 'produce' = any (queue_confined)
+      into v_part, v_seq, v_confined
+      from pgque.queue where queue_name = i_queue;
+    if not found then
+        perform pgque._raise_no_queue(i_queue);
+    end if;
+    if v_confined then
+        perform pgque._authorize_id(v_part / 16, 'produce'); -- access check
+    end if;
+    v_id := nextval(v_seq);
+    insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+    values (v_id, v_part, i_type, i_data, i_extra1, i_extra2, i_extra3, i_extra4);
+    return v_id;
+end;
+$$;
 
 create or replace function pgque.insert_event(i_queue text, i_type text, i_data text)
-returns bigint language sql security definer
+returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
-as $$ select pgque._insert_event(i_queue, i_type, i_data, null, null, null, null) $$;
+as $$
+begin
+    return pgque.insert_event(i_queue, i_type, i_data, null, null, null, null);
+end;
+$$;

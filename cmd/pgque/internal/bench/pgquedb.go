@@ -26,6 +26,10 @@ const (
 	pgqueQueue        = "bench"
 	pgqueSendSQL      = `select pgque.send($1, $2, $3::jsonb, $4)`
 	pgqueSendBatchSQL = `select pgque.send_batch('bench', $1, $2::jsonb[], $3::text[])`
+	// The text forms, which the Go client uses: the payload goes as the
+	// JSON text it already is.
+	pgqueSendTextSQL      = `select pgque.send($1, $2, $3::text, $4)`
+	pgqueSendBatchTextSQL = `select pgque.send_batch('bench', $1, $2::text[], $3::text[])`
 )
 
 // newPgque creates database name, installs pgque into it and creates queue
@@ -62,9 +66,20 @@ func (p *pgqueDB) sendRate(ctx context.Context, conns int, d time.Duration) (flo
 
 // sendRateTo is sendRate to another queue.
 func (p *pgqueDB) sendRateTo(ctx context.Context, queue string, conns int, d time.Duration) (float64, error) {
+	return p.sendRateSQL(ctx, pgqueSendSQL, queue, conns, d)
+}
+
+// sendTextRate is sendRate through the text form of send.
+func (p *pgqueDB) sendTextRate(ctx context.Context, conns int, d time.Duration) (float64, error) {
+	return p.sendRateSQL(ctx, pgqueSendTextSQL, pgqueQueue, conns, d)
+}
+
+// sendRateSQL measures sql, called as sql(queue, type, payload, key), one
+// per transaction, on conns connections; events per second.
+func (p *pgqueDB) sendRateSQL(ctx context.Context, sql, queue string, conns int, d time.Duration) (float64, error) {
 	return connLoop(ctx, p.pool, conns, d, func(ctx context.Context, c *pgx.Conn) (int, error) {
 		i := int(p.next.Add(1))
-		_, err := c.Exec(ctx, pgqueSendSQL, queue, eventType, payload(i), tenantKey(i))
+		_, err := c.Exec(ctx, sql, queue, eventType, payload(i), tenantKey(i))
 		return 1, err
 	})
 }
@@ -72,9 +87,18 @@ func (p *pgqueDB) sendRateTo(ctx context.Context, queue string, conns int, d tim
 // sendBatchRate measures pgque.send_batch of batchSize events with
 // partition keys; events per second.
 func (p *pgqueDB) sendBatchRate(ctx context.Context, d time.Duration) (float64, error) {
+	return p.sendBatchRateSQL(ctx, pgqueSendBatchSQL, d)
+}
+
+// sendBatchTextRate is sendBatchRate through the text[] form of send_batch.
+func (p *pgqueDB) sendBatchTextRate(ctx context.Context, d time.Duration) (float64, error) {
+	return p.sendBatchRateSQL(ctx, pgqueSendBatchTextSQL, d)
+}
+
+func (p *pgqueDB) sendBatchRateSQL(ctx context.Context, sql string, d time.Duration) (float64, error) {
 	payloads, keys := batchPayloads(0, batchSize)
 	return connLoop(ctx, p.pool, 1, d, func(ctx context.Context, c *pgx.Conn) (int, error) {
-		_, err := c.Exec(ctx, pgqueSendBatchSQL, eventType, payloads, keys)
+		_, err := c.Exec(ctx, sql, eventType, payloads, keys)
 		return batchSize, err
 	})
 }

@@ -1,0 +1,74 @@
+package enginetest
+
+import (
+	"testing"
+)
+
+// TestSendTextForms: the text forms of send and send_batch store the JSON
+// text as given and deliver the same payload, key and order as the jsonb
+// forms; an untyped literal payload picks the text form, a jsonb one the
+// jsonb form; a keyed text send is deduplicated like a keyed jsonb send.
+func TestSendTextForms(t *testing.T) {
+	t.Parallel()
+	_, pool := setupEngine(t)
+	const doc = `{"b": 1,  "a": [true, null]}`
+
+	idText := scalar[int64](t, pool, `select pgque.send('q', 't', $1::text, 'k1')`, doc)
+	idJSONB := scalar[int64](t, pool, `select pgque.send('q', 't', $1::jsonb, 'k1')`, doc)
+	idLiteral := scalar[int64](t, pool, `select pgque.send('q', 't', '{"b": 1,  "a": [true, null]}', 'k2')`)
+	ids := scalar[[]int64](t, pool, `select pgque.send_batch('q', 'u', $1::text[], array['k3', null])`,
+		[]string{`[1,2]`, ` "s" `})
+	dup := scalar[int64](t, pool, `select pgque.send('q', 't', '{}'::text, 'k1', 'req-1')`)
+	again := scalar[int64](t, pool, `select pgque.send('q', 't', '{"other": 1}'::text, 'k1', 'req-1')`)
+	again2 := scalar[int64](t, pool, `select pgque.send('q', 't', '{"other": 2}'::jsonb, 'k1', 'req-1')`)
+	if again != dup || again2 != dup {
+		t.Errorf("keyed text send returned %d and %d for a key first sent as %d", again, again2, dup)
+	}
+	if len(ids) != 2 || ids[0] <= idLiteral || ids[1] <= ids[0] {
+		t.Fatalf("send_batch text ids %v after %d", ids, idLiteral)
+	}
+
+	// Stored: the text form as given, the jsonb form as jsonb prints it.
+	stored := column[string](t, pool, `select ev_data from pgque.event where ev_id = any($1) order by ev_id`,
+		[]int64{idText, idJSONB, idLiteral, ids[0], ids[1], dup})
+	want := []string{doc, `{"a": [true, null], "b": 1}`, doc, `[1,2]`, ` "s" `, `{}`}
+	for i := range want {
+		if i >= len(stored) || stored[i] != want[i] {
+			t.Fatalf("stored ev_data = %q, want %q", stored, want)
+		}
+	}
+
+	// Delivered: the same jsonb whichever form sent it.
+	tick(t, pool, "q")
+	ms := mustReceive(t, pool, "q", "c", 100)
+	if len(ms) != 6 {
+		t.Fatalf("received %d messages, want 6: %+v", len(ms), ms)
+	}
+	if ms[0].Payload != ms[1].Payload || ms[1].Payload != ms[2].Payload || ms[0].Payload != `{"a": [true, null], "b": 1}` {
+		t.Errorf("payloads of the text, jsonb and literal sends: %q, %q, %q", ms[0].Payload, ms[1].Payload, ms[2].Payload)
+	}
+	if ms[3].Payload != `[1, 2]` || ms[4].Payload != `"s"` || ms[3].Type != "u" {
+		t.Errorf("send_batch text payloads delivered as %q, %q (type %q)", ms[3].Payload, ms[4].Payload, ms[3].Type)
+	}
+	if k := ms[3].PartitionKey; k == nil || *k != "k3" || ms[4].PartitionKey != nil {
+		t.Errorf("send_batch text keys delivered as %v, %v", ms[3].PartitionKey, ms[4].PartitionKey)
+	}
+	ack(t, pool, ms[0].BatchID)
+}
+
+// TestEventPartitionsHaveNoCheck: event partitions carry no CHECK
+// constraint (every INSERT would parse and plan it); their partition bound
+// alone keeps ev_part right, and a row for another queue is refused.
+func TestEventPartitionsHaveNoCheck(t *testing.T) {
+	t.Parallel()
+	_, pool := setupEngine(t)
+	n := scalar[int64](t, pool, `select count(*) from pg_catalog.pg_constraint c
+		join pg_catalog.pg_inherits i on i.inhrelid = c.conrelid
+		where i.inhparent = 'pgque.event'::regclass and c.contype = 'c'`)
+	if n != 0 {
+		t.Errorf("%d CHECK constraints on event partitions, want 0", n)
+	}
+	tables := eventTables(t, pool, "q")
+	err := queryErr(pool, `insert into `+tables[0]+` (ev_id, ev_part) values (1, -1)`)
+	wantCode(t, "a row outside the partition's bound", err, "23514")
+}
