@@ -1,0 +1,90 @@
+package pgque_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pgque/pgque"
+)
+
+// BenchmarkLanesFastPath drains a backlog of 1000 tenants' events with 16
+// slots and a handler that does nothing, with key lanes on (the defaults)
+// and off (MaxWorkersPerSlot 1): the lanes' cost on the fast path. Profile
+// it with
+//
+//	go test -run '^$' -bench BenchmarkLanesFastPath -benchtime 1x -cpuprofile cpu.out .
+func BenchmarkLanesFastPath(b *testing.B) {
+	for _, perSlot := range []int{1, 0} {
+		name := "lanes_on"
+		if perSlot == 1 {
+			name = "lanes_off"
+		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				b.ReportMetric(fastDrainRate(b, 16, 20000, perSlot), "ev/s")
+			}
+		})
+	}
+}
+
+// fastDrainRate loads events of 1000 keys and returns how fast one process
+// with n slots drains them with a no-op handler.
+func fastDrainRate(b *testing.B, n, events, perSlot int) float64 {
+	b.StopTimer()
+	_, client, queue := benchEnv(b)
+	ctx := context.Background()
+	startBenchTicker(b, client)
+	var done atomic.Int64
+	all := make(chan struct{})
+	cfg := &pgque.PartitionedConsumerConfig{Queue: queue, Consumer: "c", Slots: n, MaxWorkersPerSlot: perSlot,
+		Handler: func(context.Context, *pgque.Message) error {
+			if done.Add(1) == int64(events) {
+				close(all)
+			}
+			return nil
+		}}
+	pc, err := client.NewPartitionedConsumer(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pc.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err := pc.Stop(ctx); err != nil {
+		b.Fatal(err)
+	}
+	batch := make([]pgque.Event, 0, 1000)
+	for i := range events {
+		batch = append(batch, pgque.Event{Payload: i, PartitionKey: fmt.Sprintf("tenant-%d", i%1000)})
+		if len(batch) == cap(batch) || i == events-1 {
+			if _, err := client.SendBatch(ctx, queue, batch); err != nil {
+				b.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // ticked
+	pc, err = client.NewPartitionedConsumer(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StartTimer()
+	start := time.Now()
+	if err := pc.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	select {
+	case <-all:
+	case <-time.After(5 * time.Minute):
+		b.Fatalf("drained %d of %d events", done.Load(), events)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err := pc.Stop(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return float64(events) / elapsed.Seconds()
+}
