@@ -221,10 +221,21 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 	var holding []*lane
 wait:
 	for pending > 0 {
-		if pending <= few && fewSince.IsZero() {
-			fewSince = time.Now()
-			timer = time.NewTimer(laneHoldAfter)
-			timerC = timer.C
+		if pending <= few {
+			now := time.Now()
+			if fewSince.IsZero() {
+				fewSince = now
+				timer = time.NewTimer(laneHoldAfter)
+				timerC = timer.C
+			}
+			// When every lane left runs a handler that has run for
+			// laneHoldAfter already, waiting for the grace only keeps the
+			// slot from fetching: hold them now.
+			if slowLanes(lanes, now) == pending {
+				if holding = markHolds(lanes, now); len(holding) > 0 {
+					break wait
+				}
+			}
 		}
 		select {
 		case <-doneCh:
@@ -579,13 +590,32 @@ func markHolds(lanes []*lane, now time.Time) []*lane {
 	var out []*lane
 	for _, ln := range lanes {
 		ln.mu.Lock()
-		if !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= laneHoldAfter {
+		if ln.slowAt(now) {
 			ln.held, ln.heldFrom = true, ln.next
 			out = append(out, ln)
 		}
 		ln.mu.Unlock()
 	}
 	return out
+}
+
+// slowAt reports whether the lane's running handler has run for
+// laneHoldAfter by now (ln.mu held).
+func (ln *lane) slowAt(now time.Time) bool {
+	return !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= laneHoldAfter
+}
+
+// slowLanes counts the lanes that markHolds would hold at now.
+func slowLanes(lanes []*lane, now time.Time) int {
+	n := 0
+	for _, ln := range lanes {
+		ln.mu.Lock()
+		if ln.slowAt(now) {
+			n++
+		}
+		ln.mu.Unlock()
+	}
+	return n
 }
 
 // abandonHolds tells held lanes that their hold did not land, and waits for
