@@ -414,11 +414,9 @@ func (pc *PartitionedConsumer) runInline(ctx context.Context, sl *slotLanes, lea
 		if skip {
 			continue
 		}
-		if p := in.prevs[k]; p != nil {
-			select {
-			case <-p.done:
-			case <-ctx.Done():
-			}
+		if p := in.prevs[k]; p != nil && !in.waitPrev(ctx, pc, sl, p) {
+			in.end(true)
+			return
 		}
 		in.mu.Lock()
 		if ctx.Err() != nil || in.handoff != nil {
@@ -464,6 +462,26 @@ func (pc *PartitionedConsumer) runInline(ctx context.Context, sl *slotLanes, lea
 	in.end(ctx.Err() != nil)
 }
 
+// waitPrev waits for an earlier held lane of a key to exit, without the
+// running-handler place the inline run holds (that lane may need one), and
+// takes the place again. It reports false, holding no place, when ctx
+// ended.
+func (in *inlineRun) waitPrev(ctx context.Context, pc *PartitionedConsumer, sl *slotLanes, p *lane) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+	}
+	pc.releaseWorker(sl)
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		return false
+	}
+	return pc.acquire(ctx, sl)
+}
+
+// end marks the inline run over and wakes awaitInline.
 func (in *inlineRun) end(aborted bool) {
 	in.mu.Lock()
 	in.aborted = aborted
