@@ -522,9 +522,10 @@ func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease 
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if !in.running {
-		// Between two handlers, or waiting for a place: look again soon,
-		// to cut the chunk at a running handler.
-		return nil, laneFanOutAfter / 8
+		// Between two handlers, or waiting for a place (all taken: then
+		// looking often would only spend CPU): look again later, to cut
+		// the chunk at a running handler.
+		return nil, laneFanOutAfter / 2
 	}
 	ran := now.Sub(in.started)
 	slow := ran >= laneFanOutAfter
