@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgque/pgque/internal/backoff"
@@ -42,6 +43,10 @@ const laneFanOutAfter = 2 * time.Millisecond
 // key, but one after another they would take the slot far longer than
 // side by side; handlers that only spend CPU stay well below it.
 const laneSlowMean = 50 * time.Microsecond
+
+// laneCheckMax is the longest wait between two looks for a slow handler
+// in a chunk's inline run (see awaitInline).
+const laneCheckMax = 8 * laneFanOutAfter
 
 // laneHoldAfter is how long the last few lanes of a chunk may keep it open
 // before the keys of those running a handler are held. Holding costs a few
@@ -374,8 +379,12 @@ type inlineRun struct {
 	// goroutine starts no further message of the chunk inline and goes
 	// on with that lane.
 	handoff *lane
+	// suspect is when awaitInline first found the run slow, zero when it
+	// did not at its last look.
+	suspect time.Time
 	aborted bool
 	done    chan struct{} // closed when the inline run ends
+	counted *atomic.Int32 // the count of inline runs this one is in
 }
 
 // newInline prepares the inline run of a chunk.
@@ -406,6 +415,8 @@ func (pc *PartitionedConsumer) runInline(ctx context.Context, sl *slotLanes, lea
 		in.end(true)
 		return
 	}
+	pc.inlineRuns.Add(1)
+	in.counted = &pc.inlineRuns
 	for i, m := range in.msgs {
 		k := m.Key()
 		in.mu.Lock()
@@ -483,6 +494,9 @@ func (in *inlineRun) waitPrev(ctx context.Context, pc *PartitionedConsumer, sl *
 
 // end marks the inline run over and wakes awaitInline.
 func (in *inlineRun) end(aborted bool) {
+	if in.counted != nil {
+		in.counted.Add(-1)
+	}
 	in.mu.Lock()
 	in.aborted = aborted
 	in.mu.Unlock()
@@ -495,7 +509,8 @@ func (in *inlineRun) end(aborted bool) {
 // key's, which its goroutine goes on with); it returns the chunk's lanes
 // and how many of them report on doneCh.
 func (pc *PartitionedConsumer) awaitInline(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, doneCh chan<- *lane) ([]*lane, int) {
-	timer := time.NewTimer(laneFanOutAfter)
+	every := laneFanOutAfter
+	timer := time.NewTimer(every)
 	defer timer.Stop()
 	for {
 		select {
@@ -503,11 +518,18 @@ func (pc *PartitionedConsumer) awaitInline(ctx context.Context, sl *slotLanes, l
 			in.mu.Lock()
 			defer in.mu.Unlock()
 			return []*lane{{msgs: in.msgs, results: in.results, next: in.next, finished: true, aborted: in.aborted}}, 0
-		case now := <-timer.C:
-			lanes, wait := pc.fanOut(ctx, sl, lease, in, now, doneCh)
+		case <-timer.C:
+			// Not the timer's value: when this goroutine waited for a
+			// CPU, it is older than the handler's start.
+			lanes, wait := pc.fanOut(ctx, sl, lease, in, time.Now(), every, doneCh)
 			if lanes != nil {
 				return lanes, len(lanes) - 1
 			}
+			// The handlers were fast: look less often. Every look wakes
+			// a goroutine, which a busy machine pays for on every chunk
+			// of every slot; a handler that turns slow between two looks
+			// is caught at most laneCheckMax late.
+			every = min(2*every, laneCheckMax)
 			timer.Reset(wait)
 		}
 	}
@@ -518,22 +540,45 @@ func (pc *PartitionedConsumer) awaitInline(ctx context.Context, sl *slotLanes, l
 // how long to wait before looking again. The first lane returned is the
 // inline run's finished part; the second is the running event's key,
 // headed by that event.
-func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, now time.Time, doneCh chan<- *lane) ([]*lane, time.Duration) {
+func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, now time.Time, every time.Duration, doneCh chan<- *lane) ([]*lane, time.Duration) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if !in.running {
-		// Between two handlers, or waiting for a place (all taken: then
-		// looking often would only spend CPU): look again later, to cut
-		// the chunk at a running handler.
-		return nil, laneFanOutAfter / 2
+		// Between two handlers, or waiting for a place: look again later,
+		// to cut the chunk at a running handler.
+		return nil, every
+	}
+	// When more chunks run inline than there are CPUs, their handlers
+	// take turns on them, and a handler's time includes waiting for its
+	// turn: that is a busy process, not a slow key, and lanes would only
+	// add work. The thresholds grow with the queue.
+	after, mean := laneFanOutAfter, laneSlowMean
+	if q := int(pc.inlineRuns.Load()) / max(pc.procs, 1); q > 1 {
+		after, mean = after*time.Duration(q), mean*time.Duration(q)
 	}
 	ran := now.Sub(in.started)
-	slow := ran >= laneFanOutAfter
-	if el := now.Sub(in.begin); !slow && el >= laneFanOutAfter && in.cur > 0 {
-		slow = el >= time.Duration(in.cur)*laneSlowMean
+	slow := ran >= after
+	if el := now.Sub(in.begin); !slow && el >= after && in.cur > 0 {
+		slow = el >= time.Duration(in.cur)*mean
 	}
 	if !slow {
-		return nil, min(laneFanOutAfter-ran, laneFanOutAfter/2)
+		in.suspect = time.Time{}
+		if ran >= after/2 {
+			// This one may be turning slow: look when it would be.
+			return nil, after - ran
+		}
+		return nil, every
+	}
+	// A process short of CPU makes a fast handler look slow: it waits
+	// for its turn while the clock runs. Split only if it still looks
+	// slow a grace later, when this goroutine has had a turn too; a fast
+	// handler has returned by then.
+	if in.suspect.IsZero() {
+		in.suspect = now
+		return nil, after
+	}
+	if now.Sub(in.suspect) < after {
+		return nil, after - now.Sub(in.suspect)
 	}
 	cur := in.cur
 	// Events below cur are finished, or not handled because their key
