@@ -176,6 +176,21 @@ func (p *pgqueDB) partitionedRate(ctx context.Context, client *pgque.Client, nsl
 	if err != nil {
 		return 0, err
 	}
+	// A key that key lanes hold (a handler that looked slow, on a busy
+	// machine) is released into a later batch: a ticker must run, as it
+	// does in production, or its events would wait forever.
+	tk, err := client.NewTicker(&pgque.TickerConfig{WorkerID: "bench-" + q})
+	if err != nil {
+		return 0, err
+	}
+	if err := tk.Start(ctx); err != nil {
+		return 0, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = tk.Stop(sctx)
+	}()
 	oc := newOrderCheck(events)
 	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
 		Queue: q, Consumer: "workers", Slots: nslots, Handler: oc.handler(cost),
