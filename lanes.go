@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgque/pgque/internal/backoff"
@@ -14,17 +15,38 @@ import (
 	"github.com/pgque/pgque/internal/workerpool"
 )
 
-// Key lanes (see docs/worker-pool.md). A slot's chunk is split by partition
-// key into lanes; each lane is a goroutine that runs its key's events one at
-// a time in ev_id order, and the lanes of a chunk run concurrently, bounded
-// by a per-slot and a per-process semaphore. When all lanes of a chunk are
-// done the chunk is settled as before. When only a few lanes have been left
-// running for laneHoldAfter, the keys of those running a handler are held
-// on the server (their
-// unfinished events deferred, later ones deferred on receipt) and the chunk
-// is acknowledged without them: the slot fetches on, and each held lane,
-// once finished, settles its key with one call that releases what arrived
-// for the key meanwhile.
+// Key lanes (see docs/worker-pool.md). A slot's chunk first runs on one
+// goroutine, event after event in ev_id order, as a slot without lanes
+// does: while handlers are fast that is the cheapest way through a chunk.
+// Once a handler has run for laneFanOutAfter, the rest of the chunk is
+// split by partition key into lanes: the running event's key goes on
+// in the goroutine that runs it, every other key gets a goroutine that
+// runs its events one at a time in ev_id order, and the lanes run
+// concurrently, bounded by a per-slot and a per-process semaphore. When
+// all lanes of a chunk are done the chunk is settled as before. When only
+// a few lanes have been left running for laneHoldAfter, the keys of those
+// running a handler are held on the server (their unfinished events
+// deferred, later ones deferred on receipt) and the chunk is acknowledged
+// without them: the slot fetches on, and each held lane, once finished,
+// settles its key with one call that releases what arrived for the key
+// meanwhile.
+
+// laneFanOutAfter is how long one handler may run before the rest of its
+// chunk is split into per-key lanes. Below it, a goroutine and a channel
+// per key would cost more than the handlers; above it, the other keys of
+// the chunk would wait for a slow one.
+const laneFanOutAfter = 2 * time.Millisecond
+
+// laneSlowMean: a chunk whose inline run has lasted laneFanOutAfter is
+// split into lanes too when its handlers took this long on average. A
+// thousand handlers of a few hundred microseconds each are no single slow
+// key, but one after another they would take the slot far longer than
+// side by side; handlers that only spend CPU stay well below it.
+const laneSlowMean = 50 * time.Microsecond
+
+// laneCheckMax is the longest wait between two looks for a slow handler
+// in a chunk's inline run (see awaitInline).
+const laneCheckMax = 8 * laneFanOutAfter
 
 // laneHoldAfter is how long the last few lanes of a chunk may keep it open
 // before the keys of those running a handler are held. Holding costs a few
@@ -188,18 +210,17 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 	policy := pc.Policy()
 	pause := policy == FailurePolicyPause
 
-	lanes := pc.splitLanes(sl, msgs)
 	handled := lease.Busy()
 	defer handled()
-	doneCh := make(chan *lane, len(lanes))
-	for _, ln := range lanes {
-		go pc.runLane(workCtx, sl, lease, ln, pause, doneCh)
-	}
-	pc.observeLanes(lease.Slot, sl)
+	// The chunk starts on one goroutine; it is split into lanes only if
+	// a handler turns out to be slow.
+	in := pc.newInline(sl, msgs, pause)
+	doneCh := make(chan *lane, len(msgs))
+	go pc.runInline(workCtx, sl, lease, in, doneCh)
+	lanes, pending := pc.awaitInline(workCtx, sl, lease, in, doneCh)
 
 	// Wait for the lanes; hold the last few if they take long.
-	pending := len(lanes)
-	few := max(1, len(lanes)/laneFewDiv)
+	few := max(1, pending/laneFewDiv)
 	var fewSince time.Time
 	var timer *time.Timer
 	var timerC <-chan time.Time
@@ -211,10 +232,21 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 	var holding []*lane
 wait:
 	for pending > 0 {
-		if pending <= few && fewSince.IsZero() {
-			fewSince = time.Now()
-			timer = time.NewTimer(laneHoldAfter)
-			timerC = timer.C
+		if pending <= few {
+			now := time.Now()
+			if fewSince.IsZero() {
+				fewSince = now
+				timer = time.NewTimer(laneHoldAfter)
+				timerC = timer.C
+			}
+			// When every lane left runs a handler that has run for
+			// laneHoldAfter already, waiting for the grace only keeps the
+			// slot from fetching: hold them now.
+			if slowLanes(lanes, now) == pending {
+				if holding = markHolds(lanes, now); len(holding) > 0 {
+					break wait
+				}
+			}
 		}
 		select {
 		case <-doneCh:
@@ -283,38 +315,26 @@ wait:
 	return true, nil
 }
 
-// splitLanes groups a chunk by key, keeping ev_id order within each key.
-func (pc *PartitionedConsumer) splitLanes(sl *slotLanes, msgs []*Message) []*lane {
-	byKey := make(map[KeyRef]*lane)
-	var lanes []*lane
-	sl.mu.Lock()
-	defer sl.mu.Unlock()
-	for _, m := range msgs {
-		k := m.Key()
-		ln := byKey[k]
-		if ln == nil {
-			ln = &lane{key: k, prev: sl.held[k], decided: make(chan struct{}), done: make(chan struct{})}
-			byKey[k] = ln
-			lanes = append(lanes, ln)
-		}
-		ln.msgs = append(ln.msgs, m)
-	}
-	for _, ln := range lanes {
-		ln.results = make([]error, len(ln.msgs))
-	}
-	return lanes
-}
-
-// runLane runs one lane's handlers, then reports on doneCh or, when its
-// key was held, settles the key.
-func (pc *PartitionedConsumer) runLane(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, ln *lane, pause bool, doneCh chan<- *lane) {
-	if ln.prev != nil {
+// runLane runs one lane's handlers from msgs[from] on (from > 0: the
+// earlier ones ran, or were abandoned, in the chunk's inline start), then
+// reports on doneCh or, when its key was held, settles the key.
+func (pc *PartitionedConsumer) runLane(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, ln *lane, from int, pause bool, doneCh chan<- *lane) {
+	if from == 0 && ln.prev != nil {
 		select {
 		case <-ln.prev.done:
 		case <-ctx.Done():
 		}
 	}
-	for i, m := range ln.msgs {
+	stop := false
+	if from > 0 {
+		ln.mu.Lock()
+		// The head did not finish (the work context ended), or it failed
+		// and its key's later events wait on the server.
+		stop = ln.next < from || (pause && ln.results[from-1] != nil)
+		ln.mu.Unlock()
+	}
+	for i := from; i < len(ln.msgs) && !stop; i++ {
+		m := ln.msgs[i]
 		if !pc.acquire(ctx, sl) {
 			break
 		}
@@ -330,12 +350,7 @@ func (pc *PartitionedConsumer) runLane(ctx context.Context, sl *slotLanes, lease
 			ln.next = i + 1
 		}
 		ln.mu.Unlock()
-		if ctx.Err() != nil {
-			break
-		}
-		if err != nil && pause {
-			break
-		}
+		stop = ctx.Err() != nil || (err != nil && pause)
 	}
 	ln.mu.Lock()
 	ln.finished = true
@@ -352,6 +367,262 @@ func (pc *PartitionedConsumer) runLane(ctx context.Context, sl *slotLanes, lease
 		return
 	}
 	pc.settleHeld(ctx, sl, lease, ln)
+}
+
+// inlineRun is the start of a chunk: its events one after another in
+// ev_id order on one goroutine, until a handler runs for laneFanOutAfter.
+type inlineRun struct {
+	msgs  []*Message
+	pause bool
+	// prevs are the held lanes of earlier chunks still running, by key:
+	// a key's event waits for them (one handler per key at a time).
+	prevs map[KeyRef]*lane
+
+	mu      sync.Mutex
+	next    int             // index after the last message finished
+	results []error         // per message, valid below next
+	failed  map[KeyRef]bool // under pause: keys failed in the chunk
+	cur     int             // the running message's index
+	started time.Time       // when it started
+	begin   time.Time       // when the first message started
+	running bool
+	// handoff, once set, is the lane the running message heads: the
+	// goroutine starts no further message of the chunk inline and goes
+	// on with that lane.
+	handoff *lane
+	// suspect is when awaitInline first found the run slow, zero when it
+	// did not at its last look.
+	suspect time.Time
+	aborted bool
+	done    chan struct{} // closed when the inline run ends
+	counted *atomic.Int32 // the count of inline runs this one is in
+}
+
+// newInline prepares the inline run of a chunk.
+func (pc *PartitionedConsumer) newInline(sl *slotLanes, msgs []*Message, pause bool) *inlineRun {
+	in := &inlineRun{msgs: msgs, pause: pause, results: make([]error, len(msgs)), done: make(chan struct{})}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	if len(sl.held) > 0 {
+		for _, m := range msgs {
+			k := m.Key()
+			if p := sl.held[k]; p != nil {
+				if in.prevs == nil {
+					in.prevs = make(map[KeyRef]*lane)
+				}
+				in.prevs[k] = p
+			}
+		}
+	}
+	return in
+}
+
+// runInline runs the chunk's events in order on one running-handler place
+// until awaitInline hands the running one over to a lane; the goroutine
+// then goes on with that lane. Under pause, a failed key's later events
+// are not handled: the nack defers them on the server.
+func (pc *PartitionedConsumer) runInline(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, doneCh chan<- *lane) {
+	if !pc.acquire(ctx, sl) {
+		in.end(true)
+		return
+	}
+	pc.inlineRuns.Add(1)
+	in.counted = &pc.inlineRuns
+	for i, m := range in.msgs {
+		k := m.Key()
+		in.mu.Lock()
+		skip := in.failed[k]
+		in.mu.Unlock()
+		if skip {
+			continue
+		}
+		if p := in.prevs[k]; p != nil && !in.waitPrev(ctx, pc, sl, p) {
+			in.end(true)
+			return
+		}
+		in.mu.Lock()
+		if ctx.Err() != nil || in.handoff != nil {
+			in.mu.Unlock()
+			break
+		}
+		in.cur, in.started, in.running = i, time.Now(), true
+		if in.begin.IsZero() {
+			in.begin = in.started
+		}
+		in.mu.Unlock()
+		err := pc.invoker.call(ctx, m)
+		in.mu.Lock()
+		in.running = false
+		ln := in.handoff
+		if ln == nil && ctx.Err() == nil {
+			in.results[i], in.next = err, i+1
+			if err != nil && in.pause {
+				if in.failed == nil {
+					in.failed = make(map[KeyRef]bool)
+				}
+				in.failed[k] = true
+			}
+		}
+		in.mu.Unlock()
+		if ln != nil {
+			pc.releaseWorker(sl)
+			in.end(false)
+			ln.mu.Lock()
+			ln.running = false
+			if ctx.Err() == nil {
+				ln.results[0], ln.next = err, 1
+			}
+			ln.mu.Unlock()
+			pc.runLane(ctx, sl, lease, ln, 1, in.pause, doneCh)
+			return
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	pc.releaseWorker(sl)
+	in.end(ctx.Err() != nil)
+}
+
+// waitPrev waits for an earlier held lane of a key to exit, without the
+// running-handler place the inline run holds (that lane may need one), and
+// takes the place again. It reports false, holding no place, when ctx
+// ended.
+func (in *inlineRun) waitPrev(ctx context.Context, pc *PartitionedConsumer, sl *slotLanes, p *lane) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+	}
+	pc.releaseWorker(sl)
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		return false
+	}
+	return pc.acquire(ctx, sl)
+}
+
+// end marks the inline run over and wakes awaitInline.
+func (in *inlineRun) end(aborted bool) {
+	if in.counted != nil {
+		in.counted.Add(-1)
+	}
+	in.mu.Lock()
+	in.aborted = aborted
+	in.mu.Unlock()
+	close(in.done)
+}
+
+// awaitInline waits for the inline run of a chunk. If it ends, the chunk
+// is one finished lane. If a handler runs for laneFanOutAfter first, the
+// rest of the chunk is split into lanes (started here, but for the running
+// key's, which its goroutine goes on with); it returns the chunk's lanes
+// and how many of them report on doneCh.
+func (pc *PartitionedConsumer) awaitInline(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, doneCh chan<- *lane) ([]*lane, int) {
+	every := laneFanOutAfter
+	timer := time.NewTimer(every)
+	defer timer.Stop()
+	for {
+		select {
+		case <-in.done:
+			in.mu.Lock()
+			defer in.mu.Unlock()
+			return []*lane{{msgs: in.msgs, results: in.results, next: in.next, finished: true, aborted: in.aborted}}, 0
+		case <-timer.C:
+			// Not the timer's value: when this goroutine waited for a
+			// CPU, it is older than the handler's start.
+			lanes, wait := pc.fanOut(ctx, sl, lease, in, time.Now(), every, doneCh)
+			if lanes != nil {
+				return lanes, len(lanes) - 1
+			}
+			// The handlers were fast: look less often. Every look wakes
+			// a goroutine, which a busy machine pays for on every chunk
+			// of every slot; a handler that turns slow between two looks
+			// is caught at most laneCheckMax late.
+			every = min(2*every, laneCheckMax)
+			timer.Reset(wait)
+		}
+	}
+}
+
+// fanOut splits the rest of the chunk into per-key lanes if the inline
+// handler has run for laneFanOutAfter by now; otherwise it returns nil and
+// how long to wait before looking again. The first lane returned is the
+// inline run's finished part; the second is the running event's key,
+// headed by that event.
+func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, now time.Time, every time.Duration, doneCh chan<- *lane) ([]*lane, time.Duration) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if !in.running {
+		// Between two handlers, or waiting for a place: look again later,
+		// to cut the chunk at a running handler.
+		return nil, every
+	}
+	// When more chunks run inline than there are CPUs, their handlers
+	// take turns on them, and a handler's time includes waiting for its
+	// turn: that is a busy process, not a slow key, and lanes would only
+	// add work. The thresholds grow with the queue.
+	after, mean := laneFanOutAfter, laneSlowMean
+	if q := int(pc.inlineRuns.Load()) / max(pc.procs, 1); q > 1 {
+		after, mean = after*time.Duration(q), mean*time.Duration(q)
+	}
+	ran := now.Sub(in.started)
+	slow := ran >= after
+	if el := now.Sub(in.begin); !slow && el >= after && in.cur > 0 {
+		slow = el >= time.Duration(in.cur)*mean
+	}
+	if !slow {
+		in.suspect = time.Time{}
+		if ran >= after/2 {
+			// This one may be turning slow: look when it would be.
+			return nil, after - ran
+		}
+		return nil, every
+	}
+	// A process short of CPU makes a fast handler look slow: it waits
+	// for its turn while the clock runs. Split only if it still looks
+	// slow a grace later, when this goroutine has had a turn too; a fast
+	// handler has returned by then.
+	if in.suspect.IsZero() {
+		in.suspect = now
+		return nil, after
+	}
+	if now.Sub(in.suspect) < after {
+		return nil, after - now.Sub(in.suspect)
+	}
+	cur := in.cur
+	// Events below cur are finished, or not handled because their key
+	// failed under pause: the chunk's ack settles them.
+	lanes := []*lane{{msgs: in.msgs[:cur], results: in.results[:cur], next: cur, finished: true}}
+	byKey := make(map[KeyRef]*lane)
+	for _, m := range in.msgs[cur:] {
+		k := m.Key()
+		if in.failed[k] {
+			continue
+		}
+		ln := byKey[k]
+		if ln == nil {
+			ln = &lane{key: k, decided: make(chan struct{}), done: make(chan struct{})}
+			if len(lanes) > 1 {
+				// The head's key waited for its earlier lane already.
+				ln.prev = in.prevs[k]
+			}
+			byKey[k] = ln
+			lanes = append(lanes, ln)
+		}
+		ln.msgs = append(ln.msgs, m)
+	}
+	for _, ln := range lanes[1:] {
+		ln.results = make([]error, len(ln.msgs))
+	}
+	head := lanes[1]
+	head.running, head.started = true, in.started
+	in.handoff = head
+	for _, ln := range lanes[2:] {
+		go pc.runLane(ctx, sl, lease, ln, 0, in.pause, doneCh)
+	}
+	return lanes, 0
 }
 
 // acquire takes a running-handler place in the slot and in the process.
@@ -394,13 +665,32 @@ func markHolds(lanes []*lane, now time.Time) []*lane {
 	var out []*lane
 	for _, ln := range lanes {
 		ln.mu.Lock()
-		if !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= laneHoldAfter {
+		if ln.slowAt(now) {
 			ln.held, ln.heldFrom = true, ln.next
 			out = append(out, ln)
 		}
 		ln.mu.Unlock()
 	}
 	return out
+}
+
+// slowAt reports whether the lane's running handler has run for
+// laneHoldAfter by now (ln.mu held).
+func (ln *lane) slowAt(now time.Time) bool {
+	return !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= laneHoldAfter
+}
+
+// slowLanes counts the lanes that markHolds would hold at now.
+func slowLanes(lanes []*lane, now time.Time) int {
+	n := 0
+	for _, ln := range lanes {
+		ln.mu.Lock()
+		if ln.slowAt(now) {
+			n++
+		}
+		ln.mu.Unlock()
+	}
+	return n
 }
 
 // abandonHolds tells held lanes that their hold did not land, and waits for

@@ -111,6 +111,70 @@ func TestLanesOffIsSequential(t *testing.T) {
 	}
 }
 
+// A chunk starts on one goroutine; when a handler in the middle of it is
+// slow, the rest is split into lanes at that point: the other keys' later
+// events of the chunk run while the slow one does, and the slow key's
+// later events come after it, in order.
+func TestLanesFanOutMidChunk(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	startFastTicker(t, env.client)
+	var chk checker
+	gate := make(chan struct{})
+	slowStarted := make(chan struct{})
+	var k3 atomic.Int32
+	startProcess(t, env, pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "w",
+		Handler: func(ctx context.Context, m *pgque.Message) error {
+			defer chk.begin("w", m)()
+			if m.PartitionKey == "k3" && k3.Add(1) == 3 {
+				close(slowStarted)
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		},
+	})
+	keys := make([]string, 10)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+	sent := sendSeq(t, env, keys, 10)
+	select {
+	case <-slowStarted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the slow event was not delivered")
+	}
+	// The slow event is k3's third; 9 keys × 10 events of the others must
+	// all run while it blocks.
+	waitFor(t, 30*time.Second, "the other keys' events while k3 is stuck", func() bool {
+		chk.mu.Lock()
+		defer chk.mu.Unlock()
+		n := 0
+		for _, d := range chk.deliveries {
+			if d.key != "k3" {
+				n++
+			}
+		}
+		return n == 90
+	})
+	if n := k3.Load(); n != 3 {
+		t.Fatalf("k3 ran %d events while its third was stuck", n)
+	}
+	close(gate)
+	waitFor(t, 30*time.Second, "every event", func() bool { return chk.distinct() == len(sent) })
+	r, err := chk.verify(sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.redeliveries != 0 {
+		t.Fatalf("%d redeliveries", r.redeliveries)
+	}
+}
+
 // A key's order holds over many chunks and batches, with handlers of
 // random length so that lanes finish in every order and some keys are held.
 func TestLanesOrderOverManyChunks(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,10 @@ type PartitionedConsumer struct {
 	runningGauge metrics.Point
 	lanesMu      sync.Mutex
 	lanes        map[int]*slotLanes
+	// inlineRuns counts the chunks running inline (lanes.go), procs is
+	// GOMAXPROCS: more inline runs than procs wait for a CPU in turn.
+	inlineRuns atomic.Int32
+	procs      int
 }
 
 // NewPartitionedConsumer returns a PartitionedConsumer; Start runs it.
@@ -61,7 +66,7 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		statusInterval = SlotStatusIntervalDefault
 	}
 	pc := &PartitionedConsumer{client: c, config: cfg, workers: make(chan struct{}, cfg.MaxWorkers),
-		lanes: make(map[int]*slotLanes)}
+		lanes: make(map[int]*slotLanes), procs: runtime.GOMAXPROCS(0)}
 	pc.runningGauge = c.metrics.LanesRunning.WithLabelValues(cfg.Queue, cfg.Consumer)
 	work := pc.work
 	if cfg.MaxWorkersPerSlot > 1 {

@@ -97,10 +97,11 @@ type pgbossResult struct {
 	Error           string  `json:"error"`
 }
 
-// run executes the per-tenant ordered workload against database dsn.
-// The drain stops after budget; the result then says how many jobs were
-// handled (TimedOut).
-func (d *pgbossDriver) run(ctx context.Context, dsn string, events, tenants, workers int, cost, budget time.Duration) (*pgbossResult, error) {
+// run executes the per-tenant ordered workload against database dsn with
+// workers local workers, each fetching up to batchSize jobs at a time and
+// running them one after another. The drain stops after budget; the
+// result then says how many jobs were handled (TimedOut).
+func (d *pgbossDriver) run(ctx context.Context, dsn string, events, tenants, workers, batchSize int, cost, budget time.Duration) (*pgbossResult, error) {
 	cc, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -110,7 +111,7 @@ func (d *pgbossDriver) run(ctx context.Context, dsn string, events, tenants, wor
 			"host": cc.Host, "port": cc.Port, "user": cc.User, "password": cc.Password, "database": cc.Database,
 		},
 		"events": events, "tenants": tenants, "workers": workers,
-		"batchSize": 100, "handlerMs": cost.Milliseconds(),
+		"batchSize": batchSize, "handlerMs": cost.Milliseconds(),
 		"timeoutMs": budget.Milliseconds(),
 	}
 	arg, _ := json.Marshal(cfg)

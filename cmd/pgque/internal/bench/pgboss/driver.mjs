@@ -7,14 +7,22 @@
 //   node driver.mjs '<json config>'
 //
 // config: { connection: {host, port, user, password, database},
-//           events, tenants, workers, batchSize, handlerMs }
+//           events, tenants, workers, batchSize, handlerMs, timeoutMs,
+//           boss?, work? }
+// (boss and work, when given, override the PgBoss constructor's and
+// work()'s options below, to try other settings by hand.)
 //
 // Phases: (1) load `events` jobs, one per tenant per round, round after
 // round, each round one insert() so created_on orders a tenant's jobs;
-// (2) timed: `workers` local workers drain the queue, each job's handler
-// checks that its tenant's jobs arrive in order and sleeps handlerMs. The
-// drain has a time budget (timeoutMs); past it the driver reports what was
-// handled so far (timed_out: true).
+// (2) timed: `workers` local workers (localConcurrency) drain the queue,
+// each fetching up to batchSize jobs and running them one after another,
+// fetching again at once while its batches come back full
+// (burstWhenBatchFull) and polling every 0.5 s, pg-boss's minimum,
+// otherwise: the queue notifies on insert only, so the default 30 s
+// notify backstop would leave idle workers asleep through the drain. Each
+// job's handler checks that its tenant's jobs arrive in order and sleeps
+// handlerMs. The drain has a time budget (timeoutMs); past it the driver
+// reports what was handled so far (timed_out: true).
 import { PgBoss } from 'pg-boss';
 
 const cfg = JSON.parse(process.argv[2]);
@@ -28,6 +36,7 @@ const boss = new PgBoss({
   schedule: false,
   supervise: false,
   useListenNotify: true,
+  ...(cfg.boss ?? {}),
 });
 let bossError = null;
 boss.on('error', (err) => { bossError = bossError ?? err; });
@@ -62,21 +71,24 @@ try {
   const allDone = new Promise((resolve) => { finished = resolve; });
   const workStart = performance.now();
   let firstMs = null;
+  const handle = async (job) => {
+    const { t, r } = job.data;
+    const prev = last.has(t) ? last.get(t) : -1;
+    if (r !== prev + 1) violations++;
+    last.set(t, r);
+    if (cfg.handlerMs > 0) await sleep(cfg.handlerMs);
+    done++;
+  };
   await boss.work(queue, {
     localConcurrency: cfg.workers,
     batchSize: cfg.batchSize,
     pollingIntervalSeconds: 0.5,
+    notifyPollingIntervalSeconds: 0.5,
     burstWhenBatchFull: true,
+    ...(cfg.work ?? {}),
   }, async (jobs) => {
     if (firstMs === null) firstMs = performance.now() - workStart;
-    for (const job of jobs) {
-      const { t, r } = job.data;
-      const prev = last.has(t) ? last.get(t) : -1;
-      if (r !== prev + 1) violations++;
-      last.set(t, r);
-      if (cfg.handlerMs > 0) await sleep(cfg.handlerMs);
-      done++;
-    }
+    for (const job of jobs) await handle(job);
     if (done >= cfg.events) finished();
   });
   // A time budget rather than a failure: pg-boss slows down as its backlog
