@@ -16,18 +16,24 @@
 -- whose recorded event sequence is at most span past the cursor tick's, and
 -- at least at the next tick, so a backlog of small ticks is consumed in
 -- batches of about span events. Polls that find nothing write nothing.
+-- A sealed subscription (sub_until_tick set) never opens a batch past its
+-- seal tick: it ends there, and whatever comes later is another
+-- subscription's (an online resize of slots seals the old ones).
 -- Returns the state record (st_batch, st_last_tick, st_next_tick, progress).
 create or replace function pgque._open_batch(i_sub integer, i_queue integer, i_span bigint)
 returns pgque.sub_state language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    st     pgque.sub_state := pgque._sub_state(i_sub);
-    v_next bigint;
-    v_seq  bigint;
+    st      pgque.sub_state := pgque._sub_state(i_sub);
+    v_next  bigint;
+    v_seq   bigint;
+    v_until bigint := coalesce((select sub_until_tick from pgque.subscription where sub_id = i_sub),
+                               9223372036854775807);
 begin
     if st.st_batch is null and not exists (
-        select 1 from pgque.tick where tick_queue = i_queue and tick_id > st.st_last_tick) then
+        select 1 from pgque.tick where tick_queue = i_queue and tick_id > st.st_last_tick
+                                   and tick_id <= v_until) then
         return null;
     end if;
     st := pgque._lock_sub(i_sub);
@@ -35,7 +41,7 @@ begin
         return st;
     end if;
     select tick_id into v_next from pgque.tick
-     where tick_queue = i_queue and tick_id > st.st_last_tick
+     where tick_queue = i_queue and tick_id > st.st_last_tick and tick_id <= v_until
      order by tick_id limit 1;
     if not found then
         return null;
@@ -46,7 +52,7 @@ begin
         if v_seq is not null then
             select coalesce(max(t.tick_id), v_next) into v_next
               from (select tick_id, tick_event_seq from pgque.tick
-                     where tick_queue = i_queue and tick_id > v_next
+                     where tick_queue = i_queue and tick_id > v_next and tick_id <= v_until
                      order by tick_id limit 1000) t
              where t.tick_event_seq <= v_seq + i_span;
         end if;

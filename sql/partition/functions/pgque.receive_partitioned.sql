@@ -27,6 +27,10 @@ begin
     -- Fast path: no blocked key on this slot (always so under skip).
     if not exists (select 1 from pgque.key_block where kb_sub = l.sl_sub) then
         return query select d.*, l.sl_epoch from pgque._deliver(i_queue, v_sub, i_max, v_filter, i_max::bigint * i_nslots) d;
+        if not found then
+            -- A sealed slot with nothing left may complete a resize.
+            perform pgque._resize_poll(l);
+        end if;
         return;
     end if;
     -- Pause with blocked keys: defer what must wait; a chunk that was all
@@ -61,6 +65,9 @@ begin
                                          r.extra2, r.extra3, r.extra4);
             end if;
         end loop;
+        if v_batch is null then
+            perform pgque._resize_poll(l);
+        end if;
         if v_batch is null or v_out > 0 then
             return;
         end if;
