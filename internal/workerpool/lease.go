@@ -19,6 +19,9 @@ type Lease struct {
 	Slot int
 	// Epoch is the fencing token the server granted with the lease.
 	Epoch int64
+	// NSlots is the consumer's N when the slot was claimed: the slot is
+	// slot Slot of NSlots, and every call on it names that N.
+	NSlots int
 
 	ttl time.Duration
 

@@ -40,6 +40,9 @@ begin
     if st.st_batch is not null then
         return st;
     end if;
+    -- Read again under the lock: a seal committed while this call waited
+    -- for it must bound the batch.
+    v_until := coalesce((select sub_until_tick from pgque.subscription where sub_id = i_sub), 9223372036854775807);
     select tick_id into v_next from pgque.tick
      where tick_queue = i_queue and tick_id > st.st_last_tick and tick_id <= v_until
      order by tick_id limit 1;

@@ -79,7 +79,6 @@ begin
     end if;
     update pgque.slot_group set sg_resize_to = i_new_nslots, sg_resize_started = clock_timestamp()
      where sg_queue = q.queue_id and sg_consumer = i_consumer;
-    perform pgque._route_index(q.queue_id, i_new_nslots, true);
 
     -- The seal tick: made here, under the queue row's lock (kept until
     -- commit), so it is the latest tick when the new slots register below.
@@ -96,6 +95,11 @@ begin
     end loop;
     update pgque.slot_group set sg_seal_tick = v_seal
      where sg_queue = q.queue_id and sg_consumer = i_consumer;
+    -- Last: building a routing index holds a SHARE lock on an event table
+    -- to the end of the transaction, and nothing may be waited for after
+    -- it (sealing waits for the old slots' receive locks, whose holders
+    -- may insert events).
+    perform pgque._route_index(q.queue_id, i_new_nslots, true);
     return v_seal;
 end;
 $$;
