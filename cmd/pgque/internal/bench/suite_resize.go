@@ -125,74 +125,82 @@ func runResize(ctx context.Context, e *env, r *recorder) error {
 	defer stop()
 	backlog := pick(e, 20000, 100000)
 	for _, mode := range []string{"backlog", "steady"} {
-		q := p.fresh("resize")
-		if _, err := client.CreateQueue(ctx, q); err != nil {
+		if err := resizeCase(ctx, client, p.fresh("resize"), mode, backlog, r); err != nil {
 			return err
 		}
-		if _, err := client.SubscribeSlots(ctx, q, "rs", 8, 0); err != nil {
+	}
+	return nil
+}
+
+// resizeCase runs 8 -> 16 -> 8 on a fresh queue. In backlog mode the pool
+// is stopped before each resize while the backlog is sent, then started
+// and resized at once, so the whole backlog is pending at the call.
+func resizeCase(ctx context.Context, client *pgque.Client, q, mode string, backlog int, r *recorder) error {
+	if _, err := client.CreateQueue(ctx, q); err != nil {
+		return err
+	}
+	if _, err := client.SubscribeSlots(ctx, q, "rs", 8, 0); err != nil {
+		return err
+	}
+	h := &handledLog{}
+	var pc *pgque.PartitionedConsumer
+	stopPool := func() {
+		if pc != nil {
+			pc.Stop(context.WithoutCancel(ctx))
+			pc = nil
+		}
+	}
+	defer stopPool()
+	startPool := func() error {
+		var err error
+		pc, err = client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: q, Consumer: "rs", Slots: 8, Handler: h.handler})
+		if err != nil {
 			return err
 		}
-		h := &handledLog{}
-		stopProducer := func() {}
+		return pc.Start(ctx)
+	}
+	stopProducer := func() {}
+	if mode == "steady" {
+		stopProducer = produceSteady(ctx, client, q, 1000)
+		defer stopProducer()
+		if err := startPool(); err != nil {
+			return err
+		}
+		if !waitFor(ctx, 30*time.Second, func() bool { return h.count() > 3000 }) {
+			return fmt.Errorf("the consumer did not handle the steady stream")
+		}
+	}
+	for _, step := range [][2]int{{8, 16}, {16, 8}} {
+		tail := 0
 		if mode == "backlog" {
+			stopPool()
 			if err := sendResizeEvents(ctx, client, q, backlog); err != nil {
 				return err
 			}
-		} else {
-			stopProducer = produceSteady(ctx, client, q, 1000)
-		}
-		pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: q, Consumer: "rs", Slots: 8, Handler: h.handler})
-		if err != nil {
-			stopProducer()
-			return err
-		}
-		if err := pc.Start(ctx); err != nil {
-			stopProducer()
-			return err
-		}
-		if mode == "steady" && !waitFor(ctx, 30*time.Second, func() bool { return h.count() > 3000 }) {
-			stopProducer()
-			pc.Stop(context.WithoutCancel(ctx))
-			return fmt.Errorf("the consumer did not handle the steady stream")
-		}
-		for _, step := range [][2]int{{8, 16}, {16, 8}} {
-			tail := 0
-			if mode == "backlog" {
-				tail = 1000
-			}
-			call, err := resizeAndWait(ctx, client, pc, h, q, step[1], tail)
-			if err != nil {
-				stopProducer()
-				pc.Stop(context.WithoutCancel(ctx))
+			if err := startPool(); err != nil { // configured with 8: follows the consumer's N
 				return err
 			}
-			if mode == "steady" {
-				time.Sleep(2 * time.Second) // the gap statistics cover the catch-up
-			}
-			rt := h.times(call, step[0], step[1])
-			name := fmt.Sprintf("resize %s %d->%d", mode, step[0], step[1])
-			note := fmt.Sprintf("%d events pending at the call", backlog)
-			if mode == "steady" {
-				note = "1000 ev/s stream"
-			}
-			r.add(name+" drain", single(rt.drain.Seconds()), "s", nil, "call to the last event handled by an old slot; "+note)
-			r.add(name+" to new N", single(rt.toNew.Seconds()), "s", nil, "call to the first event handled by a new slot")
-			r.add(name+" cutover gap", single(rt.gap.Seconds()), "s", valueAtMost(1), "last old-slot event to first new-slot event")
-			if mode == "steady" {
-				r.add(name+" max gap", single(rt.maxGap.Seconds()), "s", nil, "longest pause between two handled events after the call")
-			}
-			if mode == "backlog" && step[0] == 8 {
-				// The second resize of the backlog case runs on an empty
-				// queue: send a fresh backlog.
-				if err := sendResizeEvents(ctx, client, q, backlog); err != nil {
-					stopProducer()
-					pc.Stop(context.WithoutCancel(ctx))
-					return err
-				}
-			}
+			tail = 1000
 		}
-		stopProducer()
-		pc.Stop(context.WithoutCancel(ctx))
+		call, err := resizeAndWait(ctx, client, pc, h, q, step[1], tail)
+		if err != nil {
+			return err
+		}
+		if mode == "steady" {
+			time.Sleep(2 * time.Second) // the gap statistics cover the catch-up
+		}
+		rt := h.times(call, step[0], step[1])
+		name := fmt.Sprintf("resize %s %d->%d", mode, step[0], step[1])
+		note := fmt.Sprintf("%d events pending at the call", backlog)
+		if mode == "steady" {
+			note = "1000 ev/s stream"
+		}
+		r.add(name+" drain", single(rt.drain.Seconds()), "s", nil, "call to the last event handled by an old slot; "+note)
+		r.add(name+" to new N", single(rt.toNew.Seconds()), "s", nil, "call to the first event handled by a new slot")
+		r.add(name+" cutover gap", single(rt.gap.Seconds()), "s", valueAtMost(1), "last old-slot event to first new-slot event")
+		if mode == "steady" {
+			r.add(name+" max gap", single(rt.maxGap.Seconds()), "s", nil, "longest pause between two handled events after the call")
+		}
 	}
 	return nil
 }
