@@ -258,3 +258,47 @@ func TestResizeCarriesRetriesAndBlocks(t *testing.T) {
 		t.Fatalf("blocked key delivered %v after the resize, want %v", seen, want)
 	}
 }
+
+// routeIndexes counts the routing indexes of N on the queue's tables.
+func routeIndexes(t testing.TB, q querier, n int) int64 {
+	t.Helper()
+	return one[int64](t, q, `select count(*) from pg_class c join pg_namespace ns on ns.oid = c.relnamespace
+		where ns.nspname = 'pgque' and c.relkind = 'i' and c.relname ~ ('^event_[0-9]+_[0-9]+_route' || $1::int || '$')`, n)
+}
+
+// TestResizeFreesItsN: a resize counts both N towards the queue's limit of
+// 4 distinct N (PQ051) until the cutover, which frees the old one;
+// maint_route_indexes then drops the old N's routing indexes.
+func TestResizeFreesItsN(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("q")
+	for i, n := range []int{2, 3, 4, 5} {
+		d.subscribeSlots("q", fmt.Sprintf("c%d", i), n)
+	}
+	_, err := d.pool.Exec(ctx, "select pgque.resize_slots('q', 'c0', 6)")
+	wantState(t, err, "PQ051", "a fifth distinct N")
+	d.exec("select pgque.resize_slots('q', 'c0', 3)") // 3 is in use: still four
+	if n := routeIndexes(t, d.pool, 2); n != 3 {
+		t.Fatalf("%d routing indexes for N=2 before the cutover, want 3", n)
+	}
+	_, err = d.pool.Exec(ctx, "select pgque.resize_slots('q', 'c1', 6)")
+	wantState(t, err, "PQ051", "a fifth N while the resize still counts N=2")
+	for _, s := range d.claimAll("q", "c0", 2, "w", 10) {
+		mustReceive(t, d.pool, s) // empty: the cutover happens on the last one
+	}
+	if _, n, _ := resizeStatus(t, d.pool, "q", "c0"); n != 3 {
+		t.Fatalf("c0 has %d slots after its old ones drained, want 3", n)
+	}
+	d.exec("select pgque.resize_slots('q', 'c1', 6)") // N=2 is free now
+	if got := one[int32](t, d.pool, "select pgque.maint_route_indexes()"); got < 3 {
+		t.Errorf("maint_route_indexes() = %d, want at least the 3 indexes of N=2 dropped", got)
+	}
+	if n := routeIndexes(t, d.pool, 2); n != 0 {
+		t.Errorf("%d routing indexes for N=2 left after maint_route_indexes", n)
+	}
+	if n := routeIndexes(t, d.pool, 3); n != 3 {
+		t.Errorf("%d routing indexes for N=3, want 3", n)
+	}
+}
