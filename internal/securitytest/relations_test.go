@@ -54,10 +54,6 @@ var relations = map[string]string{
 	"ticker_lease":          "a",
 	"version":               "a",
 	"worker_presence":       "", // through announce_worker only
-	"worker_presence_0":     "",
-	"worker_presence_1":     "",
-	"presence_gen_seq":      "",
-	"presence_rotation":     "",
 }
 
 var (
