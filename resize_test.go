@@ -54,6 +54,17 @@ type resizeProc struct {
 	pc     *pgque.PartitionedConsumer
 	pool   *pgxpool.Pool
 	cancel context.CancelFunc
+	obs    *recorder
+}
+
+// fencings is how many slots the run's processes lost while working them
+// (a lease that ran out locally under load): each may redeliver a chunk.
+func (r *resizeRun) fencings() float64 {
+	var n float64
+	for _, p := range r.procs {
+		n += p.obs.total(pgque.MetricLeaseFencings)
+	}
+	return n
 }
 
 func newResizeRun(t *testing.T, env *testEnv, pause bool) *resizeRun {
@@ -70,14 +81,18 @@ func (r *resizeRun) fails(m *pgque.Message) bool {
 func (r *resizeRun) start(worker string, nslots int) *resizeProc {
 	r.t.Helper()
 	pool := pgtest.Pool(r.t, r.env.dsn)
-	client := newClient(r.t, pool)
+	obs := &recorder{}
+	client, err := pgque.NewClient(pool, &pgque.Config{Logger: testLogger(r.t), Observer: obs})
+	if err != nil {
+		r.t.Fatal(err)
+	}
 	policy := pgque.FailurePolicySkip
 	if r.pause {
 		policy = pgque.FailurePolicyPause
 	}
 	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
 		Queue: r.env.queue, Consumer: "c", Slots: nslots, WorkerID: worker, FailurePolicy: policy,
-		LeaseTTL: 3 * time.Second, ClaimInterval: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond,
+		LeaseTTL: 10 * time.Second, ClaimInterval: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond,
 		RetryDelay: func(int) time.Duration { return 50 * time.Millisecond },
 		Handler: func(ctx context.Context, m *pgque.Message) error {
 			c := call{worker: worker, key: m.PartitionKey, id: m.ID, slot: m.Slot, nslots: m.NSlots, start: time.Now()}
@@ -100,7 +115,7 @@ func (r *resizeRun) start(worker string, nslots int) *resizeProc {
 		cancel()
 		r.t.Fatal(err)
 	}
-	p := &resizeProc{pc: pc, pool: pool, cancel: cancel}
+	p := &resizeProc{pc: pc, pool: pool, cancel: cancel, obs: obs}
 	r.procs[worker] = p
 	r.t.Cleanup(func() {
 		ctx, stop := context.WithTimeout(context.Background(), 15*time.Second)
@@ -234,11 +249,19 @@ func (r *resizeRun) verify(ns []int) {
 			okCount[c.id]++
 		}
 	}
+	// Under pause every event succeeds once, unless a crash or a slot
+	// fenced under load (its unacknowledged chunk comes again) explains a
+	// redelivery.
+	fenced := r.fencings()
+	exactlyOnce := r.pause && !r.crashes && fenced == 0
+	if r.pause && !r.crashes && fenced > 0 {
+		r.t.Logf("%v slots were fenced under load: redeliveries allowed", fenced)
+	}
 	for id, key := range sent {
 		if okCount[id] == 0 {
 			r.t.Fatalf("event %d of key %q was never handled", id, key)
 		}
-		if r.pause && !r.crashes && okCount[id] != 1 {
+		if exactlyOnce && okCount[id] != 1 {
 			r.t.Errorf("event %d of key %q succeeded %d times under pause", id, key, okCount[id])
 		}
 	}
