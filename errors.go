@@ -47,7 +47,8 @@ var (
 	// ErrSlotSubscription: the plain receive/ack/nack API was used on a slot
 	// subscription (PQ033).
 	ErrSlotSubscription = errors.New("pgque: plain API used on a slot subscription")
-	// ErrSlotNotSubscribed: the slot is not subscribed (PQ034).
+	// ErrSlotNotSubscribed: the slot is not subscribed (PQ034), or the
+	// consumer to resize has no slots (PQ071).
 	ErrSlotNotSubscribed = errors.New("pgque: slot not subscribed")
 	// ErrKeyNotBlocked: UnblockKey or RetryKeyNow named a key that is not
 	// blocked by a failing head (PQ036).
@@ -55,6 +56,10 @@ var (
 	// ErrKeyBusy: the blocked key's head is being redelivered right now;
 	// try UnblockKey again once that delivery was handled (PQ037).
 	ErrKeyBusy = errors.New("pgque: key head in flight, try again")
+	// ErrResizeInProgress: the consumer's slots are being resized: a second
+	// ResizeSlots (PQ070) or an unsubscribe (PQ073) must wait for the
+	// cutover.
+	ErrResizeInProgress = errors.New("pgque: slot resize in progress")
 	// ErrDeadLetterNotFound: the dead letter does not exist (PQ040).
 	ErrDeadLetterNotFound = errors.New("pgque: dead letter not found")
 	// ErrTableAttached: the table is attached to a queue (attach_table), so
@@ -115,6 +120,11 @@ var sqlstates = map[string]error{
 	"PQ036": ErrKeyNotBlocked,
 	"PQ037": ErrKeyBusy,
 	"PQ040": ErrDeadLetterNotFound,
+	"PQ070": ErrResizeInProgress,
+	"PQ071": ErrSlotNotSubscribed,
+	"PQ072": ErrInvalidArgument,
+	"PQ073": ErrResizeInProgress,
+	"PQ074": ErrInvalidArgument,
 	"PQ063": ErrInvalidArgument,
 	"PQ060": ErrTableAttached,
 	"PQ061": ErrTableNotAttached,

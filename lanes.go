@@ -140,7 +140,7 @@ func (pc *PartitionedConsumer) recoverHolds(ctx context.Context, sl *slotLanes, 
 		return nil
 	}
 	cfg := &pc.config
-	n, err := pc.client.queries.ReleaseStaleHoldsPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, lease.Token)
+	n, err := pc.client.queries.ReleaseStaleHoldsPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token)
 	if err != nil {
 		return mapError(fmt.Sprintf("releasing earlier holds of slot %d", lease.Slot), err)
 	}
@@ -193,7 +193,7 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 		}
 	}()
 	start := time.Now()
-	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, lease.Token, cfg.BatchSize)
+	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize)
 	if err != nil {
 		return false, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
 	}
@@ -205,6 +205,9 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 		return false, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
 	}
 	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
+	for _, m := range msgs {
+		m.NSlots = lease.NSlots
+	}
 	// The chunk's nacks, ack and holds prove which chunk they settle.
 	delivery := dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}
 	policy := pc.Policy()
@@ -772,7 +775,7 @@ func (pc *PartitionedConsumer) settleWithHolds(ctx context.Context, s *settler, 
 		ln.mu.Lock()
 		head := ln.msgs[ln.heldFrom].ID
 		ln.mu.Unlock()
-		if _, err := q.HoldKeyPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, lease.Token, delivery, ln.key.arg(), head); err != nil {
+		if _, err := q.HoldKeyPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, delivery, ln.key.arg(), head); err != nil {
 			return mapError(fmt.Sprintf("holding key %v of slot %d", ln.key, lease.Slot), err)
 		}
 	}
@@ -844,7 +847,7 @@ func (pc *PartitionedConsumer) settleHeld(ctx context.Context, sl *slotLanes, le
 	for attempt := 0; ; attempt++ {
 		sl.chunkMu.Lock()
 		start := time.Now()
-		ok, err := pc.client.queries.SettleHeldPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, lease.Token,
+		ok, err := pc.client.queries.SettleHeldPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token,
 			lease.Epoch, ln.key.arg(), head, done, failed)
 		sl.chunkMu.Unlock()
 		if err == nil {
@@ -879,10 +882,10 @@ func (pc *PartitionedConsumer) chunkSettler(lease *workerpool.Lease, policy Fail
 	return settler{
 		retryDelay: cfg.RetryDelay, metrics: pc.client.metrics, queue: cfg.Queue, consumer: cfg.Consumer,
 		nack: func(ctx context.Context, q *dbq.Queries, m *Message, after time.Duration, reason string) (bool, error) {
-			return q.NackDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, lease.Token, delivery, m.ID, after, reason)
+			return q.NackDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, delivery, m.ID, after, reason)
 		},
 		ack: func(ctx context.Context, q *dbq.Queries) (bool, error) {
-			return q.AckDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, lease.Token, delivery)
+			return q.AckDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, delivery)
 		},
 		// The chunk was handled under policy: its nacks and ack are right
 		// only if the server still applies that policy (an operator may have

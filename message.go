@@ -29,6 +29,9 @@ type Message struct {
 	BatchID int64
 	// Slot is the slot that delivered the event (partitioned consumers only).
 	Slot int
+	// NSlots is the consumer's N the slot belongs to: Slot of NSlots
+	// (partitioned consumers only; it changes when the consumer is resized).
+	NSlots int
 	// Epoch is the slot lease's epoch when the event was received
 	// (partitioned consumers only). It grows with every change of owner, so
 	// it is a fencing token: a side effect stamped with the epoch can be

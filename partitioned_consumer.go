@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,7 +87,7 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		Worker:         cfg.WorkerID,
 		Slots:          cfg.Slots,
 		HotKeyShare:    max(cfg.HotKeyShare, 0),
-		MaxActive:      cfg.MaxActiveSlots,
+		MaxActive:      config.MaxActiveSlots, // 0: all N, whatever N becomes
 		LeaseTTL:       cfg.LeaseTTL,
 		ClaimInterval:  cfg.ClaimInterval,
 		PollInterval:   cfg.PollInterval,
@@ -95,12 +96,19 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		Drain:          pc.drain,
 		IsLeaseLost:    func(err error) bool { return errors.Is(err, ErrLeaseLost) },
 		LeaseLostCause: ErrLeaseLost,
+		IsSlotCountChanged: func(err error) bool {
+			return errors.Is(err, ErrSlotCountMismatch) || errors.Is(err, ErrSlotNotSubscribed)
+		},
 	})
 	return pc, nil
 }
 
 // WorkerID returns the id this process uses in slot leases.
 func (pc *PartitionedConsumer) WorkerID() string { return pc.config.WorkerID }
+
+// Slots returns the N this pool works now: Slots from its config, or the
+// consumer's N after a resize.
+func (pc *PartitionedConsumer) Slots() int { return pc.pool.Slots() }
 
 // OwnedSlots returns the slots this process works right now.
 func (pc *PartitionedConsumer) OwnedSlots() []int { return pc.pool.Owned() }
@@ -112,17 +120,24 @@ func (pc *PartitionedConsumer) Policy() FailurePolicy { return FailurePolicy(pc.
 // Start subscribes all N slots (idempotently; a different N persisted for
 // the consumer fails with ErrSlotCountMismatch, a different failure policy
 // with ErrPolicyMismatch) and starts the worker pool in the background. It
-// returns at once. Cancelling ctx abandons everything like a crash: nothing
+// returns at once. When the consumer was resized (Client.ResizeSlots) from
+// Slots, or is being resized to Slots, the pool works the consumer's
+// current N instead, and it follows every later resize by itself. Cancelling ctx abandons everything like a crash: nothing
 // more is acked, leases expire after the TTL.
 func (pc *PartitionedConsumer) Start(ctx context.Context) error {
 	cfg := &pc.config
 	if err := pc.client.CheckSchema(ctx); err != nil {
 		return err
 	}
+	nslots, err := pc.startSlots(ctx)
+	if err != nil {
+		return err
+	}
+	pc.pool.SetSlots(nslots)
 	var persisted FailurePolicy
-	err := pgx.BeginFunc(ctx, pc.client.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, pc.client.pool, func(tx pgx.Tx) error {
 		q := dbq.New(tx)
-		if _, err := subscribeSlotsTx(ctx, q, cfg.Queue, cfg.Consumer, cfg.Slots, cfg.FailurePolicy); err != nil {
+		if _, err := subscribeSlotsTx(ctx, q, cfg.Queue, cfg.Consumer, nslots, cfg.FailurePolicy); err != nil {
 			return err
 		}
 		var err error
@@ -130,7 +145,7 @@ func (pc *PartitionedConsumer) Start(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return mapError(fmt.Sprintf("subscribing %d slots of %q to queue %q", cfg.Slots, cfg.Consumer, cfg.Queue), err)
+		return mapError(fmt.Sprintf("subscribing %d slots of %q to queue %q", nslots, cfg.Consumer, cfg.Queue), err)
 	}
 	pc.policy.Store(int32(persisted))
 	if err := pc.service.Start(ctx, pc.pool.Run); err != nil {
@@ -160,7 +175,7 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		}
 	}
 	start := time.Now()
-	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, cfg.Slots, cfg.WorkerID, lease.Token, cfg.BatchSize)
+	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize)
 	if err != nil {
 		return false, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
 	}
@@ -172,6 +187,9 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		return false, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
 	}
 	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
+	for _, m := range msgs {
+		m.NSlots = lease.NSlots
+	}
 	// The settling calls prove which chunk they settle (fencing at the SQL
 	// level, not only in this process).
 	delivery := dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}
@@ -196,4 +214,29 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 	lease.Renewed(ackStart)
 	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(start).Seconds())
 	return true, nil
+}
+
+// startSlots is the N Start subscribes and works: Slots, or the consumer's
+// N when Slots is one it had before a resize or the one it is being
+// resized to (a process deployed with either config follows the server).
+func (pc *PartitionedConsumer) startSlots(ctx context.Context) (int, error) {
+	cfg := &pc.config
+	g, err := pc.client.queries.SlotGroupInfo(ctx, cfg.Queue, cfg.Consumer)
+	if errors.Is(mapError("", err), ErrSlotNotSubscribed) {
+		return cfg.Slots, nil // a new consumer
+	}
+	if err != nil {
+		return 0, mapError(fmt.Sprintf("reading the slots of %q on queue %q", cfg.Consumer, cfg.Queue), err)
+	}
+	if g.NSlots == cfg.Slots {
+		return cfg.Slots, nil
+	}
+	resized := slices.Contains(g.PastNSlots, int32(cfg.Slots)) || (g.ResizeTo != nil && *g.ResizeTo == cfg.Slots)
+	if !resized {
+		return cfg.Slots, nil // subscribing fails with ErrSlotCountMismatch
+	}
+	pc.client.logger.InfoContext(ctx, "pgque: the consumer was resized; working its current slot count",
+		slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer),
+		slog.Int("configured", cfg.Slots), slog.Int("nslots", g.NSlots))
+	return g.NSlots, nil
 }

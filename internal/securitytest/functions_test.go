@@ -272,6 +272,14 @@ var functions = map[string]fn{
 	"pgque.set_failure_policy(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'pause'"}, nullAs: map[int]string{1: "PQ034", 2: "PQ011"}, cases: []badCase{
 		bc("PQ011", "'q1'", "'sc'", "'retry'"), bc("PQ034", "'q1'", "'nope'", "'pause'"),
 	}},
+	"pgque.resize_slots(text,text,integer)": {roles: "a", args: []string{"'q1'", "'sc'", "4"}, cases: []badCase{
+		bc("PQ071", "'q1'", "'nope'", "4"), bc("PQ072", "'q1'", "'sc'", "2"), bc("PQ011", "'q1'", "'sc'", "0"),
+		bc("PQ011", "'q1'", "'sc'", "1025"), bc("PQ001", "'nope'", "'sc'", "4"), bc("PQ010", "'q1'", "'sc#0/2'", "4"),
+	}},
+	"pgque.resize_status(text)": {roles: "rwa", args: []string{"'q1'"}, nullable: []int{0},
+		cases: []badCase{bc("PQ001", "'nope'")}},
+	"pgque.slot_group_info(text,text)": {roles: "ra", args: []string{"'q1'", "'sc'"}, nullAs: map[int]string{1: "PQ034"},
+		cases: []badCase{bc("PQ034", "'q1'", "'nope'"), bc("PQ001", "'nope'", "'sc'")}},
 	"pgque.blocked_keys(text,text)": {roles: "ra", args: []string{"'q1'", "'sc'"}, nullable: []int{1},
 		cases: []badCase{bc("PQ001", "'nope'", "null")}},
 	"pgque.unblock_key(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ036"},

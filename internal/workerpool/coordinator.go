@@ -27,11 +27,13 @@ func (p *Pool) coordinate(fetchCtx, workCtx context.Context) {
 // pass learns who works which slot, plans, releases, claims, and
 // announces.
 func (p *Pool) pass(fetchCtx, workCtx context.Context) {
+	p.followResize(fetchCtx)
+	nslots := p.Slots()
 	now := time.Now()
 	var status []dbq.SlotStatus
 	if p.cfg.Notifier != nil {
 		// Announcements tell who works which slot at no cost.
-		status = p.presence.status(p.cfg.Slots, now)
+		status = p.presence.status(nslots, now)
 	} else {
 		// Without LISTEN the leases are read from the database: the
 		// lease-only view, which costs the same whatever the backlog.
@@ -43,14 +45,15 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 			}
 			return
 		}
+		status = currentSlots(status, nslots)
 	}
 
 	status = p.withHeadAges(fetchCtx, status)
 
 	in := planInput{
 		self:      p.cfg.Worker,
-		slots:     p.cfg.Slots,
-		maxActive: p.cfg.MaxActive,
+		slots:     nslots,
+		maxActive: p.maxActive(nslots),
 		status:    status,
 		running:   make(map[int]bool),
 		peers:     p.presence.live(now),
@@ -87,7 +90,7 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 		}
 	}
 	for _, slot := range pl.claim {
-		if p.claim(fetchCtx, workCtx, slot, owners[slot]) {
+		if p.claim(fetchCtx, workCtx, slot, nslots, owners[slot]) {
 			owned++
 		}
 	}
@@ -178,7 +181,7 @@ func (p *Pool) releaseExcess(ctx context.Context, slots []int, now time.Time) {
 }
 
 // claim tries to take one slot and starts its goroutine on success.
-func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner string) bool {
+func (p *Pool) claim(fetchCtx, workCtx context.Context, slot, nslots int, prevOwner string) bool {
 	at := time.Now()
 	cctx, cancel := context.WithTimeout(fetchCtx, queryTimeout(p.cfg.ClaimInterval))
 	defer cancel()
@@ -196,7 +199,7 @@ func (p *Pool) claim(fetchCtx, workCtx context.Context, slot int, prevOwner stri
 	if prevOwner != "" && prevOwner != p.cfg.Worker {
 		p.cfg.Metrics.LeaseTakeovers.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
 	}
-	p.startRunner(fetchCtx, workCtx, slot, epoch, token, at)
+	p.startRunner(fetchCtx, workCtx, slot, nslots, epoch, token, at)
 	return true
 }
 

@@ -23,6 +23,9 @@ type Lease struct {
 	// Token is the lease's secret credential, presented by every call that
 	// acts as the holder. It never prints (see dbq.LeaseToken).
 	Token dbq.LeaseToken
+	// NSlots is the consumer's N when the slot was claimed: the slot is
+	// slot Slot of NSlots, and every call on it names that N.
+	NSlots int
 
 	ttl time.Duration
 

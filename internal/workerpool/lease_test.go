@@ -42,7 +42,7 @@ func TestClaimThatUsedUpTheTTL(t *testing.T) {
 	for slot := range 64 {
 		// The claim started a TTL (plus a little, for half the slots) ago.
 		at := time.Now().Add(-time.Second - time.Duration(slot%2)*time.Millisecond)
-		p.startRunner(fetchCtx, workCtx, slot, 1, "", at)
+		p.startRunner(fetchCtx, workCtx, slot, 64, 1, "", at)
 	}
 	done := make(chan struct{})
 	go func() { p.runners.Wait(); close(done) }()

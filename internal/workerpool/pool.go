@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgque/pgque/internal/dbq"
@@ -46,10 +47,13 @@ type Config struct {
 	Metrics  *metrics.Metrics
 
 	Queue, Consumer, Worker string
-	Slots, MaxActive        int
-	LeaseTTL                time.Duration
-	ClaimInterval           time.Duration
-	PollInterval            time.Duration
+	// Slots is N when the pool starts; the pool follows a resize of the
+	// consumer (see resize.go). MaxActive caps the slots it works; 0 means
+	// all N.
+	Slots, MaxActive int
+	LeaseTTL         time.Duration
+	ClaimInterval    time.Duration
+	PollInterval     time.Duration
 	// StatusInterval is how often the per-slot gauges are refreshed from
 	// partition_slot_status; 0 disables the refresh.
 	StatusInterval time.Duration
@@ -76,6 +80,10 @@ type Config struct {
 	// LeaseLostCause is the cause a slot's workCtx is cancelled with when
 	// its lease is lost.
 	LeaseLostCause error
+	// IsSlotCountChanged reports whether an error from Work means the
+	// consumer's N is no longer the lease's (SQLSTATE PQ030): the slot's
+	// goroutine stops and the pool reads the new N (optional).
+	IsSlotCountChanged func(error) bool
 	// OnError, when set, receives each error the pool logs and then
 	// retries after a backoff (optional).
 	OnError func(context.Context, error)
@@ -95,6 +103,9 @@ type Pool struct {
 	trigger  *wakeup.Signal
 	runners  sync.WaitGroup
 
+	// nslots is the N the pool works now (resize.go).
+	nslots atomic.Int64
+
 	mu       sync.Mutex
 	running  map[int]*runner
 	holdoff  map[int]time.Time
@@ -103,7 +114,7 @@ type Pool struct {
 
 // New returns a Pool; Run starts it.
 func New(cfg Config) *Pool {
-	return &Pool{
+	p := &Pool{
 		cfg:      cfg,
 		presence: newPresence(cfg.Queue, cfg.Consumer, cfg.Worker, 3*cfg.ClaimInterval),
 		trigger:  wakeup.NewSignal(),
@@ -111,6 +122,8 @@ func New(cfg Config) *Pool {
 		holdoff:  make(map[int]time.Time),
 		prevFree: make(map[int]bool),
 	}
+	p.nslots.Store(int64(cfg.Slots))
+	return p
 }
 
 // Run works slots until fetchCtx ends, then lets every slot finish its

@@ -30,12 +30,13 @@ type runner struct {
 }
 
 // startRunner registers and starts the goroutine for a freshly claimed slot.
-func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot int, epoch int64, token dbq.LeaseToken, claimedAt time.Time) {
+func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot, nslots int, epoch int64, token dbq.LeaseToken, claimedAt time.Time) {
 	r := &runner{wake: wakeup.NewSignal()}
 	r.workCtx, r.cancel = context.WithCancelCause(workCtx)
 	r.fetchCtx, r.fetchCancel = context.WithCancel(r.workCtx)
 	r.stopFetch = context.AfterFunc(fetchCtx, r.fetchCancel)
 	r.lease = newLease(slot, epoch, token, p.cfg.LeaseTTL, claimedAt)
+	r.lease.NSlots = nslots
 	r.lease.arm(func() { p.fence(r, "lease expired before renewal") }) // after r.lease is set: it may fire at once
 
 	p.mu.Lock()
@@ -61,6 +62,15 @@ func (p *Pool) run(r *runner) {
 		}
 		if err != nil && p.cfg.IsLeaseLost(err) {
 			p.fence(r, "server rejected the lease", slog.Any("error", err))
+			return
+		}
+		if err != nil && p.slotCountChanged(r, err) {
+			// A resize completed: this slot of the old N is gone, and so
+			// is its lease (a lease row of the same number is the new
+			// slot's): leave without releasing.
+			log.InfoContext(r.workCtx, "pgque: slot count changed, leaving the slot", slog.Int("nslots", r.lease.NSlots))
+			p.drain(r)
+			r.lease.close()
 			return
 		}
 		if err != nil {

@@ -18,8 +18,14 @@ grant execute on function
     pgque.announce_worker(text, text, text, boolean, integer[], interval),
     pgque.hold_key_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, text, bigint),
     pgque.settle_held_partitioned(text, text, integer, integer, text, uuid, bigint, text, bigint, bigint[], bigint[], interval[], text[]),
-    pgque.release_stale_holds_partitioned(text, text, integer, integer, text, uuid)
+    pgque.release_stale_holds_partitioned(text, text, integer, integer, text, uuid),
+    pgque.slot_group_info(text, text)
     to pgque_reader, pgque_admin;
+
+-- Online resize (pgque.resize_slots.sql): starting one is an admin's act;
+-- its progress is readable by every pgque role.
+grant execute on function pgque.resize_slots(text, text, integer) to pgque_admin;
+grant execute on function pgque.resize_status(text) to pgque_reader, pgque_writer, pgque_admin;
 
 grant execute on function
     pgque.set_failure_policy(text, text, text),

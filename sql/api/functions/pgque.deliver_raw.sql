@@ -88,7 +88,10 @@ begin
     end if;
     loop
         if st.st_batch is null then
-            v_next := pgque._batch_end(v_queue, st.st_last_tick, i_span);
+            -- A sealed subscription (an online resize) ends at its seal;
+            -- read under the lock, so a seal committed meanwhile counts.
+            v_next := pgque._batch_end(v_queue, st.st_last_tick, i_span,
+                                       (select s2.sub_until_tick from pgque.subscription s2 where s2.sub_id = v_sub));
             if v_next is null then
                 exit;
             end if;

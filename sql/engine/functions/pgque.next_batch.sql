@@ -7,23 +7,28 @@
 -- update nothing. A batch id is nextval(batch_id_seq) * 2^20 + sub_id: the
 -- subscription is found from the id alone.
 
--- _batch_end(queue_id, last_tick, span): the last tick of a new batch
--- starting at last_tick, or NULL when no later tick exists. With span NULL
--- it is the next tick (as PgQ's next_batch). Otherwise a consumer that is
--- behind takes several ticks at once: the furthest tick (of the next 1000)
--- whose recorded event sequence is at most span past last_tick's, and at
--- least the next tick, so a backlog of small ticks is consumed in batches
--- of about span events. Tables: tick (read).
-create or replace function pgque._batch_end(i_queue integer, i_last_tick bigint, i_span bigint)
+-- _batch_end(queue_id, last_tick, span, until): the last tick of a new
+-- batch starting at last_tick, or NULL when no later tick exists up to
+-- until (NULL: no bound). With span NULL it is the next tick (as PgQ's
+-- next_batch). Otherwise a consumer that is behind takes several ticks at
+-- once: the furthest tick (of the next 1000) whose recorded event sequence
+-- is at most span past last_tick's, and at least the next tick, so a
+-- backlog of small ticks is consumed in batches of about span events. A
+-- sealed subscription passes its seal tick as until (an online resize of
+-- slots seals the old ones): no batch of it ends past the seal.
+-- Tables: tick (read).
+drop function if exists pgque._batch_end(integer, bigint, bigint);
+create or replace function pgque._batch_end(i_queue integer, i_last_tick bigint, i_span bigint, i_until bigint)
 returns bigint language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    v_next bigint;
-    v_seq  bigint;
+    v_until bigint := coalesce(i_until, 9223372036854775807);
+    v_next  bigint;
+    v_seq   bigint;
 begin
     select tick_id into v_next from pgque.tick
-     where tick_queue = i_queue and tick_id > i_last_tick
+     where tick_queue = i_queue and tick_id > i_last_tick and tick_id <= v_until
      order by tick_id limit 1;
     if v_next is null or i_span is null then
         return v_next;
@@ -35,7 +40,7 @@ begin
     end if;
     select coalesce(max(t.tick_id), v_next) into v_next
       from (select tick_id, tick_event_seq from pgque.tick
-             where tick_queue = i_queue and tick_id > v_next
+             where tick_queue = i_queue and tick_id > v_next and tick_id <= v_until
              order by tick_id limit 1000) t
      where t.tick_event_seq <= v_seq + i_span;
     return v_next;
@@ -47,25 +52,34 @@ $$;
 -- subscription's lock (the receive lock): concurrent callers serialise and
 -- get the same batch. A new batch ends where _batch_end(span) says: at the
 -- next tick with span NULL (as PgQ's next_batch), further on for a
--- consumer that is behind. Polls that find nothing write nothing.
+-- consumer that is behind. A sealed subscription (sub_until_tick set)
+-- never opens a batch past its seal tick: it ends there, and whatever comes
+-- later is another subscription's (an online resize of slots seals the old
+-- ones). Polls that find nothing write nothing.
 -- Returns the state record (st_batch, st_last_tick, st_next_tick, progress).
 create or replace function pgque._open_batch(i_sub integer, i_queue integer, i_span bigint)
 returns pgque.sub_state language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    st     pgque.sub_state := pgque._sub_state(i_sub);
-    v_next bigint;
+    st      pgque.sub_state := pgque._sub_state(i_sub);
+    v_next  bigint;
+    v_until bigint := coalesce((select sub_until_tick from pgque.subscription where sub_id = i_sub),
+                               9223372036854775807);
 begin
     if st.st_batch is null and not exists (
-        select 1 from pgque.tick where tick_queue = i_queue and tick_id > st.st_last_tick) then
+        select 1 from pgque.tick where tick_queue = i_queue and tick_id > st.st_last_tick
+                                   and tick_id <= v_until) then
         return null;
     end if;
     st := pgque._lock_sub(i_sub);
     if st.st_batch is not null then
         return st;
     end if;
-    v_next := pgque._batch_end(i_queue, st.st_last_tick, i_span);
+    -- Read again under the lock: a seal committed while this call waited
+    -- for it must bound the batch.
+    v_until := (select sub_until_tick from pgque.subscription where sub_id = i_sub);
+    v_next := pgque._batch_end(i_queue, st.st_last_tick, i_span, v_until);
     if v_next is null then
         return null;
     end if;

@@ -106,6 +106,11 @@ create table if not exists pgque.subscription (
     unique (sub_queue, sub_name)
 ) with (fillfactor = 50);
 
+-- sub_until_tick: when set, the subscription is sealed at that tick and
+-- never opens a batch past it (see _open_batch). Written once per online
+-- resize of a slot group, never while consuming.
+alter table pgque.subscription add column if not exists sub_until_tick bigint;
+
 -- Events set aside by event_retry until ev_retry_after, for one subscription.
 create table if not exists pgque.retry_queue (
     ev_owner       integer not null references pgque.subscription (sub_id) on delete cascade,

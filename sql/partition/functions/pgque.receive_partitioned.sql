@@ -41,6 +41,10 @@ begin
     if not exists (select 1 from pgque.key_block where kb_sub = l.sl_sub) then
         return query select d.*, l.sl_epoch
                        from unnest(pgque._as_messages(i_queue, v_sub, i_max, i_slot, i_nslots, i_max::bigint * i_nslots)) d;
+        if not found then
+            -- A sealed slot with nothing left may complete a resize.
+            perform pgque._resize_poll(l);
+        end if;
         return;
     end if;
     -- Pause with blocked keys: defer what must wait; a chunk that was all
@@ -75,6 +79,9 @@ begin
                                          r.extra2, r.extra3, r.extra4);
             end if;
         end loop;
+        if v_batch is null then
+            perform pgque._resize_poll(l);
+        end if;
         if v_batch is null or v_out > 0 then
             return;
         end if;

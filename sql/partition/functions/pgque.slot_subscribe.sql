@@ -113,12 +113,17 @@ begin
     if i_nslots < 2 then
         return;
     end if;
-    if not i_wanted and exists (select 1 from pgque.slot_group where sg_queue = i_queue_id and sg_nslots = i_nslots) then
+    if not i_wanted and exists (select 1 from pgque.slot_group where sg_queue = i_queue_id
+                                   and (sg_nslots = i_nslots or sg_resize_to = i_nslots)) then
         return;
     end if;
     if i_wanted then
-        select count(distinct sg_nslots) into v_distinct from pgque.slot_group
-         where sg_queue = i_queue_id and sg_nslots >= 2;
+        -- A resize in progress uses both its N.
+        select count(distinct n) into v_distinct
+          from (select sg_nslots from pgque.slot_group where sg_queue = i_queue_id
+                union all
+                select sg_resize_to from pgque.slot_group where sg_queue = i_queue_id) x(n)
+         where n >= 2;
         if v_distinct > 4 then
             raise exception using errcode = 'PQ051',
                 message = format('queue %s already has consumers with 4 different slot counts (N >= 2); '
@@ -163,8 +168,9 @@ $$;
 -- maint_route_indexes(): builds the routing indexes _route_index had to
 -- leave out (a table too full, or its lock not granted at once), on the
 -- tables where building is cheap now: at most 1000 rows, which rotation
--- guarantees sooner or later, lock granted within 100 ms. The ticker daemon
--- calls it after every maint(). Returns how many indexes it built.
+-- guarantees sooner or later, lock granted within 100 ms, and drops those
+-- of an N no group uses any more. The ticker daemon calls it after every
+-- maint(). Returns how many indexes it built or dropped.
 -- Tables: slot_group (read), event tables (index).
 create or replace function pgque.maint_route_indexes()
 returns integer language plpgsql security definer
@@ -178,7 +184,9 @@ declare
 begin
     for r in
         select g.sg_queue as queue_id, t.n, g.sg_nslots as nslots
-          from (select distinct sg_queue, sg_nslots from pgque.slot_group where sg_nslots >= 2) g
+          from (select distinct sg_queue, n as sg_nslots
+                  from pgque.slot_group cross join lateral (values (sg_nslots), (sg_resize_to)) v(n)
+                 where n >= 2) g
           join pgque.queue q on q.queue_id = g.sg_queue
           cross join lateral generate_series(0, q.queue_ntables - 1) t(n)
          where pg_catalog.to_regclass(pg_catalog.format('pgque.%I', 'event_' || g.sg_queue || '_' || t.n || '_route' || g.sg_nslots)) is null
@@ -190,6 +198,27 @@ begin
         begin
             perform set_config('lock_timeout', '100ms', true);
             perform pgque._route_index_build(r.queue_id, r.n, r.nslots);
+            perform set_config('lock_timeout', v_old_lt, true);
+            v_n := v_n + 1;
+        exception when lock_not_available then
+            perform set_config('lock_timeout', v_old_lt, true);
+        end;
+    end loop;
+    -- Routing indexes of an N no slot group uses any more (the old N of a
+    -- completed resize): dropped here rather than in the cutover, because
+    -- the drop needs the table's exclusive lock, waited for at most 100 ms.
+    for r in
+        select c.relname, m[1]::integer as queue_id, m[3]::integer as nslots
+          from pg_catalog.pg_class c
+          join pg_catalog.pg_namespace ns on ns.oid = c.relnamespace and ns.nspname = 'pgque'
+          cross join lateral pg_catalog.regexp_match(c.relname, '^event_([0-9]+)_([0-9]+)_route([0-9]+)$') m
+         where c.relkind = 'i' and m is not null
+    loop
+        continue when exists (select 1 from pgque.slot_group g where g.sg_queue = r.queue_id
+                                 and (g.sg_nslots = r.nslots or g.sg_resize_to = r.nslots));
+        begin
+            perform set_config('lock_timeout', '100ms', true);
+            execute format('drop index if exists pgque.%I', r.relname);
             perform set_config('lock_timeout', v_old_lt, true);
             v_n := v_n + 1;
         exception when lock_not_available then
@@ -272,6 +301,12 @@ begin
         return 0;
     end if;
     perform pgque._slot_group(i_queue, i_consumer, i_nslots);
+    if exists (select 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer
+                                                 and sg_resize_to is not null) then
+        raise exception using errcode = 'PQ073',
+            message = format('consumer %L on queue %L is being resized; unsubscribe once the resize completed',
+                             i_consumer, i_queue);
+    end if;
     delete from pgque.subscription
      where sub_queue = q.queue_id and sub_name = pgque._slot_name(i_consumer, i_slot, i_nslots);
     if not found then

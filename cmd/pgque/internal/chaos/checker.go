@@ -323,6 +323,12 @@ func (c *check) checkG1(r *Report) {
 		first := map[int64]bool{}
 		var last int64 = -1
 		for _, iv := range ivs {
+			slot, pinned := slot, pinned
+			if m, ok := c.h.KeySlotsByN[iv.NSlots]; ok && iv.NSlots != 0 {
+				// Across a resize the key's slot is its slot under the
+				// attempt's N; its first deliveries stay in ev_id order.
+				slot, pinned = m[key]
+			}
 			if iv.Slot != slot {
 				if pinned {
 					r.flag(GG1, key, iv.EvID, "delivered by slot %d, but the key maps to slot %d", iv.Slot, slot)
@@ -356,10 +362,10 @@ func (c *check) checkG2(r *Report) {
 	firsts := map[int]map[int64]time.Time{}
 	for _, ivs := range c.byKey {
 		for _, iv := range ivs {
-			m := firsts[iv.Slot]
+			m := firsts[slotID(iv.Attempt)]
 			if m == nil {
 				m = map[int64]time.Time{}
-				firsts[iv.Slot] = m
+				firsts[slotID(iv.Attempt)] = m
 			}
 			if s, ok := m[iv.Epoch]; !ok || iv.Start.Before(s) {
 				m[iv.Epoch] = iv.Start
@@ -396,7 +402,7 @@ func (c *check) checkG2(r *Report) {
 	holders := map[holder]string{}
 	for _, ivs := range c.byKey {
 		for _, iv := range ivs {
-			holders[holder{iv.Slot, iv.Epoch}] = iv.Proc
+			holders[holder{slotID(iv.Attempt), iv.Epoch}] = iv.Proc
 		}
 	}
 	for h, proc := range holders {
@@ -418,7 +424,7 @@ func (c *check) checkG2(r *Report) {
 	for key, ivs := range c.byKey {
 		for i := range ivs {
 			a := ivs[i]
-			if t, ok := superseded(a.Slot, a.Epoch); ok && t.Before(a.end) {
+			if t, ok := superseded(slotID(a.Attempt), a.Epoch); ok && t.Before(a.end) {
 				from := laterOf(t, a.Start)
 				active := a.end.Sub(from) - c.frozen(a.Proc, from, a.end)
 				r.ZombieRuns++
@@ -432,6 +438,16 @@ func (c *check) checkG2(r *Report) {
 				b := ivs[j]
 				if !b.Start.Before(a.end) || !a.Start.Before(b.end) {
 					continue
+				}
+				if a.NSlots != b.NSlots && a.NSlots != 0 && b.NSlots != 0 {
+					// Slots of two N overlapping on a key: allowed only
+					// for a fenced zombie of the old one (bounded above).
+					if t, ok := superseded(slotID(a.Attempt), a.Epoch); !ok || b.Start.Before(t) {
+						from, to := laterOf(a.Start, b.Start), earlierOf(a.end, b.end)
+						r.flag(GG2, key, b.EvID, "handled by slot %d/%d while slot %d/%d handled ev %d, for %v (across a resize)",
+							b.Slot, b.NSlots, a.Slot, a.NSlots, a.EvID, to.Sub(from))
+						continue
+					}
 				}
 				if a.Epoch == b.Epoch {
 					from, to := laterOf(a.Start, b.Start), earlierOf(a.end, b.end)
@@ -595,3 +611,7 @@ func earlierOf(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// slotID names the slot of an attempt across resizes: slot k of N is
+// another slot than slot k of M.
+func slotID(a *Attempt) int { return a.NSlots*4096 + a.Slot }

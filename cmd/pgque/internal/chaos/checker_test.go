@@ -232,3 +232,37 @@ func TestCheckSkippedRecordsAreNotHandlings(t *testing.T) {
 		t.Errorf("skipped %d redeliveries %d", r.Skipped, r.Redeliveries)
 	}
 }
+
+// TestCheckAcrossResize: a key moving from slot 0 of N=2 to slot 3 of N=4
+// in order, one handler at a time, passes; the same key handled by the
+// old and the new slot at once, or by a slot that is not its slot under
+// the attempt's N, is flagged.
+func TestCheckAcrossResize(t *testing.T) {
+	resized := func() *hb {
+		b := newHB("skip")
+		b.h.KeySlotsByN = map[int]map[string]int{2: {"a": 0, "b": 1}, 4: {"a": 3, "b": 1}}
+		at := func(proc string, slot, n int, epoch int64, key string, ev int64, start, end int) {
+			b.h.Attempts = append(b.h.Attempts, Attempt{Proc: proc, Slot: slot, NSlots: n, Epoch: epoch, Key: key,
+				EvID: ev, Outcome: OutcomeOK, Start: ms(start), End: ms(end)})
+		}
+		at("w1", 0, 2, 1, "a", 10, 0, 10)
+		at("w2", 1, 2, 1, "b", 11, 0, 10)
+		at("w1", 0, 2, 1, "a", 12, 11, 20)
+		at("w2", 3, 4, 2, "a", 14, 30, 40) // after the cutover
+		at("w2", 1, 4, 2, "b", 13, 30, 40)
+		return b
+	}
+	mustPass(t, &resized().h)
+
+	b := resized()
+	b.h.Attempts[3].Start = ms(15) // the new slot starts while the old one runs
+	mustFlag(t, &b.h, GG2, "across a resize")
+
+	b = resized()
+	b.h.Attempts[3].Slot = 2 // not a's slot under N=4
+	mustFlag(t, &b.h, GG1, "maps to slot 3")
+
+	b = resized()
+	b.h.Attempts[3].EvID, b.h.Attempts[2].EvID = 12, 14 // a's order broken across the change
+	mustFlag(t, &b.h, GG1, "out of ev_id order")
+}

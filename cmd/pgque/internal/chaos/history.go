@@ -39,6 +39,7 @@ const (
 type Attempt struct {
 	Proc    string    `json:"proc"`    // process incarnation id, also its lease worker id
 	Slot    int       `json:"slot"`    // slot that delivered the event
+	NSlots  int       `json:"nslots"`  // the N that slot belonged to (it changes with a resize)
 	Epoch   int64     `json:"epoch"`   // lease epoch the event was received under
 	Key     string    `json:"key"`     // partition key
 	EvID    int64     `json:"ev_id"`   // event id
@@ -74,6 +75,7 @@ const (
 	FaultProducerKill  = "producer-kill"  // SIGKILL a producer, start a new one
 	FaultTickerKill    = "ticker-kill"    // SIGKILL the ticker, start a new one
 	FaultPGRestart     = "pg-restart"     // Postgres immediate shutdown + restart
+	FaultResize        = "resize"         // resize_slots to another N while everything runs
 	FaultPgBouncerKill = "pgbouncer-kill" // SIGKILL PgBouncer, start it again
 	FaultHandlerError  = "handler-error"  // counted from attempts
 	FaultHandlerPanic  = "handler-panic"  // counted from attempts
@@ -112,6 +114,10 @@ type History struct {
 	// KeySlots is, when known, the slot each key must be delivered by
 	// (pgque.slot_of(key, N)); G1 affinity is then checked against it.
 	KeySlots map[string]int
+	// KeySlotsByN is the same for every N the consumer had during the run
+	// (a resize moves keys); attempts that record their N are checked
+	// against it.
+	KeySlotsByN map[int]map[string]int
 
 	Attempts    []Attempt
 	Committed   []Committed

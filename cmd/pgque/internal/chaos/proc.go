@@ -281,7 +281,7 @@ func runWorker(ctx context.Context, cfg ProcConfig, logger *slog.Logger) error {
 	handler := func(hctx context.Context, m *pgque.Message) error {
 		var p payload
 		_ = json.Unmarshal(m.Payload, &p)
-		a := Attempt{Proc: cfg.ID, Slot: m.Slot, Epoch: m.Epoch, Key: m.PartitionKey, EvID: m.ID, Seq: p.Seq,
+		a := Attempt{Proc: cfg.ID, Slot: m.Slot, NSlots: m.NSlots, Epoch: m.Epoch, Key: m.PartitionKey, EvID: m.ID, Seq: p.Seq,
 			Retry: m.RetryCount, Start: time.Now()}
 		if cfg.Policy == "pause" && ps.skip(m) {
 			if err := rec.skipped(a); err != nil {

@@ -95,7 +95,7 @@ func DefaultOptions() Options {
 }
 
 // AllFaults are the fault kinds the scheduler injects.
-var AllFaults = []string{FaultWorkerKill, FaultWorkerStop, FaultPGRestart, FaultPgBouncerKill, FaultTickerKill, FaultProducerKill}
+var AllFaults = []string{FaultWorkerKill, FaultWorkerStop, FaultPGRestart, FaultPgBouncerKill, FaultTickerKill, FaultProducerKill, FaultResize}
 
 func (o Options) withDefaults() Options {
 	d := DefaultOptions()
@@ -603,6 +603,8 @@ func (r *runner) inject(ctx context.Context, kind string) error {
 		err := r.cluster.Restart(rctx, pgcluster.ModeImmediate)
 		r.addFault(Fault{Kind: kind, Start: at, End: time.Now()})
 		return err
+	case FaultResize:
+		return r.resize(ctx)
 	case FaultPgBouncerKill:
 		r.logf("chaos: SIGKILL pgbouncer")
 		at := time.Now()
@@ -714,13 +716,18 @@ func (r *runner) history(ctx context.Context, end time.Time) (*History, int64, e
 	if err != nil {
 		return nil, 0, fmt.Errorf("reading dead letters: %w", err)
 	}
-	rows, _ = conn.Query(ctx, `select distinct key, pgque.slot_of(key, $1) from chaos_sent`, r.o.Slots)
-	h.KeySlots = map[string]int{}
-	var key string
-	var slot int
-	if _, err := pgx.ForEachRow(rows, []any{&key, &slot}, func() error { h.KeySlots[key] = slot; return nil }); err != nil {
-		return nil, 0, fmt.Errorf("reading key slots: %w", err)
+	h.KeySlotsByN = map[int]map[string]int{}
+	for _, n := range resizeNs(r.o.Slots) {
+		rows, _ = conn.Query(ctx, `select distinct key, pgque.slot_of(key, $1) from chaos_sent`, n)
+		m := map[string]int{}
+		var key string
+		var slot int
+		if _, err := pgx.ForEachRow(rows, []any{&key, &slot}, func() error { m[key] = slot; return nil }); err != nil {
+			return nil, 0, fmt.Errorf("reading key slots: %w", err)
+		}
+		h.KeySlotsByN[n] = m
 	}
+	h.KeySlots = h.KeySlotsByN[r.o.Slots]
 	var epochs int64
 	if err := conn.QueryRow(ctx, `select coalesce(sum(sl_epoch), 0)::bigint from pgque.slot_lease`).Scan(&epochs); err != nil {
 		return nil, 0, fmt.Errorf("reading slot epochs: %w", err)
@@ -916,4 +923,50 @@ func logFaults(dir string) []Fault {
 		}
 	}
 	return out
+}
+
+// resizeNs are the N a resize fault chooses from: at most four, the limit
+// of distinct N per queue, the first being the run's own.
+func resizeNs(n int) []int {
+	out := []int{n}
+	for _, m := range []int{n * 2, max(1, n/2), n + 3} {
+		if !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// resize starts a resize of the consumer to another N of resizeNs. The
+// resize runs on its own (the workers' receives and maint() complete it);
+// one still in progress is left alone.
+func (r *runner) resize(ctx context.Context) error {
+	conn, err := connectRetry(ctx, r.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var cur int
+	var to *int
+	if err := conn.QueryRow(ctx, `select nslots, resize_to from pgque.slot_group_info($1, $2)`, queueName, consumerName).Scan(&cur, &to); err != nil {
+		return fmt.Errorf("reading the slot count: %w", err)
+	}
+	if to != nil {
+		r.logf("chaos: resize %d -> %d still in progress", cur, *to)
+		return nil
+	}
+	var choices []int
+	for _, n := range resizeNs(r.o.Slots) {
+		if n != cur {
+			choices = append(choices, n)
+		}
+	}
+	n := choices[r.rng.IntN(len(choices))]
+	at := time.Now()
+	if _, err := conn.Exec(ctx, `select pgque.resize_slots($1, $2, $3)`, queueName, consumerName, n); err != nil {
+		return fmt.Errorf("resizing %d -> %d: %w", cur, n, err)
+	}
+	r.logf("chaos: resize %d -> %d slots", cur, n)
+	r.addFault(Fault{Kind: FaultResize, Target: strconv.Itoa(n), Start: at, End: time.Now()})
+	return nil
 }

@@ -14,7 +14,8 @@ import (
 func (a *app) slotsCommand() *cobra.Command {
 	return group("slots", "Manage and inspect the slots of partitioned consumers",
 		a.slotsSubscribeCommand(), a.slotsUnsubscribeCommand(), a.slotsStatusCommand(),
-		a.slotsPolicyCommand(), a.slotsBlockedCommand(), a.slotsUnblockCommand(), a.slotsRetryNowCommand())
+		a.slotsPolicyCommand(), a.slotsBlockedCommand(), a.slotsUnblockCommand(), a.slotsRetryNowCommand(),
+		a.slotsResizeCommand())
 }
 
 // slotFlags are the --consumer and --slots flags of slots subscribe and

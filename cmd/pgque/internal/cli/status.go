@@ -98,6 +98,8 @@ type statusReport struct {
 	Slots     []slotRow      `json:"slots"`
 	// Blocked are the keys the pause policy holds back after a failure.
 	Blocked []blockedKey `json:"blocked_keys"`
+	// Resizes are the slot resizes in progress and the last completed ones.
+	Resizes []resizeRow `json:"resizes"`
 	// Warnings collects every warning, each naming what it is about.
 	Warnings []string `json:"warnings"`
 }
@@ -193,6 +195,11 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 		rep.Blocked = append(rep.Blocked, blocked...)
 	}
 	rep.Queues = nonNil(rep.Queues)
+	if rep.Resizes, err = resizeRows(ctx, s, queue); err != nil {
+		return nil, err
+	}
+	rep.Resizes = nonNil(rep.Resizes)
+	rep.Warnings = append(rep.Warnings, resizeWarnings(rep.Resizes, rep.Time)...)
 	return rep, nil
 }
 
@@ -354,6 +361,9 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		if err := table(w, []string{"QUEUE", "CONSUMER", "SLOT", "OWNER", "EPOCH", "LAG", "OLDEST", "LAST BATCH", "HELD", "WARNINGS"}, rows); err != nil {
 			return err
 		}
+	}
+	if err := writeResizes(w, rep.Resizes); err != nil {
+		return err
 	}
 	if len(rep.Warnings) > 0 {
 		fmt.Fprintln(w, "\nWARNINGS")
