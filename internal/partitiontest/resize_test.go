@@ -168,8 +168,8 @@ func TestResizeCarriesRetriesAndBlocks(t *testing.T) {
 					t.Fatal(err)
 				}
 			case dead:
-				if _, err := d.pool.Exec(ctx, "select pgque.nack_partitioned($1, $2, $3, $4, $5, $6, null, 'bad')",
-					s.q, s.c, s.slot, s.n, s.worker, m.ID); err != nil {
+				if _, err := d.pool.Exec(ctx, "select pgque.nack_partitioned($1, $2, $3, $4, $5, $6::uuid, $7, null, 'bad')",
+					s.q, s.c, s.slot, s.n, s.worker, tokenFor(t, d.pool, s.q, s.c, s.slot, s.worker), m.ID); err != nil {
 					t.Fatal(err)
 				}
 			}

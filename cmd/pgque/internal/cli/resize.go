@@ -83,6 +83,11 @@ func waitResized(ctx context.Context, s *session, queue, consumer string, n int)
 	for {
 		rs, err := s.Resizes(ctx, queue)
 		if err != nil {
+			if ctx.Err() != nil {
+				// The deadline ran out during the query: the same outcome
+				// as running out between two polls.
+				return fmt.Errorf("waiting for the resize of %s to %d slots: %w (see pgque status)", consumer, n, ctx.Err())
+			}
 			return err
 		}
 		for _, r := range rs {

@@ -40,10 +40,11 @@ func TestSlotsResizeCommand(t *testing.T) {
 	// Work the old slots up to the seal: their empty receives cut over.
 	conn := c.conn()
 	for slot := range 2 {
-		if _, err := conn.Exec(ctx, `select pgque.claim_slot('q', 'c', $1, 'w')`, slot); err != nil {
+		var token string
+		if err := conn.QueryRow(ctx, `select token::text from pgque.claim_slot('q', 'c', $1, 'w')`, slot).Scan(&token); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := conn.Exec(ctx, `select count(*) from pgque.receive_partitioned('q', 'c', $1, 2, 'w')`, slot); err != nil {
+		if _, err := conn.Exec(ctx, `select count(*) from pgque.receive_partitioned('q', 'c', $1, 2, 'w', $2::uuid)`, slot, token); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -55,8 +56,8 @@ func TestSlotsResizeCommand(t *testing.T) {
 		t.Errorf("status shows %d slots, want the 4 new ones", len(st.Slots))
 	}
 	// With nobody working the slots, --wait gives up and says so.
-	r := c.exec("", "slots", "resize", "q", "--consumer", "c", "--to", "3", "--wait", "--timeout", "200ms")
+	r := c.exec("", "slots", "resize", "q", "--consumer", "c", "--to", "3", "--wait", "--timeout", "1s")
 	if r.code != ExitFailure || !strings.Contains(r.stderr, "waiting for the resize of c to 3 slots") {
-		t.Errorf("slots resize --wait with no workers: %v", r)
+		t.Errorf("slots resize --wait with no workers: %v, stderr %q", r, r.stderr)
 	}
 }

@@ -19,13 +19,15 @@ func TestStatusStalledSlot(t *testing.T) {
 	for _, sql := range []string{
 		"select pgque.create_queue('st')",
 		"select pgque.subscribe_slot('st', 'c', s, 2) from generate_series(0, 1) s",
-		"select pgque.claim_slot('st', 'c', s, 'ghost', '1 second') from generate_series(0, 1) s",
+		"select pgque.claim_slot('st', 'c', 0, 'ghost', '1 second')",
+		// The ghost's lease token for slot 1, kept in a session setting.
+		"select pg_catalog.set_config('pgque_test.ghost', (select token::text from pgque.claim_slot('st', 'c', 1, 'ghost', '1 second')), false)",
 		"select pgque.send('st', 't', '{}'::jsonb, 'tenant-3')",
 		"select pgque.force_next_tick('st')",
 		"select pgque.ticker('st')",
 		// Slot 1 catches up and its owner goes away: idle, not stalled.
-		"select count(*) from pgque.receive_partitioned('st', 'c', 1, 2, 'ghost', 100)",
-		"select pgque.release_slot('st', 'c', 1, 'ghost')",
+		"select count(*) from pgque.receive_partitioned('st', 'c', 1, 2, 'ghost', pg_catalog.current_setting('pgque_test.ghost')::uuid, 100)",
+		"select pgque.release_slot('st', 'c', 1, 'ghost', pg_catalog.current_setting('pgque_test.ghost')::uuid)",
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
