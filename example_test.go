@@ -122,9 +122,9 @@ func ExampleConsumer() {
 		log.Fatal(err)
 	}
 	// Output:
-	// FileCreated {"path": "/a", "tenant": "acme"}
-	// FileOverwritten {"path": "/a", "tenant": "acme"}
-	// FileDeleted {"path": "/a", "tenant": "acme"}
+	// FileCreated {"tenant":"acme","path":"/a"}
+	// FileOverwritten {"tenant":"acme","path":"/a"}
+	// FileDeleted {"tenant":"acme","path":"/a"}
 }
 
 // A pool of workers over N slots: events of one tenant (partition key) are

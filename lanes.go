@@ -857,6 +857,14 @@ func (pc *PartitionedConsumer) settleHeld(ctx context.Context, sl *slotLanes, le
 					slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot))
 				return
 			}
+			if len(failed) > 0 {
+				// The server settled the failures under its policy of the
+				// moment; an operator may have switched it while the lane
+				// ran, and Policy() must say what the next chunk gets.
+				if now, perr := serverPolicy(ctx, pc.client.queries, cfg.Queue, cfg.Consumer); perr == nil {
+					pc.policy.Store(int32(now))
+				}
+			}
 			break
 		}
 		err = mapError(fmt.Sprintf("settling held key %v of slot %d", ln.key, lease.Slot), err)

@@ -563,6 +563,11 @@ func TestPausePolicySwitchedWhileRunning(t *testing.T) {
 		Queue: env.queue, Consumer: "c", Slots: 1, FailurePolicy: pgque.FailurePolicyPause,
 		PollInterval: 100 * time.Millisecond,
 		RetryDelay:   func(int) time.Duration { return 100 * time.Millisecond },
+		// The chunk's settlement is what this test is about: one event at a
+		// time, so that a slow SetFailurePolicy call on a loaded machine
+		// does not get A's lane held past the chunk (a held lane's outcome
+		// is settled by the server's policy of the moment instead).
+		MaxWorkersPerSlot: 1,
 		Handler: pauseHandler(&log, "w", func(m *pgque.Message, p pmsg) error {
 			if p.N != 2 {
 				return nil

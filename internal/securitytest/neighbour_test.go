@@ -2,6 +2,7 @@ package securitytest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -259,6 +260,10 @@ func TestHostileNeighbours(t *testing.T) {
 			if err := thief.QueryRow(ctx, `select owner, epoch, coalesce(open_batch, 0) from pgque.partition_slot_status
 				where queue operator(pg_catalog.=) 'files' and consumer operator(pg_catalog.=) 'thumbs'
 				  and slot operator(pg_catalog.=) $1`, slot).Scan(&owner, &epoch, &batch); err != nil {
+				var pe *pgconn.PgError
+				if errors.As(err, &pe) {
+					t.Logf("error detail: %s; context: %s", pe.Detail, pe.Where)
+				}
 				t.Error("thief reading the lease view:", err)
 				return
 			}
@@ -292,6 +297,10 @@ func TestHostileNeighbours(t *testing.T) {
 	time.Sleep(time.Second)
 	superApp := pgtest.Conn(t, c.DSN("neighbours"))
 	if _, err := install.Install(ctx, superApp); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) {
+			t.Logf("error detail: %s; context: %s", pe.Detail, pe.Where)
+		}
 		t.Errorf("superuser re-install during the run: %v", err)
 	}
 

@@ -63,6 +63,12 @@ begin
     if not found then
         return 0;
     end if;
+    -- With no key stored there is nothing to expire: leave the state row
+    -- alone, so a system that uses no dedup keys makes no row version here
+    -- (under a held horizon every switch leaves one behind).
+    if not exists (select 1 from pgque.dedup_0) and not exists (select 1 from pgque.dedup_1) then
+        return 0;
+    end if;
     select coalesce(max(coalesce(d.qd_window, interval '5 minutes')), interval '5 minutes') into v_max
       from pgque.queue q left join pgque.queue_dedup d on d.qd_queue = q.queue_id;
     if clock_timestamp() - s.ds_switch_time < v_max + interval '1 second' then

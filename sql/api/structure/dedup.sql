@@ -40,11 +40,11 @@ create table if not exists pgque.dedup_0 (
     dd_ev_id bigint not null,
     dd_time  timestamptz not null
 );
-create unique index if not exists dedup_0_key_idx on pgque.dedup_0 (dd_queue, dd_key);
+select pgque._create_index('dedup_0_key_idx', $ddl$create unique index dedup_0_key_idx on pgque.dedup_0 (dd_queue, dd_key)$ddl$);
 create table if not exists pgque.dedup_1 (
     dd_queue integer not null,
     dd_key   text not null,
     dd_ev_id bigint not null,
     dd_time  timestamptz not null
 );
-create unique index if not exists dedup_1_key_idx on pgque.dedup_1 (dd_queue, dd_key);
+select pgque._create_index('dedup_1_key_idx', $ddl$create unique index dedup_1_key_idx on pgque.dedup_1 (dd_queue, dd_key)$ddl$);

@@ -59,7 +59,7 @@ create table if not exists pgque.tick (
 ) partition by list (tick_gen);
 create table if not exists pgque.tick_0 partition of pgque.tick for values in (0);
 create table if not exists pgque.tick_1 partition of pgque.tick for values in (1);
-create index if not exists tick_queue_id_idx on pgque.tick (tick_queue, tick_id);
+select pgque._create_index('tick_queue_id_idx', $ddl$create index tick_queue_id_idx on pgque.tick (tick_queue, tick_id)$ddl$);
 
 do $tick$
 declare
@@ -114,7 +114,7 @@ create table if not exists pgque.sub_state (
 ) partition by list (st_gen);
 create table if not exists pgque.sub_state_0 partition of pgque.sub_state for values in (0);
 create table if not exists pgque.sub_state_1 partition of pgque.sub_state for values in (1);
-create index if not exists sub_state_sub_idx on pgque.sub_state (st_sub, st_seq desc);
+select pgque._create_index('sub_state_sub_idx', $ddl$create index sub_state_sub_idx on pgque.sub_state (st_sub, st_seq desc)$ddl$);
 
 -- st_moved: when the state last moved (a cursor, batch or chunk change).
 -- A heartbeat copy (_touch_state) keeps the copied record's st_moved and

@@ -62,7 +62,7 @@ create table if not exists pgque.event (
     ev_extra4 text
 ) partition by list (ev_part);
 
-create index if not exists event_txid_idx on pgque.event (ev_txid);
+select pgque._create_index('event_txid_idx', $ddl$create index event_txid_idx on pgque.event (ev_txid)$ddl$);
 
 -- Earlier versions gave every partition a CHECK (ev_part = n) so that
 -- ATTACH PARTITION would not scan it. The partition constraint says the
@@ -109,7 +109,7 @@ create table if not exists pgque.subscription (
 -- sub_until_tick: when set, the subscription is sealed at that tick and
 -- never opens a batch past it (see _open_batch). Written once per online
 -- resize of a slot group, never while consuming.
-alter table pgque.subscription add column if not exists sub_until_tick bigint;
+select pgque._add_column('pgque.subscription', 'sub_until_tick', $ddl$alter table pgque.subscription add column sub_until_tick bigint$ddl$);
 
 -- Events set aside by event_retry until ev_retry_after, for one subscription.
 create table if not exists pgque.retry_queue (
@@ -127,7 +127,7 @@ create table if not exists pgque.retry_queue (
     ev_extra4      text,
     primary key (ev_owner, ev_id)
 );
-create index if not exists retry_queue_due_idx on pgque.retry_queue (ev_retry_after);
+select pgque._create_index('retry_queue_due_idx', $ddl$create index retry_queue_due_idx on pgque.retry_queue (ev_retry_after)$ddl$);
 
 -- Events that failed more than the queue's max_retries times.
 create table if not exists pgque.dead_letter (
@@ -147,7 +147,7 @@ create table if not exists pgque.dead_letter (
     ev_extra3   text,
     ev_extra4   text
 );
-create index if not exists dead_letter_consumer_idx on pgque.dead_letter (dl_queue, dl_consumer, dl_id);
+select pgque._create_index('dead_letter_consumer_idx', $ddl$create index dead_letter_consumer_idx on pgque.dead_letter (dl_queue, dl_consumer, dl_id)$ddl$);
 
 -- The single ticker lease: whichever ticker daemon holds it ticks. The
 -- row changes only when its owner does (a takeover, a resignation), so that
@@ -185,7 +185,7 @@ create table if not exists pgque.deferred (
     deferred_at timestamptz not null default now(),
     primary key (ev_owner, ev_id)
 );
-create index if not exists deferred_group_idx on pgque.deferred (ev_owner, ev_group, ev_id);
+select pgque._create_index('deferred_group_idx', $ddl$create index deferred_group_idx on pgque.deferred (ev_owner, ev_group, ev_id)$ddl$);
 
 -- Hooks by which the layers above the engine add their own per-queue
 -- settings and maintenance without the engine knowing what they are:

@@ -8,7 +8,7 @@
 -- are deferred under the key's group until the worker settles the hold (or
 -- a new owner of the slot releases it after a crash). kb_wait is -1: no
 -- event is awaited through the log while a key is inflight.
-alter table pgque.key_block add column if not exists kb_epoch bigint;
+select pgque._add_column('pgque.key_block', 'kb_epoch', $ddl$alter table pgque.key_block add column kb_epoch bigint$ddl$);
 
 do $$
 begin

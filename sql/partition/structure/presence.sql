@@ -68,5 +68,5 @@ create table if not exists pgque.worker_presence_0 partition of pgque.worker_pre
 create table if not exists pgque.worker_presence_1 partition of pgque.worker_presence for values in (1);
 -- Serves both "the next worker after w" (the skip scan in announce_worker)
 -- and "w's newest record".
-create index if not exists worker_presence_worker_idx
-    on pgque.worker_presence (wp_queue, wp_consumer, wp_worker, wp_seen desc);
+select pgque._create_index('worker_presence_worker_idx', $ddl$create index worker_presence_worker_idx
+    on pgque.worker_presence (wp_queue, wp_consumer, wp_worker, wp_seen desc)$ddl$);

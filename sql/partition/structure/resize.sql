@@ -7,11 +7,11 @@
 -- sg_resized_at when the last resize began and completed, sg_past_nslots
 -- every N the group had before (a process started later with one of them
 -- follows the current N instead of failing).
-alter table pgque.slot_group add column if not exists sg_resize_to integer;
-alter table pgque.slot_group add column if not exists sg_seal_tick bigint;
-alter table pgque.slot_group add column if not exists sg_resize_started timestamptz;
-alter table pgque.slot_group add column if not exists sg_resized_at timestamptz;
-alter table pgque.slot_group add column if not exists sg_past_nslots integer[] not null default '{}';
+select pgque._add_column('pgque.slot_group', 'sg_resize_to', $ddl$alter table pgque.slot_group add column sg_resize_to integer$ddl$);
+select pgque._add_column('pgque.slot_group', 'sg_seal_tick', $ddl$alter table pgque.slot_group add column sg_seal_tick bigint$ddl$);
+select pgque._add_column('pgque.slot_group', 'sg_resize_started', $ddl$alter table pgque.slot_group add column sg_resize_started timestamptz$ddl$);
+select pgque._add_column('pgque.slot_group', 'sg_resized_at', $ddl$alter table pgque.slot_group add column sg_resized_at timestamptz$ddl$);
+select pgque._add_column('pgque.slot_group', 'sg_past_nslots', $ddl$alter table pgque.slot_group add column sg_past_nslots integer[] not null default '{}'$ddl$);
 
 do $$
 begin
