@@ -26,8 +26,14 @@ const (
 	// its cost grows with N × backlog.
 	SlotStatusIntervalDefault = 15 * time.Second
 	// MaxWorkersDefault is how many handlers a PartitionedConsumer runs at
-	// once across all the slots it owns, when MaxWorkers is zero.
-	MaxWorkersDefault = 100
+	// once across all the slots it owns, when MaxWorkers is zero. Handlers
+	// are mostly waiting on I/O (5-50 ms calls to storage, HTTP, another
+	// database), so the limit is sized for that: with 20 ms handlers and
+	// 200 active keys, 256 places let one process run about 8 500 events/s
+	// (docs/benchmarks.md). A handler that needs a scarce resource per call
+	// (a connection of a small pool) should bound it itself or set
+	// MaxWorkers lower.
+	MaxWorkersDefault = 256
 	// MaxEventsPerSlotFactor sets the default MaxEventsPerSlot: this many
 	// chunks (BatchSize events each) per slot.
 	MaxEventsPerSlotFactor = 10
@@ -128,7 +134,7 @@ type PartitionedConsumerConfig struct {
 	// BatchSizeDefault.
 	BatchSize int
 	// MaxWorkers caps the handlers this process runs at once, across all
-	// the slots it owns. Default MaxWorkersDefault (100). Within a slot,
+	// the slots it owns. Default MaxWorkersDefault (256). Within a slot,
 	// events are dispatched to one lane per partition key: each lane runs
 	// one handler at a time in ev_id order, and the lanes of different keys
 	// run concurrently, so parallelism follows the number of active keys,

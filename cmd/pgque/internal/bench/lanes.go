@@ -236,7 +236,7 @@ func runLaneCases(ctx context.Context, e *env, r *recorder, p *pgqueDB, client *
 	runs := map[string]laneRun{
 		"lanes_off": {slots: slots, events: ev20, tenants: laneTenants, cost: 20 * time.Millisecond, perSlot: 1},
 		"default":   {slots: slots, events: ev20, tenants: laneTenants, cost: 20 * time.Millisecond},
-		"mw256":     {slots: slots, events: ev20, tenants: laneTenants, cost: 20 * time.Millisecond, maxWorkers: 256},
+		"mw100":     {slots: slots, events: ev20, tenants: laneTenants, cost: 20 * time.Millisecond, maxWorkers: 100},
 	}
 	if e.quick {
 		// lanes off at 20 ms is slow (about 16 × 50 ev/s): fewer events.
@@ -245,7 +245,7 @@ func runLaneCases(ctx context.Context, e *env, r *recorder, p *pgqueDB, client *
 		runs["lanes_off"] = lo
 	}
 	var trials []trial
-	for _, name := range []string{"lanes_off", "default", "mw256"} {
+	for _, name := range []string{"lanes_off", "default", "mw100"} {
 		lr := runs[name]
 		trials = append(trials, trial{name, func(ctx context.Context) (float64, error) { return p.laneRate(ctx, client, lr) }})
 	}
@@ -253,7 +253,7 @@ func runLaneCases(ctx context.Context, e *env, r *recorder, p *pgqueDB, client *
 	if err != nil {
 		return err
 	}
-	for _, name := range []string{"default", "mw256"} {
+	for _, name := range []string{"default", "mw100"} {
 		lr := runs[name]
 		ideal := lr.ideal()
 		cse := "lanes_" + name + "_N16_cost20ms"

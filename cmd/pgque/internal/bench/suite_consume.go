@@ -15,7 +15,7 @@ import (
 // backlog of 1000 tenants' events, with a handler that costs 0 or 2 ms per
 // event, against N = 1 (scaling); per-tenant order is checked on every
 // event and a violation fails the suite. Last, key lanes (lanes.go): 16
-// slots, 200 tenants, 20 ms handlers at the default MaxWorkers and at 256
+// slots, 200 tenants, 20 ms handlers at the default MaxWorkers (256) and at 100
 // against lanes off; 0 ms with and without lanes; a hot key.
 
 func init() {

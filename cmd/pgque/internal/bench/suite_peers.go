@@ -188,7 +188,7 @@ const pgbossLaneBatch = 8
 
 // runPeersLanes: the workload for key lanes — 200 tenants, a 20 ms
 // handler — pg-boss with 16 workers against one pgque process with 16
-// slots at the default MaxWorkers and at 256.
+// slots at the default MaxWorkers (256) and at 100.
 func runPeersLanes(ctx context.Context, e *env, r *recorder, p *pgqueDB, client *pgque.Client, d *pgbossDriver, nodeNote string) error {
 	const workers, cost = 16, 20 * time.Millisecond
 	// pg-boss's drain ends with short fetches that wait out the poll: a
@@ -216,8 +216,8 @@ func runPeersLanes(ctx context.Context, e *env, r *recorder, p *pgqueDB, client 
 		trial{"pgque_default", func(ctx context.Context) (float64, error) {
 			return p.laneRate(ctx, client, laneRun{slots: workers, events: events, tenants: laneTenants, cost: cost})
 		}},
-		trial{"pgque_mw256", func(ctx context.Context) (float64, error) {
-			return p.laneRate(ctx, client, laneRun{slots: workers, events: events, tenants: laneTenants, cost: cost, maxWorkers: 256})
+		trial{"pgque_mw100", func(ctx context.Context) (float64, error) {
+			return p.laneRate(ctx, client, laneRun{slots: workers, events: events, tenants: laneTenants, cost: cost, maxWorkers: 100})
 		}},
 	)
 	if err != nil {
@@ -228,8 +228,9 @@ func runPeersLanes(ctx context.Context, e *env, r *recorder, p *pgqueDB, client 
 	if len(partial) > 0 {
 		note += fmt.Sprintf("; pg-boss did not finish within its budget (handled %s)", strings.Join(partial, ", "))
 	}
-	r.compare("pgque_lanes_default_cost20ms", m["pgque_default"], "pgboss_16w_cost20ms", m["pgboss"], "events/s", atLeast(10), note+"; MaxWorkers 100 (default)")
-	r.compare("pgque_lanes_mw256_cost20ms", m["pgque_mw256"], "pgboss_16w_cost20ms", m["pgboss"], "events/s", atLeast(10), note+"; MaxWorkers 256")
+	r.compare("pgque_lanes_default_cost20ms", m["pgque_default"], "pgboss_16w_cost20ms", m["pgboss"], "events/s", atLeast(10), note+"; MaxWorkers 256 (default)")
+	// 100 handlers at 20 ms reach 5 000 ev/s at best: no 10× target there.
+	r.compare("pgque_lanes_mw100_cost20ms", m["pgque_mw100"], "pgboss_16w_cost20ms", m["pgboss"], "events/s", nil, note+"; MaxWorkers 100")
 	return nil
 }
 
