@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // resizeKeys are the keys the resize tests send, enough to hit every slot
@@ -300,5 +303,53 @@ func TestResizeFreesItsN(t *testing.T) {
 	}
 	if n := routeIndexes(t, d.pool, 3); n != 3 {
 		t.Errorf("%d routing indexes for N=3, want 3", n)
+	}
+}
+
+// The cutover wakes the consumer's pools with a NOTIFY on channel pgque
+// carrying the queue's tick tag, the payload pools match (any role may
+// LISTEN, so it is never the queue name).
+func TestResizeCutoverNotifiesTheTickTag(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("files-acme")
+	d.subscribeSlots("files-acme", "c", 2)
+	listener := pgtest.Conn(t, d.dsn)
+	if _, err := listener.Exec(ctx, "listen pgque"); err != nil {
+		t.Fatal(err)
+	}
+	tag := one[string](t, d.pool, "select pgque._tick_tag('files-acme')")
+	old := d.claimAll("files-acme", "c", 2, "w", 100)
+	one[int64](t, d.pool, "select pgque.resize_slots('files-acme', 'c', 4)")
+	// The old slots' receives take them to the seal, and an empty one
+	// completes the resize.
+	for i := 0; ; i++ {
+		if phase, n, _ := resizeStatus(t, d.pool, "files-acme", "c"); phase == "done" && n == 4 {
+			break
+		} else if i == 10 {
+			t.Fatalf("after %d rounds of receives the resize is %s with %d slots, want done with 4", i, phase, n)
+		}
+		for _, s := range old {
+			if _, err := receive(ctx, d.pool, s); err != nil && i == 0 {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The resize's own forced seal tick notifies too: read until the
+	// cutover's notification, or fail on a payload that is not the tag.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for seen := 0; seen < 2; seen++ {
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			if seen > 0 {
+				return // the seal tick did not notify: the one seen was the cutover's
+			}
+			t.Fatalf("no notification after the cutover: %v", err)
+		}
+		if n.Payload != tag {
+			t.Fatalf("notification on %s carries %q, want the tick tag %q", n.Channel, n.Payload, tag)
+		}
 	}
 }

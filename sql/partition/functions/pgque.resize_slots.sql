@@ -267,7 +267,7 @@ begin
     -- Wake the workers: their next call on an old slot fails with PQ030 and
     -- they take up the new N.
     if pg_notification_queue_usage() < 0.5 then
-        perform pg_notify('pgque', q.queue_name);
+        perform pg_notify('pgque', pgque._tick_tag(q.queue_name));
     end if;
 end;
 $$;
