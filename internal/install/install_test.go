@@ -148,3 +148,49 @@ func TestUninstall(t *testing.T) {
 		t.Fatalf("reinstalling after Uninstall: %v", err)
 	}
 }
+
+// A re-install runs while workers and producers hold locks on pgque's
+// tables: it must not wait for them. A second session holds ROW EXCLUSIVE
+// (what every insert, update and delete takes) on every table of schema
+// pgque but pgque.version, which the install lock is, in an open
+// transaction; the re-install, with a 3-second lock_timeout, still
+// completes. An ADD COLUMN IF NOT EXISTS or CREATE INDEX IF NOT EXISTS that
+// locks before it looks would time out here (55P03).
+func TestReinstallTakesNoLockOfTablesInUse(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDB(t)
+	ctx := context.Background()
+	conn := pgtest.Conn(t, dsn)
+	if _, err := install.Install(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	holder := pgtest.Conn(t, dsn)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	rows, err := tx.Query(ctx, `select c.oid::regclass::text from pg_catalog.pg_class c
+		 where c.relnamespace = 'pgque'::regnamespace and c.relkind in ('r', 'p') and c.relname <> 'version'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tbl := range tables {
+		if _, err := tx.Exec(ctx, "lock table "+pgx.Identifier{"pgque", tbl[len("pgque."):]}.Sanitize()+" in row exclusive mode"); err != nil {
+			t.Fatalf("locking %s: %v", tbl, err)
+		}
+	}
+	if len(tables) < 20 {
+		t.Fatalf("locked %d tables of schema pgque, want all of them", len(tables))
+	}
+	if _, err := conn.Exec(ctx, "set lock_timeout = '3s'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := install.Install(ctx, conn); err != nil {
+		t.Fatalf("re-install while every table is in use: %v", err)
+	}
+}

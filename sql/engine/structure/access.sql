@@ -8,17 +8,10 @@
 -- queue_confined lists the confined actions, so that an unconfined queue
 -- costs producers nothing (it is read with the queue row they read
 -- anyway). Grants live in this database only.
--- Catalog-checked rather than ADD COLUMN IF NOT EXISTS, which takes an
--- exclusive lock on pgque.queue even when the column exists, and so would
--- make every upgrade wait for (and deadlock with) running producers.
-do $access$
-begin
-    if not exists (select 1 from pg_catalog.pg_attribute
-                    where attrelid = 'pgque.queue'::regclass and attname = 'queue_confined' and not attisdropped) then
-        alter table pgque.queue add column queue_confined text[] not null default '{}';
-    end if;
-end
-$access$;
+-- Through _add_column (structure/ddl.sql): a re-install must not lock the
+-- queue table of running producers.
+select pgque._add_column('pgque.queue', 'queue_confined',
+    $ddl$alter table pgque.queue add column queue_confined text[] not null default '{}'$ddl$);
 
 create table if not exists pgque.queue_grant (
     qg_queue  integer not null references pgque.queue (queue_id) on delete cascade,

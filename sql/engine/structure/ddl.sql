@@ -40,39 +40,3 @@ end;
 $$;
 
 revoke all on function pgque._add_column(regclass, text, text), pgque._create_index(text, text) from public;
-
--- Views are replaced by the install (create or replace view takes an
--- ACCESS EXCLUSIVE lock on each). A reader of a view that reads another
--- view through it locks the outer one first and then the inner one, in
--- an order the install cannot know, so the install takes every view's lock
--- here, before any other lock of its own, and never waits while holding
--- one: each attempt waits at most 100 ms per view, and a failed attempt
--- gives back the locks it took (the exception block is a subtransaction)
--- and tries again a little later.
-do $views$
-declare
-    v_views regclass[];
-    v       regclass;
-    v_lt    text := pg_catalog.current_setting('lock_timeout');
-begin
-    v_views := array(select c.oid::regclass from pg_catalog.pg_class c
-                       join pg_catalog.pg_namespace n on n.oid = c.relnamespace
-                      where n.nspname = 'pgque' and c.relkind = 'v' order by c.relname desc);
-    for i in 1 .. 50 loop
-        begin
-            perform pg_catalog.set_config('lock_timeout', '100ms', true);
-            foreach v in array v_views loop
-                execute format('lock table %s in access exclusive mode', v);
-            end loop;
-            exit;
-        exception when lock_not_available then
-            if i = 50 then
-                raise exception using errcode = '55P03',
-                    message = 'pgque''s views stayed busy: could not lock them for the upgrade; try again';
-            end if;
-            perform pg_catalog.pg_sleep(0.01 * i);
-        end;
-    end loop;
-    perform pg_catalog.set_config('lock_timeout', v_lt, true);
-end
-$views$;

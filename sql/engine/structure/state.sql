@@ -124,14 +124,8 @@ select pgque._create_index('sub_state_sub_idx', $ddl$create index sub_state_sub_
 -- written before it existed means st_time. Guarded by the catalog:
 -- ALTER TABLE locks the table before it looks, and a re-install must not
 -- take an exclusive lock on the state log of running consumers.
-do $moved$
-begin
-    if not exists (select 1 from pg_catalog.pg_attribute
-                    where attrelid = 'pgque.sub_state'::regclass and attname = 'st_moved' and not attisdropped) then
-        alter table pgque.sub_state add column st_moved timestamptz;
-    end if;
-end
-$moved$;
+select pgque._add_column('pgque.sub_state', 'st_moved',
+    $ddl$alter table pgque.sub_state add column st_moved timestamptz$ddl$);
 
 -- Subscriptions registered by versions that kept their state in the
 -- subscription row get their first record from it.

@@ -32,17 +32,10 @@ create table if not exists pgque.slot_lease (
 -- that took the lease (NULL when nobody holds it). Only the hash is stored,
 -- so nobody who can read this table or its views learns the credential;
 -- it changes with the owner, in the same update, so it adds no row version.
--- Catalog-checked rather than ADD COLUMN IF NOT EXISTS, which takes an
--- exclusive lock on the lease table even when the column exists, and so
--- would make every upgrade wait for (and deadlock with) running workers.
-do $token$
-begin
-    if not exists (select 1 from pg_catalog.pg_attribute
-                    where attrelid = 'pgque.slot_lease'::regclass and attname = 'sl_token' and not attisdropped) then
-        alter table pgque.slot_lease add column sl_token bytea;
-    end if;
-end
-$token$;
+-- Through _add_column (engine/structure/ddl.sql): a re-install must not
+-- lock the lease table of running workers.
+select pgque._add_column('pgque.slot_lease', 'sl_token',
+    $ddl$alter table pgque.slot_lease add column sl_token bytea$ddl$);
 
 -- key_block: under the pause policy, one row per blocked key of a slot
 -- (never per healthy event). State "blocked": kb_head failed and awaits its
