@@ -194,3 +194,76 @@ func TestReinstallTakesNoLockOfTablesInUse(t *testing.T) {
 		t.Fatalf("re-install while every table is in use: %v", err)
 	}
 }
+
+// A re-install of an unchanged version rewrites no catalog row of a pgque
+// relation and takes no ACCESS EXCLUSIVE lock. A rewritten pg_class row
+// (what GRANT and REVOKE on a table do) stays locked to the end of the
+// install, and maint's TRUNCATE of an event table needs that row: it waits
+// for the install while holding the table, readers queue behind it, and an
+// install that then waits for one of those readers (an ACCESS EXCLUSIVE
+// lock, which CREATE OR REPLACE VIEW takes) deadlocks.
+func TestReinstallRewritesNoRelationAndLocksNoneExclusively(t *testing.T) {
+	t.Parallel()
+	ctx, conn := setup(t)
+	if _, err := install.Install(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	// Every kind of relation: a queue's event tables and sequence, the
+	// partition layer's tables, the views.
+	if _, err := conn.Exec(ctx, `select pgque.create_queue('q'); select pgque.subscribe_slot('q', 'c', 0, 4)`); err != nil {
+		t.Fatal(err)
+	}
+	catalogRows := func() map[string]string {
+		rows, err := conn.Query(ctx, `select c.oid::regclass::text, c.xmin::text || ' ' || c.ctid::text
+			from pg_catalog.pg_class c where c.relnamespace = 'pgque'::regnamespace`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{}
+		for rows.Next() {
+			var rel, ver string
+			if err := rows.Scan(&rel, &ver); err != nil {
+				t.Fatal(err)
+			}
+			m[rel] = ver
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	before := catalogRows()
+	if len(before) < 40 {
+		t.Fatalf("schema pgque has %d relations, want every kind of them", len(before))
+	}
+
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := install.Install(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, `select l.relation::regclass::text from pg_catalog.pg_locks l
+		where l.pid = pg_catalog.pg_backend_pid() and l.locktype = 'relation' and l.mode = 'AccessExclusiveLock'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exclusive, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(exclusive) > 0 {
+		t.Errorf("the re-install holds ACCESS EXCLUSIVE locks on %v", exclusive)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := catalogRows()
+	for rel, ver := range before {
+		if after[rel] != ver {
+			t.Errorf("the re-install rewrote the pg_class row of %s", rel)
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque/internal/install"
 )
 
 // relations is the expected privilege matrix of every table, view and
@@ -70,6 +72,12 @@ var (
 func TestRoleMatrixRelations(t *testing.T) {
 	_, conn := setupDB(t)
 	ctx := context.Background()
+	// Checked after a re-install, which must grant exactly what the first
+	// install did: nothing more on tables created since (a queue's event
+	// tables, the layers' tables), nothing less.
+	if _, err := install.Install(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
 	rows, err := conn.Query(ctx, `select c.relname, c.relkind::text from pg_class c
 		where c.relnamespace = 'pgque'::regnamespace and c.relkind in ('r', 'p', 'v', 'm', 'S', 'f') order by 1`)
 	if err != nil {

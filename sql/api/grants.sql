@@ -1,6 +1,6 @@
 -- API privileges.
 revoke all on all functions in schema pgque from public;
-revoke all on all tables in schema pgque from public;
+select pgque._revoke_public_relations();
 
 grant execute on function
     pgque.send(text, jsonb),
@@ -32,4 +32,5 @@ grant execute on function
     pgque._table_source_forget(text, regclass)
     to pgque_admin;
 
-grant select on pgque.queue_dedup, pgque.dedup_state, pgque.table_source to pgque_admin;
+select pgque._grant_select(array['pgque.queue_dedup', 'pgque.dedup_state', 'pgque.table_source']::regclass[],
+    array['pgque_admin']::regrole[]);

@@ -1,8 +1,7 @@
 -- Engine privileges. Nothing is executable by PUBLIC; the layers above
 -- re-run the blanket revoke for their own functions.
 revoke all on all functions in schema pgque from public;
-revoke all on all tables in schema pgque from public;
-revoke all on all sequences in schema pgque from public;
+select pgque._revoke_public_relations();
 revoke all on procedure pgque.run_ticker(integer, text) from public;
 
 grant execute on function
@@ -65,4 +64,9 @@ grant execute on function
     pgque._run_ticker_round(text, timestamptz, timestamptz, timestamptz)
     to pgque_admin;
 
-grant select on all tables in schema pgque to pgque_admin;
+-- The admin reads the engine's tables (not a queue's own event tables).
+select pgque._grant_select(array['pgque.dead_letter', 'pgque.deferred', 'pgque.event', 'pgque.layer_hook',
+        'pgque.queue', 'pgque.queue_grant', 'pgque.retry_queue', 'pgque.rotation',
+        'pgque.sub_state', 'pgque.sub_state_0', 'pgque.sub_state_1', 'pgque.subscription',
+        'pgque.tick', 'pgque.tick_0', 'pgque.tick_1', 'pgque.ticker_lease', 'pgque.version']::regclass[],
+    array['pgque_admin']::regrole[]);

@@ -1,7 +1,7 @@
 -- Partition layer privileges. Readers reach get_batch_cursor only through
 -- these SECURITY DEFINER functions, which own it together with the engine.
 revoke all on all functions in schema pgque from public;
-revoke all on all tables in schema pgque from public;
+select pgque._revoke_public_relations();
 
 grant execute on function
     pgque.subscribe_slot(text, text, integer, integer),
@@ -35,8 +35,8 @@ grant execute on function
     to pgque_admin;
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
-grant select on pgque.partition_slot_status, pgque.partition_slot_leases to pgque_reader, pgque_writer, pgque_admin;
-grant select on pgque.partition_slot_stalls to pgque_reader, pgque_writer, pgque_admin;
+select pgque._grant_select(array['pgque.partition_slot_status', 'pgque.partition_slot_leases', 'pgque.partition_slot_stalls']::regclass[],
+    array['pgque_reader', 'pgque_writer', 'pgque_admin']::regrole[]);
 
 -- Per-key visibility (pgque.key_status.sql): read-only, for every pgque role.
 grant execute on function

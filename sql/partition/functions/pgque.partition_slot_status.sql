@@ -36,6 +36,7 @@ $$;
 -- partition_slot_status: one row per slot: its lease (owner is NULL once the
 -- lease expired), epoch, lag (pending events of that slot, not of the whole
 -- stream) and the age of its oldest pending event.
+select pgque._create_view('partition_slot_status', $ddl$
 create or replace view pgque.partition_slot_status as
 select q.queue_name      as queue,
        l.sl_consumer     as consumer,
@@ -55,10 +56,12 @@ select q.queue_name      as queue,
   join pgque.subscription s on s.sub_id = l.sl_sub
   left join lateral (select x.st_sub, x.st_batch, x.st_time from pgque.sub_state x
                       where x.st_sub = l.sl_sub order by x.st_seq desc limit 1) st on true
-  cross join lateral pgque._slot_pending(l.sl_sub, l.sl_slot, g.sg_nslots) p;
+  cross join lateral pgque._slot_pending(l.sl_sub, l.sl_slot, g.sg_nslots) p
+$ddl$);
 
 -- partition_slot_leases: the slots and their leases only, without the lag
 -- (which costs a read of each slot's backlog): cheap enough to poll.
+select pgque._create_view('partition_slot_leases', $ddl$
 create or replace view pgque.partition_slot_leases as
 select q.queue_name  as queue,
        l.sl_consumer as consumer,
@@ -72,4 +75,5 @@ select q.queue_name  as queue,
   join pgque.slot_group g on g.sg_queue = l.sl_queue and g.sg_consumer = l.sl_consumer
   join pgque.queue q on q.queue_id = l.sl_queue
   left join lateral (select x.st_time from pgque.sub_state x
-                      where x.st_sub = l.sl_sub order by x.st_seq desc limit 1) st on true;
+                      where x.st_sub = l.sl_sub order by x.st_seq desc limit 1) st on true
+$ddl$);
