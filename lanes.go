@@ -18,11 +18,13 @@ import (
 // Key lanes (see docs/worker-pool.md). A slot's chunk first runs on one
 // goroutine, event after event in ev_id order, as a slot without lanes
 // does: while handlers are fast that is the cheapest way through a chunk.
-// Once a handler has run for laneFanOutAfter, the rest of the chunk is
-// split by partition key into lanes: the running event's key goes on
-// in the goroutine that runs it, every other key gets a goroutine that
-// runs its events one at a time in ev_id order, and the lanes run
-// concurrently, bounded by a per-slot and a per-process semaphore. When
+// Once a handler has run for laneFanOutAfter, its key is peeled off into a
+// lane: the running event's key goes on in the goroutine that runs it,
+// and the chunk's other keys go on inline on a new goroutine. If one of
+// those turns slow as well, the rest is split by partition key: every key
+// gets a goroutine that runs its events one at a time in ev_id order, and
+// the lanes run concurrently, bounded by a per-slot and a per-process
+// semaphore. When
 // all lanes of a chunk are done the chunk is settled as before. When only
 // a few lanes have been left running for laneHoldAfter, the keys of those
 // running a handler are held on the server (their unfinished events
@@ -220,7 +222,15 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 	in := pc.newInline(sl, msgs, pause)
 	doneCh := make(chan *lane, len(msgs))
 	go pc.runInline(workCtx, sl, lease, in, doneCh)
-	lanes, pending := pc.awaitInline(workCtx, sl, lease, in, doneCh)
+	lanes, pending, rest := pc.awaitInline(workCtx, sl, lease, in, doneCh)
+	// A first split peels off only the slow key; the chunk's other keys
+	// go on inline, and are split in turn only if one of them is slow.
+	for rest != nil {
+		var more []*lane
+		var n int
+		more, n, rest = pc.awaitInline(workCtx, sl, lease, rest, doneCh)
+		lanes, pending = append(lanes, more...), pending+n
+	}
 
 	// Wait for the lanes; hold the last few if they take long.
 	few := max(1, pending/laneFewDiv)
@@ -399,6 +409,10 @@ type inlineRun struct {
 	aborted bool
 	done    chan struct{} // closed when the inline run ends
 	counted *atomic.Int32 // the count of inline runs this one is in
+	// peeled: this run is what an earlier split of its chunk left inline
+	// (every key but the one found slow). Its own split, if one comes,
+	// gives every key a lane.
+	peeled bool
 }
 
 // newInline prepares the inline run of a chunk.
@@ -517,12 +531,12 @@ func (in *inlineRun) end(aborted bool) {
 	close(in.done)
 }
 
-// awaitInline waits for the inline run of a chunk. If it ends, the chunk
-// is one finished lane. If a handler runs for laneFanOutAfter first, the
-// rest of the chunk is split into lanes (started here, but for the running
-// key's, which its goroutine goes on with); it returns the chunk's lanes
-// and how many of them report on doneCh.
-func (pc *PartitionedConsumer) awaitInline(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, doneCh chan<- *lane) ([]*lane, int) {
+// awaitInline waits for the inline run of a chunk (or of what is left of
+// it). If it ends, its events are one finished lane. If a handler runs for
+// laneFanOutAfter first, the run is split (see fanOut); it returns the
+// lanes, how many of them report on doneCh, and the new inline run of the
+// other keys when the split left one, which the caller awaits in turn.
+func (pc *PartitionedConsumer) awaitInline(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, doneCh chan<- *lane) ([]*lane, int, *inlineRun) {
 	every := laneFanOutAfter
 	timer := time.NewTimer(every)
 	defer timer.Stop()
@@ -531,13 +545,13 @@ func (pc *PartitionedConsumer) awaitInline(ctx context.Context, sl *slotLanes, l
 		case <-in.done:
 			in.mu.Lock()
 			defer in.mu.Unlock()
-			return []*lane{{msgs: in.msgs, results: in.results, next: in.next, finished: true, aborted: in.aborted}}, 0
+			return []*lane{{msgs: in.msgs, results: in.results, next: in.next, finished: true, aborted: in.aborted}}, 0, nil
 		case <-timer.C:
 			// Not the timer's value: when this goroutine waited for a
 			// CPU, it is older than the handler's start.
-			lanes, wait := pc.fanOut(ctx, sl, lease, in, time.Now(), every, doneCh)
+			lanes, rest, wait := pc.fanOut(ctx, sl, lease, in, time.Now(), every, doneCh)
 			if lanes != nil {
-				return lanes, len(lanes) - 1
+				return lanes, len(lanes) - 1, rest
 			}
 			// The handlers were fast: look less often. Every look wakes
 			// a goroutine, which a busy machine pays for on every chunk
@@ -549,18 +563,24 @@ func (pc *PartitionedConsumer) awaitInline(ctx context.Context, sl *slotLanes, l
 	}
 }
 
-// fanOut splits the rest of the chunk into per-key lanes if the inline
-// handler has run for laneFanOutAfter by now; otherwise it returns nil and
-// how long to wait before looking again. The first lane returned is the
-// inline run's finished part; the second is the running event's key,
-// headed by that event.
-func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, now time.Time, every time.Duration, doneCh chan<- *lane) ([]*lane, time.Duration) {
+// fanOut splits the inline run if its handler has run for laneFanOutAfter
+// by now; otherwise it returns nil and how long to wait before looking
+// again. The first lane returned is the run's finished part; the second is
+// the running event's key, headed by that event, which the run's goroutine
+// goes on with. A run's first split stops there: the events of the other
+// keys become a new inline run, returned (and started) too. One slow key
+// among fast ones then costs a goroutine, not one per key, and a fast
+// handler that only looked slow (its process short of CPU) moves one key
+// off the sequential path, not all of them. A run left by an earlier split
+// gives every other key a lane of its own: a second slow key means the
+// chunk's keys are slow, and they should overlap.
+func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, now time.Time, every time.Duration, doneCh chan<- *lane) ([]*lane, *inlineRun, time.Duration) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if !in.running {
 		// Between two handlers, or waiting for a place: look again later,
 		// to cut the chunk at a running handler.
-		return nil, every
+		return nil, nil, every
 	}
 	// When more chunks run inline than there are CPUs, their handlers
 	// take turns on them, and a handler's time includes waiting for its
@@ -579,9 +599,9 @@ func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease 
 		in.suspect = time.Time{}
 		if ran >= after/2 {
 			// This one may be turning slow: look when it would be.
-			return nil, after - ran
+			return nil, nil, after - ran
 		}
-		return nil, every
+		return nil, nil, every
 	}
 	// A process short of CPU makes a fast handler look slow: it waits
 	// for its turn while the clock runs. Split only if it still looks
@@ -589,15 +609,18 @@ func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease 
 	// handler has returned by then.
 	if in.suspect.IsZero() {
 		in.suspect = now
-		return nil, after
+		return nil, nil, after
 	}
 	if now.Sub(in.suspect) < after {
-		return nil, after - now.Sub(in.suspect)
+		return nil, nil, after - now.Sub(in.suspect)
 	}
 	cur := in.cur
 	// Events below cur are finished, or not handled because their key
 	// failed under pause: the chunk's ack settles them.
 	lanes := []*lane{{msgs: in.msgs[:cur], results: in.results[:cur], next: cur, finished: true}}
+	if !in.peeled {
+		return pc.peel(ctx, sl, lease, in, lanes, doneCh)
+	}
 	byKey := make(map[KeyRef]*lane)
 	for _, m := range in.msgs[cur:] {
 		k := m.Key()
@@ -625,7 +648,41 @@ func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease 
 	for _, ln := range lanes[2:] {
 		go pc.runLane(ctx, sl, lease, ln, 0, in.pause, doneCh)
 	}
-	return lanes, 0
+	return lanes, nil, 0
+}
+
+// peel is a run's first split (see fanOut), with in.mu held: the running
+// key's events from the running one on become its lane, which the run's
+// goroutine goes on with, and the other keys' events a new inline run,
+// started here. lanes holds the run's finished part.
+func (pc *PartitionedConsumer) peel(ctx context.Context, sl *slotLanes, lease *workerpool.Lease, in *inlineRun, lanes []*lane, doneCh chan<- *lane) ([]*lane, *inlineRun, time.Duration) {
+	k := in.msgs[in.cur].Key()
+	// The head's key waited for its earlier lane already (no prev).
+	head := &lane{key: k, decided: make(chan struct{}), done: make(chan struct{})}
+	var others []*Message
+	for _, m := range in.msgs[in.cur:] {
+		switch mk := m.Key(); {
+		case in.failed[mk]:
+			// Not handled under pause: the chunk's nack defers it.
+		case mk == k:
+			head.msgs = append(head.msgs, m)
+		default:
+			others = append(others, m)
+		}
+	}
+	head.results = make([]error, len(head.msgs))
+	head.running, head.started = true, in.started
+	in.handoff = head
+	lanes = append(lanes, head)
+	if len(others) == 0 {
+		return lanes, nil, 0
+	}
+	// Earlier chunks' held lanes still bind the other keys: the new run
+	// waits for them as this one would have.
+	rest := &inlineRun{msgs: others, pause: in.pause, prevs: in.prevs, peeled: true,
+		results: make([]error, len(others)), done: make(chan struct{})}
+	go pc.runInline(ctx, sl, lease, rest, doneCh)
+	return lanes, rest, 0
 }
 
 // acquire takes a running-handler place in the slot and in the process.
