@@ -410,9 +410,10 @@ type inlineRun struct {
 	done    chan struct{} // closed when the inline run ends
 	counted *atomic.Int32 // the count of inline runs this one is in
 	// peeled: this run is what an earlier split of its chunk left inline
-	// (every key but the one found slow). Its own split, if one comes,
-	// gives every key a lane.
-	peeled bool
+	// (every key but the one found slow, whose lane is peeledFrom). Its
+	// own split, if one comes, gives every key a lane.
+	peeled     bool
+	peeledFrom *lane
 }
 
 // newInline prepares the inline run of a chunk.
@@ -591,7 +592,12 @@ func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease 
 		after, mean = after*time.Duration(q), mean*time.Duration(q)
 	}
 	ran := now.Sub(in.started)
-	slow := ran >= after
+	// A run left by a peel whose peeled key is still in a handler that has
+	// run for as long: two keys slow at once are slow keys, not a busy
+	// process. Its handler is then held to the unscaled threshold, and
+	// split without a grace.
+	corroborated := in.peeledFrom != nil && in.peeledFrom.runningFor(now) >= after
+	slow := ran >= after || (corroborated && ran >= laneFanOutAfter)
 	if el := now.Sub(in.begin); !slow && el >= after && in.cur > 0 {
 		slow = el >= time.Duration(in.cur)*mean
 	}
@@ -607,11 +613,12 @@ func (pc *PartitionedConsumer) fanOut(ctx context.Context, sl *slotLanes, lease 
 	// for its turn while the clock runs. Split only if it still looks
 	// slow a grace later, when this goroutine has had a turn too; a fast
 	// handler has returned by then.
-	if in.suspect.IsZero() {
+	switch {
+	case corroborated:
+	case in.suspect.IsZero():
 		in.suspect = now
 		return nil, nil, after
-	}
-	if now.Sub(in.suspect) < after {
+	case now.Sub(in.suspect) < after:
 		return nil, nil, after - now.Sub(in.suspect)
 	}
 	cur := in.cur
@@ -679,7 +686,7 @@ func (pc *PartitionedConsumer) peel(ctx context.Context, sl *slotLanes, lease *w
 	}
 	// Earlier chunks' held lanes still bind the other keys: the new run
 	// waits for them as this one would have.
-	rest := &inlineRun{msgs: others, pause: in.pause, prevs: in.prevs, peeled: true,
+	rest := &inlineRun{msgs: others, pause: in.pause, prevs: in.prevs, peeled: true, peeledFrom: head,
 		results: make([]error, len(others)), done: make(chan struct{})}
 	go pc.runInline(ctx, sl, lease, rest, doneCh)
 	return lanes, rest, 0
@@ -736,6 +743,17 @@ func markHolds(lanes []*lane, now time.Time) []*lane {
 
 // slowAt reports whether the lane's running handler has run for
 // laneHoldAfter by now (ln.mu held).
+// runningFor is how long the lane's running handler has run by now, 0
+// when none runs.
+func (ln *lane) runningFor(now time.Time) time.Duration {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if !ln.running || ln.finished {
+		return 0
+	}
+	return now.Sub(ln.started)
+}
+
 func (ln *lane) slowAt(now time.Time) bool {
 	return !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= laneHoldAfter
 }

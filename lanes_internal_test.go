@@ -142,3 +142,38 @@ func TestFanOutPeelsTheSlowKeyFirst(t *testing.T) {
 		t.Errorf("the lanes of a and c handled %v, want [3 4 6]", got)
 	}
 }
+
+// The run a peel left skips the grace before its own split only while the
+// peeled key is still in a long handler: two slow keys at once are slow
+// keys; one slow-looking handler after a peeled key that returned at once
+// may be a busy process, and is looked at again a grace later.
+func TestPeeledRunSplitsAtOnceOnlyBesideASlowKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, headRunning := range []bool{true, false} {
+		lt := newLaneTestConsumer()
+		msgs := chunkOf("a", "b", "a", "b")
+		in := lt.pc.newInline(lt.sl, msgs, false)
+		head := &lane{key: KeyOf("s"), msgs: chunkOf("s"), results: make([]error, 1)}
+		if headRunning {
+			head.running, head.started = true, time.Now().Add(-time.Second)
+		}
+		in.peeled, in.peeledFrom = true, head
+		slowAt(in, 0)
+		in.suspect = time.Time{} // not looked at yet
+		doneCh := make(chan *lane, len(msgs))
+		lanes, rest, wait := lt.pc.fanOut(ctx, lt.sl, nil, in, time.Now(), laneFanOutAfter, doneCh)
+		switch {
+		case rest != nil:
+			t.Fatalf("head running %v: the split of a peeled run left an inline run", headRunning)
+		case headRunning && len(lanes) != 3:
+			t.Errorf("beside a slow peeled key: %d lanes, want the split at once (finished part, a, b)", len(lanes))
+		case !headRunning && (lanes != nil || wait <= 0 || in.suspect.IsZero()):
+			t.Errorf("beside a peeled key that returned: lanes %d, wait %v, suspect %v; want a second look a grace later",
+				len(lanes), wait, in.suspect)
+		}
+		if lanes != nil {
+			<-doneCh // b's lane
+		}
+	}
+}
