@@ -41,11 +41,13 @@ func (q *Queries) ReleaseSlot(ctx context.Context, queue, consumer string, slot 
 	return ok != nil && *ok, err
 }
 
-// ReceivePartitioned calls pgque.receive_partitioned(queue, consumer, slot,
-// nslots, worker, token, max): the slot's next chunk, renewing the lease.
+// ReceivePartitioned calls pgque.receive_partitioned_raw(queue, consumer,
+// slot, nslots, worker, token, max): the slot's next chunk, renewing the
+// lease, payloads as stored (made JSON as receive_partitioned would, see
+// rawPayload).
 func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, max int) ([]Row, error) {
-	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload::pg_catalog.text, retry_count, created_at, partition_key, epoch
-		from pgque.receive_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::int)`,
+	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload, retry_count, created_at, partition_key, epoch
+		from pgque.receive_partitioned_raw($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::int)`,
 		queue, consumer, slot, nslots, worker, token, max)
 	if err != nil {
 		return nil, err
@@ -54,11 +56,11 @@ func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string
 	var out []Row
 	for rows.Next() {
 		var r Row
-		var payload *string
+		var payload []byte
 		if err := rows.Scan(&r.MsgID, &r.BatchID, &r.Type, &payload, &r.RetryCount, &r.CreatedAt, &r.PartitionKey, &r.Epoch); err != nil {
 			return nil, err
 		}
-		r.Payload = payloadBytes(payload)
+		r.Payload = rawPayload(payload)
 		out = append(out, r)
 	}
 	return out, rows.Err()

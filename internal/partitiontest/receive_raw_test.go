@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // stateRecords counts the sub_state records of a plain subscription.
@@ -176,4 +178,99 @@ func receivedIDs(rs []received) []int64 {
 		out[i] = r.ID
 	}
 	return out
+}
+
+// T-receive-partitioned-raw: receive_partitioned_raw hands out the chunks
+// receive_partitioned does, slot by slot (the same events, in the same
+// chunks, with the same epochs), with each payload as stored, and the
+// fenced acknowledgement settles them the same way. Data that is not JSON
+// (insert_event) comes back as stored, where the jsonb form makes it a
+// JSON string.
+func TestReceivePartitionedRawMatches(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	d.createQueue("q")
+	const n = 2
+	d.subscribeSlots("q", "a", n)
+	d.subscribeSlots("q", "b", n)
+	stored := map[int64]string{}
+	for round := range 4 {
+		for i := range 7 {
+			key := fmt.Sprintf("k%d", i%5)
+			// Sent as text: stored as given, spaces and key order included.
+			data := fmt.Sprintf(`{ "z": %d,  "a": [%d] }`, round, i)
+			id := one[int64](t, d.pool, "select pgque.send('q', 't', $1::text, $2)", data, key)
+			stored[id] = data
+		}
+		if round == 2 {
+			id := one[int64](t, d.pool, "select pgque.insert_event('q', 't', 'not json', 'k1', null, null, null)")
+			stored[id] = "not json"
+		}
+		d.tick("q")
+	}
+	ctx := context.Background()
+	type row struct {
+		id, batch, epoch int64
+		payload          string
+	}
+	read := func(sql string, args ...any) []row {
+		t.Helper()
+		rows, err := d.pool.Query(ctx, sql, args...)
+		if err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+			var x row
+			err := r.Scan(&x.id, &x.batch, &x.epoch, &x.payload)
+			return x, err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	seen := 0
+	refsA, refsB := d.claimAll("q", "a", n, "w", 3), d.claimAll("q", "b", n, "w", 3)
+	for slot := range n {
+		sa, sb := refsA[slot], refsB[slot]
+		for range 100 {
+			ta := tokenFor(t, d.pool, "q", "a", slot, "w")
+			tb := tokenFor(t, d.pool, "q", "b", slot, "w")
+			ja := read(`select msg_id, batch_id, epoch, payload::text from pgque.receive_partitioned('q', 'a', $1, $2, 'w', $3::uuid, 3)`, slot, n, ta)
+			rb := read(`select msg_id, batch_id, epoch, payload from pgque.receive_partitioned_raw('q', 'b', $1, $2, 'w', $3::uuid, 3)`, slot, n, tb)
+			if len(ja) != len(rb) {
+				t.Fatalf("slot %d: receive_partitioned gave %d rows, receive_partitioned_raw %d", slot, len(ja), len(rb))
+			}
+			if len(ja) == 0 {
+				break
+			}
+			for i := range ja {
+				a, b := ja[i], rb[i]
+				if a.id != b.id || a.epoch != b.epoch {
+					t.Fatalf("slot %d row %d: jsonb form %+v, raw form %+v", slot, i, a, b)
+				}
+				if b.payload != stored[b.id] {
+					t.Fatalf("raw payload of event %d = %q, want the stored %q", b.id, b.payload, stored[b.id])
+				}
+				want := one[string](t, d.pool, "select coalesce(pgque._payload($1), 'null')::text", stored[b.id])
+				if a.payload != want {
+					t.Fatalf("jsonb payload of event %d = %q, want %q", a.id, a.payload, want)
+				}
+				seen++
+			}
+			for _, s := range []struct {
+				ref slotRef
+				tok *string
+				r   row
+			}{{sa, ta, ja[0]}, {sb, tb, rb[0]}} {
+				if one[int32](t, d.pool, "select pgque.ack_partitioned($1, $2, $3, $4, $5, $6::uuid, $7, $8, $9)",
+					"q", s.ref.c, slot, n, "w", s.tok, s.r.epoch, s.r.batch, s.r.id) < 0 {
+					t.Fatal("ack_partitioned returned a negative count")
+				}
+			}
+		}
+	}
+	if seen != len(stored) {
+		t.Fatalf("the two forms agreed on %d events, want all %d", seen, len(stored))
+	}
 }

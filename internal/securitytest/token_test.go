@@ -58,16 +58,17 @@ func holderCalls(worker string, token *string, p proof) map[string]string {
 	w, tk := lit(&worker), lit(token)
 	h := fmt.Sprintf("'tq', 'tc', 0, 1, %s, %s::uuid", w, tk)
 	return map[string]string{
-		"receive_partitioned":   fmt.Sprintf("select * from pgque.receive_partitioned(%s, 10)", h),
-		"ack_partitioned":       fmt.Sprintf("select pgque.ack_partitioned(%s, %d, %d, %d)", h, p.epoch, p.batch, p.first),
-		"nack_partitioned":      fmt.Sprintf("select pgque.nack_partitioned(%s, %d, '0', 'stolen')", h, p.first),
-		"fenced nack":           fmt.Sprintf("select pgque.nack_partitioned(%s, %d, %d, %d, '0', 'stolen')", h, p.epoch, p.batch, p.first),
-		"release_slot":          fmt.Sprintf("select pgque.release_slot('tq', 'tc', 0, %s, %s::uuid)", w, tk),
-		"hold_key_partitioned":  fmt.Sprintf("select pgque.hold_key_partitioned(%s, %d, %d, 'k', %d)", h, p.epoch, p.batch, p.first),
-		"settle_held":           fmt.Sprintf("select pgque.settle_held_partitioned(%s, %d, 'k', %d, array[%d]::bigint[], '{}', '{}', '{}')", h, p.epoch, p.first, p.first),
-		"release_stale_holds":   fmt.Sprintf("select pgque.release_stale_holds_partitioned(%s)", h),
-		"claim_slot (renew)":    fmt.Sprintf("select epoch, token from pgque.claim_slot('tq', 'tc', 0, %s, '1 hour', %s::uuid)", w, tk),
-		"claim_slot (no token)": fmt.Sprintf("select epoch, token from pgque.claim_slot('tq', 'tc', 0, %s, '1 hour')", w),
+		"receive_partitioned":     fmt.Sprintf("select * from pgque.receive_partitioned(%s, 10)", h),
+		"receive_partitioned_raw": fmt.Sprintf("select * from pgque.receive_partitioned_raw(%s, 10)", h),
+		"ack_partitioned":         fmt.Sprintf("select pgque.ack_partitioned(%s, %d, %d, %d)", h, p.epoch, p.batch, p.first),
+		"nack_partitioned":        fmt.Sprintf("select pgque.nack_partitioned(%s, %d, '0', 'stolen')", h, p.first),
+		"fenced nack":             fmt.Sprintf("select pgque.nack_partitioned(%s, %d, %d, %d, '0', 'stolen')", h, p.epoch, p.batch, p.first),
+		"release_slot":            fmt.Sprintf("select pgque.release_slot('tq', 'tc', 0, %s, %s::uuid)", w, tk),
+		"hold_key_partitioned":    fmt.Sprintf("select pgque.hold_key_partitioned(%s, %d, %d, 'k', %d)", h, p.epoch, p.batch, p.first),
+		"settle_held":             fmt.Sprintf("select pgque.settle_held_partitioned(%s, %d, 'k', %d, array[%d]::bigint[], '{}', '{}', '{}')", h, p.epoch, p.first, p.first),
+		"release_stale_holds":     fmt.Sprintf("select pgque.release_stale_holds_partitioned(%s)", h),
+		"claim_slot (renew)":      fmt.Sprintf("select epoch, token from pgque.claim_slot('tq', 'tc', 0, %s, '1 hour', %s::uuid)", w, tk),
+		"claim_slot (no token)":   fmt.Sprintf("select epoch, token from pgque.claim_slot('tq', 'tc', 0, %s, '1 hour')", w),
 	}
 }
 

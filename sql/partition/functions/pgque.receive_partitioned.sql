@@ -14,21 +14,18 @@ drop function if exists pgque.nack_partitioned(text, text, integer, integer, tex
 drop function if exists pgque.nack_partitioned(text, text, integer, integer, text, bigint, bigint, bigint, interval, text);
 drop function if exists pgque._fenced_lease(text, text, integer, integer, text, bigint, bigint, bigint);
 
--- receive_partitioned(queue, consumer, slot, nslots, worker, token, max):
--- the next chunk of the slot's open batch: events of this slot only, in
--- ev_id order.
-create or replace function pgque.receive_partitioned(i_queue text, i_consumer text, i_slot integer,
-                                                     i_nslots integer, i_worker text, i_token uuid,
-                                                     i_max integer default 100)
-returns table (msg_id bigint, batch_id bigint, type text, payload jsonb, retry_count integer,
-               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text,
-               epoch bigint)
-language plpgsql security definer
+-- _receive_slot(queue, consumer, lease, slot, nslots, max): the body of
+-- both receive forms, for a caller that proved the lease of slot of nslots:
+-- the next chunk of the slot's open batch, events of this slot only, in
+-- ev_id order, payload as stored (text). Not granted.
+create or replace function pgque._receive_slot(i_queue text, i_consumer text, l pgque.slot_lease,
+                                               i_slot integer, i_nslots integer, i_max integer)
+returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
+               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
+language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    v_access boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
     v_sub    text := pgque._slot_name(i_consumer, i_slot, i_nslots);
     v_filter text := pgque._slot_filter(i_slot, i_nslots);
     r        record;
@@ -39,8 +36,7 @@ declare
 begin
     -- Fast path: no blocked key on this slot (always so under skip).
     if not exists (select 1 from pgque.key_block where kb_sub = l.sl_sub) then
-        return query select d.*, l.sl_epoch
-                       from unnest(pgque._as_messages(i_queue, v_sub, i_max, i_slot, i_nslots, i_max::bigint * i_nslots)) d;
+        return query select d.* from pgque._deliver_raw(i_queue, v_sub, i_max, i_slot, i_nslots, i_max::bigint * i_nslots) d;
         if not found then
             -- A sealed slot with nothing left may complete a resize.
             perform pgque._resize_poll(l);
@@ -50,13 +46,14 @@ begin
     -- Pause with blocked keys: defer what must wait; a chunk that was all
     -- deferred is acknowledged here and the next one is fetched. The slot's
     -- blocked keys are read once per call, so rows of healthy keys cost one
-    -- array test, not a lookup.
+    -- array test, not a lookup. The chunk is read whole (a function scan
+    -- runs _deliver_raw to its end) before any of it is deferred.
     perform pgque._release_pending(l.sl_sub);
     v_kids := array(select kb_kid from pgque.key_block where kb_sub = l.sl_sub);
     loop
         v_batch := null;
         v_out := 0;
-        for r in select * from unnest(pgque._as_messages(i_queue, v_sub, i_max, i_slot, i_nslots, i_max::bigint * i_nslots)) loop
+        for r in select * from pgque._deliver_raw(i_queue, v_sub, i_max, i_slot, i_nslots, i_max::bigint * i_nslots) loop
             v_batch := r.batch_id;
             if not ((case when r.partition_key is null then 'n' else 'k' || r.partition_key end) = any(v_kids))
                or pgque._pause_keep(l.sl_sub, r.batch_id, r.msg_id, r.partition_key) then
@@ -70,12 +67,11 @@ begin
                 extra2 := r.extra2;
                 extra3 := r.extra3;
                 extra4 := r.extra4;
-                epoch := l.sl_epoch;
                 return next;
                 v_out := v_out + 1;
             else
                 perform pgque._defer_row(l.sl_sub, pgque._kid(r.partition_key), r.msg_id, r.created_at,
-                                         r.retry_count, r.type, r.payload::text, r.partition_key,
+                                         r.retry_count, r.type, r.payload, r.partition_key,
                                          r.extra2, r.extra3, r.extra4);
             end if;
         end loop;
@@ -89,6 +85,62 @@ begin
         v_round := v_round + 1;
         exit when v_round >= 100;
     end loop;
+end;
+$$;
+
+-- receive_partitioned(queue, consumer, slot, nslots, worker, token, max):
+-- the next chunk of the slot's open batch: events of this slot only, in
+-- ev_id order, payload as jsonb (data that is not JSON, which only
+-- insert_event can store, becomes a JSON string; see _payload).
+create or replace function pgque.receive_partitioned(i_queue text, i_consumer text, i_slot integer,
+                                                     i_nslots integer, i_worker text, i_token uuid,
+                                                     i_max integer default 100)
+returns table (msg_id bigint, batch_id bigint, type text, payload jsonb, retry_count integer,
+               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text,
+               epoch bigint)
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_access boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
+    l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
+    v_rows   pgque.message[];
+begin
+    -- The chunk is made whole before it is returned: a payload that is
+    -- not JSON fails the cast, and the chunk is read again (its state
+    -- change was rolled back with the cast) with such payloads as strings.
+    begin
+        v_rows := array(select row(d.msg_id, d.batch_id, d.type, d.payload::jsonb, d.retry_count, d.created_at,
+                                   d.partition_key, d.extra2, d.extra3, d.extra4)::pgque.message
+                          from pgque._receive_slot(i_queue, i_consumer, l, i_slot, i_nslots, i_max) d);
+    exception when data_exception or program_limit_exceeded then
+        v_rows := array(select row(d.msg_id, d.batch_id, d.type, pgque._payload(d.payload), d.retry_count, d.created_at,
+                                   d.partition_key, d.extra2, d.extra3, d.extra4)::pgque.message
+                          from pgque._receive_slot(i_queue, i_consumer, l, i_slot, i_nslots, i_max) d);
+    end;
+    return query select m.*, l.sl_epoch from unnest(v_rows) m;
+end;
+$$;
+
+-- receive_partitioned_raw(queue, consumer, slot, nslots, worker, token,
+-- max): receive_partitioned with the payload as stored (text), as
+-- receive_raw is receive: no jsonb is built or printed per event, which
+-- is most of a chunk's server time for small events. What the Go
+-- PartitionedConsumer calls.
+create or replace function pgque.receive_partitioned_raw(i_queue text, i_consumer text, i_slot integer,
+                                                         i_nslots integer, i_worker text, i_token uuid,
+                                                         i_max integer default 100)
+returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
+               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text,
+               epoch bigint)
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_access boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
+    l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
+begin
+    return query select d.*, l.sl_epoch from pgque._receive_slot(i_queue, i_consumer, l, i_slot, i_nslots, i_max) d;
 end;
 $$;
 
