@@ -51,6 +51,18 @@ func startBenchTicker(b *testing.B, client *pgque.Client) {
 	b.Cleanup(func() { _ = tk.Stop(context.Background()) })
 }
 
+// waitDrained waits until a benchmark's handler closed all, having
+// handled total events (done counts them), and fails the benchmark after
+// five minutes.
+func waitDrained(b *testing.B, all <-chan struct{}, done *atomic.Int64, total int) {
+	b.Helper()
+	select {
+	case <-all:
+	case <-time.After(5 * time.Minute):
+		b.Fatalf("drained %d of %d events", done.Load(), total)
+	}
+}
+
 // percentile returns the p-th percentile (0..100) of sorted durations.
 func percentile(sorted []time.Duration, p float64) time.Duration {
 	if len(sorted) == 0 {
@@ -204,11 +216,7 @@ func drainRate(b *testing.B, n, events int) float64 {
 	if err := pc.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
-	select {
-	case <-all:
-	case <-time.After(5 * time.Minute):
-		b.Fatalf("drained %d of %d events", done.Load(), events)
-	}
+	waitDrained(b, all, &done, events)
 	elapsed := time.Since(start)
 	b.StopTimer()
 	if err := pc.Stop(ctx); err != nil {

@@ -64,11 +64,7 @@ func BenchmarkConsumerDrain(b *testing.B) {
 		if err := con.Start(ctx); err != nil {
 			b.Fatal(err)
 		}
-		select {
-		case <-all:
-		case <-time.After(5 * time.Minute):
-			b.Fatalf("drained %d of %d", done.Load(), total)
-		}
+		waitDrained(b, all, &done, total)
 		elapsed := time.Since(start)
 		pprof.StopCPUProfile()
 		b.StopTimer()

@@ -82,11 +82,7 @@ func fastDrainRate(b *testing.B, n, events, perSlot int) float64 {
 	if err := pc.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
-	select {
-	case <-all:
-	case <-time.After(5 * time.Minute):
-		b.Fatalf("drained %d of %d events", done.Load(), events)
-	}
+	waitDrained(b, all, &done, events)
 	elapsed := time.Since(start)
 	b.StopTimer()
 	if err := pc.Stop(ctx); err != nil {
@@ -185,11 +181,7 @@ func hotDrainRate(b *testing.B, events int, withHot bool) float64 {
 	if err := pc.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
-	select {
-	case <-all:
-	case <-time.After(5 * time.Minute):
-		b.Fatalf("drained %d of %d events", done.Load(), others)
-	}
+	waitDrained(b, all, &done, others)
 	b.StopTimer()
 	stopCtx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
