@@ -51,9 +51,8 @@ func (q *Queries) AttachedTables(ctx context.Context) ([]AttachedTable, error) {
 // DedupWindow reads queue's dedup_window (the default when it never set
 // one); ok is false for an unknown queue.
 func (q *Queries) DedupWindow(ctx context.Context, queue string) (window time.Duration, ok bool, err error) {
-	err = q.db.QueryRow(ctx, `select coalesce(d.qd_window, interval '5 minutes')
-		from pgque.queue q left join pgque.queue_dedup d on d.qd_queue operator(pg_catalog.=) q.queue_id
-		where q.queue_name operator(pg_catalog.=) $1::pg_catalog.text`, queue).Scan(&window)
+	err = q.db.QueryRow(ctx, `select coalesce(queue_dedup_window, interval '5 minutes')
+		from pgque.queue where queue_name operator(pg_catalog.=) $1::pg_catalog.text`, queue).Scan(&window)
 	if err == pgx.ErrNoRows {
 		return 0, false, nil
 	}

@@ -2,6 +2,7 @@ package enginetest
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -45,10 +46,12 @@ func waitLocked[T any](t testing.TB, q db, pid uint32, done <-chan T) {
 	}
 }
 
-// backdate moves every dedup record and the generation switch back by d,
-// as if d had passed.
+// backdate moves every dedup key back by d, as if d had passed: the keyed
+// events (a key's time is its event's ev_time), the records of reused
+// keys, and the last generation switch.
 func backdate(t testing.TB, q db, d string) {
 	t.Helper()
+	exec(t, q, `update pgque.event set ev_time = ev_time - $1::interval where ev_dedup is not null`, d)
 	exec(t, q, `update pgque.dedup_0 set dd_time = dd_time - $1::interval`, d)
 	exec(t, q, `update pgque.dedup_1 set dd_time = dd_time - $1::interval`, d)
 	backdateSwitch(t, q, d)
@@ -60,8 +63,8 @@ func backdateSwitch(t testing.TB, q db, d string) {
 	exec(t, q, `update pgque.dedup_state set ds_switch_time = ds_switch_time - $1::interval`, d)
 }
 
-// dedupRecords counts the records in generation gen (0 or 1), or in both
-// for -1.
+// dedupRecords counts the records of reused keys in generation gen (0 or
+// 1), or in both for -1.
 func dedupRecords(t testing.TB, q db, gen int) int64 {
 	t.Helper()
 	switch gen {
@@ -71,6 +74,13 @@ func dedupRecords(t testing.TB, q db, gen int) int64 {
 		return scalar[int64](t, q, `select count(*) from pgque.dedup_1`)
 	}
 	return dedupRecords(t, q, 0) + dedupRecords(t, q, 1)
+}
+
+// keyedEvents counts the events of queue q that hold their dedup key.
+func keyedEvents(t testing.TB, q db) int64 {
+	t.Helper()
+	return scalar[int64](t, q, `select count(*) from pgque.event e join pgque.queue qu on e.ev_part / 16 = qu.queue_id
+		where qu.queue_name = 'q' and e.ev_dedup is not null`)
 }
 
 // TestDedupSameKey: the same key twice in one transaction and in two
@@ -229,18 +239,17 @@ func TestDedupAfterRollback(t *testing.T) {
 	}
 }
 
-// TestDedupWindow: once the window has passed, the key sends a new event
-// (its expired record is reused in place); within it, it does not. The
-// window is per queue.
+// TestDedupWindow: once the window has passed, the key sends a new event;
+// within it, it does not. The window is per queue.
 func TestDedupWindow(t *testing.T) {
 	_, pool := setupEngine(t)
 	newQueue(t, pool, "other")
 	exec(t, pool, `select pgque.set_queue_config('q', 'dedup_window', '10 seconds')`)
-	if w := scalar[string](t, pool, `select qd_window::text from pgque.queue_dedup d join pgque.queue q on q.queue_id = d.qd_queue where q.queue_name = 'q'`); w != "00:00:10" {
+	if w := scalar[string](t, pool, `select queue_dedup_window::text from pgque.queue where queue_name = 'q'`); w != "00:00:10" {
 		t.Fatalf("window stored as %s", w)
 	}
-	if n := scalar[int64](t, pool, `select count(*) from pgque.queue_dedup d join pgque.queue q on q.queue_id = d.qd_queue where q.queue_name = 'other'`); n != 0 {
-		t.Fatalf("queue without a window set has %d window rows (the default, 5 minutes, needs none)", n)
+	if w := scalar[*string](t, pool, `select queue_dedup_window::text from pgque.queue where queue_name = 'other'`); w != nil {
+		t.Fatalf("queue without a window set stores %s (the default, 5 minutes, needs nothing)", *w)
 	}
 	first := sendKey(t, pool, "w")
 	backdate(t, pool, "9 seconds")
@@ -258,8 +267,22 @@ func TestDedupWindow(t *testing.T) {
 	if n := eventCount(t, pool); n != 2 {
 		t.Fatalf("%d events, want 2", n)
 	}
-	if n := dedupRecords(t, pool, -1); n != 1 {
-		t.Fatalf("%d dedup records for one key, want 1", n)
+	// The expired event still holds the key's place in the current table,
+	// so the reuse is recorded once in the generation tables; a third send
+	// a window later overwrites that record rather than adding one.
+	if n, k := dedupRecords(t, pool, -1), keyedEvents(t, pool); n != 1 || k != 1 {
+		t.Fatalf("%d reuse records and %d keyed events for one key, want 1 and 1", n, k)
+	}
+	backdate(t, pool, "11 seconds")
+	third := sendKey(t, pool, "w")
+	if third == second || third == first {
+		t.Fatal("a window after the reuse the key still returned an old event")
+	}
+	if id := sendKey(t, pool, "w"); id != third {
+		t.Fatalf("the third event is not remembered: %d, want %d", id, third)
+	}
+	if n, e := dedupRecords(t, pool, -1), eventCount(t, pool); n != 1 || e != 3 {
+		t.Fatalf("%d reuse records and %d events, want 1 and 3", n, e)
 	}
 	// The default window applies to a queue that set none: 5 minutes.
 	o1 := scalar[int64](t, pool, `select pgque.send('other', 't', '{}', null, 'w')`)
@@ -273,33 +296,42 @@ func TestDedupWindow(t *testing.T) {
 	}
 }
 
-// TestDedupAcrossRotation: a key recorded in the previous generation still
-// deduplicates after a rotation; rotation waits for an open sender; a
-// rotation a window later truncates the old generation and
-// frees its keys, so storage stays bounded.
+// TestDedupAcrossRotation: a key keeps deduplicating after its event table
+// is retired; a sender waiting for an open sender of its key finds that
+// sender's event in the table retired meanwhile; a reused key is found
+// across a rotation too; rotation keeps a retired table holding keys for
+// the window (rotation_blockers says so) and then truncates it, freeing
+// its keys.
 func TestDedupAcrossRotation(t *testing.T) {
 	ctx := context.Background()
 	dsn, pool := setupEngine(t)
+	exec(t, pool, `select pgque.unsubscribe('q', 'c')`) // no consumer pins a table
 	exec(t, pool, `select pgque.set_queue_config('q', 'dedup_window', '1 minute')`)
-	cur := func() int32 {
-		return scalar[int32](t, pool, `select ds_cur from pgque.dedup_state`)
+	exec(t, pool, `select pgque.set_queue_config('q', 'rotation_period', '1 ms')`)
+	rotate := func(want int32) {
+		t.Helper()
+		maintRotate(t, pool)
+		if c := curTable(t, pool); c != want {
+			t.Fatalf("current table %d, want %d", c, want)
+		}
 	}
 	old := sendKey(t, pool, "old")
+	reused := sendKey(t, pool, "reused")
+	exec(t, pool, `update pgque.event set ev_time = ev_time - interval '2 minutes' where ev_id = $1`, reused)
+	reused = sendKey(t, pool, "reused") // expired in table 0: sent again, recorded as a reuse
+	if n := dedupRecords(t, pool, -1); n != 1 {
+		t.Fatalf("%d reuse records, want 1", n)
+	}
 
-	// While a transaction that sent a key is open it holds both
-	// generations, so rotation waits for it (and retries at the next
-	// maint()); a second sender of its key waits for it too.
+	// A sender with an open transaction holds its key; rotation does not
+	// wait for it.
 	c1, c2 := pgtest.Conn(t, dsn), pgtest.Conn(t, dsn)
 	tx, err := c1.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	race := sendKey(t, tx, "race")
-	backdateSwitch(t, pool, "2 minutes")
-	exec(t, pool, `select pgque.maint()`)
-	if c := cur(); c != 0 {
-		t.Fatalf("rotated to generation %d while a sender was inside generation 0", c)
-	}
+	rotate(1)
 	done := make(chan int64, 1)
 	go func() {
 		var id int64
@@ -313,57 +345,133 @@ func TestDedupAcrossRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	if id := <-done; id != race {
-		t.Fatalf("second sender got %d, want %d", id, race)
+		t.Fatalf("second sender got %d, want %d (the first's, in the retired table)", id, race)
 	}
-	exec(t, pool, `select pgque.maint()`)
-	if c := cur(); c != 1 {
-		t.Fatalf("current generation %d after rotation, want 1", c)
+	for key, want := range map[string]int64{"old": old, "race": race, "reused": reused} {
+		if id := sendKey(t, pool, key); id != want {
+			t.Fatalf("key %s after a rotation: %d, want %d", key, id, want)
+		}
 	}
-	if id := sendKey(t, pool, "race"); id != race {
-		t.Fatalf("key in the previous generation: %d, want %d", id, race)
-	}
+	fresh := sendKey(t, pool, "fresh") // in table 1
+	rotate(2)
 	if id := sendKey(t, pool, "old"); id != old {
-		t.Fatalf("key in the previous generation: %d, want %d", id, old)
-	}
-	fresh := sendKey(t, pool, "fresh") // in generation 1
-	if n := dedupRecords(t, pool, 1); n != 1 {
-		t.Fatalf("%d records in generation 1, want 1 (fresh)", n)
+		t.Fatalf("key two tables back: %d, want %d", id, old)
 	}
 
-	// A window later the next rotation truncates generation 0 and makes it
-	// current: "old" is free again, "fresh" (generation 1) still counts.
-	exec(t, pool, `update pgque.dedup_0 set dd_time = dd_time - interval '2 minutes'`)
-	backdateSwitch(t, pool, "2 minutes")
-	exec(t, pool, `select pgque.maint()`)
-	if c := cur(); c != 0 {
-		t.Fatalf("current generation %d after the second rotation, want 0", c)
+	// Table 0 holds keys and was retired less than a window ago: rotation
+	// keeps it, and says why.
+	rotate(2)
+	why := scalar[string](t, pool, `select what from pgque.rotation_blockers() where queue = 'q' and kind = 'retention'`)
+	if !strings.Contains(why, "dedup_window") {
+		t.Fatalf("rotation_blockers: %q", why)
 	}
-	if n := dedupRecords(t, pool, 0); n != 0 {
-		t.Fatalf("generation 0 holds %d records after its truncation", n)
+	if id := sendKey(t, pool, "race"); id != race {
+		t.Fatalf("key in the held table: %d, want %d", id, race)
+	}
+
+	// A window after its retirement it is truncated and made current: its
+	// keys are free, table 1's are not.
+	exec(t, pool, `update pgque.event set ev_time = ev_time - interval '2 minutes' where ev_part % 16 = 0`)
+	exec(t, pool, `update pgque.dedup_0 set dd_time = dd_time - interval '2 minutes'`)
+	exec(t, pool, `update pgque.dedup_1 set dd_time = dd_time - interval '2 minutes'`)
+	exec(t, pool, `update pgque.queue set queue_retired[1] = queue_retired[1] - interval '2 minutes' where queue_name = 'q'`)
+	rotate(0)
+	if n := scalar[int64](t, pool, `select count(*) from pgque.event_1_0`); n != 0 {
+		t.Fatalf("table 0 holds %d events after its truncation", n)
 	}
 	if id := sendKey(t, pool, "fresh"); id != fresh {
-		t.Fatalf("fresh after rotation: %d, want %d", id, fresh)
+		t.Fatalf("key in table 1: %d, want %d", id, fresh)
 	}
-	if id := sendKey(t, pool, "old"); id == old {
-		t.Fatal("old key still deduplicated after its generation was truncated")
+	for _, key := range []string{"old", "race", "reused"} {
+		if id := sendKey(t, pool, key); id == old || id == race || id == reused {
+			t.Fatalf("key %s still deduplicated after its table was truncated", key)
+		}
 	}
-	// maint() does not rotate again before the window has passed, and the
-	// generations turn at the pace of the longest window of any queue.
+
+	// The generation tables of reused keys turn at the pace of the longest
+	// window of any queue.
+	gen := func() int32 { return scalar[int32](t, pool, `select ds_cur from pgque.dedup_state`) }
+	backdateSwitch(t, pool, "2 minutes")
 	exec(t, pool, `select pgque.maint()`)
-	if c := cur(); c != 0 {
-		t.Fatalf("rotated again early: generation %d", c)
+	if g := gen(); g != 1 {
+		t.Fatalf("generation %d after a window, want 1", g)
 	}
 	newQueue(t, pool, "slow")
 	exec(t, pool, `select pgque.set_queue_config('slow', 'dedup_window', '1 hour')`)
 	backdateSwitch(t, pool, "2 minutes")
 	exec(t, pool, `select pgque.maint()`)
-	if c := cur(); c != 0 {
-		t.Fatalf("rotated after 2 minutes although queue slow keeps keys for an hour: generation %d", c)
+	if g := gen(); g != 1 {
+		t.Fatalf("generations turned after 2 minutes although queue slow keeps keys for an hour: %d", g)
 	}
 	backdateSwitch(t, pool, "1 hour")
 	exec(t, pool, `select pgque.maint()`)
-	if c := cur(); c != 1 {
-		t.Fatalf("no rotation after the longest window: generation %d", c)
+	if g := gen(); g != 0 {
+		t.Fatalf("no turn after the longest window: generation %d", g)
+	}
+	if n := dedupRecords(t, pool, -1); n != 0 {
+		t.Fatalf("%d reuse records two windows on, want 0", n)
+	}
+}
+
+// TestDedupRepeatableReadUnseen: a REPEATABLE READ sender whose snapshot
+// predates a committed send of its key (no lock to wait for) fails with
+// 40001 rather than storing a duplicate, through send and send_batch.
+func TestDedupRepeatableReadUnseen(t *testing.T) {
+	ctx := context.Background()
+	dsn, pool := setupEngine(t)
+	for i, call := range []string{
+		`select pgque.send('q', 't', '{}', 'p', $1)`,
+		`select pgque.send_batch('q', 't', array['{}']::jsonb[], dedup_keys => array[$1])`,
+	} {
+		key := fmt.Sprintf("rr%d", i)
+		c := pgtest.Conn(t, dsn)
+		tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		exec(t, tx, "select 1") // takes the transaction snapshot now
+		sendKey(t, pool, key)
+		_, err = tx.Exec(ctx, call, key)
+		wantCode(t, call+" under repeatable read", err, "40001")
+		_ = tx.Rollback(ctx)
+		if n := eventCount(t, pool); n != int64(i+1) {
+			t.Fatalf("%d events, want %d", n, i+1)
+		}
+	}
+}
+
+// TestDedupUpgradeMovesKeys: an install over the layout that kept every
+// key in the generation tables and the window in pgque.queue_dedup moves
+// the window into the queue row and each key's newest record into its
+// event's row, so the keys keep deduplicating.
+func TestDedupUpgradeMovesKeys(t *testing.T) {
+	dsn, pool := setupEngine(t)
+	a := scalar[int64](t, pool, `select pgque.send('q', 't', '{}', 'p')`)
+	b := scalar[int64](t, pool, `select pgque.send('q', 't', '{}', 'p')`)
+	// The earlier layout, by hand: no key column, the window in a table of
+	// its own, key "k" stored twice (an expired record for event a, the
+	// live one for event b) and "gone" for an event no longer stored.
+	exec(t, pool, `alter table pgque.event drop column ev_dedup`)
+	exec(t, pool, `create table pgque.queue_dedup (qd_queue integer primary key, qd_window interval not null)`)
+	exec(t, pool, `insert into pgque.queue_dedup select queue_id, '10 minutes' from pgque.queue where queue_name = 'q'`)
+	exec(t, pool, `update pgque.queue set queue_dedup_window = null`)
+	exec(t, pool, `insert into pgque.dedup_0 select queue_id, 'k', $1, now() - interval '20 minutes' from pgque.queue where queue_name = 'q'`, a)
+	exec(t, pool, `insert into pgque.dedup_1 select queue_id, 'k', $1, now() from pgque.queue where queue_name = 'q'`, b)
+	exec(t, pool, `insert into pgque.dedup_1 select queue_id, 'gone', 999999, now() from pgque.queue where queue_name = 'q'`)
+
+	reinstall(t, dsn)
+
+	if w := scalar[string](t, pool, `select queue_dedup_window::text from pgque.queue where queue_name = 'q'`); w != "00:10:00" {
+		t.Fatalf("window after the upgrade: %s", w)
+	}
+	if reg := scalar[*string](t, pool, `select to_regclass('pgque.queue_dedup')::text`); reg != nil {
+		t.Fatalf("%s still exists", *reg)
+	}
+	if got := column[int64](t, pool, `select ev_id from pgque.event where ev_dedup = 'k'`); len(got) != 1 || got[0] != b {
+		t.Fatalf("events holding key k: %v, want [%d]", got, b)
+	}
+	if id := sendKey(t, pool, "k"); id != b {
+		t.Fatalf("key k after the upgrade: %d, want %d", id, b)
 	}
 }
 

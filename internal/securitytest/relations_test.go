@@ -21,7 +21,7 @@ var relations = map[string]string{
 	"batch_id_seq":          "",
 	"dead_letter":           "a",
 	"dead_letter_dl_id_seq": "",
-	"dedup_0":               "", // dedup keys may be application secrets: no direct access
+	"dedup_0":               "", // records of reused dedup keys: no direct access, like event tables
 	"dedup_1":               "",
 	"dedup_state":           "a",
 	"deferred":              "a",
@@ -35,7 +35,6 @@ var relations = map[string]string{
 	"partition_slot_stalls": "rwa",
 	"queue":                 "a",
 	"queue_grant":           "a",
-	"queue_dedup":           "a",
 	"queue_id_seq":          "",
 	"retry_queue":           "a",
 	"slot_group":            "",

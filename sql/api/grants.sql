@@ -32,5 +32,5 @@ grant execute on function
     pgque._table_source_forget(text, regclass)
     to pgque_admin;
 
-select pgque._grant_select(array['pgque.queue_dedup', 'pgque.dedup_state', 'pgque.table_source']::regclass[],
+select pgque._grant_select(array['pgque.dedup_state', 'pgque.table_source']::regclass[],
     array['pgque_admin']::regrole[]);

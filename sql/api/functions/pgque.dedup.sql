@@ -1,19 +1,21 @@
 -- Producer dedup: an idempotency key on send/send_batch, remembered per
 -- queue for a window (set_queue_config(queue, 'dedup_window', ...), default
--- 5 minutes). Storage and rotation are described in api/structure/dedup.sql.
--- Keys are per queue: records carry the queue id.
+-- 5 minutes). Storage and rotation are described in api/structure/dedup.sql:
+-- the key is kept in its event's row. Keys are per queue (each event table
+-- belongs to one queue).
 --
 -- Concurrency. Senders of one key in one queue are serialised by a
 -- transaction-scoped advisory lock on hashtextextended(key,
 -- hashtext(queue)) (from the name, so no lookup precedes the lock): the
 -- second waits until the first commits or rolls back, then (READ COMMITTED:
--- each statement takes a new snapshot) sees the first's record and returns
--- its ev_id, or finds none and sends. The lock covers both generations
--- (see _dedup_rotate for why a rotation in between changes nothing). Under REPEATABLE READ
--- or SERIALIZABLE the waiter's snapshot cannot see what the first one
--- committed, so instead of sending a duplicate it fails with SQLSTATE 40001
--- (retry the transaction); the unique index raises the same for a record it
--- cannot see. A hash collision between two keys only makes one wait for the
+-- each statement takes a new snapshot) sees the first's event and returns
+-- its ev_id, or finds none and sends. The lock covers every event table of
+-- the queue and both generation tables, so a rotation between two senders
+-- changes nothing. Under REPEATABLE READ or SERIALIZABLE the waiter's
+-- snapshot cannot see what the first one committed, so instead of sending
+-- a duplicate it fails with SQLSTATE 40001 (retry the transaction); the
+-- unique index raises the same for a row of the current table it cannot
+-- see. A hash collision between two keys only makes one wait for the
 -- other.
 
 -- _dedup_set_window(queue_id, value): the 'dedup_window' queue setting.
@@ -34,8 +36,7 @@ begin
         raise exception using errcode = 'PQ011',
             message = format('dedup_window must be between 1 second and 7 days, not %s', i_value);
     end if;
-    insert into pgque.queue_dedup (qd_queue, qd_window) values (i_queue_id, v_ivl)
-    on conflict (qd_queue) do update set qd_window = excluded.qd_window;
+    update pgque.queue set queue_dedup_window = v_ivl where queue_id = i_queue_id;
 end;
 $$;
 
@@ -45,9 +46,10 @@ $$;
 -- taken before its sender read which generation is current, so a sender
 -- that read it just before a switch writes into the older generation a
 -- record no younger than the switch: a window later it is expired there
--- too. A keyed send that stored a record has read both generations, so the
--- truncate also waits for its transaction to end. It waits at most 200 ms
--- and otherwise tries again at the next maint(). Returns 1 when it rotated.
+-- too (a record's time is its transaction's start). The truncate waits for
+-- every transaction that read or wrote the generation; it waits at most
+-- 200 ms and otherwise tries again at the next maint(). Returns 1 when it
+-- rotated.
 -- Not granted: maint() calls it.
 create or replace function pgque._dedup_rotate()
 returns integer language plpgsql
@@ -69,8 +71,8 @@ begin
     if not exists (select 1 from pgque.dedup_0) and not exists (select 1 from pgque.dedup_1) then
         return 0;
     end if;
-    select coalesce(max(coalesce(d.qd_window, interval '5 minutes')), interval '5 minutes') into v_max
-      from pgque.queue q left join pgque.queue_dedup d on d.qd_queue = q.queue_id;
+    select coalesce(max(coalesce(queue_dedup_window, interval '5 minutes')), interval '5 minutes') into v_max
+      from pgque.queue;
     if clock_timestamp() - s.ds_switch_time < v_max + interval '1 second' then
         return 0;
     end if;
@@ -92,9 +94,40 @@ begin
 end;
 $$;
 
+-- _dedup_rotate_hold(queue_id, table_no): the 'rotate' hook. A table that
+-- stopped being current less than the queue's window ago and holds keyed
+-- events keeps them: every such row is at most as old as that moment, so
+-- once the window has passed since then, none is within it. Returns why
+-- the table is kept, or NULL. Not granted: rotation calls it.
+create or replace function pgque._dedup_rotate_hold(i_queue_id integer, i_table integer)
+returns text language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_retired timestamptz;
+    v_window  interval;
+    v_keys    boolean;
+begin
+    select queue_retired[i_table + 1], coalesce(queue_dedup_window, interval '5 minutes')
+      into v_retired, v_window
+      from pgque.queue where queue_id = i_queue_id;
+    if v_retired is null or v_retired <= clock_timestamp() - v_window then
+        return null;
+    end if;
+    execute format('select exists (select 1 from %s where ev_part = $1 and ev_dedup is not null)',
+                   pgque._event_table(i_queue_id, i_table)) into v_keys using i_queue_id * 16 + i_table;
+    if not v_keys then
+        return null;
+    end if;
+    return format('dedup keys in the table written until %s are kept until %s (dedup_window %s)',
+                  v_retired, v_retired + v_window, v_window);
+end;
+$$;
+
 insert into pgque.layer_hook (hook_kind, hook_name, hook_fn) values
     ('queue_config', 'dedup_window', 'pgque._dedup_set_window(integer, text)'),
-    ('maint', 'dedup_rotate', 'pgque._dedup_rotate()')
+    ('maint', 'dedup_rotate', 'pgque._dedup_rotate()'),
+    ('rotate', 'dedup_window', 'pgque._dedup_rotate_hold(integer, integer)')
 on conflict (hook_kind, hook_name) do update set hook_fn = excluded.hook_fn;
 
 -- _dedup_check_keys(keys): raises PQ063 for an empty key or one longer
@@ -152,105 +185,187 @@ begin
 end;
 $$;
 
--- _dedup_send(queue, type, data, partition_key, dedup_key): with the key's
--- lock held (_dedup_lock), returns the ev_id recorded for the key within
--- the queue's window, or sends the event, records it and returns its
--- ev_id. The queue row, its window and the current generation are read
--- after the lock, so a sender that waited writes where things are now.
--- Static SQL only (plans cached).
--- Tables: reads pgque.queue, queue_dedup, dedup_state, dedup_0/1; inserts
--- into pgque.event and dedup_0/1 (updates a record only to reuse one past
--- its window).
+-- _dedup_side_find(queue_id, key, expire): the ev_id of the key's record
+-- in the generation tables written after expire, or NULL. Not granted.
+create or replace function pgque._dedup_side_find(i_queue_id integer, i_key text, i_expire timestamptz)
+returns bigint language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_id bigint;
+begin
+    select dd_ev_id into v_id from pgque.dedup_0
+     where dd_queue = i_queue_id and dd_key = i_key and dd_time > i_expire;
+    if not found then
+        select dd_ev_id into v_id from pgque.dedup_1
+         where dd_queue = i_queue_id and dd_key = i_key and dd_time > i_expire;
+    end if;
+    return v_id;
+end;
+$$;
+
+-- _dedup_side_record(queue_id, key, ev_id): records a reused key in the
+-- current generation, overwriting the key's expired record there if it has
+-- one. With the key's lock held under READ COMMITTED every committed record
+-- is visible; under a transaction snapshot a record committed since it was
+-- taken is not, and the unique index turns it into a serialisation
+-- failure. Not granted.
+create or replace function pgque._dedup_side_record(i_queue_id integer, i_key text, i_ev_id bigint)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if (select ds_cur from pgque.dedup_state) = 0 then
+        update pgque.dedup_0 set dd_ev_id = i_ev_id, dd_time = now() where dd_queue = i_queue_id and dd_key = i_key;
+        if not found then
+            insert into pgque.dedup_0 (dd_queue, dd_key, dd_ev_id, dd_time) values (i_queue_id, i_key, i_ev_id, now())
+            on conflict (dd_queue, dd_key) do nothing;
+        end if;
+    else
+        update pgque.dedup_1 set dd_ev_id = i_ev_id, dd_time = now() where dd_queue = i_queue_id and dd_key = i_key;
+        if not found then
+            insert into pgque.dedup_1 (dd_queue, dd_key, dd_ev_id, dd_time) values (i_queue_id, i_key, i_ev_id, now())
+            on conflict (dd_queue, dd_key) do nothing;
+        end if;
+    end if;
+    if not found then
+        raise exception using errcode = '40001',
+            message = 'could not serialize send: a concurrent transaction sent the same dedup key; retry the transaction';
+    end if;
+end;
+$$;
+
+-- _dedup_send(queue, type, data, partition_key, dedup_key, how): with the
+-- key's lock held (_dedup_lock), returns the ev_id of the key's event
+-- within the queue's window, or sends the event with the key and returns
+-- its ev_id. The queue row is read after the lock, so a sender that waited
+-- writes where things are now.
+--
+-- The common case, a fresh key with no rotation in the last window, is
+-- one INSERT into the current table: the index that refuses a second row
+-- of the key is also the lookup. For a single send (how 'single') the
+-- refusal is caught as a unique_violation, which costs a subtransaction;
+-- INSERT ... ON CONFLICT into the partitioned parent costs more (mapping
+-- the arbiter index to the partition scans pg_inherits on every call).
+-- send_batch, whose subtransactions would pile up (past 64 they slow
+-- every snapshot in the database), uses ON CONFLICT (how 'batch'). send
+-- runs the common case inline and, when the index refused its INSERT,
+-- passes how 'held' (the current table holds the key: no second try).
+-- Only when the index
+-- refuses (a retry, or a key reused after its window) is the existing row
+-- read; only for a window after a rotation are the retired tables probed;
+-- only a key whose expired row is found consults the generation tables.
+-- Those rarer steps name their table with dynamic SQL, from the queue id
+-- and table number (a query on pgque.event would plan and lock every
+-- queue's tables; the name is built here as _event_table builds it, whose
+-- SET clause made each call plan its body again). The window is measured back from now; a key's time is
+-- the start of the transaction that sent it.
+-- Tables: reads pgque.queue, the queue's event tables (and dedup_state,
+-- dedup_0/1); inserts into pgque.event (and dedup_0/1).
 -- No SET search_path: it is granted to no one and called only by send and
 -- send_batch, SECURITY DEFINER functions that pin search_path, whose
 -- setting it runs under; the SET clause cost a keyed send about 3% of its
 -- server instructions.
+drop function if exists pgque._dedup_send(text, text, text, text, text);
+drop function if exists pgque._dedup_send(text, text, text, text, text, boolean);
 create or replace function pgque._dedup_send(
-    i_queue text, i_type text, i_data text, i_partition_key text, i_dedup_key text)
+    i_queue text, i_type text, i_data text, i_partition_key text, i_dedup_key text, i_how text)
 returns bigint language plpgsql
 as $$
 declare
-    v_now    timestamptz := clock_timestamp();
-    v_qid    integer;
-    v_part   integer;
-    v_seq    regclass;
-    v_window interval;
-    v_cur    integer;
-    v_rid    bigint;
-    v_rtime  timestamptz;
-    v_rgen   integer;
-    v_id     bigint;
     v_confined boolean;
+    v_qid      integer;
+    v_cur      integer;
+    v_ntab     integer;
+    v_seq      regclass;
+    v_switch   timestamptz;
+    v_retired  timestamptz[];
+    v_expire   timestamptz;
+    v_side     boolean := false;
+    v_n        integer;
+    v_id       bigint;
+    v_rid      bigint;
+    v_rtime    timestamptz;
 begin
-    -- The queue, its window and the current generation.
-    select 'produce' = any (q.queue_confined), q.queue_id, q.queue_id * 16 + q.queue_cur_table, q.queue_event_seq,
-           coalesce((select d.qd_window from pgque.queue_dedup d where d.qd_queue = q.queue_id), interval '5 minutes'),
-           (select s.ds_cur from pgque.dedup_state s)
-      into v_confined, v_qid, v_part, v_seq, v_window, v_cur
-      from pgque.queue q where q.queue_name = i_queue;
+    select 'produce' = any (queue_confined), queue_id, queue_cur_table, queue_ntables, queue_event_seq,
+           queue_switch_time, queue_retired, clock_timestamp() - coalesce(queue_dedup_window, interval '5 minutes')
+      into v_confined, v_qid, v_cur, v_ntab, v_seq, v_switch, v_retired, v_expire
+      from pgque.queue where queue_name = i_queue;
     if not found then
         perform pgque._raise_no_queue(i_queue);
     end if;
     if v_confined then
         perform pgque._authorize_id(v_qid, 'produce'); -- access check
     end if;
-    -- The key's newest record, live or not: in the current generation if
-    -- it is there, else in the other one. Separate static probes (one
-    -- index lookup each) cost less than one statement over both.
-    if v_cur = 0 then
-        select dd_ev_id, dd_time into v_rid, v_rtime from pgque.dedup_0 where dd_queue = v_qid and dd_key = i_dedup_key;
-        if found then
-            v_rgen := 0;
-        else
-            select dd_ev_id, dd_time into v_rid, v_rtime from pgque.dedup_1 where dd_queue = v_qid and dd_key = i_dedup_key;
-        end if;
-    else
-        select dd_ev_id, dd_time into v_rid, v_rtime from pgque.dedup_1 where dd_queue = v_qid and dd_key = i_dedup_key;
-        if found then
-            v_rgen := 1;
-        else
-            select dd_ev_id, dd_time into v_rid, v_rtime from pgque.dedup_0 where dd_queue = v_qid and dd_key = i_dedup_key;
+
+    -- A table retired within the window may hold the key's event (the
+    -- last switch is the newest retirement).
+    if v_switch > v_expire and v_retired is not null then
+        for v_n in 0 .. v_ntab - 1 loop
+            continue when v_n = v_cur or not coalesce(v_retired[v_n + 1] > v_expire, false);
+            execute format('select ev_id, ev_time from pgque.%I where ev_part = $1 and ev_dedup = $2',
+                           'event_' || v_qid || '_' || v_n)
+               into v_rid, v_rtime using v_qid * 16 + v_n, i_dedup_key;
+            if v_rtime > v_expire then
+                return v_rid;
+            end if;
+            -- An expired event: the key may have been reused since.
+            v_side := v_side or v_rid is not null;
+        end loop;
+        if v_side then
+            v_rid := pgque._dedup_side_find(v_qid, i_dedup_key, v_expire);
+            if v_rid is not null then
+                return v_rid;
+            end if;
         end if;
     end if;
-    if v_rtime > v_now - v_window then
+
+    v_id := nextval(v_seq);
+    if i_how = 'held' then
+        null; -- the caller's INSERT was refused: the current table holds the key
+    elsif i_how = 'single' then
+        begin
+            insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)
+            values (v_id, v_qid * 16 + v_cur, i_type, i_data, i_partition_key, i_dedup_key);
+            return v_id;
+        exception when unique_violation then
+            null; -- the current table holds the key: below
+        end;
+    else
+        insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)
+        values (v_id, v_qid * 16 + v_cur, i_type, i_data, i_partition_key, i_dedup_key)
+        on conflict (ev_part, ev_dedup) where ev_dedup is not null do nothing;
+        if found then
+            return v_id;
+        end if;
+    end if;
+
+    -- The current table holds an event of the key: within the window it is
+    -- the answer (v_id is left unused, as a rolled-back send leaves one).
+    execute format('select ev_id, ev_time from pgque.%I where ev_part = $1 and ev_dedup = $2',
+                   'event_' || v_qid || '_' || v_cur)
+       into v_rid, v_rtime using v_qid * 16 + v_cur, i_dedup_key;
+    if v_rid is null then
+        -- Committed after this transaction's snapshot (REPEATABLE READ):
+        -- the index sees it, the snapshot does not.
+        raise exception using errcode = '40001',
+            message = 'could not serialize send: a concurrent transaction sent the same dedup key; retry the transaction';
+    end if;
+    if v_rtime > v_expire then
         return v_rid;
     end if;
-    -- The event, as _insert_event writes it (inlined: this is the hot path).
-    v_id := nextval(v_seq);
-    insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
-    values (v_id, v_part, i_type, i_data, i_partition_key);
-
-    if v_rgen = v_cur then
-        -- A record past its window in the current generation: reuse it.
-        if v_cur = 0 then
-            update pgque.dedup_0 set dd_ev_id = v_id, dd_time = v_now where dd_queue = v_qid and dd_key = i_dedup_key;
-        else
-            update pgque.dedup_1 set dd_ev_id = v_id, dd_time = v_now where dd_queue = v_qid and dd_key = i_dedup_key;
-        end if;
-    elsif current_setting('transaction_isolation') = 'read committed' then
-        -- The key's lock is held and the lookup saw every committed record,
-        -- so the key is not in the current generation: a plain insert.
-        if v_cur = 0 then
-            insert into pgque.dedup_0 (dd_queue, dd_key, dd_ev_id, dd_time) values (v_qid, i_dedup_key, v_id, v_now);
-        else
-            insert into pgque.dedup_1 (dd_queue, dd_key, dd_ev_id, dd_time) values (v_qid, i_dedup_key, v_id, v_now);
-        end if;
-    else
-        -- Under a transaction snapshot a record committed since it was
-        -- taken is invisible to the lookup: the unique index still sees
-        -- it, and a conflict is a serialisation failure.
-        if v_cur = 0 then
-            insert into pgque.dedup_0 (dd_queue, dd_key, dd_ev_id, dd_time) values (v_qid, i_dedup_key, v_id, v_now)
-            on conflict (dd_queue, dd_key) do nothing;
-        else
-            insert into pgque.dedup_1 (dd_queue, dd_key, dd_ev_id, dd_time) values (v_qid, i_dedup_key, v_id, v_now)
-            on conflict (dd_queue, dd_key) do nothing;
-        end if;
-        if not found then
-            raise exception using errcode = '40001',
-                message = 'could not serialize send: a concurrent transaction sent the same dedup key; retry the transaction';
+    if not v_side then
+        v_rid := pgque._dedup_side_find(v_qid, i_dedup_key, v_expire);
+        if v_rid is not null then
+            return v_rid;
         end if;
     end if;
+    -- The key is reused after its window, and its expired event still
+    -- holds the key's place in this table: the new event goes in without
+    -- the key, which is recorded in the generation tables instead.
+    insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
+    values (v_id, v_qid * 16 + v_cur, i_type, i_data, i_partition_key);
+    perform pgque._dedup_side_record(v_qid, i_dedup_key, v_id);
     return v_id;
 end;
 $$;

@@ -39,3 +39,26 @@ begin
     return true;
 end;
 $$;
+
+-- _rotate_hold(queue_id, table_no): why a layer keeps rotation from
+-- truncating a queue's table table_no now (the first 'rotate' hook, in
+-- name order, that says so), or NULL when none does. Called with the
+-- table locked, so its contents cannot change under the hooks. Not
+-- granted: _rotate and rotation_blockers call it.
+create or replace function pgque._rotate_hold(i_queue_id integer, i_table integer)
+returns text language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_fn  regprocedure;
+    v_why text;
+begin
+    for v_fn in select hook_fn from pgque.layer_hook where hook_kind = 'rotate' order by hook_name loop
+        execute format('select %s($1, $2)', v_fn::regproc) into v_why using i_queue_id, i_table;
+        if v_why is not null then
+            return v_why;
+        end if;
+    end loop;
+    return null;
+end;
+$$;

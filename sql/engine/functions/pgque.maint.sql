@@ -10,7 +10,8 @@
 -- dead, so "no subscription's cursor is behind a row of this table" is a
 -- plain, complete check. Rows below the oldest cursor's xmin are visible
 -- to every cursor, so the check reads only the index range above it.
--- Space is only ever reclaimed by TRUNCATE; no event row is deleted.
+-- Space is only ever reclaimed by TRUNCATE; no event row is deleted. A
+-- layer's 'rotate' hook can hold a table a while longer (_rotate_hold).
 
 -- _rotate(queue_id): rotates a queue's tables when due and safe.
 -- Returns 1 when rotated, 0 otherwise.
@@ -71,9 +72,18 @@ begin
         end if;
     end if;
 
-    -- Step 1: reclaim the oldest table. Step 2: make it current.
+    -- A layer may still need the table's rows (dedup keys within their
+    -- window): rotate later.
+    if pgque._rotate_hold(q.queue_id, v_next) is not null then
+        return 0;
+    end if;
+
+    -- Step 1: reclaim the oldest table. Step 2: make it current, and note
+    -- when the table it replaces stopped being written.
     execute format('truncate %s', v_tbl);
-    update pgque.queue set queue_cur_table = v_next, queue_switch_time = clock_timestamp()
+    update pgque.queue set queue_cur_table = v_next, queue_switch_time = clock_timestamp(),
+                           queue_retired[q.queue_cur_table + 1] = clock_timestamp(),
+                           queue_retired[v_next + 1] = null
      where queue_id = q.queue_id;
     return 1;
 end;

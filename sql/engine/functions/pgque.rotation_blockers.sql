@@ -8,12 +8,16 @@
 -- was promised. The remedies are unregister_consumer / unsubscribe (admin)
 -- for a subscription and pg_terminate_backend(pid) for a session.
 --
--- Returns one row per blocker: queue, kind ('subscription' or 'session'),
--- what (the subscription's name or the session's pid, role and
--- application), and since (the subscription's last batch time, or the
--- start of the session's transaction). Only queues whose rotation is due
+-- A layer can also hold the oldest table for a while after its last write
+-- (the dedup keys in it are within their window); that passes by itself.
+--
+-- Returns one row per blocker: queue, kind ('subscription', 'session' or
+-- 'retention'), what (the subscription's name; the session's pid, role and
+-- application; what the layer keeps and until when), and since (the
+-- subscription's last batch time, the start of the session's transaction,
+-- or when the held table stopped being written). Only queues whose rotation is due
 -- (rotation_period passed) are listed. Tables: queue, subscription, tick;
--- pg_locks, pg_stat_activity.
+-- pg_locks, pg_stat_activity; and what the 'rotate' hooks read.
 create or replace function pgque.rotation_blockers()
 returns table (queue text, kind text, what text, since timestamptz)
 language sql stable security definer
@@ -38,5 +42,10 @@ as $$
      where l.locktype = 'relation' and l.relation = 'pgque.queue'::regclass and l.granted
        and l.mode = 'RowShareLock' and a.pid <> pg_backend_pid()
        and a.state in ('idle in transaction', 'idle in transaction (aborted)')
+    union all
+    select d.queue_name, 'retention', h.why, d.queue_retired[(d.queue_cur_table + 1) % d.queue_ntables + 1]
+      from due d
+      cross join lateral (select pgque._rotate_hold(d.queue_id, (d.queue_cur_table + 1) % d.queue_ntables) as why) h
+     where h.why is not null
     order by 1, 2, 4;
 $$;

@@ -64,6 +64,15 @@ create table if not exists pgque.event (
 
 select pgque._create_index('event_txid_idx', $ddl$create index event_txid_idx on pgque.event (ev_txid)$ddl$);
 
+-- ev_dedup: an idempotency key, unique within an event table (the
+-- partial index holds no entry for the NULL of an event without one).
+-- The api layer's dedup keys live here (api/structure/dedup.sql): a keyed
+-- send writes its key into its own event row, and that index is the
+-- lookup.
+select pgque._add_column('pgque.event', 'ev_dedup', $ddl$alter table pgque.event add column ev_dedup text$ddl$);
+select pgque._create_index('event_dedup_idx',
+    $ddl$create unique index event_dedup_idx on pgque.event (ev_part, ev_dedup) where ev_dedup is not null$ddl$);
+
 -- Earlier versions gave every partition a CHECK (ev_part = n) so that
 -- ATTACH PARTITION would not scan it. The partition constraint says the
 -- same, and a CHECK costs every INSERT a parse and plan of its expression
@@ -105,6 +114,21 @@ create table if not exists pgque.subscription (
     sub_registered timestamptz not null default now(),
     unique (sub_queue, sub_name)
 ) with (fillfactor = 50);
+
+-- queue_retired[n + 1]: when table n last stopped being current (NULL
+-- while it is current, and for a table never current since this column
+-- exists). Written by rotation only, with queue_switch_time, which is
+-- therefore the newest of these times. Every row of a retired table was
+-- written by a transaction that began before that time: a layer that must
+-- keep a table's rows for a while after its last write (the dedup keys of
+-- the api layer) reads its age from here (see the 'rotate' hooks).
+select pgque._add_column('pgque.queue', 'queue_retired', $ddl$alter table pgque.queue add column queue_retired timestamptz[]$ddl$);
+
+-- queue_dedup_window: how long the queue remembers a dedup key (NULL: 5
+-- minutes). Set through set_queue_config(queue, 'dedup_window', ...) by
+-- the api layer, which gives it its meaning; kept in the queue row, which
+-- every send reads anyway.
+select pgque._add_column('pgque.queue', 'queue_dedup_window', $ddl$alter table pgque.queue add column queue_dedup_window interval$ddl$);
 
 -- sub_until_tick: when set, the subscription is sealed at that tick and
 -- never opens a batch past it (see _open_batch). Written once per online
@@ -191,11 +215,28 @@ select pgque._create_index('deferred_group_idx', $ddl$create index deferred_grou
 -- settings and maintenance without the engine knowing what they are:
 -- set_queue_config hands a parameter it does not know to the 'queue_config'
 -- hook of that name, called as fn(queue_id integer, value text); maint()
--- calls every 'maint' hook as fn() returning integer (operations done).
--- Written only by the install; the functions named are the owner's.
+-- calls every 'maint' hook as fn() returning integer (operations done);
+-- rotation asks every 'rotate' hook, as fn(queue_id integer, table_no
+-- integer) returning text, whether it may truncate that table (NULL: yes;
+-- otherwise why not). Written only by the install; the functions named are
+-- the owner's.
 create table if not exists pgque.layer_hook (
-    hook_kind text not null check (hook_kind in ('queue_config', 'maint')),
+    hook_kind text not null check (hook_kind in ('queue_config', 'maint', 'rotate')),
     hook_name text not null,
     hook_fn   regprocedure not null,
     primary key (hook_kind, hook_name)
 );
+
+-- The 'rotate' hook kind is newer than the table: widen the check of an
+-- older install (only then: ALTER TABLE locks the table).
+do $hook_kinds$
+begin
+    if not exists (select 1 from pg_catalog.pg_constraint
+                    where conrelid = 'pgque.layer_hook'::regclass and contype = 'c'
+                      and pg_catalog.pg_get_constraintdef(oid) like '%rotate%') then
+        alter table pgque.layer_hook drop constraint if exists layer_hook_hook_kind_check;
+        alter table pgque.layer_hook add constraint layer_hook_hook_kind_check
+            check (hook_kind in ('queue_config', 'maint', 'rotate'));
+    end if;
+end
+$hook_kinds$;
