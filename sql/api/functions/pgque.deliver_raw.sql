@@ -22,17 +22,19 @@
 -- the subscription's lock and the call appends at most one record, the
 -- final state; a poll that finds nothing, or a redelivery, appends none.
 -- Tables: event, tick (read), sub_state (insert), subscription (lock).
-create or replace function pgque._deliver_raw(i_queue text, i_sub text, i_max integer,
-                                              i_slot integer, i_nslots integer, i_span bigint,
-                                              i_ack_batch bigint default null)
-returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
-               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
-language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
+-- _deliver_raw has a second entry point, receive_raw (api/functions/
+-- pgque.receive.sql documents it), made from the same body here: a
+-- PL/pgSQL function that returns another's rows with RETURN QUERY copies
+-- every row into a second result store, a fifth of the read's server time
+-- when receive_raw called _deliver_raw. The body is one constant of this
+-- script; the entry point adds its own parameters' aliases (at
+-- <declare>) and its access checks (at <entry>).
+do $deliver_raw$
+declare
+    v_body constant text := $body$
 #variable_conflict use_column
 declare
-    v_sub    integer;
+/*<declare>*/    v_sub    integer;
     v_queue  integer;
     st       pgque.sub_state;
     v_dirty  boolean := false;
@@ -46,7 +48,7 @@ declare
     v_last   bigint;
     v_all    boolean;
 begin
-    if i_max is null then
+/*<entry>*/    if i_max is null then
         raise exception using errcode = '22004', message = 'max must not be NULL';
     end if;
     if i_max < 1 or i_max > 100000 then
@@ -182,7 +184,37 @@ begin
         perform pgque._put_state(st);
     end if;
 end;
-$$;
+$body$;
+begin
+    execute format($ddl$
+create or replace function pgque._deliver_raw(i_queue text, i_sub text, i_max integer,
+                                              i_slot integer, i_nslots integer, i_span bigint,
+                                              i_ack_batch bigint default null)
+returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
+               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as %L$ddl$, replace(replace(v_body, '/*<declare>*/', ''), '/*<entry>*/', ''));
+
+    execute format($ddl$
+create or replace function pgque.receive_raw(i_queue text, i_consumer text, i_max integer default 100,
+                                             i_ack_batch bigint default null)
+returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
+               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as %L$ddl$, replace(replace(v_body,
+        '/*<declare>*/', $decl$    i_sub    text := i_consumer;
+    i_slot   integer;
+    i_nslots integer;
+    i_span   bigint := i_max;
+$decl$),
+        '/*<entry>*/', $entry$    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
+    perform pgque._not_null('consumer name', i_consumer);
+    perform pgque._refuse_slot(i_consumer);
+$entry$));
+end
+$deliver_raw$;
 
 -- _as_messages(queue, subscription, max, slot, nslots, span): the chunk
 -- _deliver_raw hands out, with payloads as jsonb, for the functions whose

@@ -40,20 +40,11 @@ $$;
 -- from that batch is acknowledged (as ack would) and the next chunk is
 -- returned, in one call and one transaction. ack_batch must be the
 -- consumer's open batch (PQ020 otherwise, and nothing is acknowledged).
-create or replace function pgque.receive_raw(i_queue text, i_consumer text, i_max integer default 100,
-                                             i_ack_batch bigint default null)
-returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
-               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
-language plpgsql security definer
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    perform pgque._not_null('consumer name', i_consumer);
-    perform pgque._refuse_slot(i_consumer);
-    return query select * from pgque._deliver_raw(i_queue, i_consumer, i_max, null, null, i_max, i_ack_batch);
-end;
-$$;
+-- Defined in api/functions/pgque.deliver_raw.sql, from _deliver_raw's
+-- body: receive_raw(i_queue, i_consumer, i_max default 100, i_ack_batch
+-- default null), SECURITY DEFINER, the access checks first (consume on the
+-- queue; no slot subscription), then _deliver_raw(queue, consumer, max,
+-- no slot, span max, ack_batch) run in place.
 
 -- ack(batch_id): acknowledges the chunk the last receive returned. Returns
 -- 1 when the batch is finished, 0 when more of it remains to be received.
