@@ -243,15 +243,15 @@ $$;
 --
 -- The common case, a fresh key with no rotation in the last window, is
 -- one INSERT into the current table: the index that refuses a second row
--- of the key is also the lookup. For a single send (how 'single') the
+-- of the key is also the lookup. With how 'catch' (a single send) the
 -- refusal is caught as a unique_violation, which costs a subtransaction;
 -- INSERT ... ON CONFLICT into the partitioned parent costs more (mapping
 -- the arbiter index to the partition scans pg_inherits on every call).
 -- send_batch, whose subtransactions would pile up (past 64 they slow
--- every snapshot in the database), uses ON CONFLICT (how 'batch'). send
--- runs the common case inline and, when the index refused its INSERT,
--- passes how 'held' (the current table holds the key: no second try).
--- Only when the index
+-- every snapshot in the database), uses ON CONFLICT (how 'on conflict').
+-- send runs the common case inline and, when the index refused its
+-- INSERT, calls this with 'on conflict' (the refusal is then expected, and
+-- a rotation in between cannot make it wrong). Only when the index
 -- refuses (a retry, or a key reused after its window) is the existing row
 -- read; only for a window after a rotation are the retired tables probed;
 -- only a key whose expired row is found consults the generation tables.
@@ -321,9 +321,7 @@ begin
     end if;
 
     v_id := nextval(v_seq);
-    if i_how = 'held' then
-        null; -- the caller's INSERT was refused: the current table holds the key
-    elsif i_how = 'single' then
+    if i_how = 'catch' then
         begin
             insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)
             values (v_id, v_qid * 16 + v_cur, i_type, i_data, i_partition_key, i_dedup_key);

@@ -74,10 +74,10 @@ begin
             return v_id;
         exception when unique_violation then
             -- sent before: _dedup_send finds it
-            return pgque._dedup_send(i_queue, i_type, i_payload::text, i_partition_key, i_dedup_key, 'held');
+            return pgque._dedup_send(i_queue, i_type, i_payload::text, i_partition_key, i_dedup_key, 'on conflict');
         end;
     end if;
-    return pgque._dedup_send(i_queue, i_type, i_payload::text, i_partition_key, i_dedup_key, 'single');
+    return pgque._dedup_send(i_queue, i_type, i_payload::text, i_partition_key, i_dedup_key, 'catch');
 end;
 $$;
 
@@ -153,10 +153,10 @@ begin
             values (v_id, v_part, i_type, i_payload, i_partition_key, i_dedup_key);
             return v_id;
         exception when unique_violation then
-            return pgque._dedup_send(i_queue, i_type, i_payload, i_partition_key, i_dedup_key, 'held');
+            return pgque._dedup_send(i_queue, i_type, i_payload, i_partition_key, i_dedup_key, 'on conflict');
         end;
     end if;
-    return pgque._dedup_send(i_queue, i_type, i_payload, i_partition_key, i_dedup_key, 'single');
+    return pgque._dedup_send(i_queue, i_type, i_payload, i_partition_key, i_dedup_key, 'catch');
 end;
 $$;
 
@@ -255,7 +255,7 @@ begin
                 v_ids := v_ids || pgque._insert_event(i_queue, i_type, i_payloads[v_i], i_partition_keys[v_i], null, null, null);
             else
                 v_ids := v_ids || pgque._dedup_send(i_queue, i_type, i_payloads[v_i],
-                                                    i_partition_keys[v_i], i_dedup_keys[v_i], 'batch');
+                                                    i_partition_keys[v_i], i_dedup_keys[v_i], 'on conflict');
             end if;
         end loop;
         return v_ids;
