@@ -48,11 +48,16 @@ func TestHandlerDeadLetterNow(t *testing.T) {
 	if d := dls[0]; d.EventID != id || d.Reason != "tenant was deleted" || d.RetryCount != 0 {
 		t.Fatalf("dead letter %+v: want event %d, the handler's reason, no retries", d, id)
 	}
-	if n := obs.total(pgque.MetricEventsRetried); n != 0 {
-		t.Fatalf("%v retries scheduled, want none", n)
-	}
+	// The counters move once the settling transaction has committed, just
+	// after the dead letter became visible: wait for that, then check.
+	waitFor(t, 20*time.Second, "the dead-lettered counter", func() bool {
+		return obs.total(pgque.MetricEventsDeadLettered) >= 1
+	})
 	if n := obs.total(pgque.MetricEventsDeadLettered); n != 1 {
 		t.Fatalf("dead-lettered counter %v, want 1", n)
+	}
+	if n := obs.total(pgque.MetricEventsRetried); n != 0 {
+		t.Fatalf("%v retries scheduled, want none", n)
 	}
 	if got := c.snapshot(); len(got) != 1 {
 		t.Fatalf("handled %d times, want once", len(got))
