@@ -257,8 +257,7 @@ $$;
 -- only a key whose expired row is found consults the generation tables.
 -- Those rarer steps name their table with dynamic SQL, from the queue id
 -- and table number (a query on pgque.event would plan and lock every
--- queue's tables; the name is built here as _event_table builds it, whose
--- SET clause made each call plan its body again). The window is measured back from now; a key's time is
+-- queue's tables). The window is measured back from now; a key's time is
 -- the start of the transaction that sent it.
 -- Tables: reads pgque.queue, the queue's event tables (and dedup_state,
 -- dedup_0/1); inserts into pgque.event (and dedup_0/1).
@@ -303,8 +302,8 @@ begin
     if v_switch > v_expire and v_retired is not null then
         for v_n in 0 .. v_ntab - 1 loop
             continue when v_n = v_cur or not coalesce(v_retired[v_n + 1] > v_expire, false);
-            execute format('select ev_id, ev_time from pgque.%I where ev_part = $1 and ev_dedup = $2',
-                           'event_' || v_qid || '_' || v_n)
+            execute format('select ev_id, ev_time from %s where ev_part = $1 and ev_dedup = $2',
+                           pgque._event_table(v_qid, v_n))
                into v_rid, v_rtime using v_qid * 16 + v_n, i_dedup_key;
             if v_rtime > v_expire then
                 return v_rid;
@@ -340,8 +339,8 @@ begin
 
     -- The current table holds an event of the key: within the window it is
     -- the answer (v_id is left unused, as a rolled-back send leaves one).
-    execute format('select ev_id, ev_time from pgque.%I where ev_part = $1 and ev_dedup = $2',
-                   'event_' || v_qid || '_' || v_cur)
+    execute format('select ev_id, ev_time from %s where ev_part = $1 and ev_dedup = $2',
+                   pgque._event_table(v_qid, v_cur))
        into v_rid, v_rtime using v_qid * 16 + v_cur, i_dedup_key;
     if v_rid is null then
         -- Committed after this transaction's snapshot (REPEATABLE READ):

@@ -8,7 +8,8 @@
 -- write partition_key => 'tenant-42', dedup_key => 'req-7'; the body uses
 -- i_ aliases. With a dedup key, a send of a key already sent to this queue
 -- within its dedup_window returns the first event's ev_id and stores
--- nothing (pgque.dedup.sql); without one the feature costs one test.
+-- nothing (pgque.dedup.sql); without one the feature costs one test here
+-- and the key index's predicate test on the insert.
 drop function if exists pgque.send(text, text, jsonb, text);
 create or replace function pgque.send(queue text, type text, payload jsonb, partition_key text,
                                       dedup_key text default null)

@@ -104,8 +104,11 @@ begin
 end;
 $$;
 
--- _event_table(queue_id, n): the name of a queue's n-th event table.
+-- _event_table(queue_id, n): the name of a queue's n-th event table. No
+-- SET clause, every name qualified instead: a SET keeps a SQL function
+-- from being inlined, and each call then planned its body again (a keyed
+-- send that found its key in a table paid for that on every call).
 create or replace function pgque._event_table(i_queue_id integer, i_n integer)
 returns text language sql immutable
-set search_path = pg_catalog, pg_temp
-as $$ select 'pgque.' || quote_ident('event_' || i_queue_id || '_' || i_n) $$;
+as $$ select 'pgque.' operator(pg_catalog.||) pg_catalog.quote_ident('event_' operator(pg_catalog.||)
+          i_queue_id::pg_catalog.text operator(pg_catalog.||) '_' operator(pg_catalog.||) i_n::pg_catalog.text) $$;
