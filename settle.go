@@ -101,9 +101,12 @@ var chunkSeq atomic.Uint64
 
 func toMessages(rows []dbq.Row, queue, consumer string, slot int) []*Message {
 	msgs := make([]*Message, len(rows))
+	// One allocation for the chunk's messages, not one each.
+	slab := make([]Message, len(rows))
 	chunk := chunkSeq.Add(1)
 	for i, r := range rows {
-		m := &Message{
+		m := &slab[i]
+		*m = Message{
 			ID: r.MsgID, Queue: queue, Consumer: consumer, Type: r.Type, Payload: r.Payload,
 			RetryCount: r.RetryCount, CreatedAt: r.CreatedAt, BatchID: r.BatchID, Slot: slot, Epoch: r.Epoch,
 			Chunk: chunk,

@@ -80,18 +80,7 @@ func (q *Queries) Receive(ctx context.Context, queue, consumer string, max int) 
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []Row
-	for rows.Next() {
-		var r Row
-		var payload *string
-		if err := rows.Scan(&r.MsgID, &r.BatchID, &r.Type, &payload, &r.RetryCount, &r.CreatedAt, &r.PartitionKey); err != nil {
-			return nil, err
-		}
-		r.Payload = payloadBytes(payload)
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return readChunk(rows, false, jsonbPayload)
 }
 
 // ReceiveRaw calls pgque.receive_raw(queue, consumer, max, ack_batch): when
@@ -105,18 +94,7 @@ func (q *Queries) ReceiveRaw(ctx context.Context, queue, consumer string, max in
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []Row
-	for rows.Next() {
-		var r Row
-		var payload []byte
-		if err := rows.Scan(&r.MsgID, &r.BatchID, &r.Type, &payload, &r.RetryCount, &r.CreatedAt, &r.PartitionKey); err != nil {
-			return nil, err
-		}
-		r.Payload = rawPayload(payload)
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return readChunk(rows, false, rawPayload)
 }
 
 // rawPayload is a payload as stored, made JSON the way receive makes it:
@@ -163,11 +141,11 @@ func retryArg(d time.Duration) *time.Duration {
 	return &d
 }
 
-// payloadBytes turns a jsonb rendered as text into bytes; SQL NULL becomes
-// the JSON literal null so handlers always get valid JSON.
-func payloadBytes(s *string) []byte {
-	if s == nil {
+// jsonbPayload is a payload receive returned: JSON already (the server
+// printed it from jsonb), SQL NULL the JSON literal null.
+func jsonbPayload(b []byte) []byte {
+	if b == nil {
 		return []byte("null")
 	}
-	return []byte(*s)
+	return b
 }

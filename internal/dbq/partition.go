@@ -52,18 +52,7 @@ func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []Row
-	for rows.Next() {
-		var r Row
-		var payload []byte
-		if err := rows.Scan(&r.MsgID, &r.BatchID, &r.Type, &payload, &r.RetryCount, &r.CreatedAt, &r.PartitionKey, &r.Epoch); err != nil {
-			return nil, err
-		}
-		r.Payload = rawPayload(payload)
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return readChunk(rows, true, rawPayload)
 }
 
 // Delivery names the chunk a slot handed out: the lease epoch and batch id it
