@@ -116,22 +116,30 @@ begin
                 message = format('ticks %s/%s of batch %s are missing', st.st_last_tick, st.st_next_tick, st.st_batch);
         end if;
         v_xip := array(select pg_snapshot_xip(v_prev));
-        -- The batch's next max+1 rows past the acknowledged ones, cut to
-        -- the chunk by count and byte budget, returned in ev_id order. The
-        -- row after the chunk says whether it reaches the batch's end. The
-        -- chunk's last row notes its ev_id and that fact in the
-        -- transaction-local setting pgque.chunk_end as it goes out, so the
-        -- rows are read, cut and returned by one plan-cached statement
-        -- with no second pass (a CTE to count them costs about as much as
-        -- the read itself).
+        -- The batch's next max+1 rows past the acknowledged ones, returned
+        -- in ev_id order up to max. One window over that set, whole, gives
+        -- each row its number, and every row the set's count and bytes:
+        -- the row after the chunk (number max+1) says whether the chunk
+        -- reaches the batch's end, and the chunk's last row notes its ev_id
+        -- and that fact in the transaction-local setting pgque.chunk_end
+        -- as it goes out, so the rows are read, cut and returned by one
+        -- plan-cached statement with no second pass (a CTE to count them
+        -- costs about as much as the read itself). A running sum per row,
+        -- or lead() to look at the next one, would cost a fifth more
+        -- server time per event; the byte budget only needs them when the
+        -- set's bytes pass it, and then this statement returns nothing,
+        -- says so in the setting, and the one below cuts the chunk. The
+        -- quals are complete on their own (each row's test implies it is
+        -- in the chunk), whatever order the planner gives them; CASE fixes
+        -- the order of the two tests.
+        perform set_config('pgque.chunk_end', '', true);
         return query
         select x.ev_id, st.st_batch, x.ev_type, x.ev_data, coalesce(x.ev_retry, 0), x.ev_time,
                x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4
           from (select e.*,
                        row_number() over w as rn,
-                       sum(octet_length(e.ev_data)) over w as run,
-                       lead(e.ev_id) over w as nxt,
-                       lead(octet_length(e.ev_data)) over w as nxt_len
+                       count(*) over w as cnt,
+                       sum(octet_length(e.ev_data)) over w as bytes
                   from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                                ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
                           from pgque.event ev
@@ -146,17 +154,50 @@ begin
                                          else (hashtextextended(ev.ev_extra1, 0) % i_nslots + i_nslots) % i_nslots end) = i_slot)
                          order by ev.ev_id
                          limit i_max + 1) e
-                window w as (order by e.ev_id rows unbounded preceding)) x
-         where x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
-           -- The chunk's last row: the max-th, the batch's last, or the last
-           -- within the byte budget. The test is complete on its own (it
-           -- implies the row is in the chunk), whatever order the planner
-           -- gives the quals.
-           and (not (x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
-                     and (x.rn = i_max or x.nxt is null or coalesce(x.run, 0) + coalesce(x.nxt_len, 0) > v_budget))
-                or set_config('pgque.chunk_end', x.ev_id::text || case when x.nxt is null then ' all' else ' more' end,
-                              true) is not null)
+                window w as (order by e.ev_id rows between unbounded preceding and unbounded following)) x
+         where x.rn <= i_max
+           and case when coalesce(x.bytes, 0) > v_budget
+                    then x.rn = 1 and set_config('pgque.chunk_end', 'over', true) is null
+                    else x.rn < least(x.cnt, i_max)
+                         or (x.rn = least(x.cnt, i_max)
+                             and set_config('pgque.chunk_end', x.ev_id::text || case when x.cnt <= i_max then ' all' else ' more' end,
+                                            true) is not null)
+               end
          order by x.ev_id;
+        if not found and current_setting('pgque.chunk_end') = 'over' then
+            -- More bytes than the budget in the next max+1 events: cut the
+            -- chunk by a running sum, the last row within the budget (at
+            -- least one row) looking at the size of the next.
+            return query
+            select x.ev_id, st.st_batch, x.ev_type, x.ev_data, coalesce(x.ev_retry, 0), x.ev_time,
+                   x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4
+              from (select e.*,
+                           row_number() over w as rn,
+                           sum(octet_length(e.ev_data)) over w as run,
+                           lead(e.ev_id) over w as nxt,
+                           lead(octet_length(e.ev_data)) over w as nxt_len
+                      from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
+                                   ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
+                              from pgque.event ev
+                             where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
+                               and ((ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur))
+                                    or ev.ev_txid = any(v_xip))
+                               and pg_visible_in_snapshot(ev.ev_txid, v_cur)
+                               and (ev.ev_owner is null or ev.ev_owner = v_sub)
+                               and ev.ev_id > coalesce(st.st_acked_to, -1)
+                               and (i_nslots is null or i_nslots = 1
+                                    or (case when ev.ev_extra1 is null then 0
+                                             else (hashtextextended(ev.ev_extra1, 0) % i_nslots + i_nslots) % i_nslots end) = i_slot)
+                             order by ev.ev_id
+                             limit i_max + 1) e
+                    window w as (order by e.ev_id rows unbounded preceding)) x
+             where x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
+               and (not (x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
+                         and (x.rn = i_max or x.nxt is null or coalesce(x.run, 0) + coalesce(x.nxt_len, 0) > v_budget))
+                    or set_config('pgque.chunk_end', x.ev_id::text || case when x.nxt is null then ' all' else ' more' end,
+                                  true) is not null)
+             order by x.ev_id;
+        end if;
         if found then
             v_end := current_setting('pgque.chunk_end');
             v_last := split_part(v_end, ' ', 1)::bigint;
