@@ -31,7 +31,24 @@
 -- <declare>) and its access checks (at <entry>).
 do $deliver_raw$
 declare
-    v_body constant text := $body$
+    -- The rows both chunk statements cut: the batch's next max+1 rows
+    -- past the acknowledged ones, for this consumer (and slot), in ev_id
+    -- order. Written once, put in at <rows>.
+    v_rows constant text := $rows$(select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
+                 ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
+            from pgque.event ev
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
+             and ((ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur))
+                  or ev.ev_txid = any(v_xip))
+             and pg_visible_in_snapshot(ev.ev_txid, v_cur)
+             and (ev.ev_owner is null or ev.ev_owner = v_sub)
+             and ev.ev_id > coalesce(st.st_acked_to, -1)
+             and (i_nslots is null or i_nslots = 1
+                  or (case when ev.ev_extra1 is null then 0
+                           else (hashtextextended(ev.ev_extra1, 0) % i_nslots + i_nslots) % i_nslots end) = i_slot)
+           order by ev.ev_id
+           limit i_max + 1)$rows$;
+    v_body constant text := replace($body$
 #variable_conflict use_column
 declare
 /*<declare>*/    v_sub    integer;
@@ -116,8 +133,8 @@ begin
                 message = format('ticks %s/%s of batch %s are missing', st.st_last_tick, st.st_next_tick, st.st_batch);
         end if;
         v_xip := array(select pg_snapshot_xip(v_prev));
-        -- The batch's next max+1 rows past the acknowledged ones, returned
-        -- in ev_id order up to max. One window over that set, whole, gives
+        -- The batch's next max+1 rows past the acknowledged ones (<rows>,
+        -- above), returned in ev_id order up to max. One window over that set, whole, gives
         -- each row its number, and every row the set's count and bytes:
         -- the row after the chunk (number max+1) says whether the chunk
         -- reaches the batch's end, and the chunk's last row notes its ev_id
@@ -140,20 +157,7 @@ begin
                        row_number() over w as rn,
                        count(*) over w as cnt,
                        sum(octet_length(e.ev_data)) over w as bytes
-                  from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
-                               ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
-                          from pgque.event ev
-                         where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
-                           and ((ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur))
-                                or ev.ev_txid = any(v_xip))
-                           and pg_visible_in_snapshot(ev.ev_txid, v_cur)
-                           and (ev.ev_owner is null or ev.ev_owner = v_sub)
-                           and ev.ev_id > coalesce(st.st_acked_to, -1)
-                           and (i_nslots is null or i_nslots = 1
-                                or (case when ev.ev_extra1 is null then 0
-                                         else (hashtextextended(ev.ev_extra1, 0) % i_nslots + i_nslots) % i_nslots end) = i_slot)
-                         order by ev.ev_id
-                         limit i_max + 1) e
+                  from /*<rows>*/ e
                 window w as (order by e.ev_id rows between unbounded preceding and unbounded following)) x
          where x.rn <= i_max
            and case when coalesce(x.bytes, 0) > v_budget
@@ -176,20 +180,7 @@ begin
                            sum(octet_length(e.ev_data)) over w as run,
                            lead(e.ev_id) over w as nxt,
                            lead(octet_length(e.ev_data)) over w as nxt_len
-                      from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
-                                   ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
-                              from pgque.event ev
-                             where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
-                               and ((ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur))
-                                    or ev.ev_txid = any(v_xip))
-                               and pg_visible_in_snapshot(ev.ev_txid, v_cur)
-                               and (ev.ev_owner is null or ev.ev_owner = v_sub)
-                               and ev.ev_id > coalesce(st.st_acked_to, -1)
-                               and (i_nslots is null or i_nslots = 1
-                                    or (case when ev.ev_extra1 is null then 0
-                                             else (hashtextextended(ev.ev_extra1, 0) % i_nslots + i_nslots) % i_nslots end) = i_slot)
-                             order by ev.ev_id
-                             limit i_max + 1) e
+                      from /*<rows>*/ e
                     window w as (order by e.ev_id rows unbounded preceding)) x
              where x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
                and (not (x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
@@ -225,7 +216,7 @@ begin
         perform pgque._put_state(st);
     end if;
 end;
-$body$;
+$body$, '/*<rows>*/', v_rows);
 begin
     execute format($ddl$
 create or replace function pgque._deliver_raw(i_queue text, i_sub text, i_max integer,
