@@ -44,7 +44,7 @@ func runConsume(ctx context.Context, e *env, r *recorder) error {
 	defer client.Close()
 
 	n := pick(e, 3, 5)
-	batches := pick(e, 10, 100)
+	batches := pick(e, 30, 100)
 	m, err := e.rounds(ctx, n,
 		trial{"receive_ack", func(ctx context.Context) (float64, error) { return p.plainReadRate(ctx, batches, drainPlainRaw) }},
 		trial{"receive_jsonb_ack", func(ctx context.Context) (float64, error) { return p.plainReadRate(ctx, batches, drainPlain) }},
