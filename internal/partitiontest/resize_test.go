@@ -2,10 +2,13 @@ package partitiontest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgque/pgque/internal/pgtest"
 )
@@ -350,6 +353,48 @@ func TestResizeCutoverNotifiesTheTickTag(t *testing.T) {
 		}
 		if n.Payload != tag {
 			t.Fatalf("notification on %s carries %q, want the tick tag %q", n.Channel, n.Payload, tag)
+		}
+	}
+}
+
+// T-resize-raw-cutover: receive_partitioned_raw, what the Go client calls,
+// completes a resize as receive_partitioned does: once the old slots are
+// drained to the seal, an empty receive on one of them makes the cutover,
+// with no maint() in between.
+func TestResizeCutoverByRawReceive(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 2)
+	d.sendBatch("q", resizeKeys(10))
+	d.tick("q")
+	old := d.claimAll("q", "c", 2, "w", 100)
+	one[int64](t, d.pool, "select pgque.resize_slots('q', 'c', 4)")
+	for i := 0; ; i++ {
+		if phase, n, _ := resizeStatus(t, d.pool, "q", "c"); phase == "done" && n == 4 {
+			break
+		} else if i == 10 {
+			t.Fatalf("after %d rounds of raw receives the resize is %s with %d slots, want done with 4", i, phase, n)
+		}
+		for _, s := range old {
+			token, err := holderToken(ctx, d.pool, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var epoch, batch, id int64
+			err = d.pool.QueryRow(ctx, `select epoch, batch_id, msg_id from pgque.receive_partitioned_raw($1, $2, $3, $4, $5, $6::uuid, $7) limit 1`,
+				s.q, s.c, s.slot, s.n, s.worker, token, s.max).Scan(&epoch, &batch, &id)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+			case err != nil:
+				wantState(t, err, "PQ030", "a raw receive on an old slot after the cutover")
+			default:
+				if _, err := d.pool.Exec(ctx, "select pgque.ack_partitioned($1, $2, $3, $4, $5, $6::uuid, $7, $8, $9)",
+					s.q, s.c, s.slot, s.n, s.worker, token, epoch, batch, id); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 	}
 }

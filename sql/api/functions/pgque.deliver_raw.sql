@@ -23,7 +23,9 @@
 -- final state; a poll that finds nothing, or a redelivery, appends none.
 -- Tables: event, tick (read), sub_state (insert), subscription (lock).
 -- _deliver_raw has a second entry point, receive_raw (api/functions/
--- pgque.receive.sql documents it), made from the same body here: a
+-- pgque.receive.sql documents it), made from the same body here, and a
+-- third in the partition layer, receive_partitioned_raw, made from it by
+-- way of _deliver_raw_body(). Why one body: a
 -- PL/pgSQL function that returns another's rows with RETURN QUERY copies
 -- every row into a second result store, a fifth of the read's server time
 -- when receive_raw called _deliver_raw. The body is one constant of this
@@ -82,7 +84,7 @@ begin
         st := pgque._sub_state(v_sub);
         if st.st_batch is null and not exists (
             select 1 from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_last_tick) then
-            return;
+/*<done>*/            return;
         end if;
     end if;
     st := pgque._lock_sub(v_sub);
@@ -152,7 +154,7 @@ begin
         perform set_config('pgque.chunk_end', '', true);
         return query
         select x.ev_id, st.st_batch, x.ev_type, x.ev_data, coalesce(x.ev_retry, 0), x.ev_time,
-               x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4
+               x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4/*<epoch>*/
           from (select e.*,
                        row_number() over w as rn,
                        count(*) over w as cnt,
@@ -174,7 +176,7 @@ begin
             -- least one row) looking at the size of the next.
             return query
             select x.ev_id, st.st_batch, x.ev_type, x.ev_data, coalesce(x.ev_retry, 0), x.ev_time,
-                   x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4
+                   x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4/*<epoch>*/
               from (select e.*,
                            row_number() over w as rn,
                            sum(octet_length(e.ev_data)) over w as run,
@@ -215,8 +217,10 @@ begin
     if v_dirty then
         perform pgque._put_state(st);
     end if;
-end;
+/*<done>*/end;
 $body$, '/*<rows>*/', v_rows);
+    -- Without a lease: no epoch column, nothing to do when done.
+    v_plain constant text := replace(replace(v_body, '/*<epoch>*/', ''), '/*<done>*/', '');
 begin
     execute format($ddl$
 create or replace function pgque._deliver_raw(i_queue text, i_sub text, i_max integer,
@@ -226,7 +230,7 @@ returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_co
                created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
 language plpgsql
 set search_path = pg_catalog, pg_temp
-as %L$ddl$, replace(replace(v_body, '/*<declare>*/', ''), '/*<entry>*/', ''));
+as %L$ddl$, replace(replace(v_plain, '/*<declare>*/', ''), '/*<entry>*/', ''));
 
     execute format($ddl$
 create or replace function pgque.receive_raw(i_queue text, i_consumer text, i_max integer default 100,
@@ -235,7 +239,7 @@ returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_co
                created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
 language plpgsql security definer
 set search_path = pg_catalog, pg_temp
-as %L$ddl$, replace(replace(v_body,
+as %L$ddl$, replace(replace(v_plain,
         '/*<declare>*/', $decl$    i_sub    text := i_consumer;
     i_slot   integer;
     i_nslots integer;
@@ -245,6 +249,15 @@ $decl$),
     perform pgque._not_null('consumer name', i_consumer);
     perform pgque._refuse_slot(i_consumer);
 $entry$));
+
+    -- The body, markers in, for the partition layer's entry point
+    -- (receive_partitioned_raw, in partition/functions/
+    -- pgque.receive_partitioned.sql).
+    execute format($ddl$
+create or replace function pgque._deliver_raw_body()
+returns text language sql immutable
+set search_path = pg_catalog, pg_temp
+as %L$ddl$, 'select ' || quote_literal(v_body));
 end
 $deliver_raw$;
 

@@ -126,7 +126,22 @@ $$;
 -- max): receive_partitioned with the payload as stored (text), as
 -- receive_raw is receive: no jsonb is built or printed per event, which
 -- is most of a chunk's server time for small events. What the Go
--- PartitionedConsumer calls.
+-- PartitionedConsumer calls. Defined in api/functions/
+-- pgque.deliver_raw.sql from _deliver_raw's body, as receive_raw is: a
+-- function that returns another's rows copies each into a result store of
+-- its own, and receive_partitioned_raw over _receive_slot over
+-- _deliver_raw made three. A slot with blocked keys still goes through
+-- _receive_slot.
+
+do $receive_partitioned_raw$
+begin
+    -- receive_partitioned_raw: the slot's subscription under its lease,
+    -- each row with the lease's epoch; a slot with blocked keys (the pause
+    -- policy) goes through _receive_slot, which defers what must wait, and
+    -- a sealed slot found empty may complete a resize (_resize_poll), as
+    -- _receive_slot does. The access check, the lease and the slot's name
+    -- come first, in the declarations, in that order.
+    execute format($ddl$
 create or replace function pgque.receive_partitioned_raw(i_queue text, i_consumer text, i_slot integer,
                                                          i_nslots integer, i_worker text, i_token uuid,
                                                          i_max integer default 100)
@@ -135,14 +150,26 @@ returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_co
                epoch bigint)
 language plpgsql security definer
 set search_path = pg_catalog, pg_temp
-as $$
-declare
-    v_access boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l        pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
-begin
-    return query select d.*, l.sl_epoch from pgque._receive_slot(i_queue, i_consumer, l, i_slot, i_nslots, i_max) d;
-end;
-$$;
+as %L$ddl$, replace(replace(replace(replace(pgque._deliver_raw_body(),
+        '/*<declare>*/', $decl$    v_access    boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
+    l           pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
+    i_sub       text := pgque._slot_name(i_consumer, i_slot, i_nslots);
+    i_span      bigint := i_max::bigint * i_nslots;
+    i_ack_batch bigint;
+$decl$),
+        '/*<entry>*/', $entry$    if exists (select 1 from pgque.key_block kb where kb.kb_sub = l.sl_sub) then
+        return query select d.*, l.sl_epoch
+                       from pgque._receive_slot(i_queue, i_consumer, l, i_slot, i_nslots, i_max) d;
+        return;
+    end if;
+$entry$),
+        '/*<epoch>*/', ', l.sl_epoch'),
+        '/*<done>*/', $done$    if v_last is null then
+        perform pgque._resize_poll(l);
+    end if;
+$done$));
+end
+$receive_partitioned_raw$;
 
 -- _slot_batch(lease): the slot's open batch, or PQ020.
 create or replace function pgque._slot_batch(l pgque.slot_lease)
