@@ -35,7 +35,7 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 		out   []Row
 		keys  []*string // keys[i]: row i's key, the NULL key as nil
 		arena []byte    // the small payloads, back to back
-		spans [][2]int  // spans[i]: row i's payload in arena, or -1 when it is not there
+		spans [][2]int  // spans[i]: row i's payload in arena; {-1, 0} when in big, {-1, -1} for NULL
 		big   [][]byte  // payloads too large for the arena, by row (nil for the rest)
 	)
 	for rows.Next() {

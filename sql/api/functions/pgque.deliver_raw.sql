@@ -30,7 +30,9 @@
 -- every row into a second result store, a fifth of the read's server time
 -- when receive_raw called _deliver_raw. The body is one constant of this
 -- script; the entry point adds its own parameters' aliases (at
--- <declare>) and its access checks (at <entry>).
+-- <declare>) and its access checks (at <entry>), and
+-- receive_partitioned_raw the lease's epoch to every row (at <epoch>)
+-- and what a receive that found nothing does (at <done>).
 do $deliver_raw$
 declare
     -- The rows both chunk statements cut: the batch's next max+1 rows
