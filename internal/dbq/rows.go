@@ -35,8 +35,7 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 		out   []Row
 		keys  []*string // keys[i]: row i's key, the NULL key as nil
 		arena []byte    // the small payloads, back to back
-		spans [][2]int  // spans[i]: row i's payload in arena; {-1, 0} when in big, {-1, -1} for NULL
-		big   [][]byte  // payloads too large for the arena, by row (nil for the rest)
+		spans [][2]int  // spans[i]: row i's payload in arena; {-1, 0} when it has its own, {-1, -1} for NULL
 	)
 	for rows.Next() {
 		v := rows.RawValues()
@@ -58,14 +57,12 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 		switch p := v[3]; {
 		case p == nil:
 			spans = append(spans, [2]int{-1, -1})
-			big = append(big, nil)
 		case len(p) > arenaMaxPayload:
 			spans = append(spans, [2]int{-1, 0})
-			big = append(big, append([]byte(nil), p...))
+			r.Payload = append([]byte(nil), p...)
 		default:
 			spans = append(spans, [2]int{len(arena), len(arena) + len(p)})
 			arena = append(arena, p...)
-			big = append(big, nil)
 		}
 		if v[4] != nil {
 			if len(v[4]) != 4 {
@@ -98,7 +95,7 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 		case s[0] >= 0:
 			out[i].Payload = jsonPayload(arena[s[0]:s[1]:s[1]])
 		case s[1] == 0:
-			out[i].Payload = jsonPayload(big[i])
+			out[i].Payload = jsonPayload(out[i].Payload)
 		default:
 			out[i].Payload = jsonPayload(nil)
 		}

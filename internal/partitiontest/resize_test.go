@@ -327,18 +327,13 @@ func TestResizeCutoverNotifiesTheTickTag(t *testing.T) {
 	one[int64](t, d.pool, "select pgque.resize_slots('files-acme', 'c', 4)")
 	// The old slots' receives take them to the seal, and an empty one
 	// completes the resize.
-	for i := 0; ; i++ {
-		if phase, n, _ := resizeStatus(t, d.pool, "files-acme", "c"); phase == "done" && n == 4 {
-			break
-		} else if i == 10 {
-			t.Fatalf("after %d rounds of receives the resize is %s with %d slots, want done with 4", i, phase, n)
-		}
+	receivesCutOver(t, d, "files-acme", "c", 4, func(round int) {
 		for _, s := range old {
-			if _, err := receive(ctx, d.pool, s); err != nil && i == 0 {
+			if _, err := receive(ctx, d.pool, s); err != nil && round == 0 {
 				t.Fatal(err)
 			}
 		}
-	}
+	})
 	// The resize's own forced seal tick notifies too: read until the
 	// cutover's notification, or fail on a payload that is not the tag.
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -371,12 +366,7 @@ func TestResizeCutoverByRawReceive(t *testing.T) {
 	d.tick("q")
 	old := d.claimAll("q", "c", 2, "w", 100)
 	one[int64](t, d.pool, "select pgque.resize_slots('q', 'c', 4)")
-	for i := 0; ; i++ {
-		if phase, n, _ := resizeStatus(t, d.pool, "q", "c"); phase == "done" && n == 4 {
-			break
-		} else if i == 10 {
-			t.Fatalf("after %d rounds of raw receives the resize is %s with %d slots, want done with 4", i, phase, n)
-		}
+	receivesCutOver(t, d, "q", "c", 4, func(int) {
 		for _, s := range old {
 			token, err := holderToken(ctx, d.pool, s)
 			if err != nil {
@@ -396,5 +386,20 @@ func TestResizeCutoverByRawReceive(t *testing.T) {
 				}
 			}
 		}
+	})
+}
+
+// receivesCutOver runs round (receives on the old slots) until the resize
+// of consumer on queue is done at n slots, and fails the test after 10
+// rounds: an empty receive on a drained old slot makes the cutover.
+func receivesCutOver(t *testing.T, d *db, queue, consumer string, n int, round func(int)) {
+	t.Helper()
+	for i := 0; ; i++ {
+		if phase, got, _ := resizeStatus(t, d.pool, queue, consumer); phase == "done" && int(got) == n {
+			return
+		} else if i == 10 {
+			t.Fatalf("after %d rounds of receives the resize is %s with %d slots, want done with %d", i, phase, got, n)
+		}
+		round(i)
 	}
 }
