@@ -3,6 +3,8 @@ package pgque
 import (
 	"encoding/json"
 	"fmt"
+
+	"github.com/pgque/pgque/internal/jsonsyntax"
 )
 
 // EventTypeDefault is the type of an event sent with an empty Type; it is
@@ -41,7 +43,7 @@ func (e Event) encode() (typ string, payload json.RawMessage, key, dedup *string
 	}
 	switch p := e.Payload.(type) {
 	case json.RawMessage:
-		if !json.Valid(p) {
+		if !jsonsyntax.Valid(p) {
 			return "", nil, nil, nil, fmt.Errorf("%w: json.RawMessage is not valid JSON", ErrInvalidPayload)
 		}
 		payload = p

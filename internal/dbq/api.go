@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"time"
+
+	"github.com/pgque/pgque/internal/jsonsyntax"
 )
 
 // Send calls pgque.send(queue, type, payload, partition_key[, dedup_key])
@@ -105,7 +107,7 @@ func rawPayload(b []byte) []byte {
 	if b == nil {
 		return []byte("null")
 	}
-	if json.Valid(b) {
+	if jsonsyntax.Valid(b) {
 		return b
 	}
 	s, _ := json.Marshal(string(b))
