@@ -1,6 +1,7 @@
 package pgque
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -70,53 +71,64 @@ type invoker struct {
 	inFlight *inFlight
 }
 
-// inFlight is the set of handler calls in progress.
+// inFlight is the set of handler calls in progress. Every event's call
+// enters and leaves it, and it is read only when a Stop gives up, so the
+// calls live in a slab of reused entries (no map insert and delete per
+// event) that list sorts when asked.
 type inFlight struct {
 	mu    sync.Mutex
 	seq   uint64
-	calls map[uint64]inFlightCall
+	calls []inFlightCall
+	free  []int // indexes of calls not in use
 }
 
-// inFlightCall is one handler call in progress. It keeps the fields list names,
-// not their text: a call is recorded for every event, listed only when a
-// Stop gives up.
+// inFlightCall is one entry of the slab, a call in progress when seq is
+// not 0. It copies the fields list names (the handler may change its
+// Message) and not their text, made only when a Stop gives up.
 type inFlightCall struct {
+	seq             uint64
 	id              int64
 	queue, consumer string
 	slot            int
 	start           time.Time
 }
 
-// begin records a call and returns its key for end.
-func (f *inFlight) begin(m *Message, start time.Time) uint64 {
+// begin records a call and returns its entry for end.
+func (f *inFlight) begin(m *Message, start time.Time) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.calls == nil {
-		f.calls = make(map[uint64]inFlightCall)
-	}
 	f.seq++
-	f.calls[f.seq] = inFlightCall{id: m.ID, queue: m.Queue, consumer: m.Consumer, slot: m.Slot, start: start}
-	return f.seq
+	c := inFlightCall{seq: f.seq, id: m.ID, queue: m.Queue, consumer: m.Consumer, slot: m.Slot, start: start}
+	if n := len(f.free); n > 0 {
+		i := f.free[n-1]
+		f.free = f.free[:n-1]
+		f.calls[i] = c
+		return i
+	}
+	f.calls = append(f.calls, c)
+	return len(f.calls) - 1
 }
 
-func (f *inFlight) end(k uint64) {
+func (f *inFlight) end(i int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.calls, k)
+	f.calls[i] = inFlightCall{}
+	f.free = append(f.free, i)
 }
 
 // list names the calls in progress, oldest first.
 func (f *inFlight) list() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	keys := make([]uint64, 0, len(f.calls))
-	for k := range f.calls {
-		keys = append(keys, k)
+	var live []inFlightCall
+	for _, c := range f.calls {
+		if c.seq != 0 {
+			live = append(live, c)
+		}
 	}
-	slices.Sort(keys)
-	out := make([]string, len(keys))
-	for i, k := range keys {
-		c := f.calls[k]
+	slices.SortFunc(live, func(a, b inFlightCall) int { return cmp.Compare(a.seq, b.seq) })
+	out := make([]string, len(live))
+	for i, c := range live {
 		out[i] = fmt.Sprintf("handler of event %d (queue %s, consumer %s, slot %d) since %s",
 			c.id, c.queue, c.consumer, c.slot, c.start.Format(time.RFC3339Nano))
 	}

@@ -31,11 +31,18 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 	if !binaryChunk(rows.FieldDescriptions(), epoch) {
 		return scanChunk(rows, epoch, jsonPayload)
 	}
+	// aux[i] is what row i gets once every row is read (out and arena
+	// move while they grow): its payload's span in arena ({-1, 0} when it
+	// has its own copy, {-1, -1} for NULL) and its key.
+	type rowAux struct {
+		span  [2]int
+		key   string
+		keyed bool
+	}
 	var (
 		out   []Row
-		keys  []*string // keys[i]: row i's key, the NULL key as nil
-		arena []byte    // the small payloads, back to back
-		spans [][2]int  // spans[i]: row i's payload in arena; {-1, 0} when it has its own, {-1, -1} for NULL
+		aux   []rowAux
+		arena []byte // the small payloads, back to back
 	)
 	for rows.Next() {
 		v := rows.RawValues()
@@ -54,14 +61,15 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 		default:
 			r.Type = string(v[2])
 		}
+		var a rowAux
 		switch p := v[3]; {
 		case p == nil:
-			spans = append(spans, [2]int{-1, -1})
+			a.span = [2]int{-1, -1}
 		case len(p) > arenaMaxPayload:
-			spans = append(spans, [2]int{-1, 0})
+			a.span = [2]int{-1, 0}
 			r.Payload = append([]byte(nil), p...)
 		default:
-			spans = append(spans, [2]int{len(arena), len(arena) + len(p)})
+			a.span = [2]int{len(arena), len(arena) + len(p)}
 			arena = append(arena, p...)
 		}
 		if v[4] != nil {
@@ -73,12 +81,17 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 		if r.CreatedAt, err = timestamptzValue(v[5]); err != nil {
 			return nil, err
 		}
-		var key *string
-		if v[6] != nil {
-			s := string(v[6])
-			key = &s
+		if k := v[6]; k != nil {
+			a.keyed = true
+			// A key repeated from the row before (a busy tenant's run)
+			// shares its string.
+			if n := len(aux); n > 0 && aux[n-1].keyed && aux[n-1].key == string(k) {
+				a.key = aux[n-1].key
+			} else {
+				a.key = string(k)
+			}
 		}
-		keys = append(keys, key)
+		aux = append(aux, a)
 		if epoch {
 			if r.Epoch, err = int8Value(v[7], "epoch"); err != nil {
 				return nil, err
@@ -90,8 +103,10 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 		return nil, err
 	}
 	for i := range out {
-		out[i].PartitionKey = keys[i]
-		switch s := spans[i]; {
+		if aux[i].keyed {
+			out[i].PartitionKey = &aux[i].key
+		}
+		switch s := aux[i].span; {
 		case s[0] >= 0:
 			out[i].Payload = jsonPayload(arena[s[0]:s[1]:s[1]])
 		case s[1] == 0:
