@@ -49,7 +49,12 @@ func runConsume(ctx context.Context, e *env, r *recorder) error {
 		trial{"receive_ack", func(ctx context.Context) (float64, error) { return p.plainReadRate(ctx, batches, drainPlainRaw) }},
 		trial{"receive_jsonb_ack", func(ctx context.Context) (float64, error) { return p.plainReadRate(ctx, batches, drainPlain) }},
 		trial{"pgq_read_path", func(ctx context.Context) (float64, error) { return q.readRate(ctx, batches) }},
-		trial{"go_consumer", func(ctx context.Context) (float64, error) { return p.consumerRate(ctx, client, batches*batchSize) }},
+		trial{"go_consumer", func(ctx context.Context) (float64, error) {
+			return p.consumerRate(ctx, client, batches*batchSize, true)
+		}},
+		trial{"go_consumer_nodecode", func(ctx context.Context) (float64, error) {
+			return p.consumerRate(ctx, client, batches*batchSize, false)
+		}},
 		trial{"go_partitioned_N1", func(ctx context.Context) (float64, error) {
 			return p.partitionedRate(ctx, client, 1, batches*batchSize, 0)
 		}},
@@ -64,8 +69,16 @@ func runConsume(ctx context.Context, e *env, r *recorder) error {
 	r.compare("receive_jsonb_ack", m["receive_jsonb_ack"], "pgq_read_path", m["pgq_read_path"], "events/s", nil,
 		backlogNote+"; receive(max 1000), payloads as jsonb, + ack: two calls per chunk")
 	r.compare("go_consumer", m["go_consumer"], "pgq_read_path", m["pgq_read_path"], "events/s", nil,
-		fmt.Sprintf("%s; the Go Consumer with its defaults (chunks of %d, a handler call per event)", backlogNote, pgque.BatchSizeDefault))
-	r.compare("go_consumer", m["go_consumer"], "receive_ack", m["receive_ack"], "events/s", nil, "what the Go client and chunks of 100 cost over the SQL loop")
+		fmt.Sprintf("%s; the Go Consumer with its defaults (chunks of %d, a handler call per event) and a handler that decodes every payload", backlogNote, pgque.BatchSizeDefault))
+	r.compare("go_consumer", m["go_consumer"], "receive_ack", m["receive_ack"], "events/s", nil,
+		"what the Go client and a handler that decodes every payload cost over the SQL loop")
+	// The Consumer itself against PgQ's loop: a handler that, like that
+	// loop with each row, only takes the event (and checks per-key order by
+	// id), so the payload decode above is not counted as the client's.
+	r.compare("go_consumer_nodecode", m["go_consumer_nodecode"], "pgq_read_path", m["pgq_read_path"], "events/s", atLeast(1),
+		backlogNote+"; the Go Consumer with its defaults, a handler that checks per-key order by event id and decodes nothing")
+	r.compare("go_consumer_nodecode", m["go_consumer_nodecode"], "go_consumer", m["go_consumer"], "events/s", nil,
+		"the same Consumer without the handler's JSON decode")
 	r.compare("go_partitioned_N1", m["go_partitioned_N1"], "go_consumer", m["go_consumer"], "events/s", nil,
 		"the partition layer's cost at N = 1: PartitionedConsumer with one slot vs a plain Consumer")
 
