@@ -1,6 +1,9 @@
 package enginetest
 
 import (
+	"context"
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -71,4 +74,89 @@ func TestEventPartitionsHaveNoCheck(t *testing.T) {
 	tables := eventTables(t, pool, "q")
 	err := queryErr(pool, `insert into `+tables[0]+` (ev_id, ev_part) values (1, -1)`)
 	wantCode(t, "a row outside the partition's bound", err, "23514")
+}
+
+// TestSendBatchIDsPairWithPayloads: the i-th ev_id send_batch returns is
+// the event made from the i-th payload and key, in the text, jsonb and
+// keyed (dedup) forms, while another session takes ids from the same
+// sequence; a batch with one payload that is not JSON, or that holds a
+// \u0000 escape, stores nothing.
+func TestSendBatchIDsPairWithPayloads(t *testing.T) {
+	t.Parallel()
+	_, pool := setupEngine(t)
+	ctx := context.Background()
+	const n = 200
+	payloads := make([]string, n)
+	keys := make([]string, n)
+	dedups := make([]string, n)
+	for i := range payloads {
+		payloads[i] = fmt.Sprintf(`{"i": %d, "pad": "%s"}`, i, strings.Repeat("x", i%7))
+		keys[i] = fmt.Sprintf("k%d", i%13)
+		dedups[i] = fmt.Sprintf("d%d", i)
+	}
+	payloads[7] = ` {"b\\u0000": 1} ` // an escaped backslash: JSON, and stored as given
+
+	// A sender on another connection interleaves its ids with the batches'.
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if _, err := pool.Exec(ctx, `select pgque.send('q', 't', '{}'::text, 'other')`); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	forms := []struct{ name, sql string }{
+		{"text", `select pgque.send_batch('q', 't', $1::text[], $2::text[])`},
+		{"jsonb", `select pgque.send_batch('q', 't', $1::text[]::jsonb[], $2::text[])`},
+		{"keyed", `select pgque.send_batch('q', 't', $1::text[], $2::text[], $3::text[])`},
+	}
+	for _, f := range forms {
+		args := []any{payloads, keys}
+		if f.name == "keyed" {
+			args = append(args, dedups)
+		}
+		ids := scalar[[]int64](t, pool, f.sql, args...)
+		if len(ids) != n {
+			t.Fatalf("%s: %d ids for %d payloads", f.name, len(ids), n)
+		}
+		for i, id := range ids {
+			var data, key string
+			if err := pool.QueryRow(ctx, `select ev_data::jsonb::text, ev_extra1 from pgque.event where ev_id = $1`, id).Scan(&data, &key); err != nil {
+				t.Fatalf("%s: event %d of payload %d: %v", f.name, id, i, err)
+			}
+			want := scalar[string](t, pool, `select $1::jsonb::text`, payloads[i])
+			if data != want || key != keys[i] {
+				t.Fatalf("%s: ids[%d] = %d holds %s (key %s), want %s (key %s)", f.name, i, id, data, key, want, keys[i])
+			}
+		}
+		if f.name == "text" {
+			stored := scalar[string](t, pool, `select ev_data from pgque.event where ev_id = $1`, ids[7])
+			if stored != payloads[7] {
+				t.Errorf("text: payload with an escaped backslash stored as %q, want %q", stored, payloads[7])
+			}
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	before := scalar[int64](t, pool, `select count(*) from pgque.event where ev_type = 'bad'`)
+	for _, c := range []struct{ bad, code string }{{`{"i": 1`, "22P02"}, {`"\u0000"`, "22P05"}} {
+		bad := append([]string(nil), payloads...)
+		bad[n/2] = c.bad
+		err := queryErr(pool, `select pgque.send_batch('q', 'bad', $1::text[], $2::text[])`, bad, keys)
+		wantCode(t, fmt.Sprintf("a batch with payload %q", c.bad), err, c.code)
+	}
+	if after := scalar[int64](t, pool, `select count(*) from pgque.event where ev_type = 'bad'`); after != before {
+		t.Errorf("refused batches stored %d events", after-before)
+	}
 }
