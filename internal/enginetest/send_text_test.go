@@ -80,7 +80,7 @@ func TestEventPartitionsHaveNoCheck(t *testing.T) {
 // the event made from the i-th payload and key, in the text, jsonb and
 // keyed (dedup) forms, while another session takes ids from the same
 // sequence; a batch with one payload that is not JSON, or that holds a
-// \u0000 escape, stores nothing.
+// \u0000 escape, stores nothing and takes no id.
 func TestSendBatchIDsPairWithPayloads(t *testing.T) {
 	t.Parallel()
 	_, pool := setupEngine(t)
@@ -149,7 +149,9 @@ func TestSendBatchIDsPairWithPayloads(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	before := scalar[int64](t, pool, `select count(*) from pgque.event where ev_type = 'bad'`)
+	seq := scalar[string](t, pool, `select queue_event_seq::text from pgque.queue where queue_name = 'q'`)
+	lastID := func() int64 { return scalar[int64](t, pool, `select last_value from `+seq) }
+	before, beforeID := scalar[int64](t, pool, `select count(*) from pgque.event where ev_type = 'bad'`), lastID()
 	for _, c := range []struct{ bad, code string }{{`{"i": 1`, "22P02"}, {`"\u0000"`, "22P05"}} {
 		bad := append([]string(nil), payloads...)
 		bad[n/2] = c.bad
@@ -158,5 +160,10 @@ func TestSendBatchIDsPairWithPayloads(t *testing.T) {
 	}
 	if after := scalar[int64](t, pool, `select count(*) from pgque.event where ev_type = 'bad'`); after != before {
 		t.Errorf("refused batches stored %d events", after-before)
+	}
+	// The check runs before any id is taken: the sequence, which counts
+	// unticked events, did not move.
+	if id := lastID(); id != beforeID {
+		t.Errorf("refused batches took ids %d..%d", beforeID+1, id)
 	}
 }

@@ -240,13 +240,16 @@ begin
         return '{}';
     end if;
 
+    -- The text form's JSON check (see send): json_in for every payload,
+    -- jsonb's for one with a "\u0000", all before any ev_id is taken, so that
+    -- a refused batch leaves the queue's sequence (which counts unticked
+    -- events) where it was.
+    if i_check then
+        perform count(case when strpos(p, E'\\u0000') > 0 then p::jsonb::text else p::json::text end)
+           from unnest(i_payloads) as p;
+    end if;
+
     if i_dedup_keys is not null then
-        -- The text form's JSON check (see send): json_in for every payload,
-        -- jsonb's for one with a "\u0000", before the first element is sent.
-        if i_check then
-            perform count(case when strpos(p, E'\\u0000') > 0 then p::jsonb::text else p::json::text end)
-               from unnest(i_payloads) as p;
-        end if;
         perform pgque._dedup_check_keys(i_dedup_keys);
         perform pgque._dedup_lock(i_queue, i_dedup_keys);
         v_ids := '{}';
@@ -263,24 +266,11 @@ begin
 
     -- The ev_ids are taken first, in input order, and the INSERT pairs
     -- them with the payloads: no RETURNING, no sort to put them back in
-    -- order. The text form's JSON check runs inside the INSERT, one
-    -- expression per row: json_in, or jsonb's parse for a payload with a
-    -- "\u0000" (which then stores the payload as given, like send). A
-    -- check that fails fails the statement, so nothing of the batch is
-    -- stored; its ev_ids stay unused, like a rolled-back send's.
+    -- order.
     v_ids := array(select nextval(v_seq) from generate_series(1, cardinality(i_payloads)));
-    if i_check then
-        insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
-        select u.id, v_part, i_type,
-               case when strpos(u.payload, E'\\u0000') = 0 then u.payload::json::text
-                    when u.payload::jsonb is not null then u.payload end,
-               u.pkey
-          from unnest(v_ids, i_payloads, i_partition_keys) as u(id, payload, pkey);
-    else
-        insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
-        select u.id, v_part, i_type, u.payload, u.pkey
-          from unnest(v_ids, i_payloads, i_partition_keys) as u(id, payload, pkey);
-    end if;
+    insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
+    select u.id, v_part, i_type, u.payload, u.pkey
+      from unnest(v_ids, i_payloads, i_partition_keys) as u(id, payload, pkey);
     return v_ids;
 end;
 $$;
