@@ -134,3 +134,75 @@ func TestTickerStopHandsOverAtOnce(t *testing.T) {
 	}
 	waitFor(t, ttl/8, "the second ticker to take over", second.IsLeader)
 }
+
+// TestTickerTicksAtItsInterval checks that a queue with events always
+// pending is ticked once per TickInterval when ticker_max_lag equals it (as
+// the defaults do, both 10 ms), not once every other poll. A tick is due
+// when the last is max_lag old; if ticks were stamped when the poll reached
+// the queue instead of when the poll started, each next poll would find
+// the last tick short of due by the time the poll takes to reach it, and
+// ticks would come at half the rate. Sixty idle queues ahead of this one
+// make that time a few milliseconds. Intervals of 40 ms leave room for a
+// slow machine: about 50 ticks in 2 s expected, about 25 at half rate, at
+// least 37 required.
+func TestTickerTicksAtItsInterval(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	const interval = 40 * time.Millisecond
+	if _, err := env.pool.Exec(ctx, "select pgque.create_queue('idle' || g) from generate_series(1, 60) g"); err != nil {
+		t.Fatal(err)
+	}
+	queue := env.queue + "_last" // ticked after the idle queues
+	if _, err := env.client.CreateQueue(ctx, queue); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.client.SetQueueConfig(ctx, queue, "ticker_max_lag", "40 ms"); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := env.client.NewTicker(&pgque.TickerConfig{TickInterval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer tk.Stop(ctx)
+	waitFor(t, 10*time.Second, "the ticker to lead", tk.IsLeader)
+
+	// Events always pending: a send every 4 ms.
+	sendCtx, stopSending := context.WithCancel(ctx)
+	sent := make(chan error, 1)
+	go func() {
+		for sendCtx.Err() == nil {
+			if _, err := env.client.Send(sendCtx, queue, pgque.Event{Type: "t", Payload: []byte(`{}`)}); err != nil && sendCtx.Err() == nil {
+				sent <- err
+				return
+			}
+			time.Sleep(4 * time.Millisecond)
+		}
+		sent <- nil
+	}()
+	time.Sleep(200 * time.Millisecond) // let the first ticks settle
+	count := func() int {
+		var n int
+		if err := env.pool.QueryRow(ctx, `select count(*) from pgque.tick t join pgque.queue q on q.queue_id = t.tick_queue
+		                                   where q.queue_name = $1`, queue).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := count()
+	const window = 2 * time.Second
+	time.Sleep(window)
+	ticks := count() - before
+	stopSending()
+	if err := <-sent; err != nil {
+		t.Fatalf("sending: %v", err)
+	}
+	if want := int(window/interval) * 3 / 4; ticks < want {
+		t.Fatalf("%d ticks in %v at a %v interval with events always pending; want at least %d (about %d)",
+			ticks, window, interval, want, window/interval)
+	}
+	t.Logf("%d ticks in %v at a %v interval", ticks, window, interval)
+}

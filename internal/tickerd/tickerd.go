@@ -87,11 +87,16 @@ func (t *Ticker) Run(fetchCtx, workCtx context.Context) {
 		resigned = sub.C()
 	}
 	for fetchCtx.Err() == nil {
+		start := time.Now()
 		err := t.step(fetchCtx, &s)
 		if fetchCtx.Err() != nil {
 			return
 		}
-		wait := t.cfg.TickInterval
+		// Polls start TickInterval apart, however long the step took: a
+		// tick is due once the last is ticker_max_lag old, stamped with
+		// its poll's start, so polls spaced by TickInterval plus the step
+		// would stretch the time between ticks by the step's duration.
+		wait := max(0, t.cfg.TickInterval-time.Since(start))
 		if err != nil {
 			log.WarnContext(fetchCtx, "pgque: ticker", slog.Any("error", err))
 			t.reportError(fetchCtx, err)

@@ -70,9 +70,15 @@ begin
         return null;
     end if;
 
+    -- The tick's time is the transaction's start, as in PgQ: for the
+    -- ticker daemon, the moment it polled. Polls come every tick interval
+    -- (10 ms by default) and a tick is due when the last one is
+    -- ticker_max_lag (10 ms) old, so a time stamped later in the call
+    -- would make the next poll find it a fraction short of due, and ticks
+    -- would come one poll in two.
     v_tick := nextval('pgque.tick_id_seq');
     insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq)
-    values (i_queue_id, v_tick, clock_timestamp(), pg_current_snapshot(),
+    values (i_queue_id, v_tick, now(), pg_current_snapshot(),
             coalesce(pg_sequence_last_value(q.queue_event_seq), 0));
     -- Notifications are queued at commit, and a full NOTIFY queue (a
     -- listener idle in a transaction, perhaps a stranger's: any role may
