@@ -76,7 +76,13 @@ func (w testWriter) Write(p []byte) (int, error) {
 // startTicker runs a fast ticker for the test.
 func startTicker(t *testing.T, client *pgque.Client) *pgque.Ticker {
 	t.Helper()
-	tk, err := client.NewTicker(&pgque.TickerConfig{LeaseTTL: 2 * time.Second})
+	return startTickerWith(t, client, &pgque.TickerConfig{LeaseTTL: 2 * time.Second})
+}
+
+// startTickerWith runs a ticker with cfg for the test, stopped when it ends.
+func startTickerWith(t *testing.T, client *pgque.Client, cfg *pgque.TickerConfig) *pgque.Ticker {
+	t.Helper()
+	tk, err := client.NewTicker(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -160,14 +160,7 @@ func TestTickerTicksAtItsInterval(t *testing.T) {
 	if err := env.client.SetQueueConfig(ctx, queue, "ticker_max_lag", "40 ms"); err != nil {
 		t.Fatal(err)
 	}
-	tk, err := env.client.NewTicker(&pgque.TickerConfig{TickInterval: interval})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tk.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer tk.Stop(ctx)
+	tk := startTickerWith(t, env.client, &pgque.TickerConfig{TickInterval: interval})
 	waitFor(t, 10*time.Second, "the ticker to lead", tk.IsLeader)
 
 	// Events always pending: a send every 4 ms.
