@@ -167,3 +167,34 @@ func TestInstallOverLiveQueue(t *testing.T) {
 		t.Errorf("b received %v, want %v", gotB, want)
 	}
 }
+
+// TestInstallWidensTheEventIndex: an install over a database whose event
+// tables have the index of earlier versions, (ev_txid), replaces it with
+// (ev_txid, ev_id) on every event table, and what was queued is still
+// delivered.
+func TestInstallWidensTheEventIndex(t *testing.T) {
+	t.Parallel()
+	dsn, pool := setupDB(t)
+	exec(t, pool, "select pgque.create_queue('q')")
+	exec(t, pool, "select pgque.subscribe('q', 'c')")
+	sent := sendN(t, pool, 5, "old")
+	tick(t, pool, "q")
+	exec(t, pool, "drop index pgque.event_txid_id_idx")
+	exec(t, pool, "create index event_txid_idx on pgque.event (ev_txid)")
+
+	reinstall(t, dsn)
+
+	defs := column[string](t, pool, `select regexp_replace(pg_catalog.pg_get_indexdef(i.indexrelid), '^.* USING ', '')
+		  from pg_catalog.pg_index i
+		 where i.indrelid = any($1::regclass[]) and not i.indisunique order by 1`, eventTables(t, pool, "q"))
+	want := []string{"btree (ev_txid, ev_id)", "btree (ev_txid, ev_id)", "btree (ev_txid, ev_id)"}
+	if !slices.Equal(defs, want) {
+		t.Errorf("indexes of the event tables after the install: %q, want %q", defs, want)
+	}
+	if old := scalar[*string](t, pool, "select pg_catalog.to_regclass('pgque.event_txid_idx')::text"); old != nil {
+		t.Errorf("the old index %s is still there", *old)
+	}
+	if got := msgIDs(mustReceive(t, pool, "q", "c", 10)); !slices.Equal(got, sent) {
+		t.Errorf("after the install c received %v, want %v", got, sent)
+	}
+}

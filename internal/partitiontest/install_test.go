@@ -2,6 +2,7 @@ package partitiontest
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -189,5 +190,38 @@ func TestConcurrentInstallsCreateRolesOnce(t *testing.T) {
 	}
 	if n := one[int64](t, su, "select count(*) from pg_roles where rolname in ('pgque_reader', 'pgque_writer', 'pgque_admin')"); n != 3 {
 		t.Errorf("%d pgque roles exist, want 3", n)
+	}
+}
+
+// TestMaintWidensOldRoutingIndexes: a routing index made by an earlier
+// version, ((route), ev_txid), is built again with ev_id by
+// maint_route_indexes once its table is nearly empty, under the same name.
+func TestMaintWidensOldRoutingIndexes(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 4)
+	names := one[[]string](t, d.pool, `select array_agg(c.relname::text order by c.relname) from pg_catalog.pg_class c
+		join pg_catalog.pg_namespace ns on ns.oid = c.relnamespace
+		where ns.nspname = 'pgque' and c.relkind = 'i' and c.relname ~ '^event_[0-9]+_[0-9]+_route4$'`)
+	if len(names) != 3 {
+		t.Fatalf("routing indexes for N=4: %v, want 3", names)
+	}
+	for _, ix := range names {
+		table := strings.TrimSuffix(ix, "_route4")
+		d.exec(fmt.Sprintf("drop index pgque.%s", ix))
+		d.exec(fmt.Sprintf(`create index %s on pgque.%s
+			((case when ev_extra1 is null then 0 else (pg_catalog.hashtextextended(ev_extra1, 0) %% 4 + 4) %% 4 end), ev_txid)`, ix, table))
+	}
+	if n := one[int32](t, d.pool, "select pgque.maint_route_indexes()"); n != 3 {
+		t.Errorf("maint_route_indexes() = %d, want 3 rebuilt", n)
+	}
+	cols := one[[]int32](t, d.pool, `select array_agg(i.indnatts::int order by c.relname) from pg_catalog.pg_index i
+		join pg_catalog.pg_class c on c.oid = i.indexrelid where c.relname = any($1)`, names)
+	if !slices.Equal(cols, []int32{3, 3, 3}) {
+		t.Errorf("columns of %v after maint_route_indexes: %v, want 3 each", names, cols)
+	}
+	if n := one[int32](t, d.pool, "select pgque.maint_route_indexes()"); n != 0 {
+		t.Errorf("a second maint_route_indexes() = %d, want 0", n)
 	}
 }

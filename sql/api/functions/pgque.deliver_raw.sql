@@ -8,8 +8,10 @@
 -- slot count as parameters), which cuts and returns the chunk in one pass;
 -- every state change of the call is made in memory and appended as one
 -- record; and the payload is handed out as the stored text, so nothing
--- parses it. Callers that promise jsonb cast it themselves. See "The read
--- path" in docs/design.md.
+-- parses it. Callers that promise jsonb cast it themselves. A chunk of a
+-- batch far larger than a chunk is read from a window of ev_ids past the
+-- acknowledged ones, so draining a batch costs in proportion to its size.
+-- See "The read path" and "Large batches" in docs/design.md.
 
 -- _deliver_raw(queue, subscription, max, slot, nslots, span, ack_batch):
 -- the next unacknowledged chunk of the subscription's open batch, opening
@@ -35,24 +37,95 @@
 -- and what a receive that found nothing does (at <done>).
 do $deliver_raw$
 declare
-    -- The rows both chunk statements cut: the batch's next max+1 rows
-    -- past the acknowledged ones, for this consumer (and slot), in ev_id
-    -- order. Written once, put in at <rows>.
-    v_rows constant text := $rows$(select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
+    -- A chunk statement's rows: the queue's events (v_from, the columns
+    -- and the queue's partitions), of the batch (a part of it, below), for
+    -- this consumer and slot (v_mine), past the acknowledged ones.
+    v_from constant text := $from$select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
-             and ((ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur))
-                  or ev.ev_txid = any(v_xip))
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16$from$;
+    v_mine constant text := $mine$
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
              and (ev.ev_owner is null or ev.ev_owner = v_sub)
-             and ev.ev_id > coalesce(st.st_acked_to, -1)
              and (i_nslots is null or i_nslots = 1
                   or (case when ev.ev_extra1 is null then 0
-                           else (hashtextextended(ev.ev_extra1, 0) % i_nslots + i_nslots) % i_nslots end) = i_slot)
+                           else (hashtextextended(ev.ev_extra1, 0) % i_nslots + i_nslots) % i_nslots end) = i_slot)$mine$;
+    -- The rows both chunk statements cut: the batch's next max+1 rows
+    -- past the acknowledged ones, for this consumer (and slot), in ev_id
+    -- order. Put in at <rows>.
+    v_rows constant text := '(' || v_from || $rows$
+             and ((ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur))
+                  or ev.ev_txid = any(v_xip))
+             and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$
            order by ev.ev_id
            limit i_max + 1)$rows$;
-    v_body constant text := replace($body$
+    -- The same rows within a window of ev_ids that ends at v_lim: how a
+    -- chunk of a large batch is read (see the loop below). Put in at
+    -- <wrows>: statements of their own, so that their plans are never the
+    -- plans of the ones above, and the batch's two parts (the ev_txid
+    -- range, the previous tick's running transactions) apart, so that the
+    -- planner does not trade the leading ev_txid for the window (it would
+    -- scan the whole index): each part is an index range on
+    -- (ev_txid, ev_id), ev_id tested within the index. An index range
+    -- scans every entry of its xids, so a short range (at most 256 xids: a
+    -- large transaction that committed between two ticks, the ticker
+    -- running) goes to the list (v_txids: the running transactions, and
+    -- the range's, that committed by the batch's end), where each xid is a
+    -- seek to the window's start: the window then reads no entry outside
+    -- it. No xid is in both parts.
+    v_wrows constant text := '(select u.* from (' || v_from || $wrows$
+             and ev.ev_txid >= v_txlo and ev.ev_txid < v_txhi
+             and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim$wrows$ || v_mine || $wrows$
+          union all
+          $wrows$ || v_from || $wrows$
+             and ev.ev_txid = any(v_txids)
+             and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim$wrows$ || v_mine || $wrows$) u
+           order by u.ev_id
+           limit i_max + 1)$wrows$;
+    -- How a chunk is read and returned, written once and put in twice
+    -- (at <read rows> and <read wrows>): over <rows>, and over <wrows>.
+    v_read constant text := $read$        perform set_config('pgque.chunk_end', '', true);
+        return query
+        select x.ev_id, st.st_batch, x.ev_type, x.ev_data, coalesce(x.ev_retry, 0), x.ev_time,
+               x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4/*<epoch>*/
+          from (select e.*,
+                       row_number() over w as rn,
+                       count(*) over w as cnt,
+                       sum(octet_length(e.ev_data)) over w as bytes
+                  from /*<rows>*/ e
+                window w as (order by e.ev_id rows between unbounded preceding and unbounded following)) x
+         where x.rn <= i_max
+           and case when coalesce(x.bytes, 0) > v_budget
+                    then x.rn = 1 and set_config('pgque.chunk_end', 'over', true) is null
+                    else x.rn < least(x.cnt, i_max)
+                         or (x.rn = least(x.cnt, i_max)
+                             and set_config('pgque.chunk_end', x.ev_id::text || case when x.cnt <= i_max then ' all' else ' more' end,
+                                            true) is not null)
+               end
+         order by x.ev_id;
+        if not found and current_setting('pgque.chunk_end') = 'over' then
+            -- More bytes than the budget in the next max+1 events: cut the
+            -- chunk by a running sum, the last row within the budget (at
+            -- least one row) looking at the size of the next.
+            return query
+            select x.ev_id, st.st_batch, x.ev_type, x.ev_data, coalesce(x.ev_retry, 0), x.ev_time,
+                   x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4/*<epoch>*/
+              from (select e.*,
+                           row_number() over w as rn,
+                           sum(octet_length(e.ev_data)) over w as run,
+                           lead(e.ev_id) over w as nxt,
+                           lead(octet_length(e.ev_data)) over w as nxt_len
+                      from /*<rows>*/ e
+                    window w as (order by e.ev_id rows unbounded preceding)) x
+             where x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
+               and (not (x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
+                         and (x.rn = i_max or x.nxt is null or coalesce(x.run, 0) + coalesce(x.nxt_len, 0) > v_budget))
+                    or set_config('pgque.chunk_end', x.ev_id::text || case when x.nxt is null then ' all' else ' more' end,
+                                  true) is not null)
+             order by x.ev_id;
+        end if;
+$read$;
+    v_body constant text := replace(replace(replace(replace($body$
 #variable_conflict use_column
 declare
 /*<declare>*/    v_sub    integer;
@@ -68,6 +141,12 @@ declare
     v_end    text;
     v_last   bigint;
     v_all    boolean;
+    v_lim    bigint;
+    v_width  bigint;
+    v_seq    bigint;
+    v_txlo   xid8;
+    v_txhi   xid8;
+    v_txids  xid8[];
 begin
 /*<entry>*/    if i_max is null then
         raise exception using errcode = '22004', message = 'max must not be NULL';
@@ -153,46 +232,46 @@ begin
         -- quals are complete on their own (each row's test implies it is
         -- in the chunk), whatever order the planner gives them; CASE fixes
         -- the order of the two tests.
-        perform set_config('pgque.chunk_end', '', true);
-        return query
-        select x.ev_id, st.st_batch, x.ev_type, x.ev_data, coalesce(x.ev_retry, 0), x.ev_time,
-               x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4/*<epoch>*/
-          from (select e.*,
-                       row_number() over w as rn,
-                       count(*) over w as cnt,
-                       sum(octet_length(e.ev_data)) over w as bytes
-                  from /*<rows>*/ e
-                window w as (order by e.ev_id rows between unbounded preceding and unbounded following)) x
-         where x.rn <= i_max
-           and case when coalesce(x.bytes, 0) > v_budget
-                    then x.rn = 1 and set_config('pgque.chunk_end', 'over', true) is null
-                    else x.rn < least(x.cnt, i_max)
-                         or (x.rn = least(x.cnt, i_max)
-                             and set_config('pgque.chunk_end', x.ev_id::text || case when x.cnt <= i_max then ' all' else ' more' end,
-                                            true) is not null)
-               end
-         order by x.ev_id;
-        if not found and current_setting('pgque.chunk_end') = 'over' then
-            -- More bytes than the budget in the next max+1 events: cut the
-            -- chunk by a running sum, the last row within the budget (at
-            -- least one row) looking at the size of the next.
-            return query
-            select x.ev_id, st.st_batch, x.ev_type, x.ev_data, coalesce(x.ev_retry, 0), x.ev_time,
-                   x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4/*<epoch>*/
-              from (select e.*,
-                           row_number() over w as rn,
-                           sum(octet_length(e.ev_data)) over w as run,
-                           lead(e.ev_id) over w as nxt,
-                           lead(octet_length(e.ev_data)) over w as nxt_len
-                      from /*<rows>*/ e
-                    window w as (order by e.ev_id rows unbounded preceding)) x
-             where x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
-               and (not (x.rn <= i_max and (x.rn = 1 or coalesce(x.run, 0) <= v_budget)
-                         and (x.rn = i_max or x.nxt is null or coalesce(x.run, 0) + coalesce(x.nxt_len, 0) > v_budget))
-                    or set_config('pgque.chunk_end', x.ev_id::text || case when x.nxt is null then ' all' else ' more' end,
-                                  true) is not null)
-             order by x.ev_id;
+        -- A large batch (see "Large batches" in docs/design.md): past its
+        -- first chunk, the next chunk is looked for in a window of ev_ids
+        -- after the acknowledged ones, whose rows the (ev_txid, ev_id)
+        -- index yields without reading the batch's other rows, so every
+        -- chunk costs its own rows and not the batch's remaining ones. The
+        -- window stands only when it holds the next max+1 rows: its
+        -- (max+1)th row's ev_id becomes v_lim, so the window's statements
+        -- below return exactly the rows the unbounded ones would. A window
+        -- that holds fewer grows fourfold, and once it would reach the
+        -- batch's end tick's event sequence (no ev_id of the batch is
+        -- past it), the unbounded statements read the chunk instead: the
+        -- last chunk, and every chunk of a small batch. Rows of a slot
+        -- are one in nslots of the window's.
+        v_lim := null;
+        if st.st_acked_to is not null then
+            v_seq := (select t.tick_event_seq from pgque.tick t
+                       where t.tick_queue = v_queue and t.tick_id = st.st_next_tick limit 1);
+            v_width := (i_max + 1 + (i_max + 1) / 4) * greatest(coalesce(i_nslots, 1), 1);
+            v_txlo := pg_snapshot_xmax(v_prev);
+            v_txhi := pg_snapshot_xmax(v_cur);
+            if v_txhi::text::bigint - v_txlo::text::bigint <= 256 then
+                v_txids := array(select x from unnest(v_xip) x where pg_visible_in_snapshot(x, v_cur)
+                                 union all
+                                 select g::text::xid8
+                                   from generate_series(v_txlo::text::bigint, v_txhi::text::bigint - 1) g
+                                  where pg_visible_in_snapshot(g::text::xid8, v_cur));
+                v_txhi := v_txlo;
+            else
+                v_txids := array(select x from unnest(v_xip) x where pg_visible_in_snapshot(x, v_cur));
+            end if;
+            while st.st_acked_to + v_width < v_seq loop
+                v_lim := st.st_acked_to + v_width;
+                v_lim := (select w.ev_id from /*<wrows>*/ w order by w.ev_id offset i_max limit 1);
+                exit when v_lim is not null;
+                v_width := v_width * 4;
+            end loop;
         end if;
+        if v_lim is null then
+/*<read rows>*/        else
+/*<read wrows>*/        end if;
         if found then
             v_end := current_setting('pgque.chunk_end');
             v_last := split_part(v_end, ' ', 1)::bigint;
@@ -220,7 +299,8 @@ begin
         perform pgque._put_state(st);
     end if;
 /*<done>*/end;
-$body$, '/*<rows>*/', v_rows);
+$body$, '/*<read rows>*/', v_read), '/*<read wrows>*/', replace(v_read, '/*<rows>*/', '/*<wrows>*/')),
+        '/*<rows>*/', v_rows), '/*<wrows>*/', v_wrows);
     -- Without a lease: no epoch column, nothing to do when done.
     v_plain constant text := replace(replace(v_body, '/*<epoch>*/', ''), '/*<done>*/', '');
 begin

@@ -62,7 +62,14 @@ create table if not exists pgque.event (
     ev_extra4 text
 ) partition by list (ev_part);
 
-select pgque._create_index('event_txid_idx', $ddl$create index event_txid_idx on pgque.event (ev_txid)$ddl$);
+-- (ev_txid, ev_id): a batch is its ev_txid ranges, and ev_id, its order,
+-- in the index lets a chunk of a large batch be read from the index
+-- alone (see "Large batches" in docs/design.md). Installs before it had
+-- (ev_txid) only: the first install of this version builds the new index
+-- on every event table (a SHARE lock each: sends wait for the build) and
+-- drops the old one.
+select pgque._create_index('event_txid_id_idx', $ddl$create index event_txid_id_idx on pgque.event (ev_txid, ev_id)$ddl$);
+drop index if exists pgque.event_txid_idx;
 
 -- ev_dedup: an idempotency key, unique within an event table (the
 -- partial index holds no entry for the NULL of an event without one).

@@ -87,7 +87,7 @@ $$;
 
 -- _route_index(queue_id, nslots, wanted): creates (or drops, when no slot
 -- group of the queue uses nslots any more) an index per event table on the
--- routing expression for nslots and ev_txid. With it, slot k reads only
+-- routing expression for nslots, ev_txid and ev_id. With it, slot k reads only
 -- its own events instead of the whole stream: N slots cost about one
 -- reader, not N. The expression is spelled exactly as _slot_filter spells
 -- it, so the planner matches the predicate to the index.
@@ -152,17 +152,36 @@ begin
 end;
 $$;
 
--- _route_index_build(queue_id, table, nslots): creates one routing index.
+-- _route_index_build(queue_id, table, nslots): creates one routing index,
+-- ((routing expression), ev_txid, ev_id): ev_id lets a slot's chunk of a
+-- large batch be read from the index alone ("Large batches" in
+-- docs/design.md). An index of an earlier version, without ev_id, is
+-- dropped and built again.
 create or replace function pgque._route_index_build(i_queue_id integer, i_table integer, i_nslots integer)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    v_ix text := 'event_' || i_queue_id || '_' || i_table || '_route' || i_nslots;
 begin
-    execute format('create index if not exists %I on %s ((%s), ev_txid)',
-                   'event_' || i_queue_id || '_' || i_table || '_route' || i_nslots,
+    if pgque._route_index_old(v_ix) then
+        execute format('drop index pgque.%I', v_ix);
+    end if;
+    execute format('create index if not exists %I on %s ((%s), ev_txid, ev_id)',
+                   v_ix,
                    pgque._event_table(i_queue_id, i_table),
                    regexp_replace(pgque._slot_filter(0, i_nslots), ' = 0$', ''));
 end;
+$$;
+
+-- _route_index_old(index): whether the routing index exists without
+-- ev_id (made by an earlier version).
+create or replace function pgque._route_index_old(i_index text)
+returns boolean language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce((select i.indnatts < 3 from pg_catalog.pg_index i
+                      where i.indexrelid = pg_catalog.to_regclass(pg_catalog.format('pgque.%I', i_index))), false)
 $$;
 
 -- maint_route_indexes(): builds the routing indexes _route_index had to
@@ -190,6 +209,7 @@ begin
           join pgque.queue q on q.queue_id = g.sg_queue
           cross join lateral generate_series(0, q.queue_ntables - 1) t(n)
          where pg_catalog.to_regclass(pg_catalog.format('pgque.%I', 'event_' || g.sg_queue || '_' || t.n || '_route' || g.sg_nslots)) is null
+            or pgque._route_index_old('event_' || g.sg_queue || '_' || t.n || '_route' || g.sg_nslots)
          order by 1, 2, 3
     loop
         execute format('select count(*) > 1000 from (select 1 from %s limit 1001) x', pgque._event_table(r.queue_id, r.n))
