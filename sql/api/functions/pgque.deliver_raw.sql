@@ -250,24 +250,26 @@ begin
             v_seq := (select t.tick_event_seq from pgque.tick t
                        where t.tick_queue = v_queue and t.tick_id = st.st_next_tick limit 1);
             v_width := (i_max + 1 + (i_max + 1) / 4) * greatest(coalesce(i_nslots, 1), 1);
-            v_txlo := pg_snapshot_xmax(v_prev);
-            v_txhi := pg_snapshot_xmax(v_cur);
-            if v_txhi::text::bigint - v_txlo::text::bigint <= 256 then
-                v_txids := array(select x from unnest(v_xip) x where pg_visible_in_snapshot(x, v_cur)
-                                 union all
-                                 select g::text::xid8
-                                   from generate_series(v_txlo::text::bigint, v_txhi::text::bigint - 1) g
-                                  where pg_visible_in_snapshot(g::text::xid8, v_cur));
-                v_txhi := v_txlo;
-            else
-                v_txids := array(select x from unnest(v_xip) x where pg_visible_in_snapshot(x, v_cur));
+            if st.st_acked_to + v_width < v_seq then
+                v_txlo := pg_snapshot_xmax(v_prev);
+                v_txhi := pg_snapshot_xmax(v_cur);
+                if v_txhi::text::bigint - v_txlo::text::bigint <= 256 then
+                    v_txids := array(select x from unnest(v_xip) x where pg_visible_in_snapshot(x, v_cur)
+                                     union all
+                                     select g::text::xid8
+                                       from generate_series(v_txlo::text::bigint, v_txhi::text::bigint - 1) g
+                                      where pg_visible_in_snapshot(g::text::xid8, v_cur));
+                    v_txhi := v_txlo;
+                else
+                    v_txids := array(select x from unnest(v_xip) x where pg_visible_in_snapshot(x, v_cur));
+                end if;
+                while st.st_acked_to + v_width < v_seq loop
+                    v_lim := st.st_acked_to + v_width;
+                    v_lim := (select w.ev_id from /*<wrows>*/ w order by w.ev_id offset i_max limit 1);
+                    exit when v_lim is not null;
+                    v_width := v_width * 4;
+                end loop;
             end if;
-            while st.st_acked_to + v_width < v_seq loop
-                v_lim := st.st_acked_to + v_width;
-                v_lim := (select w.ev_id from /*<wrows>*/ w order by w.ev_id offset i_max limit 1);
-                exit when v_lim is not null;
-                v_width := v_width * 4;
-            end loop;
         end if;
         if v_lim is null then
 /*<read rows>*/        else
