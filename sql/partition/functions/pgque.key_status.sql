@@ -11,7 +11,7 @@
 --
 -- Nothing here is written per event: every answer is computed when asked,
 -- from the log itself, with bounded scans. A slot's pending events are read
--- through the routing index ((hash expr), ev_txid) in ev_txid order, so the
+-- through the routing index ((hash expr), ev_txid, ev_id) in ev_txid order, so the
 -- first rows read are the oldest pending ones; the scan stops after a
 -- budget of rows, and then the counts are lower bounds (estimated = true)
 -- while the heads found are still the oldest ones.
