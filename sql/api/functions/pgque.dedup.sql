@@ -319,7 +319,7 @@ begin
         end if;
     end if;
 
-    v_id := nextval(v_seq);
+    v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
     if i_how = 'catch' then
         begin
             insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)

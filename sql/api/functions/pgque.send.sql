@@ -46,7 +46,7 @@ begin
         if v_confined then
             perform pgque._authorize_id(v_part / 16, 'produce'); -- access check
         end if;
-        v_id := nextval(v_seq);
+        v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
         insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
         values (v_id, v_part, i_type, i_payload::text, i_partition_key);
         return v_id;
@@ -68,7 +68,7 @@ begin
       into v_part, v_seq, v_confined, v_switch, v_retired, v_expire
       from pgque.queue where queue_name = i_queue;
     if found and not v_confined and (v_retired is null or v_switch <= v_expire) then
-        v_id := nextval(v_seq);
+        v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
         begin
             insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)
             values (v_id, v_part, i_type, i_payload::text, i_partition_key, i_dedup_key);
@@ -130,7 +130,7 @@ begin
         if v_confined then
             perform pgque._authorize_id(v_part / 16, 'produce'); -- access check
         end if;
-        v_id := nextval(v_seq);
+        v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
         insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
         values (v_id, v_part, i_type, i_payload, i_partition_key);
         return v_id;
@@ -148,7 +148,7 @@ begin
       into v_part, v_seq, v_confined, v_switch, v_retired, v_expire
       from pgque.queue where queue_name = i_queue;
     if found and not v_confined and (v_retired is null or v_switch <= v_expire) then
-        v_id := nextval(v_seq);
+        v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
         begin
             insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)
             values (v_id, v_part, i_type, i_payload, i_partition_key, i_dedup_key);
@@ -208,6 +208,7 @@ declare
     v_part integer;
     v_seq  regclass;
     v_ids  bigint[];
+    v_xid  xid8;
 begin
     if i_type is null or i_payloads is null then
         raise exception using errcode = '22004', message = 'event type and payloads must not be NULL';
@@ -266,7 +267,8 @@ begin
 
     -- The ev_ids are taken first, in input order, and the INSERT pairs
     -- them with the payloads: no RETURNING, no sort to put them back in
-    -- order.
+    -- order. The transaction's id is taken before them (see _tick_due).
+    v_xid := pg_current_xact_id();
     v_ids := array(select nextval(v_seq) from generate_series(1, cardinality(i_payloads)));
     insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
     select u.id, v_part, i_type, u.payload, u.pkey

@@ -90,8 +90,11 @@ begin
             when i_exclude is not null then format('(pg_catalog.to_jsonb(%s) operator(pg_catalog.-) %L::text[])', v_row, i_exclude)
             else format('pg_catalog.to_jsonb(%s)', v_row) end;
     end loop;
+    -- The TRUNCATE trigger fires before the table is touched, so it takes
+    -- the transaction's id before the event's (see _tick_due); the row
+    -- triggers fire after the row is written, which took it.
     v_trunc := case when 'truncate' = any (i_operations)
-        then format('insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra2) values (pg_catalog.nextval(v_seq), v_part, ''truncate'', pg_catalog.jsonb_build_object(''table'', %L)::text, %L);',
+        then format('insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra2) values (case when pg_catalog.pg_current_xact_id() is not null then pg_catalog.nextval(v_seq) end, v_part, ''truncate'', pg_catalog.jsonb_build_object(''table'', %L)::text, %L);',
                     v_tname, v_tname)
         else format('raise exception using errcode = ''PQ060'', message = %L;',
                     format('%s is attached to queue %s: TRUNCATE would bypass its events; detach it first, or attach with operation truncate',

@@ -47,8 +47,10 @@ begin
     insert into pgque.queue (queue_id, queue_name, queue_ntables, queue_event_seq)
     values (v_id, i_queue, v_ntab, v_seq::regclass);
 
-    insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq)
-    values (v_id, nextval('pgque.tick_id_seq'), clock_timestamp(), pg_current_snapshot(), 0);
+    -- The sequence is new: no event id is covered, so no transaction can
+    -- hold one and any transaction id bounds them (tick_xid).
+    insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq, tick_xid)
+    values (v_id, nextval('pgque.tick_id_seq'), clock_timestamp(), pg_current_snapshot(), 0, pg_current_xact_id());
     return 1;
 end;
 $$;

@@ -24,7 +24,7 @@ begin
     if v_confined then
         perform pgque._authorize_id(v_part / 16, 'produce'); -- access check
     end if;
-    v_id := nextval(v_seq);
+    v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
     insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
     values (v_id, v_part, i_type, i_data, i_extra1, i_extra2, i_extra3, i_extra4);
     return v_id;
@@ -57,7 +57,7 @@ begin
     if v_confined then
         perform pgque._authorize_id(v_part / 16, 'produce'); -- access check
     end if;
-    v_id := nextval(v_seq);
+    v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
     insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
     values (v_id, v_part, i_type, i_data, i_extra1, i_extra2, i_extra3, i_extra4);
     return v_id;

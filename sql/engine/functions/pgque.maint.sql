@@ -220,8 +220,8 @@ begin
     end if;
     perform nextval('pgque.tick_gen_seq');
     -- Statement snapshots from here on see every committed cursor.
-    insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq, tick_gen)
-    select t.tick_queue, t.tick_id, t.tick_time, t.tick_snapshot, t.tick_event_seq, 1 - v_cur
+    insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq, tick_xid, tick_gen)
+    select t.tick_queue, t.tick_id, t.tick_time, t.tick_snapshot, t.tick_event_seq, t.tick_xid, 1 - v_cur
       from pgque.tick t join pgque._tick_keep(true) k on k.o_queue = t.tick_queue and t.tick_id >= k.o_from
      where t.tick_gen = v_cur;
     execute format('truncate %s', 'pgque.tick_' || v_cur);

@@ -14,17 +14,35 @@
 --
 -- "Events are pending" is first read from the event sequence. That misses a
 -- producer that took its ev_id before the last tick but committed after it
--- (the sequence did not move since), so when the sequence is still, the
--- index is asked whether any committed event is missing from the last
--- tick's snapshot: an event at or past its xmax, or of a transaction it
--- listed as running. On an idle queue that is an empty index probe.
+-- (the sequence did not move since): a straggler. So when the sequence is
+-- still, the index is asked whether any committed event is missing from the
+-- last tick's snapshot: an event at or past its xmax, or of a transaction it
+-- listed as running.
+--
+-- That probe is most of what polling an idle queue costs (it is planned on
+-- every call), so a tick that can have no straggler left is not probed
+-- again. Producers take their transaction id before their event ids, and
+-- tick_xid was assigned after the ticker read the sequence the tick
+-- records; so a straggler's transaction id is below tick_xid. When no
+-- transaction below tick_xid is running (the snapshot's xmin is at or past
+-- it) and the probe, under the same or a later snapshot, finds nothing, no
+-- straggler of the tick can ever commit. The session remembers that tick as
+-- settled (setting pgque.settled_ticks: ",queue_id:tick_id," per queue) and
+-- its later polls skip the probe. Transactions that hold no transaction id
+-- (pg_dump, reports, standby feedback) do not hold a tick unsettled. The
+-- memory is only a shortcut: a new session, or a tick without tick_xid,
+-- probes as before, and a straggler the probe misses is still in the next
+-- tick's batch, at the latest after ticker_idle_period.
 create or replace function pgque._tick_due(q pgque.queue, t pgque.tick, i_force boolean)
-returns boolean language plpgsql stable
+returns boolean language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    v_seq bigint := coalesce(pg_sequence_last_value(q.queue_event_seq), 0);
-    v_age interval := clock_timestamp() - t.tick_time;
+    v_seq  bigint := coalesce(pg_sequence_last_value(q.queue_event_seq), 0);
+    v_age  interval := clock_timestamp() - t.tick_time;
+    v_mem  text;
+    v_tag  text;
+    v_open boolean;
 begin
     if i_force or v_seq - t.tick_event_seq >= q.queue_ticker_max_count
        or v_age >= q.queue_ticker_idle_period then
@@ -33,19 +51,77 @@ begin
     if v_age < q.queue_ticker_max_lag then
         return false;
     end if;
-    return v_seq > t.tick_event_seq or exists (
+    if v_seq > t.tick_event_seq then
+        return true;
+    end if;
+    v_mem := coalesce(nullif(current_setting('pgque.settled_ticks', true), ''), ',');
+    v_tag := q.queue_id || ':' || t.tick_id || ',';
+    if t.tick_xid is not null and strpos(v_mem, ',' || v_tag) > 0 then
+        return false;
+    end if;
+    -- Before the probe: a transaction below tick_xid that ends after this
+    -- snapshot may still commit a straggler.
+    v_open := t.tick_xid is null or pg_snapshot_xmin(pg_current_snapshot()) < t.tick_xid;
+    if exists (
         select 1 from pgque.event e
          where e.ev_part >= q.queue_id * 16 and e.ev_part < q.queue_id * 16 + 16
            and (e.ev_txid >= pg_snapshot_xmax(t.tick_snapshot)
-                or e.ev_txid = any(array(select pg_snapshot_xip(t.tick_snapshot)))));
+                or e.ev_txid = any(array(select pg_snapshot_xip(t.tick_snapshot))))) then
+        return true;
+    end if;
+    if not v_open then
+        perform set_config('pgque.settled_ticks',
+                           regexp_replace(v_mem, ',' || q.queue_id || ':[0-9]+,', ',') || v_tag, false);
+    end if;
+    return false;
 end;
 $$;
 
--- _tick(queue_id, force): makes a tick for one queue when one is due.
--- Reads without locking first, so polling idle queues writes nothing.
--- Returns the new tick id or NULL. Notifies channel "pgque" with the queue
--- name, so consumers can wake up at once.
-create or replace function pgque._tick(i_queue_id integer, i_force boolean)
+-- _tick_isolation(): refuses a transaction whose snapshot could predate
+-- the previous tick (REPEATABLE READ, SERIALIZABLE).
+create or replace function pgque._tick_isolation()
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if current_setting('transaction_isolation') <> 'read committed' then
+        raise exception using errcode = 'PQ011',
+            message = format('the ticker must run in READ COMMITTED, not %s', current_setting('transaction_isolation'));
+    end if;
+end;
+$$;
+
+-- _tick_poll(queue_id, force): whether a tick of the queue is due, read
+-- without locking, so polling idle queues writes nothing. Returns the event
+-- sequence's value read before the check when one is due, NULL otherwise.
+create or replace function pgque._tick_poll(i_queue_id integer, i_force boolean)
+returns bigint language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q     pgque.queue;
+    t     pgque.tick;
+    v_seq bigint;
+begin
+    select * into q from pgque.queue where queue_id = i_queue_id;
+    v_seq := coalesce(pg_sequence_last_value(q.queue_event_seq), 0);
+    select * into t from pgque.tick where tick_queue = i_queue_id order by tick_id desc limit 1;
+    if pgque._tick_due(q, t, i_force) then
+        return v_seq;
+    end if;
+    return null;
+end;
+$$;
+
+-- _tick_write(queue_id, force, seq, bound): makes the tick _tick_poll
+-- found due, unless a concurrent ticker made it first. seq is the event
+-- sequence _tick_poll read; bound says this transaction had no id then.
+-- The row lock below assigns the id, so it is above every producer's that
+-- holds an event id up to seq: the tick's tick_xid, when the sequence has
+-- not moved by the time the tick is written (see _tick_due). Returns the
+-- new tick id or NULL. Notifies channel "pgque" with the queue's tag, so
+-- consumers can wake up at once.
+create or replace function pgque._tick_write(i_queue_id integer, i_force boolean, i_seq bigint, i_bound boolean)
 returns bigint language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
@@ -53,17 +129,8 @@ declare
     q      pgque.queue;
     t      pgque.tick;
     v_tick bigint;
+    v_seq  bigint;
 begin
-    if current_setting('transaction_isolation') <> 'read committed' then
-        raise exception using errcode = 'PQ011',
-            message = format('the ticker must run in READ COMMITTED, not %s', current_setting('transaction_isolation'));
-    end if;
-    select * into q from pgque.queue where queue_id = i_queue_id;
-    select * into t from pgque.tick where tick_queue = i_queue_id order by tick_id desc limit 1;
-    if not pgque._tick_due(q, t, i_force) then
-        return null;
-    end if;
-
     select * into q from pgque.queue where queue_id = i_queue_id for no key update;
     select * into t from pgque.tick where tick_queue = i_queue_id order by tick_id desc limit 1;
     if not pgque._tick_due(q, t, i_force) then
@@ -77,9 +144,10 @@ begin
     -- would make the next poll find it a fraction short of due, and ticks
     -- would come one poll in two.
     v_tick := nextval('pgque.tick_id_seq');
-    insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq)
-    values (i_queue_id, v_tick, now(), pg_current_snapshot(),
-            coalesce(pg_sequence_last_value(q.queue_event_seq), 0));
+    v_seq := coalesce(pg_sequence_last_value(q.queue_event_seq), 0);
+    insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq, tick_xid)
+    values (i_queue_id, v_tick, now(), pg_current_snapshot(), v_seq,
+            case when i_bound and v_seq = i_seq then pg_current_xact_id() end);
     -- Notifications are queued at commit, and a full NOTIFY queue (a
     -- listener idle in a transaction, perhaps a stranger's: any role may
     -- LISTEN) would then fail the tick. Consumers poll anyway, so past
@@ -89,6 +157,25 @@ begin
         perform pg_notify('pgque', pgque._tick_tag(q.queue_name));
     end if;
     return v_tick;
+end;
+$$;
+
+-- _tick(queue_id, force): makes a tick for one queue when one is due.
+-- Returns the new tick id or NULL.
+create or replace function pgque._tick(i_queue_id integer, i_force boolean)
+returns bigint language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_bound boolean := pg_current_xact_id_if_assigned() is null;
+    v_seq   bigint;
+begin
+    perform pgque._tick_isolation();
+    v_seq := pgque._tick_poll(i_queue_id, i_force);
+    if v_seq is null then
+        return null;
+    end if;
+    return pgque._tick_write(i_queue_id, i_force, v_seq, v_bound);
 end;
 $$;
 
@@ -122,11 +209,45 @@ returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    v_id integer;
-    v_n  bigint := 0;
+    v_bound boolean := pg_current_xact_id_if_assigned() is null;
+    v_mem   text := coalesce(nullif(current_setting('pgque.settled_ticks', true), ''), ',');
+    v_id    integer;
+    v_seq   bigint;
+    v_due   integer[] := '{}';
+    v_seqs  bigint[] := '{}';
+    v_n     bigint := 0;
 begin
-    for v_id in select queue_id from pgque.queue order by queue_id loop
-        if pgque._tick(v_id, false) is not null then
+    perform pgque._tick_isolation();
+    -- Every queue is polled before any is ticked: the first tick gives the
+    -- transaction its id, and that id bounds the producers of every tick
+    -- of this call only if all their sequences were read before it.
+    --
+    -- One statement first drops the queues _tick_due would certainly find
+    -- not due: neither count nor idle period reached, and either the last
+    -- tick younger than ticker_max_lag or the sequence still and the tick
+    -- settled in this session. An idle queue then costs a row of it.
+    for v_id in
+        select q.queue_id
+          from pgque.queue q
+         cross join lateral (select coalesce(pg_sequence_last_value(q.queue_event_seq), 0) as seq) s
+         cross join lateral (select t.tick_id, t.tick_time, t.tick_event_seq, t.tick_xid
+                               from pgque.tick t where t.tick_queue = q.queue_id
+                              order by t.tick_id desc limit 1) t
+         where s.seq - t.tick_event_seq >= q.queue_ticker_max_count
+            or clock_timestamp() - t.tick_time >= q.queue_ticker_idle_period
+            or (clock_timestamp() - t.tick_time >= q.queue_ticker_max_lag
+                and (s.seq > t.tick_event_seq or t.tick_xid is null
+                     or strpos(v_mem, ',' || q.queue_id || ':' || t.tick_id || ',') = 0))
+         order by q.queue_id
+    loop
+        v_seq := pgque._tick_poll(v_id, false);
+        if v_seq is not null then
+            v_due := v_due || v_id;
+            v_seqs := v_seqs || v_seq;
+        end if;
+    end loop;
+    for i in 1 .. cardinality(v_due) loop
+        if pgque._tick_write(v_due[i], false, v_seqs[i], v_bound) is not null then
             v_n := v_n + 1;
         end if;
     end loop;

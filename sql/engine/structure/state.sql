@@ -61,6 +61,16 @@ create table if not exists pgque.tick_0 partition of pgque.tick for values in (0
 create table if not exists pgque.tick_1 partition of pgque.tick for values in (1);
 select pgque._create_index('tick_queue_id_idx', $ddl$create index tick_queue_id_idx on pgque.tick (tick_queue, tick_id)$ddl$);
 
+-- tick_xid: the ticker's transaction id, when it was assigned after the
+-- ticker read the event sequence and the sequence had not moved by the
+-- time the tick was written (NULL otherwise, and in ticks written before
+-- the column existed). Every producer takes its transaction id before its
+-- event ids, so a transaction holding an ev_id the tick covers has a
+-- transaction id below tick_xid: once no transaction below it is running,
+-- no event the tick's snapshot missed can still commit (see _tick_due).
+select pgque._add_column('pgque.tick', 'tick_xid',
+    $ddl$alter table pgque.tick add column tick_xid xid8$ddl$);
+
 do $tick$
 declare
     f regprocedure;
