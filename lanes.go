@@ -97,6 +97,13 @@ type slotLanes struct {
 	// still unacknowledged would deliver those twice after a crash.
 	chunkMu sync.Mutex
 
+	// ack is the last chunk, handled without failures or holds and not
+	// acknowledged yet: the next receive acknowledges it in the same
+	// statement, or drain does when the runner stops. Only the runner
+	// goroutine uses it, and only while no lane of the slot is held (a
+	// held key's settlement must not run before its chunk's ack).
+	ack *dbq.Delivery
+
 	mu      sync.Mutex
 	held    map[KeyRef]*lane // detached lanes not finished yet
 	queued  int              // unfinished events of detached lanes
@@ -118,10 +125,10 @@ func (pc *PartitionedConsumer) lanesOf(lease *workerpool.Lease) *slotLanes {
 	return sl
 }
 
-// drain waits for the detached lanes of the slot (a workerpool.DrainFunc):
-// they finish their handlers and settle their keys before the lease is
-// released.
-func (pc *PartitionedConsumer) drain(lease *workerpool.Lease) {
+// drain sends the slot's pending acknowledgement and waits for its
+// detached lanes (workerpool's Drain): they finish their handlers and
+// settle their keys before the lease is released.
+func (pc *PartitionedConsumer) drain(ctx context.Context, lease *workerpool.Lease) {
 	pc.lanesMu.Lock()
 	sl := pc.lanes[lease.Slot]
 	if sl != nil && sl.lease == lease {
@@ -129,9 +136,57 @@ func (pc *PartitionedConsumer) drain(lease *workerpool.Lease) {
 	}
 	pc.lanesMu.Unlock()
 	if sl != nil && sl.lease == lease {
+		pc.flushAck(ctx, sl, lease)
 		sl.wg.Wait()
 		pc.observeLanes(lease.Slot, nil)
 	}
+}
+
+// takeAck returns the slot's pending acknowledgement for the receive
+// about to be sent, and forgets it: if that statement fails, it rolled
+// the acknowledgement back, and the chunk is received again.
+func (sl *slotLanes) takeAck() *dbq.Delivery {
+	ack := sl.ack
+	sl.ack = nil
+	return ack
+}
+
+// deferAck keeps a chunk's acknowledgement for the next receive when it
+// can wait: nothing failed, nothing is held in this chunk, and no held
+// lane of the slot could settle its key before the ack lands. It reports
+// whether it did; otherwise the caller settles the chunk at once.
+func (sl *slotLanes) deferAck(d dbq.Delivery, failures []failure, holding int) bool {
+	if len(failures) > 0 || holding > 0 {
+		return false
+	}
+	sl.mu.Lock()
+	held := len(sl.held)
+	sl.mu.Unlock()
+	if held > 0 {
+		return false
+	}
+	sl.ack = &d
+	return true
+}
+
+// flushAck sends the slot's pending acknowledgement on its own when its
+// runner stops, unless ctx (the slot's work context) ended: a fenced or
+// hard-stopped slot settles nothing, and its chunk is received again.
+func (pc *PartitionedConsumer) flushAck(ctx context.Context, sl *slotLanes, lease *workerpool.Lease) {
+	ack := sl.takeAck()
+	if ack == nil || ctx.Err() != nil {
+		return
+	}
+	cfg := &pc.config
+	start := time.Now()
+	if _, err := pc.client.queries.AckDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, *ack); err != nil {
+		err = mapError(fmt.Sprintf("acknowledging the last chunk of slot %d", lease.Slot), err)
+		pc.client.logger.WarnContext(ctx, "pgque: stopping slot", slog.String("queue", cfg.Queue),
+			slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot), slog.Any("error", err))
+		pc.client.reportError(ctx, err)
+		return
+	}
+	lease.Renewed(start)
 }
 
 // recoverHolds releases the holds left on the slot — by an earlier owner,
@@ -195,7 +250,7 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 		}
 	}()
 	start := time.Now()
-	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize)
+	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize, sl.takeAck())
 	if err != nil {
 		return false, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
 	}
@@ -289,10 +344,13 @@ wait:
 	failures := chunkFailures(lanes)
 	ackStart := time.Now()
 	s := pc.chunkSettler(lease, policy, delivery)
-	if len(holding) > 0 {
+	switch {
+	case len(holding) > 0:
 		// The holds must land with the ack: in the same transaction.
 		err = pc.settleWithHolds(workCtx, &s, failures, lease, delivery, holding)
-	} else {
+	case sl.deferAck(delivery, failures, 0):
+		// Acknowledged by the next receive.
+	default:
 		err = s.settle(workCtx, pc.client.pool, failures)
 	}
 	if err != nil && len(holding) > 0 && workCtx.Err() == nil && !errors.Is(err, ErrLeaseLost) {

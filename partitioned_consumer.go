@@ -169,13 +169,14 @@ func (pc *PartitionedConsumer) Stop(ctx context.Context) error {
 // work processes one chunk of a held slot (a workerpool.WorkFunc).
 func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *workerpool.Lease) (bool, error) {
 	cfg := &pc.config
-	if sl := pc.lanesOf(lease); !sl.recovered {
+	sl := pc.lanesOf(lease)
+	if !sl.recovered {
 		if err := pc.recoverHolds(fetchCtx, sl, lease); err != nil {
 			return false, err
 		}
 	}
 	start := time.Now()
-	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize)
+	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize, sl.takeAck())
 	if err != nil {
 		return false, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
 	}
@@ -206,12 +207,14 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot),
 			slog.Int("failed", len(failures)), slog.Int("held", held))
 	}
-	ackStart := time.Now()
-	s := pc.chunkSettler(lease, policy, delivery)
-	if err := s.settle(workCtx, pc.client.pool, failures); err != nil {
-		return false, err
+	if !sl.deferAck(delivery, failures, held) {
+		ackStart := time.Now()
+		s := pc.chunkSettler(lease, policy, delivery)
+		if err := s.settle(workCtx, pc.client.pool, failures); err != nil {
+			return false, err
+		}
+		lease.Renewed(ackStart)
 	}
-	lease.Renewed(ackStart)
 	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(start).Seconds())
 	return true, nil
 }

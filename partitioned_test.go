@@ -262,7 +262,7 @@ func TestPartitionedFencing(t *testing.T) {
 		t.Fatal("the fenced handler's context was not cancelled")
 	}
 	// The chunk was not acked: the thief receives the event.
-	rows, err := q.ReceivePartitioned(ctx, env.queue, "c", 0, 1, "thief", token, 10)
+	rows, err := q.ReceivePartitioned(ctx, env.queue, "c", 0, 1, "thief", token, 10, nil)
 	if err != nil || len(rows) != 1 || rows[0].Epoch != epoch {
 		t.Fatalf("thief received %v, %v; want the abandoned event at epoch %d", rows, err, epoch)
 	}

@@ -876,7 +876,7 @@ func TestPausePolicySwitchRacesNack(t *testing.T) {
 	var last dbq.Delivery
 	receive := func() []int64 {
 		t.Helper()
-		rows, err := q.ReceivePartitioned(ctx, env.queue, "c", 0, 1, "w", token, 100)
+		rows, err := q.ReceivePartitioned(ctx, env.queue, "c", 0, 1, "w", token, 100, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -107,7 +107,7 @@ func (r *Receiver) ReleaseSlot(ctx context.Context, lease SlotLease) (bool, erro
 // ReceiveSlot is Receive for the leased slot of nslots (it renews the
 // lease; ErrLeaseLost when the lease is not held any more).
 func (r *Receiver) ReceiveSlot(ctx context.Context, lease SlotLease, nslots, max int) ([]*Message, error) {
-	rows, err := r.q.ReceivePartitioned(ctx, lease.Queue, lease.Consumer, lease.Slot, nslots, lease.Worker, lease.Token, max)
+	rows, err := r.q.ReceivePartitioned(ctx, lease.Queue, lease.Consumer, lease.Slot, nslots, lease.Worker, lease.Token, max, nil)
 	if err != nil {
 		return nil, mapError(fmt.Sprintf("receiving slot %d/%d of %q", lease.Slot, nslots, lease.Consumer), err)
 	}

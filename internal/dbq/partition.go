@@ -42,13 +42,19 @@ func (q *Queries) ReleaseSlot(ctx context.Context, queue, consumer string, slot 
 }
 
 // ReceivePartitioned calls pgque.receive_partitioned_raw(queue, consumer,
-// slot, nslots, worker, token, max): the slot's next chunk, renewing the
-// lease, payloads as stored (made JSON as receive_partitioned would, see
-// rawPayload).
-func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, max int) ([]Row, error) {
+// slot, nslots, worker, token, max[, ack]): the slot's next chunk, renewing
+// the lease, payloads as stored (made JSON as receive_partitioned would,
+// see rawPayload). A non-nil ack is the chunk the slot handed out last:
+// the same statement acknowledges it first, as AckDelivery would; when the
+// call fails, it was not acknowledged.
+func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, max int, ack *Delivery) ([]Row, error) {
+	var epoch, batch, msg *int64
+	if ack != nil {
+		epoch, batch, msg = &ack.Epoch, &ack.BatchID, &ack.MsgID
+	}
 	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload, retry_count, created_at, partition_key, epoch
-		from pgque.receive_partitioned_raw($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::int)`,
-		queue, consumer, slot, nslots, worker, token, max)
+		from pgque.receive_partitioned_raw($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::int, $8::bigint, $9::bigint, $10::bigint)`,
+		queue, consumer, slot, nslots, worker, token, max, epoch, batch, msg)
 	if err != nil {
 		return nil, err
 	}

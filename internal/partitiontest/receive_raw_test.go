@@ -274,3 +274,107 @@ func TestReceivePartitionedRawMatches(t *testing.T) {
 		t.Fatalf("the two forms agreed on %d events, want all %d", seen, len(stored))
 	}
 }
+
+// T-receive-partitioned-raw-ack: receive_partitioned_raw with the proof of
+// the chunk the slot handed out last acknowledges it first, as
+// ack_partitioned would, and then receives: a slot draining with one call
+// per chunk sees exactly the chunks of a slot draining with receive +
+// ack_partitioned, over ticks smaller and larger than the chunk. A wrong
+// proof is refused (PQ032 for another epoch, PQ035 for an event outside
+// the chunk, 22004 for a partial proof) and a call that fails after the
+// acknowledgement (a bad max) acknowledges nothing: the same proof then
+// still acknowledges the chunk.
+func TestReceivePartitionedRawAcks(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	d.createQueue("q")
+	const n = 2
+	d.subscribeSlots("q", "a", n)
+	d.subscribeSlots("q", "b", n)
+	for _, count := range []int{2, 9, 1, 14, 5} {
+		for i := range count {
+			d.send("q", ptr(fmt.Sprintf("k%d", i%6)))
+		}
+		d.tick("q")
+	}
+	ctx := context.Background()
+	type row struct{ id, batch, epoch int64 }
+	read := func(sql string, args ...any) ([]row, error) {
+		rows, err := d.pool.Query(ctx, sql, args...)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+			var x row
+			err := r.Scan(&x.id, &x.batch, &x.epoch)
+			return x, err
+		})
+	}
+	const recv = `select msg_id, batch_id, epoch from pgque.receive_partitioned_raw('q', $1, $2, $3, 'w', $4::uuid, $5, $6, $7, $8)`
+	d.claimAll("q", "a", n, "w", 3)
+	d.claimAll("q", "b", n, "w", 3)
+	total := 0
+	for slot := range n {
+		ta := tokenFor(t, d.pool, "q", "a", slot, "w")
+		tb := tokenFor(t, d.pool, "q", "b", slot, "w")
+		var last *row // b's chunk not acknowledged yet
+		for chunk := 0; ; chunk++ {
+			ra, err := read(recv, "a", slot, n, ta, 3, nil, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pe, pb, pm *int64
+			if last != nil {
+				pe, pb, pm = &last.epoch, &last.batch, &last.id
+				if chunk == 1 {
+					// Wrong proofs, each refused before anything is read.
+					other := last.epoch + 1
+					_, err := read(recv, "b", slot, n, tb, 3, &other, pb, pm)
+					wantState(t, err, "PQ032", "an ack under another epoch")
+					outside := last.id - 1_000_000
+					_, err = read(recv, "b", slot, n, tb, 3, pe, pb, &outside)
+					wantState(t, err, "PQ035", "an ack naming an event outside the chunk")
+					_, err = read(recv, "b", slot, n, tb, 3, pe, pb, nil)
+					wantState(t, err, "22004", "a partial proof")
+					_, err = read(recv, "b", slot, n, tb, 0, pe, pb, pm)
+					wantState(t, err, "PQ011", "an ack with a bad max")
+				}
+			}
+			rb, err := read(recv, "b", slot, n, tb, 3, pe, pb, pm)
+			if err != nil {
+				t.Fatalf("slot %d chunk %d: %v", slot, chunk, err)
+			}
+			if len(ra) != len(rb) {
+				t.Fatalf("slot %d chunk %d: separate ack gave %d rows, ack in the receive %d", slot, chunk, len(ra), len(rb))
+			}
+			for i := range ra {
+				if ra[i].id != rb[i].id {
+					t.Fatalf("slot %d chunk %d row %d: event %d, with the ack in the receive %d", slot, chunk, i, ra[i].id, rb[i].id)
+				}
+			}
+			if len(ra) == 0 {
+				break
+			}
+			total += len(ra)
+			if one[int32](t, d.pool, "select pgque.ack_partitioned('q', 'a', $1, $2, 'w', $3::uuid, $4, $5, $6)",
+				slot, n, ta, ra[0].epoch, ra[0].batch, ra[0].id) < 0 {
+				t.Fatal("ack_partitioned returned a negative count")
+			}
+			last = &rb[0]
+		}
+		// The empty receive acknowledged b's last chunk: its own ack now
+		// names a chunk that is settled.
+		_, err := read(`select pgque.ack_partitioned('q', 'b', $1, $2, 'w', $3::uuid, $4, $5, $6)`, slot, n, tb, last.epoch, last.batch, last.id)
+		wantOneOf(t, err, "acknowledging b's last chunk again", "PQ020", "PQ035")
+	}
+	if total != 31 {
+		t.Fatalf("drained %d events, want 31", total)
+	}
+	for _, c := range []string{"a", "b"} {
+		for slot := range n {
+			if !caughtUp(t, d.pool, slotRef{q: "q", c: c, slot: slot, n: n}) {
+				t.Fatalf("%s slot %d is not caught up", c, slot)
+			}
+		}
+	}
+}

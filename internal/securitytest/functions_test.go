@@ -243,9 +243,12 @@ var functions = map[string]fn{
 		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", tok, "10"}, nullAs: map[int]string{1: "PQ034", 6: "PQ085"}, cases: []badCase{
 			bc("PQ085", "'q1'", "'sc'", "0", "2", "'not-owner'", tok, "10"), bc("PQ030", "'q1'", "'sc'", "0", "3", "'w1'", tok, "10"),
 		}},
-	"pgque.receive_partitioned_raw(text,text,integer,integer,text,uuid,integer)": {roles: "ra",
-		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", tok, "10"}, nullAs: map[int]string{1: "PQ034", 6: "PQ085"}, cases: []badCase{
-			bc("PQ085", "'q1'", "'sc'", "0", "2", "'not-owner'", tok, "10"), bc("PQ030", "'q1'", "'sc'", "0", "3", "'w1'", tok, "10"),
+	"pgque.receive_partitioned_raw(text,text,integer,integer,text,uuid,integer,bigint,bigint,bigint)": {roles: "ra",
+		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", tok, "10", "null", "null", "null"}, nullable: []int{7, 8, 9},
+		nullAs: map[int]string{1: "PQ034", 6: "PQ085"}, cases: []badCase{
+			bc("PQ085", "'q1'", "'sc'", "0", "2", "'not-owner'", tok, "10", "null", "null", "null"),
+			bc("PQ030", "'q1'", "'sc'", "0", "3", "'w1'", tok, "10", "null", "null", "null"),
+			bc("PQ085", "'q1'", "'sc'", "0", "2", "'w1'", "'00000000-0000-4000-8000-000000000002'", "10", "1", "1", "1"),
 		}},
 	"pgque.nack_partitioned(text,text,integer,integer,text,uuid,bigint,interval,text)": {roles: "ra",
 		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", tok, "1", "'1 s'", "'r'"}, nullable: []int{8},

@@ -72,8 +72,10 @@ type Config struct {
 	Work WorkFunc
 	// Drain, when set, is called once the slot's goroutine stops working a
 	// lease, before the lease is released (or abandoned): it must return
-	// only when no work of that lease runs any more.
-	Drain func(lease *Lease)
+	// only when no work of that lease runs any more. ctx is the slot's
+	// work context: ended when the slot was fenced or the pool hard-stopped
+	// (then nothing more may be settled), alive on a graceful stop.
+	Drain func(ctx context.Context, lease *Lease)
 	// IsLeaseLost reports whether an error from Work means the server fenced
 	// this worker (SQLSTATE PQ032).
 	IsLeaseLost func(error) bool

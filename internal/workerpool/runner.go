@@ -98,7 +98,7 @@ func (p *Pool) run(r *runner) {
 // Config.Drain). It is idempotent.
 func (p *Pool) drain(r *runner) {
 	if p.cfg.Drain != nil {
-		p.cfg.Drain(r.lease)
+		p.cfg.Drain(r.workCtx, r.lease)
 	}
 }
 

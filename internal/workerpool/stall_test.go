@@ -89,7 +89,7 @@ func consume(q *dbq.Queries, queue, consumer string, nslots int, worker string, 
 	stuckAfterReceive func(slot int) bool) WorkFunc {
 	return func(fetchCtx, workCtx context.Context, lease *Lease) (bool, error) {
 		start := time.Now()
-		rows, err := q.ReceivePartitioned(fetchCtx, queue, consumer, lease.Slot, nslots, worker, lease.Token, 100)
+		rows, err := q.ReceivePartitioned(fetchCtx, queue, consumer, lease.Slot, nslots, worker, lease.Token, 100, nil)
 		if err != nil {
 			return false, err
 		}

@@ -11,7 +11,7 @@ grant execute on function
     pgque.claim_slot(text, text, integer, text, interval, uuid),
     pgque.release_slot(text, text, integer, text, uuid),
     pgque.receive_partitioned(text, text, integer, integer, text, uuid, integer),
-    pgque.receive_partitioned_raw(text, text, integer, integer, text, uuid, integer),
+    pgque.receive_partitioned_raw(text, text, integer, integer, text, uuid, integer, bigint, bigint, bigint),
     pgque.ack_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, bigint),
     pgque.nack_partitioned(text, text, integer, integer, text, uuid, bigint, interval, text),
     pgque.nack_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, bigint, interval, text),
