@@ -181,12 +181,36 @@ func (pc *PartitionedConsumer) flushAck(ctx context.Context, sl *slotLanes, leas
 	start := time.Now()
 	if _, err := pc.client.queries.AckDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, *ack); err != nil {
 		err = mapError(fmt.Sprintf("acknowledging the last chunk of slot %d", lease.Slot), err)
-		pc.client.logger.WarnContext(ctx, "pgque: stopping slot", slog.String("queue", cfg.Queue),
+		if errors.Is(err, ErrLeaseLost) {
+			// Taken over, or settled by a receive whose answer was lost:
+			// nothing to do.
+			pc.client.logger.DebugContext(ctx, "pgque: last chunk of slot not acknowledged", slog.String("queue", cfg.Queue),
+				slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot), slog.Any("error", err))
+			return
+		}
+		pc.client.logger.WarnContext(ctx, "pgque: acknowledging chunk", slog.String("queue", cfg.Queue),
 			slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot), slog.Any("error", err))
 		pc.client.reportError(ctx, err)
 		return
 	}
 	lease.Renewed(start)
+}
+
+// receive asks for the slot's next chunk, with its pending
+// acknowledgement. When the call fails (a stop cancels it, a connection
+// breaks) the acknowledgement did not land; it is sent once on its own,
+// under the slot's work context, so that neither a graceful stop nor a
+// passing error gives the chunk to the next owner again, and an
+// acknowledgement that cannot land is not retried with every receive.
+func (pc *PartitionedConsumer) receive(fetchCtx, workCtx context.Context, sl *slotLanes, lease *workerpool.Lease) ([]dbq.Row, error) {
+	cfg := &pc.config
+	ack := sl.takeAck()
+	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize, ack)
+	if err != nil && ack != nil {
+		sl.ack = ack
+		pc.flushAck(workCtx, sl, lease)
+	}
+	return rows, err
 }
 
 // recoverHolds releases the holds left on the slot — by an earlier owner,
@@ -250,7 +274,7 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 		}
 	}()
 	start := time.Now()
-	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize, sl.takeAck())
+	rows, err := pc.receive(fetchCtx, workCtx, sl, lease)
 	if err != nil {
 		return false, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
 	}
