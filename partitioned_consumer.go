@@ -176,7 +176,7 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		}
 	}
 	start := time.Now()
-	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize, sl.takeAck())
+	rows, err := pc.receive(fetchCtx, workCtx, sl, lease)
 	if err != nil {
 		return false, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
 	}

@@ -52,12 +52,21 @@ declare
                            else (hashtextextended(ev.ev_extra1, 0) % i_nslots + i_nslots) % i_nslots end) = i_slot)$mine$;
     -- The rows both chunk statements cut: the batch's next max+1 rows
     -- past the acknowledged ones, for this consumer (and slot), in ev_id
-    -- order. Put in at <rows>.
-    v_rows constant text := '(' || v_from || $rows$
-             and ((ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur))
-                  or ev.ev_txid = any(v_xip))
+    -- order. Put in at <rows>. The batch's two parts (the ev_txid range,
+    -- the previous tick's running transactions) are two scans, each an
+    -- index range on its ev_txid: written as one OR, the planner may find
+    -- no index that bounds both and scan a routing index by slot alone,
+    -- reading every row of the slot in the table (it does on a table
+    -- without statistics: a new queue, a table rotation just emptied).
+    -- No xid is in both parts.
+    v_rows constant text := '(select u.* from (' || v_from || $rows$
+             and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$
-           order by ev.ev_id
+          union all
+          $rows$ || v_from || $rows$
+             and ev.ev_txid = any(v_xip)
+             and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$) u
+           order by u.ev_id
            limit i_max + 1)$rows$;
     -- The same rows within a window of ev_ids that ends at v_lim: how a
     -- chunk of a large batch is read (see the loop below). Put in at
@@ -215,7 +224,12 @@ begin
             raise exception using errcode = 'XX000',
                 message = format('ticks %s/%s of batch %s are missing', st.st_last_tick, st.st_next_tick, st.st_batch);
         end if;
-        v_xip := array(select pg_snapshot_xip(v_prev));
+        -- The running transactions, and 0 (no transaction's id): a list
+        -- the planner cannot prove empty. "ev_txid = any('{}')" is a
+        -- condition it proves false, and a false condition implies any
+        -- partial index's predicate, so it may read that part from the
+        -- dedup key index: every event with a key in the table.
+        v_xip := array(select pg_snapshot_xip(v_prev)) || '0'::xid8;
         -- The batch's next max+1 rows past the acknowledged ones (<rows>,
         -- above), returned in ev_id order up to max. One window over that set, whole, gives
         -- each row its number, and every row the set's count and bytes:

@@ -56,7 +56,9 @@ begin
     o_part_hi := s.sub_queue * 16 + 16;
     o_prev_xmax := pg_snapshot_xmax(v_prev);
     o_cur_xmax := pg_snapshot_xmax(o_cur_snap);
-    o_prev_xip := array(select pg_snapshot_xip(v_prev));
+    -- With 0 (no transaction's id) so that the list is never empty: see
+    -- v_xip in pgque.deliver_raw.sql.
+    o_prev_xip := array(select pg_snapshot_xip(v_prev)) || '0'::xid8;
 end;
 $$;
 

@@ -304,9 +304,14 @@ begin
     v_from := 'select ev_id, ev_time, ev_txid from pgque.event where ev_part >= $1 and ev_part < $2'
            || ' and (ev_owner is null or ev_owner = $5)'
            || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '');
+    -- The running transactions are probed one by one (each an equality on
+    -- the index's ev_txid): "ev_txid = any(list) order by ev_txid" is no
+    -- index range before PostgreSQL 17, and would scan the slot's whole
+    -- index in order.
     execute 'select ev_id, ev_time from ('
          || '(' || v_from || ' and ev_txid >= $3 order by ev_txid limit 1)'
-         || ' union all (' || v_from || ' and ev_txid = any ($4) order by ev_txid limit 1)'
+         || ' union all (select e.ev_id, e.ev_time, e.ev_txid from pg_catalog.unnest($4) x(xid)'
+         || ' cross join lateral (' || v_from || ' and ev_txid = x.xid limit 1) e)'
          || ') h order by ev_txid limit 1'
        into o_ev_id, o_time
       using s.sub_queue * 16, s.sub_queue * 16 + 16, pg_snapshot_xmax(v_snap),
