@@ -64,7 +64,7 @@ declare
              and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$
           union all
           $rows$ || v_from || $rows$
-             and ev.ev_txid = any(v_xip)
+             and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)
              and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$) u
            order by u.ev_id
            limit i_max + 1)$rows$;
@@ -87,7 +87,7 @@ declare
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim$wrows$ || v_mine || $wrows$
           union all
           $wrows$ || v_from || $wrows$
-             and ev.ev_txid = any(v_txids)
+             and cardinality(v_txids) > 1 and ev.ev_txid = any(v_txids)
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim$wrows$ || v_mine || $wrows$) u
            order by u.ev_id
            limit i_max + 1)$wrows$;
@@ -228,7 +228,10 @@ begin
         -- the planner cannot prove empty. "ev_txid = any('{}')" is a
         -- condition it proves false, and a false condition implies any
         -- partial index's predicate, so it may read that part from the
-        -- dedup key index: every event with a key in the table.
+        -- dedup key index: every event with a key in the table. When 0 is
+        -- all there is (no transaction was running: the common case),
+        -- "cardinality(v_xip) > 1" folds to false in the custom plan and
+        -- drops that scan before it is planned (and so for v_txids).
         v_xip := array(select pg_snapshot_xip(v_prev)) || '0'::xid8;
         -- The batch's next max+1 rows past the acknowledged ones (<rows>,
         -- above), returned in ev_id order up to max. One window over that set, whole, gives
