@@ -44,7 +44,6 @@ $$;
 -- the budget.
 create or replace function pgque._chunk_bytes()
 returns bigint language sql immutable
-set search_path = pg_catalog, pg_temp
 as $$ select 33554432::bigint $$;
 
 -- _deliver(queue, subscription, max, where, span): the next unacknowledged

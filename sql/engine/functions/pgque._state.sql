@@ -25,9 +25,14 @@ declare
     st pgque.sub_state;
 begin
     select * into st from pgque.sub_state where st_sub = i_sub order by st_seq desc limit 1;
-    if not found and exists (select 1 from pgque.subscription where sub_id = i_sub) then
-        raise exception using errcode = 'PQ011',
-            message = format('the state of subscription %s is not visible to this transaction''s snapshot; consume in READ COMMITTED', i_sub);
+    -- Two tests, not one AND: "not found" folds the AND to false in a
+    -- custom plan, so the plan cache would never settle on a generic plan
+    -- and would plan the subquery at every call.
+    if not found then
+        if exists (select 1 from pgque.subscription where sub_id = i_sub) then
+            raise exception using errcode = 'PQ011',
+                message = format('the state of subscription %s is not visible to this transaction''s snapshot; consume in READ COMMITTED', i_sub);
+        end if;
     end if;
     return st;
 end;

@@ -281,12 +281,13 @@ $$;
 -- clients compute the same tag from the name they consume (Go:
 -- workerpool.TickTag). A listener that guesses a name can confirm it: the
 -- tag keeps names out of plain sight, it does not make them secret.
--- Touches no table.
+-- Touches no table. Inlined into the ticker's statement (no SET clause,
+-- every name qualified; stable, as convert_to is).
 create or replace function pgque._tick_tag(i_queue text)
-returns text language sql immutable
-set search_path = pg_catalog, pg_temp
+returns text language sql stable
 as $$
-    select encode(substring(sha256(convert_to('tick:' || i_queue, 'UTF8')) from 1 for 8), 'hex')
+    select pg_catalog.encode(substring(pg_catalog.sha256(pg_catalog.convert_to('tick:' operator(pg_catalog.||) i_queue, 'UTF8'))
+                                       from 1 for 8), 'hex')
 $$;
 
 -- _notify_max_usage(): the NOTIFY queue usage (0..1) from which ticks
@@ -325,9 +326,10 @@ $$;
 -- allows anyway, and only ticker(queue) (pgque_admin) reads it.
 create or replace function pgque._tick_forced(i_queue_id integer)
 returns boolean language sql stable
-set search_path = pg_catalog, pg_temp
 as $$
-    select strpos(coalesce(current_setting('pgque.forced_ticks', true), ''), ',' || i_queue_id || ',') > 0
+    select pg_catalog.strpos(coalesce(pg_catalog.current_setting('pgque.forced_ticks', true), ''),
+                             ',' operator(pg_catalog.||) i_queue_id::pg_catalog.text operator(pg_catalog.||) ',')
+           operator(pg_catalog.>) 0
 $$;
 
 -- _ticker_expiry(lease): when the ticker lease expires: the later of

@@ -23,14 +23,18 @@ create sequence if not exists pgque.state_gen_seq;
 
 -- _gen(name): the generation ('tick' or 'state') new rows go to. It is the
 -- column default of tick_gen and st_gen, so inserting code names no
--- partition.
+-- partition. Inlined into the INSERT that evaluates it (no SET clause, and
+-- volatile, as pg_sequence_last_value is, so the planner may): a SQL
+-- function that is not inlined is planned again at every call, which cost
+-- each state record about 10 us. Every name in the body is qualified, as
+-- in any function without a pinned search_path.
 create or replace function pgque._gen(i_name text)
-returns integer language sql stable
-set search_path = pg_catalog, pg_temp
+returns integer language sql volatile
 as $$
     select (coalesce(pg_catalog.pg_sequence_last_value(
-                case i_name when 'tick' then 'pgque.tick_gen_seq'::regclass
-                            else 'pgque.state_gen_seq'::regclass end), 0) % 2)::integer
+                case i_name when 'tick' then 'pgque.tick_gen_seq'::pg_catalog.regclass
+                            else 'pgque.state_gen_seq'::pg_catalog.regclass end), 0)
+            operator(pg_catalog.%) 2)::integer
 $$;
 
 -- A tick is a queue position: the snapshot and event sequence at a moment.

@@ -13,8 +13,7 @@
 -- _kid(key): the key spelled so that NULL is a key of its own.
 create or replace function pgque._kid(i_key text)
 returns text language sql immutable
-set search_path = pg_catalog, pg_temp
-as $$ select case when i_key is null then 'n' else 'k' || i_key end $$;
+as $$ select case when i_key is null then 'n' else 'k' operator(pg_catalog.||) i_key end $$;
 
 -- _key_filter(key): a predicate selecting the key's events, built from an
 -- integer (the key's hash) so no caller string enters SQL text; callers

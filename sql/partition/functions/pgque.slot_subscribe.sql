@@ -24,21 +24,24 @@ begin
 end;
 $$;
 
--- _slot_name(consumer, slot, nslots): the slot's subscription name.
+-- _slot_name(consumer, slot, nslots): the slot's subscription name. This
+-- and _slot_filter are inlined into their callers' expressions (no SET
+-- clause, so the planner may; every name qualified): every receive and
+-- ack computes them, and a SQL function that is not inlined is planned
+-- again at each call.
 create or replace function pgque._slot_name(i_consumer text, i_slot integer, i_nslots integer)
 returns text language sql immutable
-set search_path = pg_catalog, pg_temp
-as $$ select i_consumer || '#' || i_slot || '/' || i_nslots $$;
+as $$ select i_consumer operator(pg_catalog.||) '#' operator(pg_catalog.||) i_slot::pg_catalog.text
+             operator(pg_catalog.||) '/' operator(pg_catalog.||) i_nslots::pg_catalog.text $$;
 
 -- _slot_filter(slot, nslots): the routing predicate for extra_where, built
 -- from two validated integers only; NULL (no filter) when nslots is 1.
 create or replace function pgque._slot_filter(i_slot integer, i_nslots integer)
-returns text language sql immutable
-set search_path = pg_catalog, pg_temp
+returns text language sql stable
 as $$
-    select case when i_nslots = 1 then null else
-        format('(case when ev_extra1 is null then 0 else (pg_catalog.hashtextextended(ev_extra1, 0) %% %s + %s) %% %s end) = %s',
-               i_nslots::integer, i_nslots::integer, i_nslots::integer, i_slot::integer)
+    select case when i_nslots operator(pg_catalog.=) 1 then null else
+        pg_catalog.format('(case when ev_extra1 is null then 0 else (pg_catalog.hashtextextended(ev_extra1, 0) %% %s + %s) %% %s end) = %s',
+                          i_nslots::integer, i_nslots::integer, i_nslots::integer, i_slot::integer)
     end
 $$;
 

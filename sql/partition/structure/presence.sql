@@ -42,12 +42,14 @@ create table if not exists pgque.presence_rotation (
 );
 insert into pgque.presence_rotation default values on conflict do nothing;
 
--- _presence_gen(): the generation new presence records go to.
+-- _presence_gen(): the generation new presence records go to (inlined
+-- into the INSERT, as _gen is: no SET clause, volatile, every name
+-- qualified).
 create or replace function pgque._presence_gen()
-returns integer language sql stable
-set search_path = pg_catalog, pg_temp
+returns integer language sql volatile
 as $$
-    select (coalesce(pg_catalog.pg_sequence_last_value('pgque.presence_gen_seq'::regclass), 0) % 2)::integer
+    select (coalesce(pg_catalog.pg_sequence_last_value('pgque.presence_gen_seq'::pg_catalog.regclass), 0)
+            operator(pg_catalog.%) 2)::integer
 $$;
 
 --   wp_queue, wp_consumer, wp_worker  who (queue id, consumer name, worker id)
