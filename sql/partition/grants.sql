@@ -46,3 +46,11 @@ grant execute on function
     pgque.hot_keys(text, interval, integer, integer),
     pgque.slot_heads(text, text)
     to pgque_reader, pgque_writer, pgque_admin;
+
+-- Readers (api/functions/pgque.deliver_raw.sql) for the slot counts in
+-- use: the api layer remade those that exist; an install that had none
+-- gets them here.
+select pgque._make_reader(x.queue_id, x.nslots, false)
+  from (select sg_queue as queue_id, sg_nslots as nslots from pgque.slot_group
+        union
+        select sg_queue, sg_resize_to from pgque.slot_group where sg_resize_to is not null) x;

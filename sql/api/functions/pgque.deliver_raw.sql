@@ -58,14 +58,20 @@ declare
     -- no index that bounds both and scan a routing index by slot alone,
     -- reading every row of the slot in the table (it does on a table
     -- without statistics: a new queue, a table rotation just emptied).
-    -- No xid is in both parts.
+    -- No xid is in both parts. The running transactions are probed one
+    -- by one (each an index seek on its xid; the LIMIT keeps the planner
+    -- from turning the lateral probe into a join): a plan made without
+    -- the list's values (a reader's, see "Readers") would otherwise bound
+    -- the scan by ev_id alone and test the xids on every row of the slot.
     v_rows constant text := '(select u.* from (' || v_from || $rows$
              and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$
           union all
-          $rows$ || v_from || $rows$
-             and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)
-             and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$) u
+          select xe.* from unnest(v_xip) as xp(txid) cross join lateral ($rows$ || v_from || $rows$
+             and ev.ev_txid = xp.txid
+             and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$
+           order by ev.ev_id limit i_max + 1) xe
+           where cardinality(v_xip) > 1) u
            order by u.ev_id
            limit i_max + 1)$rows$;
     -- The same rows within a window of ev_ids that ends at v_lim: how a
@@ -156,6 +162,7 @@ declare
     v_txlo   xid8;
     v_txhi   xid8;
     v_txids  xid8[];
+    v_reader text;
 begin
 /*<entry>*/    if i_max is null then
         raise exception using errcode = '22004', message = 'max must not be NULL';
@@ -288,7 +295,34 @@ begin
                 end loop;
             end if;
         end if;
-        if v_lim is null then
+        -- A chunk of up to about 256 events (by max, or by the events
+        -- sent between the batch's ticks, a slot's share of them), the
+        -- whole chunk read by one statement, goes through the queue's
+        -- reader (see "Readers" above): the same statement, planned once
+        -- per session instead of at every chunk. Larger chunks are read
+        -- here: their plan costs less than handing their rows over from a
+        -- second function. The estimate only picks the way; both read the
+        -- same rows.
+        if v_lim is null and v_reader is null then
+            v_reader := '';
+            if i_max <= 256
+               or ((select t.tick_event_seq from pgque.tick t
+                     where t.tick_queue = v_queue and t.tick_id = st.st_next_tick limit 1)
+                   - (select t.tick_event_seq from pgque.tick t
+                       where t.tick_queue = v_queue and t.tick_id = st.st_last_tick limit 1))
+                  / greatest(coalesce(i_nslots, 1), 1) <= 256 then
+                v_reader := format('_read_%s_%s', v_queue, coalesce(i_nslots, 1));
+                if to_regproc('pgque.' || v_reader) is null then
+                    v_reader := ''; -- not made yet (see _make_readers)
+                else
+                    v_reader := format('select r.*/*<epoch param>*/ from pgque.%I($1, $2, $3, $4, $5, $6, $7, $8) r',
+                                       v_reader);
+                end if;
+            end if;
+        end if;
+        if v_lim is null and v_reader <> '' then
+            return query execute v_reader using st, v_prev, v_cur, v_xip, v_sub, i_slot, i_max, v_budget/*<epoch>*/;
+        elsif v_lim is null then
 /*<read rows>*/        else
 /*<read wrows>*/        end if;
         if found then
@@ -321,7 +355,7 @@ begin
 $body$, '/*<read rows>*/', v_read), '/*<read wrows>*/', replace(v_read, '/*<rows>*/', '/*<wrows>*/')),
         '/*<rows>*/', v_rows), '/*<wrows>*/', v_wrows);
     -- Without a lease: no epoch column, nothing to do when done.
-    v_plain constant text := replace(replace(v_body, '/*<epoch>*/', ''), '/*<done>*/', '');
+    v_plain constant text := replace(replace(replace(v_body, '/*<epoch>*/', ''), '/*<epoch param>*/', ''), '/*<done>*/', '');
 begin
     execute format($ddl$
 create or replace function pgque._deliver_raw(i_queue text, i_sub text, i_max integer,
@@ -359,8 +393,117 @@ create or replace function pgque._deliver_raw_body()
 returns text language sql immutable
 set search_path = pg_catalog, pg_temp
 as %L$ddl$, 'select ' || quote_literal(v_body));
+
+    -- What a reader runs (see below): the chunk read over <rows>, no epoch
+    -- column; v_queue and i_nslots are put in as numbers by _make_reader.
+    execute format($ddl$
+create or replace function pgque._reader_src()
+returns text language sql immutable
+set search_path = pg_catalog, pg_temp
+as %L$ddl$, 'select ' || quote_literal(replace(replace(v_read, '/*<rows>*/', v_rows), '/*<epoch>*/', '')));
 end
 $deliver_raw$;
+
+-- Readers. The statement that reads a chunk names the queue's partitions
+-- by a parameter (the queue id) and the routing expression by another (the
+-- slot count), so a plan made for one call serves no other: a generic plan
+-- would hold every queue's partitions and could use no routing index. The
+-- entry points therefore plan it at every chunk, and for a chunk of a few
+-- events that planning was most of the call (0.4 ms of about 0.8 ms per
+-- receive_partitioned_raw). A reader, pgque._read_<queue id>_<N>, is the
+-- same statement with the queue id and N written in as numbers: plan-time
+-- pruning keeps its partitions to the queue's own, N matches the routing
+-- index, and its plan is made once per session (a generic plan, forced:
+-- the custom plans would look cheaper, since they drop the running-xid
+-- scan when no transaction ran, and cost a planning each). It plans
+-- without sequential scans: a plan cached while a table is empty would
+-- otherwise keep scanning it whole as it fills. The entry points call it
+-- with EXECUTE, which plans only the call, and only for chunks of up to
+-- 256 events (above, the rows cost more to hand over from a second
+-- function than the plan costs). _make_reader makes one when a queue gets
+-- its first consumer of that N (subscribe, subscribe_slot, resize_slots)
+-- and the install remakes every existing one, so that a reader is always
+-- the statement of the installed version; until one exists the entry
+-- points read inline. Readers are not granted to any role.
+
+-- _make_reader(queue_id, nslots, replace): creates the queue's reader for
+-- nslots (1 for plain consumers), or replaces it when replace is true. Two
+-- sessions making the same reader at once: the second finds it made. The
+-- SQL text holds only the two integers and the template.
+create or replace function pgque._make_reader(i_queue_id integer, i_nslots integer, i_replace boolean)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_name text := format('_read_%s_%s', i_queue_id, i_nslots);
+begin
+    if i_queue_id is null or i_nslots is null or i_nslots < 1 then
+        raise exception using errcode = '22023', message = format('no reader for queue %s and %s slots', i_queue_id, i_nslots);
+    end if;
+    if not i_replace and to_regproc('pgque.' || v_name) is not null then
+        return;
+    end if;
+    begin
+        execute format($ddl$
+create or replace function pgque.%I(st pgque.sub_state, v_prev pg_catalog.pg_snapshot, v_cur pg_catalog.pg_snapshot,
+                                    v_xip pg_catalog.xid8[], v_sub integer, i_slot integer, i_max integer,
+                                    v_budget bigint)
+returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
+               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+as %L$ddl$,
+            v_name,
+            E'\n#variable_conflict use_column\nbegin\n'
+                || replace(replace(pgque._reader_src(), 'v_queue', i_queue_id::text), 'i_nslots', i_nslots::text)
+                || E'end;\n');
+    exception when unique_violation then
+        return; -- made by a concurrent session
+    end;
+    execute format('revoke all on function pgque.%I(pgque.sub_state, pg_catalog.pg_snapshot, pg_catalog.pg_snapshot, '
+                   'pg_catalog.xid8[], integer, integer, integer, bigint) from public', v_name);
+end;
+$$;
+
+-- _maint_readers(): drops the readers of queues that no longer exist (a
+-- 'maint' hook). Returns how many it dropped.
+create or replace function pgque._maint_readers()
+returns integer language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    r   record;
+    v_n integer := 0;
+begin
+    for r in
+        select p.oid::regprocedure as fn
+          from pg_catalog.pg_proc p
+          cross join lateral pg_catalog.regexp_match(p.proname, '^_read_([0-9]+)_[0-9]+$') m
+         where p.pronamespace = 'pgque'::regnamespace and m is not null
+           and not exists (select 1 from pgque.queue q where q.queue_id = m[1]::integer)
+    loop
+        execute format('drop function if exists %s', r.fn);
+        v_n := v_n + 1;
+    end loop;
+    return v_n;
+end;
+$$;
+
+insert into pgque.layer_hook (hook_kind, hook_name, hook_fn) values
+    ('maint', 'readers', 'pgque._maint_readers()')
+on conflict (hook_kind, hook_name) do update set hook_fn = excluded.hook_fn;
+
+-- Every reader of the install is made again from this version's statement.
+select pgque._make_reader(x.queue_id, x.nslots, true)
+  from (select queue_id, 1 as nslots from pgque.queue
+        union
+        select (m[1])::integer, (m[2])::integer
+          from pg_catalog.pg_proc p
+          cross join lateral pg_catalog.regexp_match(p.proname, '^_read_([0-9]+)_([0-9]+)$') m
+         where p.pronamespace = 'pgque'::regnamespace and m is not null
+           and exists (select 1 from pgque.queue q where q.queue_id = (m[1])::integer)) x;
 
 -- _as_messages(queue, subscription, max, slot, nslots, span): the chunk
 -- _deliver_raw hands out, with payloads as jsonb, for the functions whose

@@ -21,10 +21,13 @@ create or replace function pgque.subscribe(i_queue text, i_consumer text)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    v_queue integer;
 begin
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    perform pgque._queue(i_queue);
+    v_queue := (pgque._queue(i_queue)).queue_id;
     perform pgque._check_consumer(i_consumer);
+    perform pgque._make_reader(v_queue, 1, false); -- see deliver_raw.sql, "Readers"
     return pgque.register_consumer(i_queue, i_consumer);
 end;
 $$;

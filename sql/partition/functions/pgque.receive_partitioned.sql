@@ -161,7 +161,7 @@ returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_co
                epoch bigint)
 language plpgsql security definer
 set search_path = pg_catalog, pg_temp
-as %L$ddl$, replace(replace(replace(replace(pgque._deliver_raw_body(),
+as %L$ddl$, replace(replace(replace(replace(replace(pgque._deliver_raw_body(),
         '/*<declare>*/', $decl$    v_access    boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     l           pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
     i_sub       text := pgque._slot_name(i_consumer, i_slot, i_nslots);
@@ -180,7 +180,7 @@ $decl$),
         return;
     end if;
 $entry$),
-        '/*<epoch>*/', ', l.sl_epoch'),
+        '/*<epoch>*/', ', l.sl_epoch'), '/*<epoch param>*/', ', $9'),
         '/*<done>*/', $done$    if v_last is null then
         perform pgque._resize_poll(l);
     end if;

@@ -95,6 +95,7 @@ begin
     end loop;
     update pgque.slot_group set sg_seal_tick = v_seal
      where sg_queue = q.queue_id and sg_consumer = i_consumer;
+    perform pgque._make_reader(q.queue_id, i_new_nslots, false); -- see api/functions/pgque.deliver_raw.sql
     -- Last: building a routing index holds a SHARE lock on an event table
     -- to the end of the transaction, and nothing may be waited for after
     -- it (sealing waits for the old slots' receive locks, whose holders

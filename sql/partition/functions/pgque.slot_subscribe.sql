@@ -278,6 +278,7 @@ begin
     values (q.queue_id, i_consumer, i_nslots, coalesce(i_policy, 'skip'))
     on conflict do nothing;
     if found then
+        perform pgque._make_reader(q.queue_id, i_nslots, false); -- see api/functions/pgque.deliver_raw.sql
         perform pgque._route_index(q.queue_id, i_nslots, true);
     end if;
     perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for update;
