@@ -58,12 +58,25 @@ declare
     -- no index that bounds both and scan a routing index by slot alone,
     -- reading every row of the slot in the table (it does on a table
     -- without statistics: a new queue, a table rotation just emptied).
-    -- No xid is in both parts. The running transactions are probed one
-    -- by one (each an index seek on its xid; the LIMIT keeps the planner
-    -- from turning the lateral probe into a join): a plan made without
-    -- the list's values (a reader's, see "Readers") would otherwise bound
-    -- the scan by ev_id alone and test the xids on every row of the slot.
+    -- No xid is in both parts.
     v_rows constant text := '(select u.* from (' || v_from || $rows$
+             and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
+             and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$
+          union all
+          $rows$ || v_from || $rows$
+             and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)
+             and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$) u
+           order by u.ev_id
+           limit i_max + 1)$rows$;
+    -- The same rows as a reader reads them (see "Readers" below): its plan
+    -- is made without the values of the list of running transactions, so
+    -- they are probed one by one (an index seek per xid; the LIMIT keeps
+    -- the planner from turning the lateral probe into a join), lest the
+    -- plan bound that scan by ev_id alone and test the xids on every row
+    -- of the slot. Inline, with the list's values known, the plain list
+    -- plans as well and costs less to plan (the probe's subquery would be
+    -- planned even when the list is only the 0).
+    v_rrows constant text := '(select u.* from (' || v_from || $rows$
              and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)$rows$ || v_mine || $rows$
           union all
@@ -400,7 +413,7 @@ as %L$ddl$, 'select ' || quote_literal(v_body));
 create or replace function pgque._reader_src()
 returns text language sql immutable
 set search_path = pg_catalog, pg_temp
-as %L$ddl$, 'select ' || quote_literal(replace(replace(v_read, '/*<rows>*/', v_rows), '/*<epoch>*/', '')));
+as %L$ddl$, 'select ' || quote_literal(replace(replace(v_read, '/*<rows>*/', v_rrows), '/*<epoch>*/', '')));
 end
 $deliver_raw$;
 
