@@ -43,6 +43,38 @@ func forceTick(t *testing.T, pool *pgxpool.Pool, queue string) {
 	}
 }
 
+// startGate holds the handlers of several drains until every drain has
+// had its first handler call, so that the drains compared run at the same
+// time: starting a consumer can take longer than a whole drain.
+type startGate struct {
+	mu      sync.Mutex
+	waiting int
+	open    chan struct{}
+}
+
+func newStartGate(drains int) *startGate {
+	return &startGate{waiting: drains, open: make(chan struct{})}
+}
+
+// arrive reports a drain's first handler call.
+func (g *startGate) arrive() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.waiting--
+	if g.waiting == 0 {
+		close(g.open)
+	}
+}
+
+// pass waits until the gate opens, or 30 s (the test then finds that the
+// drains did not overlap).
+func (g *startGate) pass() {
+	select {
+	case <-g.open:
+	case <-time.After(30 * time.Second):
+	}
+}
+
 // drain is a partitioned consumer over a fresh queue with a backlog that
 // becomes visible in one batch when go is called.
 type drain struct {
@@ -52,12 +84,14 @@ type drain struct {
 	n     int
 	mu    sync.Mutex
 	at    []time.Time // when each handler call ran
+	first sync.Once
 	stop  func()
 }
 
 // newDrain creates a queue, subscribes a partitioned consumer with policy
-// and sends n events over nkeys keys; nothing is ticked yet.
-func newDrain(t *testing.T, env *testEnv, policy pgque.FailurePolicy, round, n, nkeys int) *drain {
+// and sends n events over nkeys keys; nothing is ticked yet. Its handlers
+// wait at gate.
+func newDrain(t *testing.T, env *testEnv, gate *startGate, policy pgque.FailurePolicy, round, n, nkeys int) *drain {
 	t.Helper()
 	ctx := context.Background()
 	d := &drain{t: t, env: env, queue: fmt.Sprintf("drain%d", round), n: n, at: make([]time.Time, 0, n)}
@@ -72,6 +106,8 @@ func newDrain(t *testing.T, env *testEnv, policy pgque.FailurePolicy, round, n, 
 		// tick this test does not make), which is not what it compares.
 		MaxWorkersPerSlot: 1,
 		Handler: func(context.Context, *pgque.Message) error {
+			d.first.Do(gate.arrive)
+			gate.pass()
 			now := time.Now()
 			d.mu.Lock()
 			d.at = append(d.at, now)
@@ -192,15 +228,16 @@ func tableWrites(t *testing.T, pool *pgxpool.Pool, dsn string) map[string][3]int
 func TestPauseVsSkipThroughput(t *testing.T) {
 	const (
 		rounds = 3
-		events = 8000
+		events = 40000
 		keys   = 200
 	)
 	envs := map[pgque.FailurePolicy]*testEnv{pgque.FailurePolicySkip: setup(t), pgque.FailurePolicyPause: setup(t)}
 	var skipN, pauseN int
 	var window time.Duration
 	for r := range rounds {
-		skip := newDrain(t, envs[pgque.FailurePolicySkip], pgque.FailurePolicySkip, r, events, keys)
-		pause := newDrain(t, envs[pgque.FailurePolicyPause], pgque.FailurePolicyPause, r, events, keys)
+		gate := newStartGate(2)
+		skip := newDrain(t, envs[pgque.FailurePolicySkip], gate, pgque.FailurePolicySkip, r, events, keys)
+		pause := newDrain(t, envs[pgque.FailurePolicyPause], gate, pgque.FailurePolicyPause, r, events, keys)
 		skip.start()
 		pause.start()
 		skip.wait()
