@@ -23,27 +23,24 @@ returns bigint language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    v_until bigint := coalesce(i_until, 9223372036854775807);
-    v_next  bigint;
-    v_seq   bigint;
+    v_next bigint;
+    v_far  bigint;
 begin
-    select tick_id into v_next from pgque.tick
-     where tick_queue = i_queue and tick_id > i_last_tick and tick_id <= v_until
-     order by tick_id limit 1;
-    if v_next is null or i_span is null then
-        return v_next;
-    end if;
-    select tick_event_seq into v_seq from pgque.tick
-     where tick_queue = i_queue and tick_id = i_last_tick limit 1;
-    if v_seq is null then
-        return v_next;
-    end if;
-    select coalesce(max(t.tick_id), v_next) into v_next
-      from (select tick_id, tick_event_seq from pgque.tick
-             where tick_queue = i_queue and tick_id > v_next and tick_id <= v_until
-             order by tick_id limit 1000) t
-     where t.tick_event_seq <= v_seq + i_span;
-    return v_next;
+    -- One statement (every receive that opens a batch runs it): the next
+    -- 1001 ticks once, the next of them, and the furthest within span.
+    with c as (
+        select tick_id, tick_event_seq from pgque.tick
+         where tick_queue = i_queue and tick_id > i_last_tick
+           and tick_id <= coalesce(i_until, 9223372036854775807)
+         order by tick_id limit 1001)
+    select (select min(c.tick_id) from c),
+           case when i_span is not null then
+               (select max(c.tick_id) from c
+                 where c.tick_event_seq <= (select t.tick_event_seq from pgque.tick t
+                                             where t.tick_queue = i_queue and t.tick_id = i_last_tick limit 1) + i_span)
+           end
+      into v_next, v_far;
+    return coalesce(v_far, v_next);
 end;
 $$;
 
