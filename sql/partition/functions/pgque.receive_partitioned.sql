@@ -168,16 +168,26 @@ as %L$ddl$, replace(replace(replace(replace(replace(pgque._deliver_raw_body(),
     i_span      bigint := i_max::bigint * i_nslots;
     i_ack_batch bigint;
 $decl$),
-        '/*<entry>*/', $entry$    if i_ack_epoch is not null or i_ack_batch_id is not null or i_ack_msg_id is not null then
-        -- ack_partitioned's checks and acknowledgement, under the lease
-        -- just proved (a partial proof is 22004).
-        perform pgque._check_delivery(l, i_ack_epoch, i_ack_batch_id, i_ack_msg_id);
-        perform pgque._ack_slot(l, i_slot, i_nslots);
-    end if;
-    if exists (select 1 from pgque.key_block kb where kb.kb_sub = l.sl_sub) then
+        '/*<entry>*/', $entry$    if exists (select 1 from pgque.key_block kb where kb.kb_sub = l.sl_sub) then
+        if i_ack_epoch is not null or i_ack_batch_id is not null or i_ack_msg_id is not null then
+            -- ack_partitioned's checks and acknowledgement (with the pause
+            -- policy's bookkeeping), under the lease just proved (a partial
+            -- proof is 22004).
+            perform pgque._check_delivery(l, i_ack_epoch, i_ack_batch_id, i_ack_msg_id);
+            perform pgque._ack_slot(l, i_slot, i_nslots);
+        end if;
         return query select d.*, l.sl_epoch
                        from pgque._receive_slot(i_queue, i_consumer, l, i_slot, i_nslots, i_max) d;
         return;
+    end if;
+    if i_ack_epoch is not null or i_ack_batch_id is not null or i_ack_msg_id is not null then
+        -- ack_partitioned's checks, under the lease just proved; with no
+        -- blocked key there is nothing for the pause policy to do, and
+        -- the acknowledgement is made below in memory, as receive_raw
+        -- makes its own, with the rest of the call's state change: one
+        -- state record in all.
+        perform pgque._check_delivery(l, i_ack_epoch, i_ack_batch_id, i_ack_msg_id);
+        i_ack_batch := i_ack_batch_id;
     end if;
 $entry$),
         '/*<epoch>*/', ', l.sl_epoch'), '/*<epoch param>*/', ', $9'),
