@@ -554,17 +554,21 @@ func (c *check) checkG3(r *Report) {
 					break
 				}
 			}
-			if _, dead := c.dead[ev]; dead {
-				// Dead-lettered after its last failed attempt; a fenced
-				// zombie may still have run it successfully later, which
-				// does not hold the key back.
+			if d, dead := c.dead[ev]; dead {
+				// Dead-lettered after its last failed attempt. A fenced
+				// zombie may still run it after the dead letter (to a
+				// success, an error or a cancellation), which does not
+				// hold the key back: the attempts that count started by
+				// the dead letter's time, when it is known.
+				var last time.Time
 				for i := len(ivs) - 1; i >= 0; i-- {
-					if ivs[i].Outcome != OutcomeOK {
-						if res.IsZero() || ivs[i].Start.Before(res) {
-							res = ivs[i].Start
-						}
+					if ivs[i].Outcome != OutcomeOK && (d.Time.IsZero() || !ivs[i].Start.After(d.Time)) {
+						last = ivs[i].Start
 						break
 					}
+				}
+				if !last.IsZero() && (res.IsZero() || last.Before(res)) {
+					res = last
 				}
 			}
 			prevEv, prevRes = ev, res

@@ -191,6 +191,30 @@ func TestCheckFlagsG3Skip(t *testing.T) {
 	b.h.DeadLetters = []DeadLetter{{EvID: 10, Key: "a"}}
 	mustPass(t, &b.h)
 
+	// The same, but the zombie's late run is cancelled (its lease is gone):
+	// an attempt after the dead letter is not the last one that counts.
+	b = newHB("pause")
+	b.try("w1", 1, "a", 10, 0, OutcomeError, 0, 1).
+		try("w2", 2, "a", 10, 1, OutcomeError, 3000, 3001). // last retry: dead-lettered
+		try("w2", 2, "a", 12, 0, OutcomeOK, 3100, 3101).
+		try("w1", 1, "a", 10, 0, OutcomeCancelled, 4000, 4001). // the zombie wakes up
+		try("w2", 2, "a", 14, 0, OutcomeOK, 4100, 4101).
+		try("w3", 1, "b", 11, 0, OutcomeOK, 0, 1).
+		try("w3", 1, "b", 13, 0, OutcomeOK, 2, 3).
+		fault(FaultWorkerStop, "w1", 100, 3995)
+	b.h.DeadLetters = []DeadLetter{{EvID: 10, Key: "a", Time: ms(3002)}}
+	mustPass(t, &b.h)
+	// ... while a later event handled before the head's last attempt is
+	// flagged.
+	b = newHB("pause")
+	b.try("w1", 1, "a", 10, 0, OutcomeError, 0, 1).
+		try("w2", 2, "a", 12, 0, OutcomeOK, 2500, 2501).
+		try("w2", 2, "a", 10, 1, OutcomeError, 3000, 3001).
+		try("w1", 1, "a", 10, 0, OutcomeCancelled, 4000, 4001).
+		fault(FaultWorkerStop, "w1", 100, 3995)
+	b.h.DeadLetters = []DeadLetter{{EvID: 10, Key: "a", Time: ms(3002)}}
+	mustFlag(t, &b.h, GG3, "before ev 10")
+
 	// A success repeated without any cause breaks exactly-once.
 	b = cleanHistory("pause")
 	b.try("w2", 1, "b", 11, 0, OutcomeOK, 30, 31)
