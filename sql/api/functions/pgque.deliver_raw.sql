@@ -172,6 +172,7 @@ declare
     v_lim    bigint;
     v_width  bigint;
     v_seq    bigint;
+    v_span   bigint;
     v_txlo   xid8;
     v_txhi   xid8;
     v_txids  xid8[];
@@ -234,12 +235,15 @@ begin
             v_dirty := true;
         end if;
         -- Both ticks of the batch in one statement (a flip may hold a tick
-        -- in both generations for a moment: any copy will do).
-        select (select t.tick_snapshot from pgque.tick t
-                 where t.tick_queue = v_queue and t.tick_id = st.st_last_tick limit 1),
-               (select t.tick_snapshot from pgque.tick t
-                 where t.tick_queue = v_queue and t.tick_id = st.st_next_tick limit 1)
-          into v_prev, v_cur;
+        -- in both generations for a moment: any copy will do), and the
+        -- events sent between them (the size estimate the reader's choice
+        -- below goes by).
+        select p.tick_snapshot, c.tick_snapshot, c.tick_event_seq - p.tick_event_seq
+          into v_prev, v_cur, v_span
+          from (select t.tick_snapshot, t.tick_event_seq from pgque.tick t
+                 where t.tick_queue = v_queue and t.tick_id = st.st_last_tick limit 1) p,
+               (select t.tick_snapshot, t.tick_event_seq from pgque.tick t
+                 where t.tick_queue = v_queue and t.tick_id = st.st_next_tick limit 1) c;
         if v_prev is null or v_cur is null then
             raise exception using errcode = 'XX000',
                 message = format('ticks %s/%s of batch %s are missing', st.st_last_tick, st.st_next_tick, st.st_batch);
@@ -318,12 +322,7 @@ begin
         -- same rows.
         if v_lim is null and v_reader is null then
             v_reader := '';
-            if i_max <= 256
-               or ((select t.tick_event_seq from pgque.tick t
-                     where t.tick_queue = v_queue and t.tick_id = st.st_next_tick limit 1)
-                   - (select t.tick_event_seq from pgque.tick t
-                       where t.tick_queue = v_queue and t.tick_id = st.st_last_tick limit 1))
-                  / greatest(coalesce(i_nslots, 1), 1) <= 256 then
+            if i_max <= 256 or v_span / greatest(coalesce(i_nslots, 1), 1) <= 256 then
                 v_reader := format('_read_%s_%s', v_queue, coalesce(i_nslots, 1));
                 if to_regproc('pgque.' || v_reader) is null then
                     v_reader := ''; -- not made yet (see _make_readers)
@@ -480,6 +479,17 @@ as %L$ddl$,
 end;
 $$;
 
+-- _readers(): the readers that exist: function, queue id, N.
+create or replace function pgque._readers()
+returns table (fn regprocedure, queue_id integer, nslots integer) language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select p.oid::regprocedure, m[1]::integer, m[2]::integer
+      from pg_catalog.pg_proc p
+      cross join lateral pg_catalog.regexp_match(p.proname, '^_read_([0-9]+)_([0-9]+)$') m
+     where p.pronamespace = 'pgque'::regnamespace and m is not null
+$$;
+
 -- _maint_readers(): drops the readers of queues that no longer exist (a
 -- 'maint' hook). Returns how many it dropped.
 create or replace function pgque._maint_readers()
@@ -491,11 +501,8 @@ declare
     v_n integer := 0;
 begin
     for r in
-        select p.oid::regprocedure as fn
-          from pg_catalog.pg_proc p
-          cross join lateral pg_catalog.regexp_match(p.proname, '^_read_([0-9]+)_[0-9]+$') m
-         where p.pronamespace = 'pgque'::regnamespace and m is not null
-           and not exists (select 1 from pgque.queue q where q.queue_id = m[1]::integer)
+        select x.fn from pgque._readers() x
+         where not exists (select 1 from pgque.queue q where q.queue_id = x.queue_id)
     loop
         execute format('drop function if exists %s', r.fn);
         v_n := v_n + 1;
@@ -512,11 +519,8 @@ on conflict (hook_kind, hook_name) do update set hook_fn = excluded.hook_fn;
 select pgque._make_reader(x.queue_id, x.nslots, true)
   from (select queue_id, 1 as nslots from pgque.queue
         union
-        select (m[1])::integer, (m[2])::integer
-          from pg_catalog.pg_proc p
-          cross join lateral pg_catalog.regexp_match(p.proname, '^_read_([0-9]+)_([0-9]+)$') m
-         where p.pronamespace = 'pgque'::regnamespace and m is not null
-           and exists (select 1 from pgque.queue q where q.queue_id = (m[1])::integer)) x;
+        select r.queue_id, r.nslots from pgque._readers() r
+         where exists (select 1 from pgque.queue q where q.queue_id = r.queue_id)) x;
 
 -- _as_messages(queue, subscription, max, slot, nslots, span): the chunk
 -- _deliver_raw hands out, with payloads as jsonb, for the functions whose
