@@ -31,6 +31,9 @@ type Client struct {
 	// observed reports that Config.Observer was set, so measurements that
 	// cost queries (the slot gauges) are worth making.
 	observed bool
+	// sends coalesces Send calls; nil when Config.SendConcurrency is
+	// negative.
+	sends *sendQueue
 	// schemaChecked is set once CheckSchema succeeded.
 	schemaChecked atomic.Bool
 }
@@ -53,6 +56,7 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 		queries:  dbq.New(pool),
 		observed: config != nil && config.Observer != nil,
 	}
+	c.sends = newSendQueue(c, cfg.SendConcurrency)
 	if !cfg.PollOnly {
 		// The LISTEN session is taken from the pool and hijacked, so that
 		// it is opened exactly as the application's own connections are:

@@ -33,6 +33,15 @@ type Config struct {
 	// pools of a partitioned consumer cannot hear each other's announcements,
 	// so they spread only over free slots (see docs/worker-pool.md).
 	PollOnly bool
+
+	// SendConcurrency bounds the statements Client.Send keeps running at
+	// once. Sends that arrive while that many run wait, and go out
+	// together in one send_batch call per queue and type when one
+	// finishes (see Send): under load, single sends then cost the server
+	// about what batched ones do. Zero means 4. A negative value turns
+	// this off: every Send runs its own statement at once, as SendTx does.
+	// SendTx, SendBatch and SendBatchTx are never coalesced.
+	SendConcurrency int
 }
 
 // withDefaults returns a copy of c with defaults filled in.

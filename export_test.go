@@ -1,7 +1,39 @@
 package pgque
 
+import "time"
+
 // Exports for the external tests (package pgque_test).
 
 // ConsumerStopping is closed once Stop was called on con and told it to
 // stop fetching.
 func ConsumerStopping(con *Consumer) <-chan struct{} { return con.service.Stopping() }
+
+// SendCounts is what a client's Send coalescing did.
+type SendCounts struct {
+	Statements int64 // coalesced statements
+	Events     int64 // events they carried
+	Bypassed   int64 // Sends that ran their own statement after the patience
+	Alone      int64 // events sent again one by one after a failed statement
+}
+
+// SendCounters returns client's SendCounts.
+func SendCounters(client *Client) SendCounts {
+	s := client.sends
+	if s == nil {
+		return SendCounts{}
+	}
+	return SendCounts{s.statements.Load(), s.batched.Load(), s.bypassed.Load(), s.alone.Load()}
+}
+
+// SetSendPatience sets how long client's Sends wait for a statement.
+func SetSendPatience(client *Client, d time.Duration) { client.sends.patience = d }
+
+// SendsWaiting returns how many Sends wait for a statement.
+func SendsWaiting(client *Client) int {
+	if client.sends == nil {
+		return 0
+	}
+	client.sends.mu.Lock()
+	defer client.sends.mu.Unlock()
+	return len(client.sends.pending)
+}

@@ -2,6 +2,7 @@ package pgque
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -9,11 +10,29 @@ import (
 	"github.com/pgque/pgque/internal/dbq"
 )
 
-// Send sends one event in its own transaction and returns its event id.
+// Send sends one event and returns its event id once it is committed.
+//
+// While Config.SendConcurrency statements are already running for this
+// client's Sends, a Send waits for one of them to finish and then goes out
+// with every other Send that waited for the same queue and type, in one
+// send_batch call and one transaction (a Send that waits 100 ms without
+// one runs its own; events with a DedupKey always do). A failing event is then sent again
+// alone, so each Send gets its own outcome and never fails for another's
+// event; sends made one after another from one goroutine keep their order.
+// If ctx ends while the Send waits, it returns ctx's error and the event
+// is not sent; if ctx ends while its statement runs, the error is returned
+// at once and the event may still be committed, as with any statement.
 func (c *Client) Send(ctx context.Context, queue string, ev Event) (id int64, err error) {
 	ctx, end := c.observeSend(ctx, SendInfo{Queue: queue, Events: 1, Key: ev.keyRef()})
 	defer func() { end(err) }()
-	return c.send(ctx, c.queries, queue, ev)
+	if c.sends == nil || ev.DedupKey != "" {
+		return c.send(ctx, c.queries, queue, ev)
+	}
+	typ, payload, key, _, err := ev.encode()
+	if err != nil {
+		return 0, fmt.Errorf("sending to queue %q: %w", queue, err)
+	}
+	return c.sends.send(ctx, &sendReq{queue: queue, typ: typ, payload: payload, key: key})
 }
 
 // SendTx sends one event inside the caller's transaction: the event is
@@ -30,6 +49,11 @@ func (c *Client) send(ctx context.Context, q *dbq.Queries, queue string, ev Even
 	if err != nil {
 		return 0, fmt.Errorf("sending to queue %q: %w", queue, err)
 	}
+	return c.sendOne(ctx, q, queue, typ, payload, key, dedup)
+}
+
+// sendOne sends one encoded event with one send call.
+func (c *Client) sendOne(ctx context.Context, q *dbq.Queries, queue, typ string, payload json.RawMessage, key, dedup *string) (int64, error) {
 	id, err := q.Send(ctx, queue, typ, payload, key, dedup)
 	if err != nil {
 		return 0, mapError(fmt.Sprintf("sending to queue %q", queue), err)

@@ -19,6 +19,9 @@ var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 // goProducer drives the Go client's Send and SendBatch.
 type goProducer struct {
 	client *pgque.Client
+	// direct is a client whose Sends are never coalesced
+	// (SendConcurrency -1): each is its own send call.
+	direct *pgque.Client
 	next   atomic.Int64
 	batch  []pgque.Event
 }
@@ -30,7 +33,11 @@ func newGoProducer(ctx context.Context, p *pgqueDB) (*goProducer, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &goProducer{client: c}
+	direct, err := pgque.NewClient(p.pool, &pgque.Config{Logger: quietLogger, PollOnly: true, SendConcurrency: -1})
+	if err != nil {
+		return nil, err
+	}
+	g := &goProducer{client: c, direct: direct}
 	payloads, keys := batchPayloads(0, batchSize)
 	for i := range payloads {
 		g.batch = append(g.batch, pgque.Event{Type: eventType, Payload: json.RawMessage(payloads[i]), PartitionKey: keys[i]})
@@ -38,13 +45,25 @@ func newGoProducer(ctx context.Context, p *pgqueDB) (*goProducer, error) {
 	return g, nil
 }
 
-func (g *goProducer) close() { g.client.Close() }
+func (g *goProducer) close() {
+	g.client.Close()
+	g.direct.Close()
+}
 
 // sendRate measures Client.Send from workers goroutines; events per second.
 func (g *goProducer) sendRate(ctx context.Context, workers int, d time.Duration) (float64, error) {
+	return g.sendRateWith(ctx, g.client, workers, d)
+}
+
+// sendRateDirect is sendRate without coalescing.
+func (g *goProducer) sendRateDirect(ctx context.Context, workers int, d time.Duration) (float64, error) {
+	return g.sendRateWith(ctx, g.direct, workers, d)
+}
+
+func (g *goProducer) sendRateWith(ctx context.Context, client *pgque.Client, workers int, d time.Duration) (float64, error) {
 	return loop(ctx, workers, d, func(ctx context.Context, _ int) (int, error) {
 		i := int(g.next.Add(1))
-		_, err := g.client.Send(ctx, pgqueQueue, pgque.Event{Type: eventType,
+		_, err := client.Send(ctx, pgqueQueue, pgque.Event{Type: eventType,
 			Payload: json.RawMessage(payload(i)), PartitionKey: tenantKey(i)})
 		return 1, err
 	})

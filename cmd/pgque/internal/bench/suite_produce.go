@@ -78,6 +78,8 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 		trial{"pgq_insert_event_16conn", empty(func(ctx context.Context) (float64, error) { return q.insertRate(ctx, 16, d) })},
 		trial{"send_16conn_routed_N16", empty(func(ctx context.Context) (float64, error) { return p.sendRateTo(ctx, routed, 16, d) })},
 		trial{"go_send_16", empty(func(ctx context.Context) (float64, error) { return gc.sendRate(ctx, 16, d) })},
+		trial{"go_send_16_direct", empty(func(ctx context.Context) (float64, error) { return gc.sendRateDirect(ctx, 16, d) })},
+		trial{"go_send_64", empty(func(ctx context.Context) (float64, error) { return gc.sendRate(ctx, 64, d) })},
 		trial{"send_batch_1000", empty(func(ctx context.Context) (float64, error) { return p.sendBatchRate(ctx, d) })},
 		trial{"send_batch_text_1000", empty(func(ctx context.Context) (float64, error) { return p.sendBatchTextRate(ctx, d) })},
 		trial{"floor_insert_select_1000", func(ctx context.Context) (float64, error) { return f.insertSelectRate(ctx, d) }},
@@ -107,6 +109,11 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 	r.compare("go_send_16", m["go_send_16"], "send_16conn", m["send_16conn"], u, nil,
 		"Client.Send from 16 goroutines over the client's pool vs the same SQL on 16 raw connections")
 	r.compare("go_send_16", m["go_send_16"], "floor_insert_16conn", m["floor_insert_16conn"], u, nil, "")
+	r.compare("go_send_16", m["go_send_16"], "pgq_insert_event_16conn", m["pgq_insert_event_16conn"], u, nil, "")
+	r.compare("go_send_16", m["go_send_16"], "go_send_16_direct", m["go_send_16_direct"], u, nil,
+		"Sends coalesced while SendConcurrency statements run (the default) vs every Send its own call")
+	r.compare("go_send_64", m["go_send_64"], "floor_insert_16conn", m["floor_insert_16conn"], u, nil,
+		"Client.Send from 64 goroutines, coalesced")
 	r.compare("send_batch_1000", m["send_batch_1000"], "floor_insert_select_1000", m["floor_insert_select_1000"], u, atLeast(0.8), floorNote)
 	r.compare("send_batch_1000", m["send_batch_1000"], "pgq_insert_event_batch_1000", m["pgq_insert_event_batch_1000"], u, atLeast(2), "")
 	r.compare("send_batch_text_1000", m["send_batch_text_1000"], "floor_insert_select_1000", m["floor_insert_select_1000"], u, atLeast(0.8), floorNote)

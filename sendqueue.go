@@ -1,0 +1,288 @@
+package pgque
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Coalescing Client.Send.
+//
+// A send is one PL/pgSQL call, and the call costs the server about as much
+// as the INSERT it makes (docs/design.md, "The floor of a function send"),
+// while send_batch pays that call once for a whole array. So Client.Send
+// keeps at most Config.SendConcurrency statements running; a Send that
+// finds them all busy waits, and when one finishes, everything that waited
+// for the same queue and type goes out in one send_batch call. A Send that
+// finds a statement free runs its own, on its own goroutine and context,
+// exactly as an uncoalesced Send would: nothing waits for company, so an
+// idle or lightly loaded client adds no latency, and batches form only
+// when sends arrive faster than the statements return.
+//
+// Two rules keep one stuck statement from holding up the rest. Sends with
+// a dedup key are never coalesced: they wait on their key's lock, which an
+// open transaction that sent the same key holds until it ends, and in a
+// batch they would hold every other event of it back. And a Send that has
+// waited sendPatience without getting a statement leaves the queue and
+// runs its own: when every statement is stuck (a lock on one queue's
+// table, say), Sends to other queues are delayed by that much, not
+// stopped.
+
+const (
+	// sendConcurrencyDefault is Config.SendConcurrency's zero value.
+	sendConcurrencyDefault = 4
+	// sendBatchMax bounds the events one coalesced statement carries.
+	sendBatchMax = 1000
+	// sendBatchBytes bounds the payload bytes one coalesced statement
+	// carries, so that large payloads never build an array near the
+	// server's 1 GB value limit (or a statement that holds everyone up).
+	// A payload larger than this goes alone.
+	sendBatchBytes = 4 << 20
+	// sendPatience is how long a Send waits for a statement before it
+	// runs its own. A coalesced statement takes a few milliseconds even
+	// at 1000 events, so this passes only when statements are stuck.
+	sendPatience = 100 * time.Millisecond
+)
+
+// Request states: a waiting request may still be abandoned by its caller;
+// once taken into a statement it no longer can.
+const (
+	reqWaiting int32 = iota
+	reqTaken
+	reqAbandoned
+)
+
+// sendReq is one waiting Send.
+type sendReq struct {
+	queue   string
+	typ     string
+	payload json.RawMessage
+	key     *string
+	state   atomic.Int32
+	done    chan sendResult // buffered: the flusher never blocks on it
+}
+
+type sendResult struct {
+	id  int64
+	err error
+}
+
+// sendQueue holds the Sends that wait for a statement.
+type sendQueue struct {
+	client   *Client
+	limit    int
+	patience time.Duration
+
+	mu       sync.Mutex
+	pending  []*sendReq
+	inflight int
+	// compactAt is the length of pending at which send drops the
+	// abandoned requests.
+	compactAt int
+	// statements and batched count coalesced statements and the events
+	// they carried (for tests and the send_coalesced measurements).
+	statements atomic.Int64
+	batched    atomic.Int64
+	// bypassed counts Sends that ran their own statement after
+	// sendPatience.
+	bypassed atomic.Int64
+	// alone counts events sent again one by one after their coalesced
+	// statement failed.
+	alone atomic.Int64
+}
+
+func newSendQueue(c *Client, limit int) *sendQueue {
+	if limit < 0 {
+		return nil
+	}
+	if limit == 0 {
+		limit = sendConcurrencyDefault
+	}
+	return &sendQueue{client: c, limit: limit, patience: sendPatience, compactAt: 64}
+}
+
+// send runs r's statement now if one is free, or waits for a coalesced one.
+func (s *sendQueue) send(ctx context.Context, r *sendReq) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("sending to queue %q: %w", r.queue, err)
+	}
+	s.mu.Lock()
+	if s.inflight < s.limit && len(s.pending) == 0 {
+		s.inflight++
+		s.mu.Unlock()
+		id, err := s.client.sendOne(ctx, s.client.queries, r.queue, r.typ, r.payload, r.key, nil)
+		s.release()
+		return id, err
+	}
+	r.done = make(chan sendResult, 1)
+	if len(s.pending) >= s.compactAt {
+		// Only take drops abandoned requests, and while every statement
+		// is stuck nothing takes: drop them here too, so a long stall
+		// does not keep every payload sent during it.
+		s.compact()
+		s.compactAt = max(64, 2*len(s.pending))
+	}
+	s.pending = append(s.pending, r)
+	s.mu.Unlock()
+	patience := time.NewTimer(s.patience)
+	defer patience.Stop()
+	select {
+	case res := <-r.done:
+		return res.id, res.err
+	case <-patience.C:
+		if r.state.CompareAndSwap(reqWaiting, reqAbandoned) {
+			s.bypassed.Add(1)
+			return s.client.sendOne(ctx, s.client.queries, r.queue, r.typ, r.payload, r.key, nil)
+		}
+		select { // taken just now
+		case res := <-r.done:
+			return res.id, res.err
+		case <-ctx.Done():
+			return 0, fmt.Errorf("sending to queue %q: %w", r.queue, ctx.Err())
+		}
+	case <-ctx.Done():
+		// Still waiting: it is dropped and never sent. Already taken: the
+		// statement runs on, and the event may be committed, as with any
+		// statement whose context ends while it runs.
+		r.state.CompareAndSwap(reqWaiting, reqAbandoned)
+		return 0, fmt.Errorf("sending to queue %q: %w", r.queue, ctx.Err())
+	}
+}
+
+// release gives back a statement, or hands it to the waiting sends.
+func (s *sendQueue) release() {
+	s.mu.Lock()
+	batch := s.take()
+	if batch == nil {
+		s.inflight--
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	go s.drain(batch)
+}
+
+// drain sends batches until nobody waits; it holds one statement slot.
+func (s *sendQueue) drain(batch []*sendReq) {
+	for batch != nil {
+		s.flush(context.Background(), batch)
+		s.mu.Lock()
+		batch = s.take()
+		if batch == nil {
+			s.inflight--
+		}
+		s.mu.Unlock()
+	}
+}
+
+// compact drops the abandoned requests from pending. s.mu is held.
+func (s *sendQueue) compact() {
+	kept := s.pending[:0]
+	for _, r := range s.pending {
+		if r.state.Load() != reqAbandoned {
+			kept = append(kept, r)
+		}
+	}
+	clear(s.pending[len(kept):])
+	s.pending = kept
+}
+
+// take removes and returns the next statement's requests: the oldest
+// waiting request and every later one for the same queue and type, up to sendBatchMax events and sendBatchBytes of payload (the
+// first request always goes, whatever its size). Abandoned requests are
+// dropped on the way. It returns nil when nothing waits. s.mu is held.
+func (s *sendQueue) take() []*sendReq {
+	var batch []*sendReq
+	var head *sendReq
+	bytes := 0
+	kept := s.pending[:0]
+	for _, r := range s.pending {
+		if r.state.Load() == reqAbandoned {
+			continue
+		}
+		fits := head == nil || (r.queue == head.queue && r.typ == head.typ && len(batch) < sendBatchMax && bytes+len(r.payload) <= sendBatchBytes)
+		if fits && r.state.CompareAndSwap(reqWaiting, reqTaken) {
+			if head == nil {
+				head = r
+			}
+			batch = append(batch, r)
+			bytes += len(r.payload)
+			continue
+		}
+		if r.state.Load() != reqAbandoned {
+			kept = append(kept, r)
+		}
+	}
+	clear(s.pending[len(kept):]) // let the taken and dropped requests go
+	s.pending = kept
+	return batch
+}
+
+// flush sends batch in one statement and tells each request its outcome.
+// A batch the server refuses for one of its events is sent again event by
+// event, so that each Send gets its own result and no good event fails for
+// a bad neighbour. An error that would fail every event alike (a missing
+// queue, a permission), or one after which the outcome is unknown (a lost
+// connection), is given to all.
+func (s *sendQueue) flush(ctx context.Context, batch []*sendReq) {
+	c := s.client
+	head := batch[0]
+	if len(batch) == 1 {
+		id, err := c.sendOne(ctx, c.queries, head.queue, head.typ, head.payload, head.key, nil)
+		head.done <- sendResult{id, err}
+		return
+	}
+	s.statements.Add(1)
+	s.batched.Add(int64(len(batch)))
+	payloads := make([]string, len(batch))
+	var keys []*string
+	for i, r := range batch {
+		payloads[i] = string(r.payload)
+		if r.key != nil && keys == nil {
+			keys = make([]*string, len(batch))
+		}
+		if keys != nil {
+			keys[i] = r.key
+		}
+	}
+	ids, err := c.queries.SendBatch(ctx, head.queue, head.typ, payloads, keys, nil)
+	if err == nil && len(ids) != len(batch) {
+		err = fmt.Errorf("send_batch returned %d ids for %d events", len(ids), len(batch))
+	}
+	if err == nil {
+		c.metrics.Sent.WithLabelValues(head.queue).Add(float64(len(ids)))
+		for i, r := range batch {
+			r.done <- sendResult{id: ids[i]}
+		}
+		return
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || sendsAllFail[pgErr.Code] {
+		err = mapError(fmt.Sprintf("sending to queue %q", head.queue), err)
+		for _, r := range batch {
+			r.done <- sendResult{err: err}
+		}
+		return
+	}
+	s.alone.Add(int64(len(batch)))
+	for _, r := range batch {
+		id, err := c.sendOne(ctx, c.queries, r.queue, r.typ, r.payload, r.key, nil)
+		r.done <- sendResult{id, err}
+	}
+}
+
+// sendsAllFail holds the SQLSTATEs of errors that concern the statement,
+// not one of its events: sending the events one by one would fail each
+// the same way.
+var sendsAllFail = map[string]bool{
+	"PQ001": true, // queue not found
+	"42501": true, // insufficient privilege
+	"25006": true, // read-only transaction (a standby)
+	"53300": true, // too many connections
+}
