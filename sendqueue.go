@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -225,11 +226,12 @@ func (s *sendQueue) take() []*sendReq {
 }
 
 // flush sends batch in one statement and tells each request its outcome.
-// A batch the server refuses for one of its events is sent again event by
-// event, so that each Send gets its own result and no good event fails for
-// a bad neighbour. An error that would fail every event alike (a missing
-// queue, a permission), or one after which the outcome is unknown (a lost
-// connection), is given to all.
+// A batch the server refuses for what one of its events holds is sent
+// again event by event, so that each Send gets its own result and no good
+// event fails for a bad neighbour. Any other error is given to all: one
+// that concerns the statement (a missing queue, a permission, a timeout, a
+// lock) would fail each event alike, and slowly, and after a lost
+// connection the outcome is unknown, so sending again could duplicate.
 func (s *sendQueue) flush(ctx context.Context, batch []*sendReq) {
 	c := s.client
 	head := batch[0]
@@ -263,7 +265,7 @@ func (s *sendQueue) flush(ctx context.Context, batch []*sendReq) {
 		return
 	}
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || sendsAllFail[pgErr.Code] {
+	if !errors.As(err, &pgErr) || !eventError(pgErr.Code) {
 		err = mapError(fmt.Sprintf("sending to queue %q", head.queue), err)
 		for _, r := range batch {
 			r.done <- sendResult{err: err}
@@ -277,12 +279,23 @@ func (s *sendQueue) flush(ctx context.Context, batch []*sendReq) {
 	}
 }
 
-// sendsAllFail holds the SQLSTATEs of errors that concern the statement,
-// not one of its events: sending the events one by one would fail each
-// the same way.
-var sendsAllFail = map[string]bool{
-	"PQ001": true, // queue not found
-	"42501": true, // insufficient privilege
-	"25006": true, // read-only transaction (a standby)
-	"53300": true, // too many connections
+// eventError reports whether a send's SQLSTATE can come from what one
+// event holds: its payload, type or key (data exceptions, class 22;
+// integrity violations, 23; values past a limit, 54; pgque's argument
+// errors), rather than from the queue, the role or the server.
+func eventError(code string) bool {
+	switch {
+	case code == "PQ001": // queue not found
+		return false
+	case strings.HasPrefix(code, "PQ"):
+		return true
+	}
+	if len(code) < 2 {
+		return false
+	}
+	switch code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
 }

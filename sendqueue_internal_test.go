@@ -94,3 +94,24 @@ func TestSendQueueCompactDropsAbandoned(t *testing.T) {
 		}
 	}
 }
+
+func TestSendQueueRetriesAloneOnlyForEventErrors(t *testing.T) {
+	for code, want := range map[string]bool{
+		"22P05": true,  // \u0000 in a payload
+		"22P02": true,  // not JSON
+		"54000": true,  // a value past a limit
+		"23505": true,  // a unique violation
+		"PQ011": true,  // an invalid argument
+		"PQ001": false, // queue not found
+		"42501": false, // permission
+		"57014": false, // statement timeout
+		"55P03": false, // lock not available
+		"25006": false, // read-only server
+		"08006": false, // connection failure
+		"":      false,
+	} {
+		if got := eventError(code); got != want {
+			t.Errorf("eventError(%q) = %v, want %v", code, got, want)
+		}
+	}
+}
