@@ -274,15 +274,18 @@ func TestSendWaitsOnlyThePatienceBehindAStuckStatement(t *testing.T) {
 	sendAsync(ctx, c, env.queue, 0, pgque.Event{Payload: 0}, out)
 	waitLockWaiters(t, env, 1)
 
-	// Both of these finish while the lock is still held.
-	if _, err := c.Send(ctx, other, pgque.Event{Payload: 1, DedupKey: "d1"}); err != nil {
+	// Both of these finish while the lock is still held (the deadline
+	// turns a Send that waits for the lock into a failure, not a hang).
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := c.Send(sctx, other, pgque.Event{Payload: 1, DedupKey: "d1"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := pgque.SendCounters(c); got.Bypassed != 0 {
 		t.Fatalf("a dedup send waited for a statement: %+v", got)
 	}
 	start := time.Now()
-	if _, err := c.Send(ctx, other, pgque.Event{Payload: 2}); err != nil {
+	if _, err := c.Send(sctx, other, pgque.Event{Payload: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if waited := time.Since(start); waited < 50*time.Millisecond {

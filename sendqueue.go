@@ -243,31 +243,24 @@ func (s *sendQueue) flush(ctx context.Context, batch []*sendReq) {
 	}
 	s.statements.Add(1)
 	s.batched.Add(int64(len(batch)))
-	payloads := make([]string, len(batch))
-	var keys []*string
-	for i, r := range batch {
-		payloads[i] = string(r.payload)
-		if r.key != nil && keys == nil {
-			keys = make([]*string, len(batch))
-		}
-		if keys != nil {
-			keys[i] = r.key
-		}
+	r := run{typ: head.typ}
+	for _, req := range batch {
+		r.payloads = append(r.payloads, string(req.payload))
+		r.keys = append(r.keys, req.key)
+		r.hasKey = r.hasKey || req.key != nil
 	}
-	ids, err := c.queries.SendBatch(ctx, head.queue, head.typ, payloads, keys, nil)
+	ids, err := c.sendRuns(ctx, c.queries, head.queue, []run{r})
 	if err == nil && len(ids) != len(batch) {
-		err = fmt.Errorf("send_batch returned %d ids for %d events", len(ids), len(batch))
+		err = fmt.Errorf("sending to queue %q: send_batch returned %d ids for %d events", head.queue, len(ids), len(batch))
 	}
 	if err == nil {
-		c.metrics.Sent.WithLabelValues(head.queue).Add(float64(len(ids)))
-		for i, r := range batch {
-			r.done <- sendResult{id: ids[i]}
+		for i, req := range batch {
+			req.done <- sendResult{id: ids[i]}
 		}
 		return
 	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || !eventError(pgErr.Code) {
-		err = mapError(fmt.Sprintf("sending to queue %q", head.queue), err)
 		for _, r := range batch {
 			r.done <- sendResult{err: err}
 		}
