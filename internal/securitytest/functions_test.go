@@ -315,6 +315,9 @@ var functions = map[string]fn{
 	// every role that may read the view may call it.
 	// Internal, yet callable directly (the views call it with the caller's
 	// rights): it validates slot and N like the public slot functions.
+	// The slot views call it with the caller's rights; an unknown queue id
+	// (or NULL) may not be read.
+	"pgque._may_read(integer)": {roles: "rwa", args: []string{"1"}, nullAs: map[int]string{0: ""}},
 	"pgque._slot_pending(integer,integer,integer)": {roles: "rwa", args: []string{"1", "0", "2"}, nullAs: map[int]string{0: ""},
 		cases: []badCase{bc("PQ011", "1", "0", "0"), bc("PQ011", "1", "2", "2"), bc("PQ011", "1", "-1", "2")}},
 }
