@@ -118,7 +118,7 @@ func queueCalls(t *testing.T, conn *pgx.Conn) map[string][2]bool {
 // granted to them whose queue argument is absent or has a default.
 func possibleListings(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
-	rows, err := conn.Query(context.Background(), `
+	return queryNames(t, conn, `
 		select 'pgque.' || c.relname from pg_class c
 		 where c.relnamespace = 'pgque'::regnamespace
 		   and (has_table_privilege('pgque_reader', c.oid, 'select') or has_table_privilege('pgque_writer', c.oid, 'select'))
@@ -129,14 +129,6 @@ func possibleListings(t *testing.T, conn *pgx.Conn) []string {
 		     or has_function_privilege('pgque_writer', p.oid, 'execute'))
 		   and coalesce(array_position(p.proargnames, 'i_queue') > p.pronargs - p.pronargdefaults, true)
 		 order by 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return names
 }
 
 // TestConfinedStrangerReadsNothing: on a queue confined to one tenant,

@@ -368,7 +368,7 @@ func setupDB(t *testing.T) (string, *pgx.Conn) {
 // TestGeneratedTriggerFunctions checks their privileges.
 func grantedFunctions(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
-	rows, err := conn.Query(context.Background(), `
+	return queryNames(t, conn, `
 		select p.oid::regprocedure::text from pg_proc p
 		 where p.pronamespace = 'pgque'::regnamespace
 		   and not (p.proname like '\_src\_%' and p.prorettype = 'trigger'::regtype)
@@ -377,6 +377,12 @@ func grantedFunctions(t *testing.T, conn *pgx.Conn) []string {
 		     or has_function_privilege('pgque_admin', p.oid, 'execute')
 		     or has_function_privilege('`+rolePublic+`', p.oid, 'execute'))
 		 order by 1`)
+}
+
+// queryNames runs a query of one text column and returns its rows.
+func queryNames(t *testing.T, conn *pgx.Conn, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), sql, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
