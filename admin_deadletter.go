@@ -16,8 +16,16 @@ const DeadLetterLimitDefault = 100
 // UnblockKey), kept with the consumer it failed for.
 type DeadLetterEntry struct {
 	// ID identifies the dead letter within its queue (ReplayDeadLetter).
-	ID       int64
+	ID int64
+	// Consumer is the consumer the event failed for, as it subscribed
+	// (the name DeadLetterFilter and PurgeFilter take).
 	Consumer string
+	// Slot is the slot of a partitioned consumer the event failed in, -1
+	// for a plain consumer.
+	Slot int
+	// Subscription is the subscription that holds it: Consumer for a
+	// plain consumer, "<consumer>#<slot>/<slots>" for a slot.
+	Subscription string
 	// DeadSince is when the event was dead-lettered.
 	DeadSince time.Time
 	// Reason is the last failure, as nacked.
@@ -35,7 +43,8 @@ type DeadLetterEntry struct {
 // DeadLetterFilter selects dead letters. The zero value selects the oldest
 // DeadLetterLimitDefault of every consumer.
 type DeadLetterFilter struct {
-	// Consumer, when set, selects only that consumer's dead letters.
+	// Consumer, when set, selects only that consumer's dead letters: for
+	// a partitioned consumer, those of every slot.
 	Consumer string
 	// Limit caps how many are returned, oldest first; zero means
 	// DeadLetterLimitDefault.
@@ -62,8 +71,11 @@ func (c *Client) DeadLetters(ctx context.Context, queue string, filter *DeadLett
 	out := make([]DeadLetterEntry, len(rows))
 	for i, r := range rows {
 		out[i] = DeadLetterEntry{
-			ID: r.ID, Consumer: r.Consumer, DeadSince: r.Time, Reason: deref(r.Reason),
+			ID: r.ID, Consumer: r.ConsumerName, Slot: -1, Subscription: r.Consumer, DeadSince: r.Time, Reason: deref(r.Reason),
 			EventID: r.EvID, EventTime: r.EvTime, Type: deref(r.Type), Key: keyRefOf(r.Key), RetryCount: r.RetryCount,
+		}
+		if r.Slot != nil {
+			out[i].Slot = int(*r.Slot)
 		}
 		if r.Payload != nil {
 			out[i].Payload = json.RawMessage(*r.Payload)
@@ -86,7 +98,8 @@ func (c *Client) ReplayDeadLetter(ctx context.Context, queue string, id int64) (
 // PurgeFilter selects the dead letters PurgeDeadLetters deletes. The zero
 // value selects all of them.
 type PurgeFilter struct {
-	// Consumer, when set, selects only that consumer's dead letters.
+	// Consumer, when set, selects only that consumer's dead letters (of
+	// every slot of a partitioned consumer).
 	Consumer string
 	// OlderThan, when positive, keeps the dead letters younger than this.
 	OlderThan time.Duration

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -266,5 +268,59 @@ func TestReceiver(t *testing.T) {
 	}
 	if _, err := r.Receive(ctx, "nope", "r", 10); !errors.Is(err, pgque.ErrQueueNotFound) {
 		t.Fatalf("Receive on an unknown queue = %v", err)
+	}
+}
+
+// TestDeadLettersOfSlotConsumerByItsName: a partitioned consumer's dead
+// letters are stored per slot ("files#1/4"), yet its name selects all of
+// them for listing and purging, each entry naming the consumer as
+// subscribed, its slot and its key; a plain consumer whose name is a
+// prefix of it is not mixed in.
+func TestDeadLettersOfSlotConsumerByItsName(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	startTicker(t, env.client)
+	fail := func(_ context.Context, m *pgque.Message) error { return pgque.DeadLetter(errors.New("disk full")) }
+	startProcess(t, env, pgque.PartitionedConsumerConfig{Queue: env.queue, Consumer: "storage", Slots: 4, Handler: fail})
+	startConsumer(t, env, &pgque.ConsumerConfig{Queue: env.queue, Consumer: "stor", Handler: fail})
+	const keys = 8
+	slots := map[int]bool{}
+	for i := range keys {
+		key := fmt.Sprintf("tenant-%d", i)
+		if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: map[string]int{"n": i}, PartitionKey: key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 20*time.Second, "16 dead letters", func() bool {
+		dls, err := env.client.DeadLetters(ctx, env.queue, nil)
+		return err == nil && len(dls) == 2*keys
+	})
+	dls, err := env.client.DeadLetters(ctx, env.queue, &pgque.DeadLetterFilter{Consumer: "storage"})
+	if err != nil || len(dls) != keys {
+		t.Fatalf("DeadLetters(storage) = %d, %v; want %d (every slot's)", len(dls), err, keys)
+	}
+	for _, d := range dls {
+		key, ok := d.Key.Value()
+		if d.Consumer != "storage" || d.Slot < 0 || d.Slot >= 4 || !ok || d.Subscription != fmt.Sprintf("storage#%d/4", d.Slot) {
+			t.Fatalf("dead letter %+v: want consumer storage, its slot and key", d)
+		}
+		if !strings.HasPrefix(key, "tenant-") || !json.Valid(d.Payload) {
+			t.Fatalf("dead letter %+v: key %q", d, key)
+		}
+		slots[d.Slot] = true
+	}
+	if len(slots) < 2 {
+		t.Fatalf("the keys fell into slots %v: the test needs several", slots)
+	}
+	plain, err := env.client.DeadLetters(ctx, env.queue, &pgque.DeadLetterFilter{Consumer: "stor"})
+	if err != nil || len(plain) != keys || plain[0].Consumer != "stor" || plain[0].Slot != -1 || plain[0].Subscription != "stor" {
+		t.Fatalf("DeadLetters(stor) = %+v, %v; want the plain consumer's %d only", plain, err, keys)
+	}
+	if n, err := env.client.PurgeDeadLetters(ctx, env.queue, &pgque.PurgeFilter{Consumer: "storage"}); err != nil || n != keys {
+		t.Fatalf("PurgeDeadLetters(storage) = %d, %v; want %d", n, err, keys)
+	}
+	if left, err := env.client.DeadLetters(ctx, env.queue, nil); err != nil || len(left) != keys {
+		t.Fatalf("after the purge: %d, %v; want the plain consumer's %d", len(left), err, keys)
 	}
 }

@@ -68,7 +68,10 @@ var (
 	// ErrTableNotAttached: detach_table named a table that is not attached
 	// to the queue (PQ061).
 	ErrTableNotAttached = errors.New("pgque: table not attached")
-	// ErrPermissionDenied: the role may not call this function (42501).
+	// ErrPermissionDenied: the role may not call this function, or the
+	// queue is confined (grant_queue) and the login may not do that on it:
+	// consume or produce, or read its dead letters, keys, slots and status
+	// (42501).
 	ErrPermissionDenied = errors.New("pgque: permission denied")
 	// ErrInvalidPayload: an event payload is not valid JSON, could not be
 	// marshalled, or holds text PostgreSQL cannot store (SQLSTATE 22P02,

@@ -96,22 +96,27 @@ func (q *Queries) ConsumerInfo(ctx context.Context, queue, consumer *string) ([]
 
 // DeadLetter is one row of dlq_list.
 type DeadLetter struct {
-	ID         int64
-	Consumer   string
-	Time       time.Time
-	Reason     *string
-	EvID       int64
-	EvTime     time.Time
-	RetryCount int
-	Type       *string
-	Payload    *string
-	Key        *string
+	ID int64
+	// Consumer is the subscription the event failed for (a slot's:
+	// "c#3/8"); ConsumerName the consumer as subscribed, Slot its slot
+	// (nil for a plain consumer).
+	Consumer     string
+	ConsumerName string
+	Slot         *int32
+	Time         time.Time
+	Reason       *string
+	EvID         int64
+	EvTime       time.Time
+	RetryCount   int
+	Type         *string
+	Payload      *string
+	Key          *string
 }
 
 // DLQList calls pgque.dlq_list(queue, consumer, max); a nil consumer lists
-// every consumer's dead letters.
+// every consumer's dead letters, a slot consumer's name every slot's.
 func (q *Queries) DLQList(ctx context.Context, queue string, consumer *string, max int) ([]DeadLetter, error) {
-	rows, err := q.db.Query(ctx, `select dl_id, consumer, dl_time, reason, ev_id, ev_time, ev_retry, ev_type, ev_data, ev_extra1
+	rows, err := q.db.Query(ctx, `select dl_id, consumer, consumer_name, slot, dl_time, reason, ev_id, ev_time, ev_retry, ev_type, ev_data, key
 		from pgque.dlq_list($1::pg_catalog.text, $2::pg_catalog.text, $3::int)`, queue, consumer, max)
 	if err != nil {
 		return nil, err
@@ -120,7 +125,7 @@ func (q *Queries) DLQList(ctx context.Context, queue string, consumer *string, m
 	var out []DeadLetter
 	for rows.Next() {
 		var d DeadLetter
-		if err := rows.Scan(&d.ID, &d.Consumer, &d.Time, &d.Reason, &d.EvID, &d.EvTime, &d.RetryCount,
+		if err := rows.Scan(&d.ID, &d.Consumer, &d.ConsumerName, &d.Slot, &d.Time, &d.Reason, &d.EvID, &d.EvTime, &d.RetryCount,
 			&d.Type, &d.Payload, &d.Key); err != nil {
 			return nil, err
 		}
@@ -137,7 +142,8 @@ func (q *Queries) DLQReplay(ctx context.Context, queue string, id int64) (int64,
 }
 
 // DLQPurge calls pgque.dlq_purge(queue, consumer, older_than) and returns how
-// many dead letters it removed; a nil consumer purges every consumer's.
+// many dead letters it removed; a nil consumer purges every consumer's, a
+// slot consumer's name every slot's.
 func (q *Queries) DLQPurge(ctx context.Context, queue string, consumer *string, olderThan time.Duration) (int64, error) {
 	var n int64
 	err := q.db.QueryRow(ctx, `select pgque.dlq_purge($1::pg_catalog.text, $2::pg_catalog.text, $3::interval)`, queue, consumer, olderThan).Scan(&n)

@@ -198,3 +198,27 @@ func TestInstallWidensTheEventIndex(t *testing.T) {
 		t.Errorf("after the install c received %v, want %v", got, sent)
 	}
 }
+
+// TestDLQListUpgradeAddsNamedColumns: an install over the dlq_list that
+// ended with ev_extra4 replaces it with the one that also names the
+// consumer as subscribed, the slot and the key, and grants it again.
+func TestDLQListUpgradeAddsNamedColumns(t *testing.T) {
+	dsn, pool := setupEngine(t)
+	exec(t, pool, `drop function pgque.dlq_list(text, text, integer)`)
+	exec(t, pool, `create function pgque.dlq_list(i_queue text, i_consumer text default null, i_max integer default 100)
+		returns table (dl_id bigint, consumer text, dl_time timestamptz, reason text, ev_id bigint,
+		               ev_time timestamptz, ev_retry integer, ev_type text, ev_data text,
+		               ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text)
+		language sql as $$ select null::bigint, null, null::timestamptz, null, null::bigint, null::timestamptz,
+		                          null::integer, null, null, null, null, null, null where false $$`)
+
+	reinstall(t, dsn)
+
+	cols := column[string](t, pool, `select unnest(proargnames) from pg_proc where oid = 'pgque.dlq_list(text, text, integer)'::regprocedure`)
+	if !slices.Contains(cols, "key") || !slices.Contains(cols, "consumer_name") || !slices.Contains(cols, "slot") || !slices.Contains(cols, "ev_extra1") {
+		t.Errorf("dlq_list after the upgrade has columns %v", cols)
+	}
+	if !scalar[bool](t, pool, `select has_function_privilege('pgque_reader', 'pgque.dlq_list(text, text, integer)', 'execute')`) {
+		t.Error("dlq_list is not granted to pgque_reader after the upgrade")
+	}
+}

@@ -315,6 +315,9 @@ var functions = map[string]fn{
 	// every role that may read the view may call it.
 	// Internal, yet callable directly (the views call it with the caller's
 	// rights): it validates slot and N like the public slot functions.
+	// The slot views call it with the caller's rights; an unknown queue id
+	// (or NULL) may not be read.
+	"pgque._may_read(integer)": {roles: "rwa", args: []string{"1"}, nullAs: map[int]string{0: ""}},
 	"pgque._slot_pending(integer,integer,integer)": {roles: "rwa", args: []string{"1", "0", "2"}, nullAs: map[int]string{0: ""},
 		cases: []badCase{bc("PQ011", "1", "0", "0"), bc("PQ011", "1", "2", "2"), bc("PQ011", "1", "-1", "2")}},
 }
@@ -365,7 +368,7 @@ func setupDB(t *testing.T) (string, *pgx.Conn) {
 // TestGeneratedTriggerFunctions checks their privileges.
 func grantedFunctions(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
-	rows, err := conn.Query(context.Background(), `
+	return queryNames(t, conn, `
 		select p.oid::regprocedure::text from pg_proc p
 		 where p.pronamespace = 'pgque'::regnamespace
 		   and not (p.proname like '\_src\_%' and p.prorettype = 'trigger'::regtype)
@@ -374,6 +377,12 @@ func grantedFunctions(t *testing.T, conn *pgx.Conn) []string {
 		     or has_function_privilege('pgque_admin', p.oid, 'execute')
 		     or has_function_privilege('`+rolePublic+`', p.oid, 'execute'))
 		 order by 1`)
+}
+
+// queryNames runs a query of one text column and returns its rows.
+func queryNames(t *testing.T, conn *pgx.Conn, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), sql, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,10 @@ grant execute on function
     pgque.dlq_list(text, text, integer)
     to pgque_reader, pgque_admin;
 
+-- The slot views (partition layer) call _may_read with the caller's
+-- rights to leave out the queues the caller may not read.
+grant execute on function pgque._may_read(integer) to pgque_reader, pgque_writer, pgque_admin;
+
 grant execute on function
     pgque.version(),
     pgque.get_queue_info(text),

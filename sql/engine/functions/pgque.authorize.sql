@@ -63,6 +63,51 @@ begin
 end;
 $$;
 
+-- Reading a queue: its events, keys, dead letters, consumers, slots and
+-- leases. Whoever may consume a queue may read it, through the very check
+-- receive applies (_authorize_id with 'consume'); members of pgque_admin
+-- (and superusers) read every queue, as they read its tables. A queue not
+-- confined for 'consume' is readable by every pgque role, as before.
+
+-- _may_read(queue_id): true when the login may read the queue, false
+-- otherwise (also for an unknown id). SECURITY DEFINER and granted to the
+-- three pgque roles because the views partition_slot_status, _leases and
+-- _stalls call it with the caller's rights to leave out the rows of
+-- queues the caller may not read. Reveals nothing but that answer.
+-- Tables: queue, queue_grant (read).
+create or replace function pgque._may_read(i_queue_id integer)
+returns boolean language sql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce((
+        select not ('consume' = any (q.queue_confined))
+            or pg_has_role(session_user, 'pgque_admin', 'MEMBER')
+            or exists (select 1 from pgque.queue_grant g
+                        where g.qg_queue = q.queue_id and g.qg_action = 'consume'
+                          and pg_has_role(session_user, g.qg_role, 'MEMBER'))
+          from pgque.queue q where q.queue_id = i_queue_id), false)
+$$;
+
+-- _authorize_read(queue): the check every function that returns a queue's
+-- data, keys or dead letters calls first: raises 42501 (the message
+-- receive gives) unless _may_read. Does nothing for an unknown queue (the
+-- caller raises PQ001 itself). Returns true, so that it can run as a
+-- declaration.
+create or replace function pgque._authorize_read(i_queue text)
+returns boolean language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_id integer;
+begin
+    select queue_id into v_id from pgque.queue where queue_name = i_queue;
+    if found and not pgque._may_read(v_id) then
+        perform pgque._authorize_id(v_id, 'consume');
+    end if;
+    return true;
+end;
+$$;
+
 -- _check_action(action): 'consume' or 'produce' (PQ011, 22004).
 create or replace function pgque._check_action(i_action text)
 returns text language plpgsql immutable

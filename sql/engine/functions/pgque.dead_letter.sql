@@ -1,17 +1,53 @@
 -- Dead letters: events that failed more than max_retries times, kept with
 -- the consumer they failed for and the last failure's reason.
 
+-- _dl_of(stored, consumer): whether a dead letter stored for consumer
+-- name stored belongs to consumer: the same name, or one of its slots
+-- (a slot consumer's dead letters are stored under the slot's
+-- subscription, '<consumer>#<slot>/<N>', _slot_name). NULL consumer
+-- matches every one. '#' is reserved in consumer names, so no other
+-- consumer's name starts with '<consumer>#'. Inlined (plain SQL).
+create or replace function pgque._dl_of(i_stored text, i_consumer text)
+returns boolean language sql immutable
+as $$
+    select i_consumer is null or i_stored operator(pg_catalog.=) i_consumer
+        or pg_catalog.starts_with(i_stored, i_consumer operator(pg_catalog.||) '#')
+$$;
+
 -- dlq_list(queue, consumer, max): the oldest dead letters of a queue (of
--- one consumer when given), at most max rows.
+-- one consumer when given: a slot consumer's name selects every slot's),
+-- at most max rows. Raises 42501 for a login that may not read a confined
+-- queue (_authorize_read), PQ001 for an unknown queue, PQ011 for a NULL
+-- or negative max. Returns per dead letter: dl_id, consumer (the
+-- subscription it failed for: the slot's for a slot consumer,
+-- '<consumer>#<slot>/<N>'), dl_time, reason, the event's ev_id, ev_time,
+-- ev_retry, ev_type, ev_data (the payload), ev_extra1..4 (ev_extra1 is
+-- the partition key), and, named: consumer_name (the consumer as
+-- subscribed, without the slot), slot (NULL for a plain consumer) and
+-- key (the partition key, NULL for the NULL key). Tables: dead_letter.
+do $upgrade$
+begin
+    -- Before consumer_name, slot and key were added: the result type
+    -- changes, which CREATE OR REPLACE cannot do (grants.sql grants it
+    -- again).
+    if exists (select 1 from pg_catalog.pg_proc
+                where oid = to_regprocedure('pgque.dlq_list(text, text, integer)')
+                  and not ('key' = any (proargnames))) then
+        drop function pgque.dlq_list(text, text, integer);
+    end if;
+end
+$upgrade$;
 create or replace function pgque.dlq_list(i_queue text, i_consumer text default null, i_max integer default 100)
 returns table (dl_id bigint, consumer text, dl_time timestamptz, reason text, ev_id bigint,
                ev_time timestamptz, ev_retry integer, ev_type text, ev_data text,
-               ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text)
+               ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text,
+               consumer_name text, slot integer, key text)
 language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 declare
+    v_ok boolean := pgque._authorize_read(i_queue);
     q pgque.queue := pgque._queue(i_queue);
 begin
     if i_max is null or i_max < 0 then
@@ -19,9 +55,12 @@ begin
     end if;
     return query
         select d.dl_id, d.dl_consumer, d.dl_time, d.dl_reason, d.ev_id, d.ev_time, d.ev_retry,
-               d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4
+               d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4,
+               regexp_replace(d.dl_consumer, '#[0-9]{1,4}/[0-9]{1,4}$', ''),
+               substring(d.dl_consumer from '#([0-9]{1,4})/[0-9]{1,4}$')::integer,
+               d.ev_extra1
           from pgque.dead_letter d
-         where d.dl_queue = q.queue_id and (i_consumer is null or d.dl_consumer = i_consumer)
+         where d.dl_queue = q.queue_id and pgque._dl_of(d.dl_consumer, i_consumer)
          order by d.dl_id
          limit i_max;
 end;
@@ -31,12 +70,14 @@ $$;
 -- consumer it failed for (same ev_id and extra fields, retry count reset to
 -- 0, seen only by that consumer), and removes it from the dead-letter table.
 -- Raises PQ040 when there is no such dead letter, PQ002 when its consumer
--- is gone. Returns the ev_id.
+-- is gone, 42501 for a login that may not read a confined queue. Returns
+-- the ev_id. Tables: dead_letter, event, subscription.
 create or replace function pgque.dlq_replay(i_queue text, i_dl_id bigint)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    v_ok boolean := pgque._authorize_read(i_queue);
     q pgque.queue := pgque._queue(i_queue);
     d pgque.dead_letter;
     s pgque.subscription;
@@ -57,13 +98,16 @@ end;
 $$;
 
 -- dlq_purge(queue, consumer, older_than): deletes dead letters of a queue
--- (of one consumer when given) older than older_than. Returns how many.
+-- (of one consumer when given, every slot of a slot consumer) older than
+-- older_than. Returns how many. Like dlq_list, refuses (42501) a login
+-- that may not read a confined queue. Tables: dead_letter.
 create or replace function pgque.dlq_purge(i_queue text, i_consumer text default null,
                                            i_older_than interval default '0')
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    v_ok boolean := pgque._authorize_read(i_queue);
     q   pgque.queue := pgque._queue(i_queue);
     v_n bigint;
 begin
@@ -72,7 +116,7 @@ begin
             message = format('older_than must be zero or more, not %s', coalesce(i_older_than::text, 'NULL'));
     end if;
     delete from pgque.dead_letter
-     where dl_queue = q.queue_id and (i_consumer is null or dl_consumer = i_consumer)
+     where dl_queue = q.queue_id and pgque._dl_of(dl_consumer, i_consumer)
        and dl_time <= clock_timestamp() - i_older_than;
     get diagnostics v_n = row_count;
     return v_n;

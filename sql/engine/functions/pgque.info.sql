@@ -1,4 +1,6 @@
--- Monitoring.
+-- Monitoring. A confined queue is shown only to logins that may read it
+-- (_authorize_read, _may_read in pgque.authorize.sql): naming it raises
+-- 42501, listing every queue leaves it out.
 
 -- get_queue_info([queue]): one row per queue with its settings, its last
 -- tick, ticker_lag (time since the last tick), ev_new (events inserted since
@@ -16,6 +18,7 @@ as $$
 #variable_conflict use_column
 begin
     if i_queue is not null then
+        perform pgque._authorize_read(i_queue);
         perform pgque._queue(i_queue);
     end if;
     return query
@@ -34,7 +37,7 @@ begin
                            order by t.tick_id desc limit 1) lt
       left join lateral (select * from pgque.tick t where t.tick_queue = q.queue_id
                            order by t.tick_id asc limit 1) ft on true
-     where i_queue is null or q.queue_name = i_queue
+     where (i_queue is null or q.queue_name = i_queue) and pgque._may_read(q.queue_id)
      order by q.queue_name;
 end;
 $$;
@@ -53,6 +56,7 @@ as $$
 #variable_conflict use_column
 begin
     if i_queue is not null then
+        perform pgque._authorize_read(i_queue);
         perform pgque._queue(i_queue);
     end if;
     return query
@@ -67,6 +71,7 @@ begin
                            and t.tick_id = st.st_last_tick limit 1) ct
      where (i_queue is null or q.queue_name = i_queue)
        and (i_consumer is null or s.sub_name = i_consumer)
+       and pgque._may_read(q.queue_id)
      order by q.queue_name, s.sub_name;
 end;
 $$;

@@ -15,6 +15,11 @@
 -- first rows read are the oldest pending ones; the scan stops after a
 -- budget of rows, and then the counts are lower bounds (estimated = true)
 -- while the heads found are still the oldest ones.
+--
+-- Keys are a queue's data: every public function here first runs the read
+-- check (_authorize_read: the consume check of receive; pgque_admin reads
+-- every queue), so a confined queue's keys reach only those who may
+-- consume it.
 
 -- _slot_keys(sub_id, slot, nslots, scan): the pending events of one slot
 -- (the same visibility as _slot_pending: committed after the cursor's tick,
@@ -141,6 +146,7 @@ declare
     v_nslots integer;
     v_now    timestamptz := clock_timestamp();
 begin
+    perform pgque._authorize_read(i_queue);
     perform pgque._key_scan_args(i_limit, i_scan);
     select count(*)::integer into v_slots from pgque._key_slots(i_queue, i_consumer, i_slot);
     select g.sg_nslots into v_nslots
@@ -210,6 +216,7 @@ declare
     v_slots integer;
     v_nslots integer;
 begin
+    perform pgque._authorize_read(i_queue);
     perform pgque._key_scan_args(1, i_scan);
     select count(*)::integer into v_slots from pgque._key_slots(i_queue, i_consumer, null);
     select g.sg_nslots into v_nslots
@@ -246,6 +253,7 @@ set search_path = pg_catalog, pg_temp
 set jit = off
 as $$
 declare
+    v_ok boolean := pgque._authorize_read(i_queue);
     q pgque.queue := pgque._queue(i_queue);
 begin
     perform pgque._key_scan_args(i_limit, i_sample);
@@ -335,6 +343,7 @@ declare
     -- One clock reading for every slot, so that ages compare exactly.
     v_now    timestamptz := clock_timestamp();
 begin
+    perform pgque._authorize_read(i_queue);
     select g.sg_nslots into v_nslots
       from pgque.slot_group g join pgque.queue q on q.queue_id = g.sg_queue
      where q.queue_name = i_queue and g.sg_consumer = i_consumer;

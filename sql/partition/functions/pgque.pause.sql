@@ -215,7 +215,8 @@ $$;
 
 -- blocked_keys(queue, consumer): the blocked keys of a consumer's slots:
 -- slot, key, state, head ev_id, since, failures so far, last reason, and
--- how many events are deferred behind the head.
+-- how many events are deferred behind the head. 42501 for a login that
+-- may not read a confined queue (_authorize_read).
 create or replace function pgque.blocked_keys(i_queue text, i_consumer text default null)
 returns table (queue text, consumer text, slot integer, key text, state text, head_ev_id bigint,
                since timestamptz, failures integer, reason text, deferred bigint)
@@ -223,6 +224,7 @@ language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    v_ok boolean := pgque._authorize_read(i_queue);
     q pgque.queue := pgque._queue(i_queue);
 begin
     return query

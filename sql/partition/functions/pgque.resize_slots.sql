@@ -338,7 +338,8 @@ $$;
 -- queue when NULL): in progress (phase draining while old slots still
 -- consume up to the seal, settling while held lanes finish, cutover when
 -- it is due at the next empty receive or maint()) and the last completed
--- one (phase done).
+-- one (phase done). A confined queue: 42501 when named, left out of the
+-- list otherwise, for a login that may not read it (_authorize_read).
 create or replace function pgque.resize_status(i_queue text default null)
 returns table (queue text, consumer text, nslots integer, resize_to integer, phase text, seal_tick bigint,
                started timestamptz, finished timestamptz, slots_done integer, slots_total integer,
@@ -351,11 +352,12 @@ declare
     d record;
 begin
     if i_queue is not null then
+        perform pgque._authorize_read(i_queue);
         perform pgque._queue(i_queue);
     end if;
     for r in select q.queue_name, q.queue_id, g.*
                from pgque.slot_group g join pgque.queue q on q.queue_id = g.sg_queue
-              where (i_queue is null or q.queue_name = i_queue)
+              where (i_queue is null or q.queue_name = i_queue) and pgque._may_read(q.queue_id)
                 and (g.sg_resize_to is not null or g.sg_resized_at is not null)
               order by q.queue_name, g.sg_consumer loop
         queue := r.queue_name;

@@ -30,7 +30,8 @@
 --                      over: no live worker
 --   'not progressing'  the owner renews its lease but does not consume
 -- A healthy slot, however far behind, moves at every chunk, and an idle
--- one is not behind. Tables (read): slot_lease, slot_group, queue,
+-- one is not behind. Rows of queues the caller may not read are left
+-- out (_may_read). Tables (read): slot_lease, slot_group, queue,
 -- sub_state, tick.
 select pgque._create_view('partition_slot_stalls', $ddl$
 create or replace view pgque.partition_slot_stalls as
@@ -64,5 +65,6 @@ select v.queue, v.consumer, v.slot, v.nslots, v.owner, v.lease_live,
                               where x.st_sub = l.sl_sub order by x.st_seq desc limit 1) st on true
           left join lateral (select t.tick_time from pgque.tick t
                               where t.tick_queue = l.sl_queue and t.tick_id > st.st_last_tick
-                              order by t.tick_id limit 1) nt on true) v
+                              order by t.tick_id limit 1) nt on true
+         where pgque._may_read(l.sl_queue)) v
 $ddl$);

@@ -44,16 +44,20 @@ func (a *app) dlqListCommand() *cobra.Command {
 			}
 			rows := make([][]string, len(dls))
 			for i, d := range dls {
-				rows[i] = []string{strconv.FormatInt(d.ID, 10), d.Consumer, d.DeadSince.Format(time.DateTime),
+				slot := "-"
+				if d.Slot != nil {
+					slot = strconv.Itoa(*d.Slot)
+				}
+				rows[i] = []string{strconv.FormatInt(d.ID, 10), d.Consumer, slot, d.DeadSince.Format(time.DateTime),
 					strconv.FormatInt(d.EvID, 10), deref(d.Type), deref(d.Key), strconv.Itoa(d.RetryCount),
-					truncate(deref(d.Reason), 60), truncate(deref(d.Payload), 60)}
+					truncate(deref(d.Reason), 60), truncate(d.PayloadString(), 60)}
 			}
-			return table(a.stdout, []string{"DL_ID", "CONSUMER", "DEAD SINCE", "EV_ID", "TYPE", "KEY", "RETRIES", "REASON", "PAYLOAD"}, rows)
+			return table(a.stdout, []string{"DL_ID", "CONSUMER", "SLOT", "DEAD SINCE", "EV_ID", "TYPE", "KEY", "RETRIES", "REASON", "PAYLOAD"}, rows)
 		},
 	}
-	cmd.Flags().StringVar(&consumer, "consumer", "", "only this consumer's dead letters")
+	cmd.Flags().StringVar(&consumer, "consumer", "", "only this consumer's dead letters (every slot's for a partitioned consumer)")
 	cmd.Flags().IntVar(&max, "max", 100, "list at most this many")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the dead letters as JSON (full reason and payload)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the dead letters as JSON (full reason; the payload as JSON, or as payload_text when it is not JSON)")
 	return cmd
 }
 
@@ -110,7 +114,7 @@ dead-letter table. Name them by id, or pass --all (optionally with
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "replay every dead letter of the queue")
-	cmd.Flags().StringVar(&consumer, "consumer", "", "with --all: only this consumer's dead letters")
+	cmd.Flags().StringVar(&consumer, "consumer", "", "with --all: only this consumer's dead letters (every slot's for a partitioned consumer)")
 	return cmd
 }
 
@@ -157,7 +161,7 @@ func (a *app) dlqPurgeCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&consumer, "consumer", "", "only this consumer's dead letters")
+	cmd.Flags().StringVar(&consumer, "consumer", "", "only this consumer's dead letters (every slot's for a partitioned consumer)")
 	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "only dead letters older than this, e.g. 72h")
 	cmd.Flags().BoolVar(&yes, "yes", false, "confirm")
 	return cmd

@@ -70,12 +70,30 @@ func TestPauseCommands(t *testing.T) {
 	}
 	var dls []deadLetter
 	c.okJSON(&dls, "dlq", "list", "q", "--json")
-	if len(dls) != 1 || dls[0].EvID != ids[0] || dls[0].Consumer != "p#"+strconv.Itoa(slot)+"/2" {
+	if len(dls) != 1 || dls[0].EvID != ids[0] || dls[0].Consumer != "p" || dls[0].Slot == nil || *dls[0].Slot != slot ||
+		dls[0].Subscription != "p#"+strconv.Itoa(slot)+"/2" {
 		t.Errorf("dlq list after unblock = %+v", dls)
+	}
+	// The consumer's name selects its slots' dead letters, and the payload
+	// comes back as JSON.
+	var raw []map[string]any
+	c.okJSON(&raw, "dlq", "list", "q", "--consumer", "p", "--json")
+	if len(raw) != 1 || raw[0]["payload"].(map[string]any)["n"] != float64(1) {
+		t.Errorf("dlq list --consumer p --json = %+v, want the dead letter with its payload as JSON", raw)
+	}
+	if out := c.ok("", "dlq", "list", "q", "--consumer", "p"); !strings.Contains(out, `{"n":1}`) || !strings.Contains(out, "SLOT") {
+		t.Errorf("dlq list --consumer p printed %q", out)
 	}
 	// The key now releases its deferred event: no retry to hurry.
 	if out := c.ok("", "slots", "retry-now", "q", "--consumer", "p", "--key", "k"); !strings.Contains(out, "no pending retry") {
 		t.Errorf("slots retry-now printed %q", out)
 	}
 	checkOneLine(t, nil, c.exec("", "slots", "retry-now", "q", "--consumer", "p", "--key", "other"), ExitFailure, "is not blocked")
+	if out := c.ok("", "dlq", "replay", "q", "--all", "--consumer", "p"); !strings.Contains(out, "replayed dead letter "+strconv.FormatInt(dls[0].ID, 10)) {
+		t.Errorf("dlq replay --all --consumer p printed %q", out)
+	}
+	c.okJSON(&dls, "dlq", "list", "q", "--json")
+	if len(dls) != 0 {
+		t.Errorf("dlq list after replaying p's dead letters = %+v", dls)
+	}
 }

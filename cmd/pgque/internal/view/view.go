@@ -6,6 +6,7 @@
 package view
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -168,28 +169,57 @@ func BlockedKeysOf(keys []pgque.BlockedKey) []BlockedKey {
 	return out
 }
 
-// DeadLetter is one dead letter as dlq list prints it.
+// DeadLetter is one dead letter as dlq list prints it. Consumer is the
+// consumer as subscribed (the name --consumer takes), Slot its slot (nil
+// for a plain consumer), Subscription the subscription that holds it
+// ("<consumer>#<slot>/<slots>" for a slot).
 type DeadLetter struct {
-	ID         int64     `json:"dl_id"`
-	Consumer   string    `json:"consumer"`
-	DeadSince  time.Time `json:"dead_since"`
-	Reason     *string   `json:"reason"`
-	EvID       int64     `json:"ev_id"`
-	EvTime     time.Time `json:"ev_time"`
-	RetryCount int       `json:"retry_count"`
-	Type       *string   `json:"type"`
-	Payload    *string   `json:"payload"`
-	Key        *string   `json:"partition_key"`
+	ID           int64     `json:"dl_id"`
+	Consumer     string    `json:"consumer"`
+	Slot         *int      `json:"slot"`
+	Subscription string    `json:"subscription"`
+	DeadSince    time.Time `json:"dead_since"`
+	Reason       *string   `json:"reason"`
+	EvID         int64     `json:"ev_id"`
+	EvTime       time.Time `json:"ev_time"`
+	RetryCount   int       `json:"retry_count"`
+	Type         *string   `json:"type"`
+	// Payload is the event's payload as JSON; a payload that is not JSON
+	// (sent as text through send's text overload) is null here and
+	// PayloadText holds it.
+	Payload     json.RawMessage `json:"payload"`
+	PayloadText *string         `json:"payload_text,omitempty"`
+	Key         *string         `json:"partition_key"`
+}
+
+// PayloadString is the payload as stored, for printing.
+func (d DeadLetter) PayloadString() string {
+	if d.PayloadText != nil {
+		return *d.PayloadText
+	}
+	if d.Payload == nil {
+		return ""
+	}
+	return string(d.Payload)
 }
 
 func DeadLettersOf(dls []pgque.DeadLetterEntry) []DeadLetter {
 	out := make([]DeadLetter, len(dls))
 	for i, d := range dls {
-		out[i] = DeadLetter{ID: d.ID, Consumer: d.Consumer, DeadSince: d.DeadSince, Reason: NilIfEmpty(d.Reason),
-			EvID: d.EventID, EvTime: d.EventTime, RetryCount: d.RetryCount, Type: NilIfEmpty(d.Type), Key: KeyArgOf(d.Key)}
-		if d.Payload != nil {
+		out[i] = DeadLetter{ID: d.ID, Consumer: d.Consumer, Subscription: d.Subscription, DeadSince: d.DeadSince,
+			Reason: NilIfEmpty(d.Reason), EvID: d.EventID, EvTime: d.EventTime, RetryCount: d.RetryCount,
+			Type: NilIfEmpty(d.Type), Key: KeyArgOf(d.Key)}
+		if d.Slot >= 0 {
+			slot := d.Slot
+			out[i].Slot = &slot
+		}
+		switch {
+		case d.Payload == nil:
+		case json.Valid(d.Payload):
+			out[i].Payload = d.Payload
+		default:
 			p := string(d.Payload)
-			out[i].Payload = &p
+			out[i].PayloadText = &p
 		}
 	}
 	return out

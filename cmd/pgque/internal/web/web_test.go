@@ -57,6 +57,25 @@ func TestConsoleHTTP(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &ov); err != nil || len(ov.Queues) != 1 || len(ov.Groups) != 2 || len(ov.Slots) != 6 || ov.ActionsEnabled {
 		t.Errorf("overview: %v %+v", err, ov)
 	}
+	// The dead letters of a partitioned consumer, by its name: every
+	// slot's, each naming the consumer and its slot, the payload as JSON.
+	var dlq struct {
+		DeadLetters []struct {
+			Consumer string          `json:"consumer"`
+			Slot     *int            `json:"slot"`
+			Payload  json.RawMessage `json:"payload"`
+		} `json:"dead_letters"`
+	}
+	_, body, _ = do(t, "GET", ro.URL+"/api/dlq?queue=files&consumer=thumbnails", nil, "")
+	if err := json.Unmarshal([]byte(body), &dlq); err != nil || len(dlq.DeadLetters) == 0 {
+		t.Errorf("dead letters of thumbnails: %v %s", err, body)
+	}
+	for _, d := range dlq.DeadLetters {
+		var p map[string]string
+		if d.Consumer != "thumbnails" || d.Slot == nil || json.Unmarshal(d.Payload, &p) != nil || !strings.Contains(p["name"], "<script>") {
+			t.Errorf("dead letter of thumbnails: %+v (payload %s)", d, d.Payload)
+		}
+	}
 	if code, body, _ := do(t, "GET", ro.URL+"/api/keys?queue=files&consumer=nope", nil, ""); code != 404 || !strings.Contains(body, "no slots") {
 		t.Errorf("keys of a missing consumer: %d %s", code, body)
 	}

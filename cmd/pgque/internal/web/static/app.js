@@ -191,24 +191,44 @@ function renderKeys(ov, kr) {
   return out;
 }
 
+// dlqQueue is the queue the dead-letter page shows: the one picked, or
+// the only queue there is.
+function dlqQueue(ov) { return params.get("queue") || (ov.queues.length === 1 ? ov.queues[0].queue : ""); }
+
+// payloadText shows a dead letter's payload: JSON indented, a payload that
+// is not JSON as stored.
+function payloadText(d) {
+  if (d.payload_text !== undefined && d.payload_text !== null) return d.payload_text;
+  return d.payload === null ? "(null)" : JSON.stringify(d.payload, null, 2);
+}
+
 function renderDLQ(ov, dl) {
   const opts = ov.queues.map((q) => ({ value: q.queue, label: q.queue + " (" + q.dead_letters + ")" }));
-  const queue = params.get("queue") || "";
+  const queue = dlqQueue(ov);
+  const consumer = params.get("consumer") || "";
   const out = [picker("queue", "queue", opts, queue, (v) => go("/dlq", { queue: v }))];
-  if (!dl) { out.push(el("p", { class: "muted" }, "pick a queue")); return out; }
+  if (!dl) { out.push(el("p", { class: "muted" }, opts.length ? "pick a queue" : "no queues")); return out; }
+  // One entry per consumer as subscribed: a partitioned consumer's dead
+  // letters of every slot are under its name.
+  const names = [...new Set([...ov.consumers.filter((c) => c.queue === queue).map((c) => c.consumer),
+    ...ov.groups.filter((g) => g.queue === queue).map((g) => g.consumer), ...dl.dead_letters.map((d) => d.consumer)])].sort();
+  out.push(picker("consumer", "dlq-consumer", [{ value: "", label: "every consumer" }, ...names.map((n) => ({ value: n, label: n }))],
+    consumer, (v) => go("/dlq", v ? { queue, consumer: v } : { queue })));
   const inspect = el("div", { id: "inspect" });
   const show = (d) => {
     inspect.replaceChildren(el("h2", {}, "Dead letter " + d.dl_id + " (event " + d.ev_id + ", key " + fmtKey(d.partition_key) + ")"),
-      el("p", {}, "reason: ", d.reason || "-"), el("pre", { class: "payload", id: "payload" }, d.payload === null ? "(null)" : d.payload));
+      el("p", {}, "reason: ", d.reason || "-"), el("pre", { class: "payload", id: "payload" }, payloadText(d)));
   };
-  const rows = dl.dead_letters.map((d) => [String(d.dl_id), d.consumer, String(d.ev_id), d.type || "-", { v: fmtKey(d.partition_key), cls: "wrap" },
-    d.retry_count, fmtTime(d.dead_since), { v: d.reason || "-", cls: "wrap" },
+  const rows = dl.dead_letters.map((d) => [String(d.dl_id), d.consumer, d.slot === null ? "-" : String(d.slot), String(d.ev_id), d.type || "-",
+    { v: fmtKey(d.partition_key), cls: "wrap" }, d.retry_count, fmtTime(d.dead_since), { v: d.reason || "-", cls: "wrap" },
     el("span", {}, el("button", { onclick: () => show(d) }, "inspect"),
       actionsEnabled ? el("button", { onclick: () => act("replay", { queue, id: d.dl_id }, "replay dead letter " + d.dl_id) }, "replay") : null)]);
-  out.push(el("h2", {}, "Dead letters of " + queue),
-    table("dead-letters", ["dl_id", "consumer", "ev_id", "type", "key", "retries", "dead since", "reason", ""], rows, "no dead letters"));
+  const of = consumer ? queue + " / " + consumer : queue;
+  out.push(el("h2", {}, "Dead letters of " + of),
+    table("dead-letters", ["dl_id", "consumer", "slot", "ev_id", "type", "key", "retries", "dead since", "reason", ""], rows, "no dead letters"));
   if (actionsEnabled && dl.dead_letters.length) {
-    out.push(el("p", {}, el("button", { class: "danger", id: "purge", onclick: () => act("purge", { queue }, "purge every dead letter of " + queue) }, "purge all")));
+    const what = consumer ? { queue, consumer } : { queue };
+    out.push(el("p", {}, el("button", { class: "danger", id: "purge", onclick: () => act("purge", what, "purge every dead letter of " + of) }, "purge all")));
   }
   out.push(inspect);
   return out;
@@ -229,8 +249,8 @@ async function refresh() {
       const kr = q && c ? await getJSON("/api/keys?" + new URLSearchParams({ queue: q, consumer: c })) : null;
       content = renderKeys(ov, kr);
     } else {
-      const q = params.get("queue");
-      const dl = q ? await getJSON("/api/dlq?" + new URLSearchParams({ queue: q })) : null;
+      const q = dlqQueue(ov), c = params.get("consumer");
+      const dl = q ? await getJSON("/api/dlq?" + new URLSearchParams(c ? { queue: q, consumer: c } : { queue: q })) : null;
       content = renderDLQ(ov, dl);
     }
     const main = document.getElementById("main");
