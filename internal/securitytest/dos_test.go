@@ -208,36 +208,30 @@ func TestRoutingIndexNeverBlocksProducers(t *testing.T) {
 // TestRotationBlockersNamesWhatPinsRotation: a reader's idle subscription
 // and a reader's transaction left open after subscribe each keep maint()
 // from rotating; rotation_blockers names both (the subscription by name,
-// the session by pid), and once the admin removes the subscription and the
-// session ends, maint() rotates.
+// the session by pid, role and the start of its transaction), and not a
+// consumer of the same age that acknowledged everything: blame follows each
+// consumer's real cursor, not the tick it registered at.
 func TestRotationBlockersNamesWhatPinsRotation(t *testing.T) {
-	dsn, conn := setupDB(t)
+	dsn, _ := setupDB(t)
 	ctx := context.Background()
 	reader := asRole(t, dsn, roleReader)
 	admin := asRole(t, dsn, roleAdmin)
-	for _, s := range []string{
-		`select pgque.set_queue_config('q1', 'rotation_period', '1 microsecond')`,
-		`select pgque.send('q1', 't', '{}'::jsonb, 'k')`, `select pgque.force_next_tick('q1')`, `select pgque.ticker('q1')`,
-	} {
-		if _, err := admin.Exec(ctx, s); err != nil {
-			t.Fatal(s, err)
-		}
+	mustExec(t, admin, `select pgque.set_queue_config('q1', 'rotation_period', '1 microsecond')`)
+	mustExec(t, reader, `select pgque.subscribe('q1', 'idle_reader')`, `select pgque.subscribe('q1', 'done_reader')`)
+	mustExec(t, admin, `select pgque.send('q1', 't', '{}'::jsonb, 'k')`, `select pgque.force_next_tick('q1')`, `select pgque.ticker('q1')`)
+	mustExec(t, reader, `select pgque.ack(b) from (select distinct batch_id as b from pgque.receive('q1', 'done_reader', 100)) x`)
+	if n := scalarOf[int64](t, reader, `select count(*) from pgque.receive('q1', 'done_reader', 100)`); n != 0 {
+		t.Fatalf("done_reader still has %d events", n)
 	}
-	if _, err := reader.Exec(ctx, `select pgque.subscribe('q1', 'idle_reader')`); err != nil {
-		t.Fatal(err)
-	}
-	// Rotate once so that the idle subscription's cursor predates the
-	// switch, then send more so that it needs the old table.
-	for _, s := range []string{`select pgque.maint()`, `select pgque.send('q1', 't', '{}'::jsonb, 'k')`, `select pgque.force_next_tick('q1')`, `select pgque.ticker('q1')`} {
-		if _, err := admin.Exec(ctx, s); err != nil {
-			t.Fatal(s, err)
-		}
-	}
+	// Two rotations make the table holding idle_reader's event the oldest,
+	// the one the next rotation would truncate.
+	mustExec(t, admin, `select pgque.maint()`, `select pgque.maint()`)
 	open := asRole(t, dsn, roleReader)
 	tx, err := open.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx.Rollback(ctx) }()
 	if _, err := tx.Exec(ctx, `select pgque.subscribe('q1', 'open_tx')`); err != nil {
 		t.Fatal(err)
 	}
@@ -245,18 +239,28 @@ func TestRotationBlockersNamesWhatPinsRotation(t *testing.T) {
 	if err := tx.QueryRow(ctx, `select pg_backend_pid()`).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := admin.Query(ctx, `select kind || ' ' || what from pgque.rotation_blockers() where queue = 'q1'`)
+	type blocker struct {
+		Kind, What string
+		Pid        *int
+		Role       *string
+		Since      *time.Time
+	}
+	rows, err := admin.Query(ctx, `select kind, what, pid, role, since from pgque.rotation_blockers() where queue = 'q1'`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[blocker])
 	if err != nil {
 		t.Fatal(err)
 	}
-	joined := strings.Join(got, "\n")
-	if !strings.Contains(joined, "subscription idle_reader") || !strings.Contains(joined, sprintf("session pid %d,", pid)) {
-		t.Fatalf("rotation_blockers = %q, want the idle subscription and the open session (pid %d)", got, pid)
+	var idle, done, session bool
+	for _, b := range got {
+		idle = idle || b.Kind == "subscription" && b.What == "idle_reader"
+		done = done || b.Kind == "subscription" && b.What == "done_reader"
+		session = session || b.Kind == "session" && b.Pid != nil && *b.Pid == pid && b.Role != nil && b.Since != nil &&
+			strings.Contains(b.What, sprintf("pid %d,", pid))
 	}
-	_ = tx.Rollback(ctx)
-	_ = conn
+	if !idle || done || !session {
+		t.Fatalf("rotation_blockers = %+v, want idle_reader and the open session (pid %d) with its role and start, not done_reader", got, pid)
+	}
 }
