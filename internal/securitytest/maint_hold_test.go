@@ -203,7 +203,8 @@ func TestSlotConsumerNameLeavesRoomForEverySlot(t *testing.T) {
 // TestHugeIntervalsAreBadArguments: durations that overflow a timestamp
 // (or pass a naive interval comparison) are refused as the bad arguments
 // they are (PQ011), not as a timestamp overflow (22008), by the lease ttl
-// of claim_slot, the window of hot_keys and the age of dlq_purge.
+// of claim_slot, the window of hot_keys, the age of dlq_purge and the
+// retry delays of settle_held_partitioned (0 to 30 days, as nack's).
 func TestHugeIntervalsAreBadArguments(t *testing.T) {
 	_, conn := setupDB(t)
 	for _, c := range []struct {
@@ -213,6 +214,9 @@ func TestHugeIntervalsAreBadArguments(t *testing.T) {
 		{roleReader, `select pgque.claim_slot('q1', 'sc', 0, 'w-huge', %s)`, trickyIntervals},
 		{roleReader, `select * from pgque.hot_keys('q1', %s)`, trickyIntervals},
 		{roleAdmin, `select pgque.dlq_purge('q1', null, %s)`, []string{`'178000000 years'`, `'-178000000 years'`}},
+		{roleReader, `select pgque.settle_held_partitioned('q1', 'sc', 0, 2, 'w', gen_random_uuid(), 1, 'k', 1, '{}',
+			array[1]::bigint[], array[%s]::interval[], array['r'])`,
+			[]string{`'178000000 years'`, `'-178000000 years'`, `'10000 years -3599999 days'`, `'100 years -35999 days'`, `'-1 microsecond'`}},
 	} {
 		for _, iv := range c.values {
 			if code, msg := sqlstate(t, conn, c.role, sprintf(c.sql, iv)); code != "PQ011" {
