@@ -2,7 +2,6 @@ package securitytest
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -213,7 +212,6 @@ func TestRoutingIndexNeverBlocksProducers(t *testing.T) {
 // consumer's real cursor, not the tick it registered at.
 func TestRotationBlockersNamesWhatPinsRotation(t *testing.T) {
 	dsn, _ := setupDB(t)
-	ctx := context.Background()
 	reader := asRole(t, dsn, roleReader)
 	admin := asRole(t, dsn, roleAdmin)
 	mustExec(t, admin, `select pgque.set_queue_config('q1', 'rotation_period', '1 microsecond')`)
@@ -226,39 +224,16 @@ func TestRotationBlockersNamesWhatPinsRotation(t *testing.T) {
 	// Two rotations make the table holding idle_reader's event the oldest,
 	// the one the next rotation would truncate.
 	mustExec(t, admin, `select pgque.maint()`, `select pgque.maint()`)
-	open := asRole(t, dsn, roleReader)
-	tx, err := open.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `select pgque.subscribe('q1', 'open_tx')`); err != nil {
-		t.Fatal(err)
-	}
-	var pid int
-	if err := tx.QueryRow(ctx, `select pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	type blocker struct {
-		Kind, What string
-		Pid        *int
-		Role       *string
-		Since      *time.Time
-	}
-	rows, err := admin.Query(ctx, `select kind, what, pid, role, since from pgque.rotation_blockers() where queue = 'q1'`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[blocker])
-	if err != nil {
-		t.Fatal(err)
-	}
+	pid := pgtest.HoldTx(t, asRole(t, dsn, roleReader), `select pgque.subscribe('q1', 'open_tx')`)
+	got := rotationBlockers(t, admin)
 	var idle, done, session bool
 	for _, b := range got {
-		idle = idle || b.Kind == "subscription" && b.What == "idle_reader"
-		done = done || b.Kind == "subscription" && b.What == "done_reader"
-		session = session || b.Kind == "session" && b.Pid != nil && *b.Pid == pid && b.Role != nil && b.Since != nil &&
-			strings.Contains(b.What, sprintf("pid %d,", pid))
+		if b.Queue == nil || *b.Queue != "q1" {
+			continue
+		}
+		idle = idle || *b.Kind == "subscription" && b.What == "idle_reader"
+		done = done || *b.Kind == "subscription" && b.What == "done_reader"
+		session = session || *b.Kind == "session" && b.namesSession(pid, true)
 	}
 	if !idle || done || !session {
 		t.Fatalf("rotation_blockers = %+v, want idle_reader and the open session (pid %d) with its role and start, not done_reader", got, pid)

@@ -81,7 +81,6 @@ func TestHeldHotKeysReadDoesNotStopRotation(t *testing.T) {
 // for every queue and for the flips it holds back.
 func TestHeldReadsBoundMaintAndAreNamed(t *testing.T) {
 	dsn, conn := setupDB(t)
-	ctx := context.Background()
 	queues := []string{"hq1", "hq2", "hq3", "hq4", "hq5", "hq6"}
 	for _, q := range queues {
 		mustExec(t, conn, `select pgque.create_queue('`+q+`')`,
@@ -93,26 +92,11 @@ func TestHeldReadsBoundMaintAndAreNamed(t *testing.T) {
 	reader := asRole(t, dsn, roleReader)
 	mustExec(t, reader, `select pgque.ack(b) from (select distinct batch_id as b from pgque.receive('q1', 'c1', 100)) x`)
 
-	writer := asRole(t, dsn, roleWriter)
-	tx, err := writer.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	reads := []string{`select count(*) from pgque.partition_slot_leases`, `select count(*) from pgque.get_queue_info()`}
 	for _, q := range queues {
-		if _, err := tx.Exec(ctx, `select count(*) from pgque.hot_keys('`+q+`', '1 day')`); err != nil {
-			t.Fatal(err)
-		}
+		reads = append(reads, `select count(*) from pgque.hot_keys('`+q+`', '1 day')`)
 	}
-	for _, s := range []string{`select count(*) from pgque.partition_slot_leases`, `select count(*) from pgque.get_queue_info()`} {
-		if _, err := tx.Exec(ctx, s); err != nil {
-			t.Fatal(s, err)
-		}
-	}
-	var pid int
-	if err := tx.QueryRow(ctx, `select pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := pgtest.HoldTx(t, asRole(t, dsn, roleWriter), reads...)
 
 	admin := asRole(t, dsn, roleAdmin)
 	start := time.Now()
@@ -163,16 +147,7 @@ func TestRotationBlockersAsNonSuperuserOwner(t *testing.T) {
 	mustExec(t, owner, `select pgque.create_queue('q')`,
 		`select pgque.set_queue_config('q', 'rotation_period', '1 microsecond')`,
 		`create role app_r login`, `grant pgque_reader to app_r`)
-	app := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "app_r"))
-	tx, err := app.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	var pid int
-	if err := tx.QueryRow(ctx, `select pg_backend_pid() from pgque.subscribe('q', 'held')`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := pgtest.HoldTx(t, pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "app_r")), `select pgque.subscribe('q', 'held')`)
 	for _, b := range rotationBlockers(t, owner) {
 		if b.Queue != nil && *b.Queue == "q" && *b.Kind == "session" && b.namesSession(pid, false) && *b.Role == "app_r" {
 			return

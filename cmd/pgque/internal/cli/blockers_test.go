@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,17 +16,7 @@ func TestStatusNamesRotationBlockers(t *testing.T) {
 	c := setup(t)
 	c.ok("", "install")
 	c.ok("", "queue", "create", "q", "--set", "rotation_period=1 microsecond")
-	ctx := context.Background()
-	held := pgtest.Conn(t, c.dsn)
-	tx, err := held.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	var pid int
-	if err := tx.QueryRow(ctx, `select pg_backend_pid() from pgque.subscribe('q', 'held')`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := pgtest.HoldTx(t, pgtest.Conn(t, c.dsn), `select pgque.subscribe('q', 'held')`)
 
 	var st statusReport
 	c.okJSON(&st, "status", "--json")

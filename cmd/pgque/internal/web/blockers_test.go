@@ -30,15 +30,7 @@ func TestConsoleShowsRotationBlockers(t *testing.T) {
 	if err := client.SetQueueConfig(ctx, "q", "rotation_period", "1 microsecond"); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := pgtest.Conn(t, dsn).Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	var pid int
-	if err := tx.QueryRow(ctx, `select pg_backend_pid() from pgque.subscribe('q', 'held')`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := pgtest.HoldTx(t, pgtest.Conn(t, dsn), `select pgque.subscribe('q', 'held')`)
 	srv, err := New(Config{Client: client, Logger: slog.New(slog.DiscardHandler),
 		AllowedHosts: []string{"127.0.0.1"}, SampleInterval: 100 * time.Millisecond})
 	if err != nil {
