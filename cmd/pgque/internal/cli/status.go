@@ -273,7 +273,10 @@ partitioned consumer with its owner, epoch, lag and oldest pending event; and
 warnings: stuck, unpolled or stalled slots and consumers (they pin table
 rotation; a slot is stalled when it is behind and has not moved for twice its
 lease TTL: the warning says why and what to do), a
-rotation that is overdue and the subscription pinning it, a ticker that does
+rotation that is overdue and the subscription pinning it, what holds back a
+due rotation or the tick/state flips (ROTATION BLOCKERS, for an admin: the
+subscription, or the session with its pid, role, transaction start and the
+lock it holds; end it with pg_terminate_backend), a ticker that does
 not run, dead letters, keys blocked by the pause policy, and a key that holds
 most of a slot's pending events (see 'pgque keys'). HELD shows, per slot, the
 keys whose handlers run on after their chunk was acknowledged (key lanes): how
