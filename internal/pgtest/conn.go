@@ -42,6 +42,26 @@ func Conn(t testing.TB, dsn string) *pgx.Conn {
 	return conn
 }
 
+// HoldTx begins a transaction on conn, runs stmts in it and leaves it open
+// (idle in transaction, holding whatever locks they took) until the test
+// ends. It returns the backend pid of conn, as pg_locks and
+// pg_stat_activity name it.
+func HoldTx(t testing.TB, conn *pgx.Conn, stmts ...string) int {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal("pgtest: begin:", err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	for _, s := range stmts {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			t.Fatalf("pgtest: %s: %v", s, err)
+		}
+	}
+	return int(conn.PgConn().PID())
+}
+
 // DSNWith returns dsn with connection parameter key (e.g. "dbname", "user",
 // "password", "application_name") set to value. It accepts both URL
 // (postgres://...) and keyword/value connection strings.

@@ -110,14 +110,23 @@ declare
     v_ok boolean := pgque._authorize_read(i_queue);
     q   pgque.queue := pgque._queue(i_queue);
     v_n bigint;
+    v_cut timestamptz;
 begin
     if i_older_than is null or i_older_than < interval '0' then
         raise exception using errcode = 'PQ011',
             message = format('older_than must be zero or more, not %s', coalesce(i_older_than::text, 'NULL'));
     end if;
+    -- An age before the first timestamp is no age a dead letter can have:
+    -- refused as the argument it is, not as a timestamp overflow.
+    begin
+        v_cut := clock_timestamp() - i_older_than;
+    exception when datetime_field_overflow or interval_field_overflow or numeric_value_out_of_range then
+        raise exception using errcode = 'PQ011',
+            message = format('older_than %s is out of range', i_older_than);
+    end;
     delete from pgque.dead_letter
      where dl_queue = q.queue_id and pgque._dl_of(dl_consumer, i_consumer)
-       and dl_time <= clock_timestamp() - i_older_than;
+       and dl_time <= v_cut;
     get diagnostics v_n = row_count;
     return v_n;
 end;

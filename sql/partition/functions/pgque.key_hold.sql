@@ -118,9 +118,10 @@ begin
         if i_failed[i] is null then
             raise exception using errcode = '22004', message = 'failed events must not be NULL';
         end if;
-        if i_retry_after[i] < interval '0' then
-            raise exception using errcode = 'PQ011',
-                message = format('retry delay must not be negative, not %s', i_retry_after[i]);
+        -- Bounded as nack bounds it (0 to 30 days of real duration), before
+        -- anything adds it to a timestamp.
+        if i_retry_after[i] is not null then
+            perform pgque._check_interval('retry delay', i_retry_after[i], interval '0', interval '30 days');
         end if;
     end loop;
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check

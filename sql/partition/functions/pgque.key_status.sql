@@ -243,7 +243,13 @@ $$;
 -- window's events. At most i_sample of the newest events are read (through
 -- the ev_txid index, newest first); when the window holds more, the window
 -- is shortened to the span the sample covers and estimated is true.
--- Reads event.
+-- Reads only the event tables written during the window: every row of a
+-- table retired at T was written by a transaction that began before T
+-- (ev_time is its start), and tables not read are not locked, so a
+-- caller's open transaction does not hold back the rotation of a table
+-- older than its window. The statement is planned with the table list
+-- known (EXECUTE), so the planner locks those partitions only.
+-- Reads queue, event.
 create or replace function pgque.hot_keys(i_queue text, i_window interval default '1 minute',
                                           i_limit integer default 10, i_sample integer default 20000)
 returns table (key text, events bigint, rate double precision, share double precision,
@@ -253,33 +259,42 @@ set search_path = pg_catalog, pg_temp
 set jit = off
 as $$
 declare
-    v_ok boolean := pgque._authorize_read(i_queue);
-    q pgque.queue := pgque._queue(i_queue);
+    v_ok     boolean := pgque._authorize_read(i_queue);
+    q        pgque.queue := pgque._queue(i_queue);
+    v_window interval;
+    v_now    timestamptz := clock_timestamp();
+    v_parts  integer[];
 begin
     perform pgque._key_scan_args(i_limit, i_sample);
     if i_window is null then
         raise exception using errcode = '22004', message = 'window must not be NULL';
     end if;
-    if i_window <= interval '0' or i_window > interval '1 day' then
+    if i_window <= interval '0' then
         raise exception using errcode = 'PQ011',
             message = format('window must be more than 0 and at most 1 day, not %s', i_window);
     end if;
-    return query
-    with e as (select ev.ev_time, ev.ev_extra1 from pgque.event ev
-                where ev.ev_part >= q.queue_id * 16 and ev.ev_part < q.queue_id * 16 + 16
-                  and ev.ev_owner is null
-                order by ev.ev_txid desc limit i_sample),
-    w as (select * from e where e.ev_time >= clock_timestamp() - i_window),
-    t as (select count(*) as n, count(*) >= i_sample as cut,
-                 case when count(*) >= i_sample then clock_timestamp() - min(w.ev_time) else i_window end as span
-            from w)
-    select w.ev_extra1, count(*),
-           count(*) / greatest(extract(epoch from t.span), 0.001)::double precision,
-           count(*)::double precision / t.n, t.span, t.cut
-      from w cross join t
-     group by w.ev_extra1, t.n, t.span, t.cut
-     order by count(*) desc, w.ev_extra1 nulls first
-     limit i_limit;
+    v_window := pgque._check_interval('window', i_window, interval '1 microsecond', interval '1 day');
+    -- A table never retired since queue_retired exists stopped being
+    -- written at queue_switch_time at the latest.
+    v_parts := array(select q.queue_id * 16 + n from generate_series(0, q.queue_ntables - 1) n
+                      where n = q.queue_cur_table
+                         or coalesce(q.queue_retired[n + 1], q.queue_switch_time) >= v_now - v_window);
+    return query execute
+    'with e as (select ev.ev_time, ev.ev_extra1 from pgque.event ev
+                 where ev.ev_part = any ($1) and ev.ev_owner is null
+                 order by ev.ev_txid desc limit $2),
+     w as (select * from e where e.ev_time >= $3 - $4),
+     t as (select count(*) as n, count(*) >= $2 as cut,
+                  case when count(*) >= $2 then $3 - min(w.ev_time) else $4 end as span
+             from w)
+     select w.ev_extra1, count(*),
+            count(*) / greatest(extract(epoch from t.span), 0.001)::double precision,
+            count(*)::double precision / t.n, t.span, t.cut
+       from w cross join t
+      group by w.ev_extra1, t.n, t.span, t.cut
+      order by count(*) desc, w.ev_extra1 nulls first
+      limit $5'
+    using v_parts, i_sample, v_now, v_window, i_limit;
 end;
 $$;
 

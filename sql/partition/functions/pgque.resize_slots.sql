@@ -67,6 +67,7 @@ begin
         raise exception using errcode = '22004', message = 'new nslots must not be NULL';
     end if;
     perform pgque._check_slot(0, i_new_nslots);
+    perform pgque._check_slot_consumer(i_consumer, i_new_nslots);
     g := pgque._resize_group(i_queue, i_consumer);
     if g.sg_resize_to is not null then
         raise exception using errcode = 'PQ070',

@@ -92,10 +92,15 @@ as $$
 declare
     v_real interval;
 begin
-    if i_ttl is not null then
+    -- Bound what the value does before using it: a ttl whose end is past
+    -- the last timestamp overflows the addition itself (22008), and that
+    -- is the same bad argument as any other ttl over a day.
+    begin
         v_real := (i_now + i_ttl) - i_now;
-    end if;
-    if v_real is null or i_now + i_ttl <= i_now or i_now + i_ttl > i_now + interval '1 day' then
+    exception when datetime_field_overflow or interval_field_overflow or numeric_value_out_of_range then
+        v_real := null;
+    end;
+    if v_real is null or v_real <= interval '0' or i_now + v_real > i_now + interval '1 day' then
         raise exception using errcode = 'PQ011',
             message = format('lease ttl must be positive and at most 1 day, not %s', coalesce(i_ttl::text, 'NULL'));
     end if;

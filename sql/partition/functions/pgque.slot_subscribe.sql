@@ -34,6 +34,30 @@ returns text language sql immutable
 as $$ select i_consumer operator(pg_catalog.||) '#' operator(pg_catalog.||) i_slot::pg_catalog.text
              operator(pg_catalog.||) '/' operator(pg_catalog.||) i_nslots::pg_catalog.text $$;
 
+-- _check_slot_consumer(consumer, nslots): the names of every slot of
+-- consumer fit the 63 bytes of a subscription name. A new slot consumer's
+-- name may have at most 53 bytes, which leaves room for the longest suffix
+-- ("#1023/1024") whatever N it is given now or resized to later, so that
+-- one consumer never gets some of its slots and not others. A consumer
+-- created before that limit keeps working as long as its names for N fit
+-- (i_nslots; NULL checks the 53-byte limit of a new consumer). PQ010.
+create or replace function pgque._check_slot_consumer(i_consumer text, i_nslots integer)
+returns void language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_longest text := pgque._slot_name(i_consumer, coalesce(i_nslots, 1024) - 1, coalesce(i_nslots, 1024));
+begin
+    if octet_length(v_longest) > 63 then
+        raise exception using errcode = 'PQ010',
+            message = format('slot consumer name %s… is %s bytes long; the limit is %s, so that every slot''s subscription name (up to %L) fits in 63 bytes',
+                             quote_literal(left(i_consumer, 40)), octet_length(i_consumer),
+                             63 - octet_length(v_longest) + octet_length(i_consumer),
+                             '#' || (coalesce(i_nslots, 1024) - 1) || '/' || coalesce(i_nslots, 1024));
+    end if;
+end;
+$$;
+
 -- _slot_filter(slot, nslots): the routing predicate for extra_where, built
 -- from two validated integers only; NULL (no filter) when nslots is 1.
 create or replace function pgque._slot_filter(i_slot integer, i_nslots integer)
@@ -270,6 +294,8 @@ begin
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_consumer(i_consumer);
     perform pgque._check_slot(i_slot, i_nslots);
+    perform pgque._check_slot_consumer(i_consumer,
+        (select sg_nslots from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer));
     if i_policy is not null and i_policy not in ('skip', 'pause') then
         raise exception using errcode = 'PQ011',
             message = format('failure policy must be ''skip'' or ''pause'', not %L', i_policy);

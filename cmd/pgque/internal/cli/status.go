@@ -100,6 +100,10 @@ type statusReport struct {
 	Blocked []blockedKey `json:"blocked_keys"`
 	// Resizes are the slot resizes in progress and the last completed ones.
 	Resizes []resizeRow `json:"resizes"`
+	// Blockers are what holds back due rotations and flips (sessions with
+	// their pid, role and start; subscriptions); null when the role may
+	// not read them (rotation_blockers is for admins).
+	Blockers []view.Blocker `json:"rotation_blockers"`
 	// Warnings collects every warning, each naming what it is about.
 	Warnings []string `json:"warnings"`
 }
@@ -129,6 +133,18 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 		}
 	}
 	rep := &statusReport{Time: time.Now(), Consumers: []consumerInfo{}, Slots: nonNil(slots), Blocked: []blockedKey{}, Warnings: []string{}}
+	blockers, canSee, err := view.Blockers(ctx, s.Client)
+	if err != nil {
+		return nil, err
+	}
+	if canSee {
+		rep.Blockers = nonNil(blockers)
+	}
+	for _, b := range rep.Blockers {
+		if queue == "" || b.Queue == nil || *b.Queue == queue {
+			rep.Warnings = append(rep.Warnings, b.Describe(rep.Time))
+		}
+	}
 	for _, c := range subs {
 		if strings.Contains(c.Consumer, "#") {
 			continue // a slot: reported with its slot group
@@ -168,7 +184,7 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 				qs.Pending = max(qs.Pending, lag)
 			}
 		}
-		qs.Warnings = queueWarnings(&qs, subs)
+		qs.Warnings = queueWarnings(&qs, subs, rep.Blockers)
 		for _, w := range qs.Warnings {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("queue %s: %s", q.Name, w))
 		}
@@ -204,8 +220,11 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 }
 
 // queueWarnings checks a queue: overdue rotation (and who pins it), a
-// ticker that does not run, dead letters.
-func queueWarnings(q *queueStatus, subs []consumerInfo) []string {
+// ticker that does not run, dead letters. The subscription named as the
+// pin is the one rotation_blockers names when the role may read it (the
+// blockers themselves are warned about separately), else the one with the
+// oldest cursor, a guess.
+func queueWarnings(q *queueStatus, subs []consumerInfo, blockers []view.Blocker) []string {
 	w := []string{}
 	if q.SinceRotation > q.Config.RotationSeconds+rotationGrace.Seconds() {
 		q.RotationOverdue = true
@@ -216,7 +235,14 @@ func queueWarnings(q *queueStatus, subs []consumerInfo) []string {
 			}
 		}
 		msg := fmt.Sprintf("table rotation overdue by %s", fmtSeconds(q.SinceRotation-q.Config.RotationSeconds))
-		if oldest != nil {
+		if blockers != nil {
+			for _, b := range blockers {
+				if b.Kind == pgque.BlockerSubscription && b.Queue != nil && *b.Queue == q.Name && q.PinnedBy == "" {
+					q.PinnedBy = b.What
+				}
+			}
+			msg += " (see the rotation blockers)"
+		} else if oldest != nil {
 			q.PinnedBy = oldest.Consumer
 			msg += fmt.Sprintf(", pinned by subscription %s (cursor %s old)", oldest.Consumer, fmtSeconds(oldest.LagSeconds))
 		}
@@ -247,7 +273,10 @@ partitioned consumer with its owner, epoch, lag and oldest pending event; and
 warnings: stuck, unpolled or stalled slots and consumers (they pin table
 rotation; a slot is stalled when it is behind and has not moved for twice its
 lease TTL: the warning says why and what to do), a
-rotation that is overdue and the subscription pinning it, a ticker that does
+rotation that is overdue and the subscription pinning it, what holds back a
+due rotation or the tick/state flips (ROTATION BLOCKERS, for an admin: the
+subscription, or the session with its pid, role, transaction start and the
+lock it holds; end it with pg_terminate_backend), a ticker that does
 not run, dead letters, keys blocked by the pause policy, and a key that holds
 most of a slot's pending events (see 'pgque keys'). HELD shows, per slot, the
 keys whose handlers run on after their chunk was acknowledged (key lanes): how
@@ -365,6 +394,9 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 	if err := writeResizes(w, rep.Resizes); err != nil {
 		return err
 	}
+	if err := writeBlockers(w, rep.Blockers, rep.Time); err != nil {
+		return err
+	}
 	if len(rep.Warnings) > 0 {
 		fmt.Fprintln(w, "\nWARNINGS")
 		for _, msg := range rep.Warnings {
@@ -372,6 +404,31 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		}
 	}
 	return nil
+}
+
+// writeBlockers renders what holds back rotations and flips, one row per
+// blocker: for a session its pid, role, how long its transaction has been
+// open and the lock it holds.
+func writeBlockers(w io.Writer, bs []view.Blocker, now time.Time) error {
+	if len(bs) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nROTATION BLOCKERS")
+	rows := make([][]string, len(bs))
+	for i, b := range bs {
+		queue, pid, since := "(flips)", "-", "-"
+		if b.Queue != nil {
+			queue = *b.Queue
+		}
+		if b.PID != nil {
+			pid = strconv.Itoa(*b.PID)
+		}
+		if b.Since != nil {
+			since = fmtSeconds(now.Sub(*b.Since).Seconds()) + " ago"
+		}
+		rows[i] = []string{queue, b.Kind, pid, orDash(deref(b.Role)), since, orDash(deref(b.Holds)), b.What}
+	}
+	return table(w, []string{"QUEUE", "KIND", "PID", "ROLE", "SINCE", "HOLDS", "WHAT"}, rows)
 }
 
 // slotTable renders slots as an aligned table.

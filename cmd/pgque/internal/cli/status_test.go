@@ -44,7 +44,7 @@ func TestStatusWarnings(t *testing.T) {
 		{Queue: "q", Consumer: "slow#3/8", LagSeconds: 7000},
 		{Queue: "other", Consumer: "older", LagSeconds: 9000},
 	}
-	got := strings.Join(queueWarnings(&q, subs), "\n")
+	got := strings.Join(queueWarnings(&q, subs, nil), "\n")
 	for _, want := range []string{
 		"table rotation overdue by 10m0s, pinned by subscription slow#3/8 (cursor 1h57m old)",
 		"no tick for 3m20s: is a ticker running?",
@@ -59,7 +59,7 @@ func TestStatusWarnings(t *testing.T) {
 	}
 	healthy := queueStatus{queueInfo: queueInfo{Name: "q", SinceRotation: 10, TickerLagSeconds: 0.01,
 		Config: view.QueueConfig{RotationSeconds: 7200, IdleSeconds: 60}}}
-	if w := queueWarnings(&healthy, subs); len(w) != 0 {
+	if w := queueWarnings(&healthy, subs, nil); len(w) != 0 {
 		t.Errorf("a healthy queue got warnings %q", w)
 	}
 }

@@ -6,7 +6,9 @@
 package view
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -263,4 +265,65 @@ func AddHold(slots []SlotRow, queue, consumer string, slot int, since time.Time,
 		}
 	}
 	return age
+}
+
+// Blocker is one thing holding back a table rotation or a flip of the tick
+// and state partitions (rotation_blockers()), as status and the console
+// show it.
+type Blocker struct {
+	Queue *string `json:"queue"`
+	Kind  string  `json:"kind"`
+	What  string  `json:"what"`
+	// Since is when it began; null when the server could not tell.
+	Since *time.Time `json:"since"`
+	// PID, Role and Holds name a session (null otherwise).
+	PID   *int    `json:"pid"`
+	Role  *string `json:"role"`
+	Holds *string `json:"holds"`
+}
+
+// Blockers reads what holds back rotations and flips. Only an admin may:
+// for another role it returns nil, false, and status simply goes without.
+func Blockers(ctx context.Context, c *pgque.Client) ([]Blocker, bool, error) {
+	bs, err := c.RotationBlockers(ctx)
+	if errors.Is(err, pgque.ErrPermissionDenied) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	out := make([]Blocker, len(bs))
+	for i, b := range bs {
+		out[i] = Blocker{Queue: NilIfEmpty(b.Queue), Kind: b.Kind, What: b.What, Role: NilIfEmpty(b.Role), Holds: NilIfEmpty(b.Holds)}
+		if !b.Since.IsZero() {
+			out[i].Since = &b.Since
+		}
+		if b.PID != 0 {
+			out[i].PID = &b.PID
+		}
+	}
+	return out, true, nil
+}
+
+// Describe says in one line what holds what back and what to do about it.
+func (b Blocker) Describe(now time.Time) string {
+	subject := "the tick/state flips"
+	if b.Queue != nil {
+		subject = "rotation of queue " + *b.Queue
+	}
+	age := ""
+	if b.Since != nil {
+		age = fmt.Sprintf(" for %s", now.Sub(*b.Since).Round(time.Second))
+	}
+	switch b.Kind {
+	case pgque.BlockerSubscription:
+		return fmt.Sprintf("%s held back by subscription %s (cursor behind%s): let it consume or unsubscribe it", subject, b.What, age)
+	case pgque.BlockerRetention:
+		return fmt.Sprintf("%s waits for retention: %s", subject, b.What)
+	}
+	holds := ""
+	if b.Holds != nil {
+		holds = ", holding " + *b.Holds
+	}
+	return fmt.Sprintf("%s held back by a session%s (%s%s): end it with pg_terminate_backend", subject, age, b.What, holds)
 }

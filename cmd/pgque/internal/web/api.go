@@ -22,6 +22,9 @@ type sample struct {
 	Queues    []view.QueueInfo
 	Consumers []view.ConsumerInfo
 	Slots     []view.SlotRow
+	// Blockers is what holds back rotations and flips; nil when the role
+	// may not read it.
+	Blockers []view.Blocker
 }
 
 func (s *Server) sample(ctx context.Context) (sample, error) {
@@ -47,6 +50,13 @@ func (s *Server) sample(ctx context.Context) (sample, error) {
 		return smp, err
 	}
 	smp.Slots = view.SlotRowsOf(slots)
+	bs, canSee, err := view.Blockers(ctx, s.cfg.Client)
+	if err != nil {
+		return smp, err
+	}
+	if canSee {
+		smp.Blockers = nonNil(bs)
+	}
 	// Keys held while their lane runs (key lanes), counted on their slots.
 	for _, q := range qs {
 		bks, err := s.cfg.Client.BlockedKeys(ctx, q.Name, "")
@@ -104,7 +114,9 @@ type overview struct {
 	Consumers      []view.ConsumerInfo `json:"consumers"`
 	Groups         []group             `json:"groups"`
 	Slots          []view.SlotRow      `json:"slots"`
-	History        []point             `json:"history"`
+	// Blockers is null when the console's role may not read them.
+	Blockers []view.Blocker `json:"rotation_blockers"`
+	History  []point        `json:"history"`
 }
 
 // summarize derives the queue backlogs, the consumer groups and the chart
@@ -183,7 +195,8 @@ func (s *Server) apiOverview(w http.ResponseWriter, r *http.Request) {
 	last := hist[len(hist)-1]
 	queues, groups, _ := summarize(last)
 	ov := overview{Time: last.Time, ActionsEnabled: s.cfg.AllowActions, Queues: nonNil(queues),
-		Consumers: nonNil(last.Consumers), Groups: nonNil(groups), Slots: nonNil(last.Slots), History: []point{}}
+		Consumers: nonNil(last.Consumers), Groups: nonNil(groups), Slots: nonNil(last.Slots), Blockers: last.Blockers,
+		History: []point{}}
 	for _, smp := range hist {
 		_, _, p := summarize(smp)
 		ov.History = append(ov.History, p)

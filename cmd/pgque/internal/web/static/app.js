@@ -137,7 +137,22 @@ function renderQueues(ov) {
     chart(q.queue + " ticker lag", seriesOf(ov.history, "ticker_lag", q.queue), fmtAge)));
   return [el("h2", {}, "Queues"),
     table("queues", ["queue", "rate ev/s", "backlog", "unticked", "ticker lag", "rotation", "since switch / period", "retry pending", "dead letters"], rows, "no queues"),
+    ...renderBlockers(ov),
     el("h2", {}, "Last minutes"), charts];
+}
+
+// What holds back table rotation or the tick/state flips: sessions (pid,
+// role, since when, the lock) and subscriptions. Only an admin's console
+// can read them; for other roles the section is left out.
+function renderBlockers(ov) {
+  if (ov.rotation_blockers === null || ov.rotation_blockers === undefined) return [];
+  const now = Date.now();
+  const rows = ov.rotation_blockers.map((b) => [b.queue === null ? "(tick/state flips)" : b.queue, b.kind,
+    b.pid === null ? "-" : b.pid, b.role === null ? "-" : b.role,
+    b.since === null ? "-" : fmtAge((now - Date.parse(b.since)) / 1000) + " ago",
+    b.holds === null ? "-" : b.holds, b.what]);
+  return [el("h2", {}, "Rotation blockers"),
+    table("blockers", ["queue", "kind", "pid", "role", "since", "holds", "what"], rows, "nothing holds back rotation")];
 }
 
 function renderConsumers(ov) {

@@ -1,0 +1,59 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
+)
+
+// TestConsoleShowsRotationBlockers: a transaction left open after subscribe
+// holds back the rotation of a due queue; the overview the console serves
+// names that session with its pid, role, start and lock.
+func TestConsoleShowsRotationBlockers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewInstalledDB(t)
+	client, err := pgque.NewClient(pgtest.Pool(t, dsn), &pgque.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	if _, err := client.CreateQueue(ctx, "q"); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.SetQueueConfig(ctx, "q", "rotation_period", "1 microsecond"); err != nil {
+		t.Fatal(err)
+	}
+	pid := pgtest.HoldTx(t, pgtest.Conn(t, dsn), `select pgque.subscribe('q', 'held')`)
+	srv, err := New(Config{Client: client, Logger: slog.New(slog.DiscardHandler),
+		AllowedHosts: []string{"127.0.0.1"}, SampleInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Run(runCtx) }()
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() { hs.Close(); cancel(); <-done })
+
+	var ov overview
+	waitFor(t, "the held session in the overview", 10*time.Second, func() bool {
+		_, body, _ := do(t, "GET", hs.URL+"/api/overview", nil, "")
+		ov = overview{}
+		if err := json.Unmarshal([]byte(body), &ov); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range ov.Blockers {
+			if b.Kind == pgque.BlockerSession && b.PID != nil && *b.PID == pid && b.Role != nil && b.Since != nil && b.Holds != nil {
+				return true
+			}
+		}
+		return false
+	})
+}
