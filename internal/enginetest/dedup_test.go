@@ -538,3 +538,77 @@ func TestDedupBadInput(t *testing.T) {
 	// 512 bytes is accepted.
 	sendKey(t, pool, strings.Repeat("x", 512))
 }
+
+// TestDedupRacingReuse: two senders reusing one expired key at once: the
+// second waits for the first and, once it commits, gets its ev_id; one
+// event is stored for the reuse.
+func TestDedupRacingReuse(t *testing.T) {
+	ctx := context.Background()
+	dsn, pool := setupEngine(t)
+	old := sendKey(t, pool, "reuse")
+	exec(t, pool, `update pgque.event set ev_time = ev_time - interval '10 minutes' where ev_id = $1`, old)
+	c1, c2 := pgtest.Conn(t, dsn), pgtest.Conn(t, dsn)
+	tx, err := c1.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := sendKey(t, tx, "reuse")
+	if first == old {
+		t.Fatal("an expired key returned its old event")
+	}
+	type result struct {
+		id  int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = c2.QueryRow(ctx, `select pgque.send('q', 't', '{}', 'p', 'reuse')`).Scan(&r.id)
+		done <- r
+	}()
+	waitLocked(t, pool, c2.PgConn().PID(), done)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.id != first {
+		t.Fatalf("second reuser: %d %v, want %d", r.id, r.err, first)
+	}
+	if n := eventCount(t, pool); n != 2 {
+		t.Fatalf("%d events, want 2 (the expired one and one reuse)", n)
+	}
+}
+
+// TestDedupBatchKeyOrder: a send_batch takes its keys in key order, so
+// while it waits for a key held by an open transaction it holds none of
+// its keys that sort after it, and two batches sharing keys in opposite
+// orders cannot deadlock.
+func TestDedupBatchKeyOrder(t *testing.T) {
+	ctx := context.Background()
+	dsn, pool := setupEngine(t)
+	c1, c2 := pgtest.Conn(t, dsn), pgtest.Conn(t, dsn)
+	tx, err := c1.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := sendKey(t, tx, "a")
+	done := make(chan error, 1)
+	go func() {
+		_, err := c2.Exec(ctx, `select pgque.send_batch('q', 't', array['{}', '{}']::jsonb[], dedup_keys => array['b', 'a'])`)
+		done <- err
+	}()
+	waitLocked(t, pool, c2.PgConn().PID(), done)
+	c3 := pgtest.Conn(t, dsn)
+	exec(t, c3, `set statement_timeout = '5s'`)
+	b := sendKey(t, c3, "b") // would wait for the batch had it taken "b" first
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	ids := column[int64](t, pool, `select unnest(pgque.send_batch('q', 't', array['{}', '{}']::jsonb[], dedup_keys => array['b', 'a']))`)
+	if len(ids) != 2 || ids[0] != b || ids[1] != held {
+		t.Fatalf("batch after both committed: %v, want [%d %d]", ids, b, held)
+	}
+}
