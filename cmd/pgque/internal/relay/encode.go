@@ -29,6 +29,41 @@ func EncodeKey(key string) string {
 	return b.String()
 }
 
+// EncodeAttr percent-encodes a CloudEvents attribute for its ce-* header,
+// as the CloudEvents HTTP binding asks: space, '"', '%' and every byte
+// outside printable ASCII become %XX of its UTF-8 byte; everything else is
+// sent as it is, so an ordinary type such as "file.created" is unchanged.
+// No event value can then break the header apart (a CR/LF in an event's
+// type once made the request impossible to build).
+func EncodeAttr(v string) string {
+	clean := true
+	for i := 0; i < len(v) && clean; i++ {
+		clean = attrSafe(v[i])
+	}
+	if clean {
+		return v
+	}
+	var b strings.Builder
+	b.Grow(len(v) + 8)
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(v); i++ {
+		ch := v[i]
+		if attrSafe(ch) {
+			b.WriteByte(ch)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[ch>>4])
+		b.WriteByte(hex[ch&15])
+	}
+	return b.String()
+}
+
+// attrSafe reports whether EncodeAttr sends byte ch as it is.
+func attrSafe(ch byte) bool {
+	return ch > ' ' && ch < 0x7f && ch != '"' && ch != '%'
+}
+
 // parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP
 // date (relative to now; a past date is 0).
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
