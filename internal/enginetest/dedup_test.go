@@ -18,6 +18,24 @@ func sendKey(t testing.TB, q db, k string) int64 {
 	return scalar[int64](t, q, `select pgque.send('q', 't', '{"a": 1}', partition_key => 'p', dedup_key => $1)`, k)
 }
 
+// sendResult is the outcome of a send made by sendKeyAsync.
+type sendResult struct {
+	id  int64
+	err error
+}
+
+// sendKeyAsync sends an event with dedup key k over conn on a goroutine
+// of its own and reports on the channel it returns.
+func sendKeyAsync(conn *pgx.Conn, k string) <-chan sendResult {
+	done := make(chan sendResult, 1)
+	go func() {
+		var r sendResult
+		r.err = conn.QueryRow(context.Background(), `select pgque.send('q', 't', '{"a": 2}', 'p', $1)`, k).Scan(&r.id)
+		done <- r
+	}()
+	return done
+}
+
 // eventCount is the number of events stored in queue q.
 func eventCount(t testing.TB, q db) int64 {
 	t.Helper()
@@ -141,16 +159,7 @@ func TestDedupRacingSenders(t *testing.T) {
 			}
 			first := sendKey(t, tx, "race")
 
-			type result struct {
-				id  int64
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				var r result
-				r.err = c2.QueryRow(ctx, `select pgque.send('q', 't', '{"a": 2}', 'p', 'race')`).Scan(&r.id)
-				done <- r
-			}()
+			done := sendKeyAsync(c2, "race")
 			waitLocked(t, pool, c2.PgConn().PID(), done)
 
 			if outcome == "commit" {
@@ -161,7 +170,7 @@ func TestDedupRacingSenders(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var r result
+			var r sendResult
 			select {
 			case r = <-done:
 			case <-time.After(10 * time.Second):
@@ -556,16 +565,7 @@ func TestDedupRacingReuse(t *testing.T) {
 	if first == old {
 		t.Fatal("an expired key returned its old event")
 	}
-	type result struct {
-		id  int64
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		var r result
-		r.err = c2.QueryRow(ctx, `select pgque.send('q', 't', '{}', 'p', 'reuse')`).Scan(&r.id)
-		done <- r
-	}()
+	done := sendKeyAsync(c2, "reuse")
 	waitLocked(t, pool, c2.PgConn().PID(), done)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)

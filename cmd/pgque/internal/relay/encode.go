@@ -12,22 +12,7 @@ import (
 // '~' becomes %XX of its UTF-8 byte, so any key (non-ASCII, control
 // characters, '%' itself) travels safely and decodeURIComponent in
 // JavaScript returns it unchanged.
-func EncodeKey(key string) string {
-	var b strings.Builder
-	b.Grow(len(key))
-	const hex = "0123456789ABCDEF"
-	for i := 0; i < len(key); i++ {
-		ch := key[i]
-		if ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '.' || ch == '_' || ch == '~' {
-			b.WriteByte(ch)
-			continue
-		}
-		b.WriteByte('%')
-		b.WriteByte(hex[ch>>4])
-		b.WriteByte(hex[ch&15])
-	}
-	return b.String()
-}
+func EncodeKey(key string) string { return percentEncode(key, keySafe) }
 
 // EncodeAttr percent-encodes a CloudEvents attribute for its ce-* header,
 // as the CloudEvents HTTP binding asks: space, '"', '%' and every byte
@@ -35,20 +20,26 @@ func EncodeKey(key string) string {
 // sent as it is, so an ordinary type such as "file.created" is unchanged.
 // No event value can then break the header apart (a CR/LF in an event's
 // type once made the request impossible to build).
-func EncodeAttr(v string) string {
-	clean := true
-	for i := 0; i < len(v) && clean; i++ {
-		clean = attrSafe(v[i])
-	}
-	if clean {
-		return v
-	}
+func EncodeAttr(v string) string { return percentEncode(v, attrSafe) }
+
+// keySafe reports whether EncodeKey sends byte ch as it is.
+func keySafe(ch byte) bool {
+	return ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '.' || ch == '_' || ch == '~'
+}
+
+// attrSafe reports whether EncodeAttr sends byte ch as it is.
+func attrSafe(ch byte) bool {
+	return ch > ' ' && ch < 0x7f && ch != '"' && ch != '%'
+}
+
+// percentEncode writes every byte of v that safe refuses as %XX.
+func percentEncode(v string, safe func(byte) bool) string {
 	var b strings.Builder
-	b.Grow(len(v) + 8)
+	b.Grow(len(v))
 	const hex = "0123456789ABCDEF"
 	for i := 0; i < len(v); i++ {
 		ch := v[i]
-		if attrSafe(ch) {
+		if safe(ch) {
 			b.WriteByte(ch)
 			continue
 		}
@@ -57,11 +48,6 @@ func EncodeAttr(v string) string {
 		b.WriteByte(hex[ch&15])
 	}
 	return b.String()
-}
-
-// attrSafe reports whether EncodeAttr sends byte ch as it is.
-func attrSafe(ch byte) bool {
-	return ch > ' ' && ch < 0x7f && ch != '"' && ch != '%'
 }
 
 // parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP
