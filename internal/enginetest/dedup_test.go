@@ -18,6 +18,17 @@ func sendKey(t testing.TB, q db, k string) int64 {
 	return scalar[int64](t, q, `select pgque.send('q', 't', '{"a": 1}', partition_key => 'p', dedup_key => $1)`, k)
 }
 
+// holdKey opens a transaction on a connection of its own to dsn and sends
+// key k in it, leaving it open: other senders of k wait for it.
+func holdKey(t testing.TB, dsn, k string) (pgx.Tx, int64) {
+	t.Helper()
+	tx, err := pgtest.Conn(t, dsn).Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx, sendKey(t, tx, k)
+}
+
 // sendResult is the outcome of a send made by sendKeyAsync.
 type sendResult struct {
 	id  int64
@@ -152,12 +163,9 @@ func TestDedupRacingSenders(t *testing.T) {
 		t.Run(outcome, func(t *testing.T) {
 			ctx := context.Background()
 			dsn, pool := setupEngine(t)
-			c1, c2 := pgtest.Conn(t, dsn), pgtest.Conn(t, dsn)
-			tx, err := c1.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			first := sendKey(t, tx, "race")
+			tx, first := holdKey(t, dsn, "race")
+			c2 := pgtest.Conn(t, dsn)
+			var err error
 
 			done := sendKeyAsync(c2, "race")
 			waitLocked(t, pool, c2.PgConn().PID(), done)
@@ -556,12 +564,8 @@ func TestDedupRacingReuse(t *testing.T) {
 	dsn, pool := setupEngine(t)
 	old := sendKey(t, pool, "reuse")
 	exec(t, pool, `update pgque.event set ev_time = ev_time - interval '10 minutes' where ev_id = $1`, old)
-	c1, c2 := pgtest.Conn(t, dsn), pgtest.Conn(t, dsn)
-	tx, err := c1.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := sendKey(t, tx, "reuse")
+	tx, first := holdKey(t, dsn, "reuse")
+	c2 := pgtest.Conn(t, dsn)
 	if first == old {
 		t.Fatal("an expired key returned its old event")
 	}
@@ -586,12 +590,8 @@ func TestDedupRacingReuse(t *testing.T) {
 func TestDedupBatchKeyOrder(t *testing.T) {
 	ctx := context.Background()
 	dsn, pool := setupEngine(t)
-	c1, c2 := pgtest.Conn(t, dsn), pgtest.Conn(t, dsn)
-	tx, err := c1.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := sendKey(t, tx, "a")
+	tx, held := holdKey(t, dsn, "a")
+	c2 := pgtest.Conn(t, dsn)
 	done := make(chan error, 1)
 	go func() {
 		_, err := c2.Exec(ctx, `select pgque.send_batch('q', 't', array['{}', '{}']::jsonb[], dedup_keys => array['b', 'a'])`)
