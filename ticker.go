@@ -114,9 +114,11 @@ func (c *Client) NewTicker(config *TickerConfig) (*Ticker, error) {
 	})}, nil
 }
 
-// tickerFunctions are the functions a Ticker calls.
+// tickerFunctions are the functions a Ticker calls. The argument types are
+// qualified: a type of the same name earlier on the search_path (a domain
+// public.text) must not make a granted function look missing.
 var tickerFunctions = []string{
-	"pgque.ticker_lead(text, interval)", "pgque.ticker_resign(text)", "pgque.ticker()",
+	"pgque.ticker_lead(pg_catalog.text, pg_catalog.interval)", "pgque.ticker_resign(pg_catalog.text)", "pgque.ticker()",
 	"pgque.maint_retry_events()", "pgque.maint()", "pgque.maint_route_indexes()",
 }
 
