@@ -40,7 +40,11 @@ type Config struct {
 	// finishes (see Send): under load, single sends then cost the server
 	// about what batched ones do. Zero means 4. A negative value turns
 	// this off: every Send runs its own statement at once, as SendTx does.
-	// SendTx, SendBatch and SendBatchTx are never coalesced.
+	// SendTx, SendBatch and SendBatchTx are never coalesced. With
+	// coalescing on, Sends to one queue also run at most half the pool's
+	// MaxConns statements at once, and Sends of one dedup key one, so
+	// that a queue or key stuck on a lock leaves the rest of the pool to
+	// other queues.
 	SendConcurrency int
 }
 

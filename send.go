@@ -19,14 +19,21 @@ import (
 // one runs its own; events with a DedupKey always do). A failing event is then sent again
 // alone, so each Send gets its own outcome and never fails for another's
 // event; sends made one after another from one goroutine keep their order.
+// Sends to one queue run at most half the pool's connections in statements
+// at once, and Sends of one DedupKey one: a Send past that waits without a
+// connection, so that a queue or key stuck on a lock leaves the rest of the
+// pool to other queues.
 // If ctx ends while the Send waits, it returns ctx's error and the event
 // is not sent; if ctx ends while its statement runs, the error is returned
 // at once and the event may still be committed, as with any statement.
 func (c *Client) Send(ctx context.Context, queue string, ev Event) (id int64, err error) {
 	ctx, end := c.observeSend(ctx, SendInfo{Queue: queue, Events: 1, Key: ev.keyRef()})
 	defer func() { end(err) }()
-	if c.sends == nil || ev.DedupKey != "" {
+	if c.sends == nil {
 		return c.send(ctx, c.queries, queue, ev)
+	}
+	if ev.DedupKey != "" {
+		return c.sends.sendKeyed(ctx, queue, ev)
 	}
 	typ, payload, key, _, err := ev.encode()
 	if err != nil {

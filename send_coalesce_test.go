@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgque/pgque"
 )
@@ -378,4 +379,93 @@ func TestSendConcurrentSendersKeepTheirOrder(t *testing.T) {
 		t.Fatalf("%d events stored, want %d", n, senders*each)
 	}
 	t.Logf("coalescing: %+v", pgque.SendCounters(c))
+}
+
+// A queue whose table is locked, and a dedup key held by an open
+// transaction, hold at most their share of the pool: with 20 Sends stuck
+// on each, 20 Sends to another queue all succeed while the locks are
+// still held (run with -race).
+func TestSendStuckQueueAndKeyLeavePoolToOthers(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(env.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c, err := pgque.NewClient(pool, &pgque.Config{Logger: testLogger(t), PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgque.SetSendPatience(c, 20*time.Millisecond)
+	keyed, other := env.queue+"_keyed", env.queue+"_other"
+	for _, q := range []string{keyed, other} {
+		if _, err := env.client.CreateQueue(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An open transaction sent key "held": every other Send of it waits
+	// until it ends.
+	holder, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := env.client.SendTx(ctx, holder, keyed, pgque.Event{Payload: 0, DedupKey: "held"}); err != nil {
+		t.Fatal(err)
+	}
+	unlock := lockQueue(t, env, env.queue)
+	defer unlock()
+
+	stuckCtx, cancelStuck := context.WithCancel(ctx)
+	defer cancelStuck()
+	stuck := make(chan sendOutcome, 40)
+	for i := range 20 {
+		sendAsync(stuckCtx, c, env.queue, i, pgque.Event{Payload: i}, stuck)
+		sendAsync(stuckCtx, c, keyed, i, pgque.Event{Payload: i, DedupKey: "held"}, stuck)
+	}
+	// Statements of both are stuck (four of the queue's, one of the key's),
+	// and the queue's other 16 Sends have given up waiting for a statement
+	// and run, or wait to run, their own.
+	waitFor(t, 10*time.Second, "5 stuck statements", func() bool {
+		var n int
+		err := env.pool.QueryRow(ctx, `select count(*) from pg_stat_activity
+		                                where datname = current_database() and wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n >= 5
+	})
+	waitFor(t, 10*time.Second, "the stuck sends past their patience", func() bool {
+		return pgque.SendCounters(c).Bypassed >= 16
+	})
+
+	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	done := make(chan sendOutcome, 20)
+	for i := range 20 {
+		sendAsync(octx, c, other, i, pgque.Event{Payload: i}, done)
+	}
+	for range 20 {
+		if o := <-done; o.err != nil {
+			t.Fatalf("send %d to another queue while one queue and one key are stuck: %v", o.i, o.err)
+		}
+	}
+	select {
+	case o := <-stuck:
+		t.Fatalf("a stuck send returned (%v) while its lock was held", o.err)
+	default:
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	for range 40 {
+		if o := <-stuck; o.err != nil {
+			t.Fatalf("stuck send %d after the locks went: %v", o.i, o.err)
+		}
+	}
 }

@@ -26,14 +26,17 @@ import (
 // idle or lightly loaded client adds no latency, and batches form only
 // when sends arrive faster than the statements return.
 //
-// Two rules keep one stuck statement from holding up the rest. Sends with
-// a dedup key are never coalesced: they wait on their key's lock, which an
-// open transaction that sent the same key holds until it ends, and in a
-// batch they would hold every other event of it back. And a Send that has
-// waited sendPatience without getting a statement leaves the queue and
-// runs its own: when every statement is stuck (a lock on one queue's
-// table, say), Sends to other queues are delayed by that much, not
-// stopped.
+// Three rules keep one stuck statement from holding up the rest. Sends
+// with a dedup key are never coalesced: they wait for an open transaction
+// that sent the same key until it ends, and in a batch they would hold
+// every other event of it back. A Send that has waited sendPatience
+// without getting a statement leaves the queue and runs its own: when
+// every statement is stuck (a lock on one queue's table, say), Sends to
+// other queues are delayed by that much, not stopped. And no queue runs
+// more than half the pool's connections in statements at once, nor one
+// dedup key more than one (sendGates): a Send past that waits without a
+// connection, so that the Sends piling up behind a stuck queue or key
+// leave the rest of the pool to other queues.
 
 const (
 	// sendConcurrencyDefault is Config.SendConcurrency's zero value.
@@ -80,6 +83,10 @@ type sendQueue struct {
 	client   *Client
 	limit    int
 	patience time.Duration
+	// perQueue bounds the statements one queue runs at once (0: no
+	// bound); gates counts them, and those of each dedup key.
+	perQueue int
+	gates    sendGates
 
 	mu       sync.Mutex
 	pending  []*sendReq
@@ -106,7 +113,24 @@ func newSendQueue(c *Client, limit int) *sendQueue {
 	if limit == 0 {
 		limit = sendConcurrencyDefault
 	}
-	return &sendQueue{client: c, limit: limit, patience: sendPatience, compactAt: 64}
+	perQueue := max(1, int(c.pool.Config().MaxConns)/2)
+	return &sendQueue{client: c, limit: limit, patience: sendPatience, perQueue: perQueue, compactAt: 64}
+}
+
+// sendKeyed runs a Send with a dedup key: never coalesced, and one
+// statement per key at a time (the second would only wait for the first
+// on the server, holding a connection), within the queue's share.
+func (s *sendQueue) sendKeyed(ctx context.Context, queue string, ev Event) (int64, error) {
+	key := keyGate(queue, ev.DedupKey)
+	if err := s.gates.acquire(ctx, key, 1); err != nil {
+		return 0, fmt.Errorf("sending to queue %q: %w", queue, err)
+	}
+	defer s.gates.release(key)
+	if err := s.gates.acquire(ctx, queueGate(queue), s.perQueue); err != nil {
+		return 0, fmt.Errorf("sending to queue %q: %w", queue, err)
+	}
+	defer s.gates.release(queueGate(queue))
+	return s.client.send(ctx, s.client.queries, queue, ev)
 }
 
 // send runs r's statement now if one is free, or waits for a coalesced one.
@@ -114,11 +138,13 @@ func (s *sendQueue) send(ctx context.Context, r *sendReq) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("sending to queue %q: %w", r.queue, err)
 	}
+	gate := queueGate(r.queue)
 	s.mu.Lock()
-	if s.inflight < s.limit && len(s.pending) == 0 {
+	if s.inflight < s.limit && len(s.pending) == 0 && s.gates.tryAcquire(gate, s.perQueue) {
 		s.inflight++
 		s.mu.Unlock()
 		id, err := s.client.sendOne(ctx, s.client.queries, r.queue, r.typ, r.payload, r.key, nil)
+		s.gates.release(gate)
 		s.release()
 		return id, err
 	}
@@ -131,6 +157,14 @@ func (s *sendQueue) send(ctx context.Context, r *sendReq) (int64, error) {
 		s.compactAt = max(64, 2*len(s.pending))
 	}
 	s.pending = append(s.pending, r)
+	if s.inflight < s.limit {
+		// A statement is free, but the requests before this one are for
+		// queues at their share: this one need not wait behind them.
+		if batch := s.take(); batch != nil {
+			s.inflight++
+			go s.drain(batch)
+		}
+	}
 	s.mu.Unlock()
 	patience := time.NewTimer(s.patience)
 	defer patience.Stop()
@@ -140,6 +174,10 @@ func (s *sendQueue) send(ctx context.Context, r *sendReq) (int64, error) {
 	case <-patience.C:
 		if r.state.CompareAndSwap(reqWaiting, reqAbandoned) {
 			s.bypassed.Add(1)
+			if err := s.gates.acquire(ctx, gate, s.perQueue); err != nil {
+				return 0, fmt.Errorf("sending to queue %q: %w", r.queue, err)
+			}
+			defer s.gates.release(gate)
 			return s.client.sendOne(ctx, s.client.queries, r.queue, r.typ, r.payload, r.key, nil)
 		}
 		select { // taken just now
@@ -170,10 +208,12 @@ func (s *sendQueue) release() {
 	go s.drain(batch)
 }
 
-// drain sends batches until nobody waits; it holds one statement slot.
+// drain sends batches until nobody waits; it holds one statement slot,
+// and each batch a place in its queue's gate (taken by take).
 func (s *sendQueue) drain(batch []*sendReq) {
 	for batch != nil {
 		s.flush(context.Background(), batch)
+		s.gates.release(queueGate(batch[0].queue))
 		s.mu.Lock()
 		batch = s.take()
 		if batch == nil {
@@ -196,23 +236,36 @@ func (s *sendQueue) compact() {
 }
 
 // take removes and returns the next statement's requests: the oldest
-// waiting request and every later one for the same queue and type, up to sendBatchMax events and sendBatchBytes of payload (the
-// first request always goes, whatever its size). Abandoned requests are
-// dropped on the way. It returns nil when nothing waits. s.mu is held.
+// waiting request whose queue has a place in its gate (which take takes
+// for the batch) and every later one for the same queue and type, up to
+// sendBatchMax events and sendBatchBytes of payload (the first request
+// always goes, whatever its size). Abandoned requests are dropped on the
+// way. It returns nil when nothing waits that may run. s.mu is held.
 func (s *sendQueue) take() []*sendReq {
 	var batch []*sendReq
 	var head *sendReq
+	var full map[string]bool // queues found at their share
 	bytes := 0
 	kept := s.pending[:0]
 	for _, r := range s.pending {
 		if r.state.Load() == reqAbandoned {
 			continue
 		}
-		fits := head == nil || (r.queue == head.queue && r.typ == head.typ && len(batch) < sendBatchMax && bytes+len(r.payload) <= sendBatchBytes)
-		if fits && r.state.CompareAndSwap(reqWaiting, reqTaken) {
-			if head == nil {
-				head = r
+		if head == nil {
+			if !full[r.queue] && s.gates.tryAcquire(queueGate(r.queue), s.perQueue) {
+				if r.state.CompareAndSwap(reqWaiting, reqTaken) {
+					head, batch, bytes = r, append(batch, r), len(r.payload)
+					continue
+				}
+				s.gates.release(queueGate(r.queue)) // abandoned just now
+				continue
 			}
+			if full == nil {
+				full = map[string]bool{}
+			}
+			full[r.queue] = true
+		} else if r.queue == head.queue && r.typ == head.typ && len(batch) < sendBatchMax && bytes+len(r.payload) <= sendBatchBytes &&
+			r.state.CompareAndSwap(reqWaiting, reqTaken) {
 			batch = append(batch, r)
 			bytes += len(r.payload)
 			continue

@@ -3,6 +3,7 @@ package pgque
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/pgque/pgque/internal/startstop"
@@ -113,10 +114,31 @@ func (c *Client) NewTicker(config *TickerConfig) (*Ticker, error) {
 	})}, nil
 }
 
-// Start starts the ticker in the background and returns at once.
+// tickerFunctions are the functions a Ticker calls. The argument types are
+// qualified: a type of the same name earlier on the search_path (a domain
+// public.text) must not make a granted function look missing.
+var tickerFunctions = []string{
+	"pgque.ticker_lead(pg_catalog.text, pg_catalog.interval)", "pgque.ticker_resign(pg_catalog.text)", "pgque.ticker()",
+	"pgque.maint_retry_events()", "pgque.maint()", "pgque.maint_route_indexes()",
+}
+
+// Start starts the ticker in the background and returns at once. A role
+// that may not execute every function the ticker calls gets
+// ErrPermissionDenied naming them.
 func (t *Ticker) Start(ctx context.Context) error {
 	if err := t.client.CheckSchema(ctx); err != nil {
 		return err
+	}
+	// A role without these would start, never lead, and log permission
+	// errors forever while no queue ticks: refuse at once and say what is
+	// missing.
+	missing, role, err := t.client.queries.MissingExecute(ctx, tickerFunctions)
+	if err != nil {
+		return fmt.Errorf("checking the ticker's privileges: %w", err)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("starting ticker: role %q may not execute %s (the ticker needs pgque_admin): %w",
+			role, strings.Join(missing, ", "), ErrPermissionDenied)
 	}
 	if err := t.service.Start(ctx, t.ticker.Run); err != nil {
 		return fmt.Errorf("starting ticker: %w", ErrAlreadyStarted)

@@ -35,6 +35,19 @@ func (q *Queries) Ticker(ctx context.Context) (int64, error) {
 	return *n, err
 }
 
+// MissingExecute returns, of fns (function signatures such as
+// "pgque.maint()"), those the session's role may not execute, in the order
+// given, and the role's name. A signature that does not exist counts as
+// missing.
+func (q *Queries) MissingExecute(ctx context.Context, fns []string) (missing []string, role string, err error) {
+	err = q.db.QueryRow(ctx, `select current_user::pg_catalog.text,
+		coalesce(pg_catalog.array_agg(f order by n), '{}')
+		  from pg_catalog.unnest($1::pg_catalog.text[]) with ordinality u(f, n)
+		 where pg_catalog.to_regprocedure(f) is null
+		    or not pg_catalog.has_function_privilege(pg_catalog.to_regprocedure(f), 'execute')`, fns).Scan(&role, &missing)
+	return missing, role, err
+}
+
 // TickerLead calls pgque.ticker_lead(worker, ttl) and reports whether worker
 // holds the ticker lease.
 func (q *Queries) TickerLead(ctx context.Context, worker string, ttl time.Duration) (bool, error) {

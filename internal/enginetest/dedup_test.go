@@ -18,6 +18,35 @@ func sendKey(t testing.TB, q db, k string) int64 {
 	return scalar[int64](t, q, `select pgque.send('q', 't', '{"a": 1}', partition_key => 'p', dedup_key => $1)`, k)
 }
 
+// holdKey opens a transaction on a connection of its own to dsn and sends
+// key k in it, leaving it open: other senders of k wait for it.
+func holdKey(t testing.TB, dsn, k string) (pgx.Tx, int64) {
+	t.Helper()
+	tx, err := pgtest.Conn(t, dsn).Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx, sendKey(t, tx, k)
+}
+
+// sendResult is the outcome of a send made by sendKeyAsync.
+type sendResult struct {
+	id  int64
+	err error
+}
+
+// sendKeyAsync sends an event with dedup key k over conn on a goroutine
+// of its own and reports on the channel it returns.
+func sendKeyAsync(conn *pgx.Conn, k string) <-chan sendResult {
+	done := make(chan sendResult, 1)
+	go func() {
+		var r sendResult
+		r.err = conn.QueryRow(context.Background(), `select pgque.send('q', 't', '{"a": 2}', 'p', $1)`, k).Scan(&r.id)
+		done <- r
+	}()
+	return done
+}
+
 // eventCount is the number of events stored in queue q.
 func eventCount(t testing.TB, q db) int64 {
 	t.Helper()
@@ -134,23 +163,11 @@ func TestDedupRacingSenders(t *testing.T) {
 		t.Run(outcome, func(t *testing.T) {
 			ctx := context.Background()
 			dsn, pool := setupEngine(t)
-			c1, c2 := pgtest.Conn(t, dsn), pgtest.Conn(t, dsn)
-			tx, err := c1.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			first := sendKey(t, tx, "race")
+			tx, first := holdKey(t, dsn, "race")
+			c2 := pgtest.Conn(t, dsn)
+			var err error
 
-			type result struct {
-				id  int64
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				var r result
-				r.err = c2.QueryRow(ctx, `select pgque.send('q', 't', '{"a": 2}', 'p', 'race')`).Scan(&r.id)
-				done <- r
-			}()
+			done := sendKeyAsync(c2, "race")
 			waitLocked(t, pool, c2.PgConn().PID(), done)
 
 			if outcome == "commit" {
@@ -161,7 +178,7 @@ func TestDedupRacingSenders(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var r result
+			var r sendResult
 			select {
 			case r = <-done:
 			case <-time.After(10 * time.Second):
@@ -537,4 +554,61 @@ func TestDedupBadInput(t *testing.T) {
 	}
 	// 512 bytes is accepted.
 	sendKey(t, pool, strings.Repeat("x", 512))
+}
+
+// TestDedupRacingReuse: two senders reusing one expired key at once: the
+// second waits for the first and, once it commits, gets its ev_id; one
+// event is stored for the reuse.
+func TestDedupRacingReuse(t *testing.T) {
+	ctx := context.Background()
+	dsn, pool := setupEngine(t)
+	old := sendKey(t, pool, "reuse")
+	exec(t, pool, `update pgque.event set ev_time = ev_time - interval '10 minutes' where ev_id = $1`, old)
+	tx, first := holdKey(t, dsn, "reuse")
+	c2 := pgtest.Conn(t, dsn)
+	if first == old {
+		t.Fatal("an expired key returned its old event")
+	}
+	done := sendKeyAsync(c2, "reuse")
+	waitLocked(t, pool, c2.PgConn().PID(), done)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.id != first {
+		t.Fatalf("second reuser: %d %v, want %d", r.id, r.err, first)
+	}
+	if n := eventCount(t, pool); n != 2 {
+		t.Fatalf("%d events, want 2 (the expired one and one reuse)", n)
+	}
+}
+
+// TestDedupBatchKeyOrder: a send_batch takes its keys in key order, so
+// while it waits for a key held by an open transaction it holds none of
+// its keys that sort after it, and two batches sharing keys in opposite
+// orders cannot deadlock.
+func TestDedupBatchKeyOrder(t *testing.T) {
+	ctx := context.Background()
+	dsn, pool := setupEngine(t)
+	tx, held := holdKey(t, dsn, "a")
+	c2 := pgtest.Conn(t, dsn)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c2.Exec(ctx, `select pgque.send_batch('q', 't', array['{}', '{}']::jsonb[], dedup_keys => array['b', 'a'])`)
+		done <- err
+	}()
+	waitLocked(t, pool, c2.PgConn().PID(), done)
+	c3 := pgtest.Conn(t, dsn)
+	exec(t, c3, `set statement_timeout = '5s'`)
+	b := sendKey(t, c3, "b") // would wait for the batch had it taken "b" first
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	ids := column[int64](t, pool, `select unnest(pgque.send_batch('q', 't', array['{}', '{}']::jsonb[], dedup_keys => array['b', 'a']))`)
+	if len(ids) != 2 || ids[0] != b || ids[1] != held {
+		t.Fatalf("batch after both committed: %v, want [%d %d]", ids, b, held)
+	}
 }

@@ -4,19 +4,23 @@
 -- the key is kept in its event's row. Keys are per queue (each event table
 -- belongs to one queue).
 --
--- Concurrency. Senders of one key in one queue are serialised by a
--- transaction-scoped advisory lock on hashtextextended(key,
--- hashtext(queue)) (from the name, so no lookup precedes the lock): the
--- second waits until the first commits or rolls back, then (READ COMMITTED:
--- each statement takes a new snapshot) sees the first's event and returns
--- its ev_id, or finds none and sends. The lock covers every event table of
--- the queue and both generation tables, so a rotation between two senders
--- changes nothing. Under REPEATABLE READ or SERIALIZABLE the waiter's
--- snapshot cannot see what the first one committed, so instead of sending
--- a duplicate it fails with SQLSTATE 40001 (retry the transaction); the
--- unique index raises the same for a row of the current table it cannot
--- see. A hash collision between two keys only makes one wait for the
--- other.
+-- Concurrency. Senders of one key in one queue wait for each other on the
+-- key's unique index entry, never on a lock a role outside pgque could
+-- take: an advisory lock on a key computed from the names was held by a
+-- role with no grant and stopped every send of the key. The INSERT of a
+-- keyed event into the current table waits for an uncommitted event of
+-- the key there; the second sender then (READ COMMITTED: each statement
+-- takes a new snapshot) sees the first's event and returns its ev_id, or
+-- finds none and sends. A sender that must look into tables retired
+-- within the window (a rotation since the window began) first waits the
+-- same way for uncommitted events of its key in them (_dedup_wait: an
+-- INSERT ... ON CONFLICT DO NOTHING in a subtransaction it rolls back);
+-- a sender reusing an expired key waits on the generation tables' unique
+-- index (_dedup_side_claim). Only pgque's functions can write these tables,
+-- so only a sender of the key can make another one wait, and only until
+-- it ends. Under REPEATABLE READ or SERIALIZABLE the waiter's snapshot
+-- cannot see what the first one committed, so instead of sending a
+-- duplicate it fails with SQLSTATE 40001 (retry the transaction).
 
 -- _dedup_set_window(queue_id, value): the 'dedup_window' queue setting.
 -- value is an interval between 1 second and 7 days; raises PQ011 otherwise.
@@ -157,31 +161,49 @@ begin
 end;
 $$;
 
--- Signatures of an earlier layout of these helpers.
+-- Signatures of an earlier layout of these helpers, and the advisory
+-- lock helper of the layout before the key index made senders wait.
 drop function if exists pgque._dedup_lock(integer, text[]);
+drop function if exists pgque._dedup_lock(text, text[]);
 drop function if exists pgque._dedup_send(integer, text, text, text, text, text);
 
--- _dedup_lock(queue, keys): takes the advisory lock of every distinct
--- non-NULL key, in lock-key order so two batches cannot deadlock on each
--- other. Outside READ COMMITTED a lock that had to be waited for raises
--- 40001.
-create or replace function pgque._dedup_lock(i_queue text, i_keys text[])
+-- _dedup_wait(queue_id, cur, ntables, retired, expire, keys): waits until
+-- no transaction but this one holds an uncommitted event with one of keys
+-- in a table of the queue retired after expire (the caller's window),
+-- other than cur. A plain SELECT of those tables cannot see such an event;
+-- an INSERT of the key meets its index entry and waits for its
+-- transaction. The INSERTs are undone with their subtransaction (one per
+-- call, whatever the number of keys), so they leave no row a held horizon
+-- keeps; keys are inserted in order, as the senders' own INSERTs are.
+-- Under a transaction snapshot, a key committed since it was taken raises
+-- 40001 from the INSERT. Not granted: _dedup_send and _send_batch call it
+-- under a SECURITY DEFINER entry point. Tables: inserts into (and rolls
+-- back) the queue's retired event tables.
+create or replace function pgque._dedup_wait(i_queue_id integer, i_cur integer, i_ntab integer,
+                                             i_retired timestamptz[], i_expire timestamptz, i_keys text[])
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    v_h bigint;
+    v_n integer;
 begin
-    for v_h in select distinct hashtextextended(k, hashtext(i_queue)) h from unnest(i_keys) k
-                where k is not null order by h loop
-        if not pg_try_advisory_xact_lock(v_h) then
-            perform pg_advisory_xact_lock(v_h);
-            if current_setting('transaction_isolation') <> 'read committed' then
-                raise exception using errcode = '40001',
-                    message = 'could not serialize send: a concurrent transaction sent the same dedup key; retry the transaction';
-            end if;
-        end if;
-    end loop;
+    begin
+        for v_n in 0 .. i_ntab - 1 loop
+            continue when v_n = i_cur or not coalesce(i_retired[v_n + 1] > i_expire, false);
+            execute format('insert into %s (ev_id, ev_part, ev_dedup)
+                            select 0, $1, k from (select distinct k from unnest($2) k where k is not null) d order by k
+                            on conflict (ev_part, ev_dedup) where ev_dedup is not null do nothing',
+                           pgque._event_table(i_queue_id, v_n))
+               using i_queue_id * 16 + v_n, i_keys;
+        end loop;
+        raise exception using errcode = 'PQ099'; -- undo the INSERTs
+    exception
+        when sqlstate 'PQ099' then
+            null;
+        when serialization_failure then
+            raise exception using errcode = '40001',
+                message = 'could not serialize send: a concurrent transaction sent the same dedup key; retry the transaction';
+    end;
 end;
 $$;
 
@@ -204,42 +226,70 @@ begin
 end;
 $$;
 
--- _dedup_side_record(queue_id, key, ev_id): records a reused key in the
--- current generation, overwriting the key's expired record there if it has
--- one. With the key's lock held under READ COMMITTED every committed record
--- is visible; under a transaction snapshot a record committed since it was
--- taken is not, and the unique index turns it into a serialisation
--- failure. Not granted.
-create or replace function pgque._dedup_side_record(i_queue_id integer, i_key text, i_ev_id bigint)
-returns void language plpgsql
+-- _dedup_side_claim(queue_id, key, ev_id, expire): claims a reused key
+-- for ev_id in the current generation, overwriting the key's expired
+-- record there if it has one, and returns ev_id; or returns the ev_id of
+-- a live record of the key (written after expire) that a concurrent
+-- sender committed meanwhile. The generation that is not current is
+-- waited on first, as _dedup_wait waits on event tables, so that a sender
+-- that wrote there just before a generation switch is seen. Under a
+-- transaction snapshot a record committed since it was taken raises
+-- 40001. Not granted. Tables: dedup_state, dedup_0/1.
+drop function if exists pgque._dedup_side_record(integer, text, bigint);
+create or replace function pgque._dedup_side_claim(i_queue_id integer, i_key text, i_ev_id bigint,
+                                                   i_expire timestamptz)
+returns bigint language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    v_cur  integer := (select ds_cur from pgque.dedup_state);
+    v_tab  text := format('pgque.dedup_%s', v_cur);
+    v_id   bigint;
+    v_time timestamptz;
 begin
-    if (select ds_cur from pgque.dedup_state) = 0 then
-        update pgque.dedup_0 set dd_ev_id = i_ev_id, dd_time = now() where dd_queue = i_queue_id and dd_key = i_key;
-        if not found then
-            insert into pgque.dedup_0 (dd_queue, dd_key, dd_ev_id, dd_time) values (i_queue_id, i_key, i_ev_id, now())
-            on conflict (dd_queue, dd_key) do nothing;
-        end if;
-    else
-        update pgque.dedup_1 set dd_ev_id = i_ev_id, dd_time = now() where dd_queue = i_queue_id and dd_key = i_key;
-        if not found then
-            insert into pgque.dedup_1 (dd_queue, dd_key, dd_ev_id, dd_time) values (i_queue_id, i_key, i_ev_id, now())
-            on conflict (dd_queue, dd_key) do nothing;
-        end if;
+    begin
+        execute format('insert into pgque.dedup_%s (dd_queue, dd_key, dd_ev_id, dd_time) values ($1, $2, 0, now())
+                        on conflict (dd_queue, dd_key) do nothing', 1 - v_cur)
+           using i_queue_id, i_key;
+        raise exception using errcode = 'PQ099'; -- undo the INSERT
+    exception when sqlstate 'PQ099' then
+        null;
+    end;
+    v_id := pgque._dedup_side_find(i_queue_id, i_key, i_expire);
+    if v_id is not null then
+        return v_id;
     end if;
-    if not found then
-        raise exception using errcode = '40001',
-            message = 'could not serialize send: a concurrent transaction sent the same dedup key; retry the transaction';
+    -- Only an expired record is overwritten: a concurrent sender's update
+    -- is waited for, and its fresh record then no longer matches.
+    execute format('update %s set dd_ev_id = $3, dd_time = now() where dd_queue = $1 and dd_key = $2 and dd_time <= $4',
+                   v_tab) using i_queue_id, i_key, i_ev_id, i_expire;
+    get diagnostics v_id = row_count;
+    if v_id = 1 then
+        return i_ev_id;
     end if;
+    execute format('insert into %s (dd_queue, dd_key, dd_ev_id, dd_time) values ($1, $2, $3, now())
+                    on conflict (dd_queue, dd_key) do nothing', v_tab) using i_queue_id, i_key, i_ev_id;
+    get diagnostics v_id = row_count;
+    if v_id = 1 then
+        return i_ev_id;
+    end if;
+    execute format('select dd_ev_id, dd_time from %s where dd_queue = $1 and dd_key = $2', v_tab)
+       into v_id, v_time using i_queue_id, i_key;
+    if v_time > i_expire then
+        return v_id;
+    end if;
+    raise exception using errcode = '40001',
+        message = 'could not serialize send: a concurrent transaction sent the same dedup key; retry the transaction';
 end;
 $$;
 
--- _dedup_send(queue, type, data, partition_key, dedup_key, how): with the
--- key's lock held (_dedup_lock), returns the ev_id of the key's event
--- within the queue's window, or sends the event with the key and returns
--- its ev_id. The queue row is read after the lock, so a sender that waited
--- writes where things are now.
+-- _dedup_send(queue, type, data, partition_key, dedup_key, how, id,
+-- waited): returns the ev_id of the key's event within the queue's window,
+-- or sends the event with the key and returns its ev_id (id when given,
+-- else the next of the queue's sequence). A concurrent sender of the key
+-- is waited for on the key's index entries (see the top of this file).
+-- waited is the queue_switch_time as of which the caller already waited
+-- on the retired tables for this key (_send_batch), or NULL.
 --
 -- The common case, a fresh key with no rotation in the last window, is
 -- one INSERT into the current table: the index that refuses a second row
@@ -267,8 +317,10 @@ $$;
 -- server instructions.
 drop function if exists pgque._dedup_send(text, text, text, text, text);
 drop function if exists pgque._dedup_send(text, text, text, text, text, boolean);
+drop function if exists pgque._dedup_send(text, text, text, text, text, text);
 create or replace function pgque._dedup_send(
-    i_queue text, i_type text, i_data text, i_partition_key text, i_dedup_key text, i_how text)
+    i_queue text, i_type text, i_data text, i_partition_key text, i_dedup_key text, i_how text,
+    i_id bigint default null, i_waited timestamptz default null)
 returns bigint language plpgsql
 as $$
 declare
@@ -300,6 +352,9 @@ begin
     -- A table retired within the window may hold the key's event (the
     -- last switch is the newest retirement).
     if v_switch > v_expire and v_retired is not null then
+        if i_waited is distinct from v_switch then
+            perform pgque._dedup_wait(v_qid, v_cur, v_ntab, v_retired, v_expire, array[i_dedup_key]);
+        end if;
         for v_n in 0 .. v_ntab - 1 loop
             continue when v_n = v_cur or not coalesce(v_retired[v_n + 1] > v_expire, false);
             execute format('select ev_id, ev_time from %s where ev_part = $1 and ev_dedup = $2',
@@ -319,8 +374,11 @@ begin
         end if;
     end if;
 
-    v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
-    if i_how = 'catch' then
+    v_id := coalesce(i_id, case when pg_current_xact_id() is not null then nextval(v_seq) end); -- xid first (_tick_due)
+    -- Under a transaction snapshot ON CONFLICT meets a key committed
+    -- since the snapshot with its own 40001; the caught INSERT lets the
+    -- refusal come to the lookup below, which says what happened.
+    if i_how = 'catch' or current_setting('transaction_isolation') <> 'read committed' then
         begin
             insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)
             values (v_id, v_qid * 16 + v_cur, i_type, i_data, i_partition_key, i_dedup_key);
@@ -351,18 +409,16 @@ begin
     if v_rtime > v_expire then
         return v_rid;
     end if;
-    if not v_side then
-        v_rid := pgque._dedup_side_find(v_qid, i_dedup_key, v_expire);
-        if v_rid is not null then
-            return v_rid;
-        end if;
-    end if;
     -- The key is reused after its window, and its expired event still
     -- holds the key's place in this table: the new event goes in without
-    -- the key, which is recorded in the generation tables instead.
+    -- the key, which is claimed in the generation tables instead (unless
+    -- a live record of it is found there).
+    v_rid := pgque._dedup_side_claim(v_qid, i_dedup_key, v_id, v_expire);
+    if v_rid <> v_id then
+        return v_rid;
+    end if;
     insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
     values (v_id, v_qid * 16 + v_cur, i_type, i_data, i_partition_key);
-    perform pgque._dedup_side_record(v_qid, i_dedup_key, v_id);
     return v_id;
 end;
 $$;

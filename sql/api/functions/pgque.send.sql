@@ -22,7 +22,6 @@ declare
     i_payload       alias for $3;
     i_partition_key alias for $4;
     i_dedup_key     alias for $5;
-    v_lock          bigint;
     v_part          integer;
     v_seq           regclass;
     v_id            bigint;
@@ -54,15 +53,12 @@ begin
     if i_dedup_key = '' or octet_length(i_dedup_key) > 512 then
         perform pgque._dedup_check_keys(array[i_dedup_key]);
     end if;
-    -- The key's lock (see pgque.dedup.sql), then _dedup_send's common
-    -- case inline (a fresh key, no rotation within the window, an open
-    -- queue: one INSERT, whose unique index is the lookup); anything else,
-    -- and a key the index refuses, goes to _dedup_send. Inlined: the
-    -- PL/pgSQL call was a quarter of what a key costs a send.
-    v_lock := hashtextextended(i_dedup_key, hashtext(i_queue));
-    if not pg_try_advisory_xact_lock(v_lock) then
-        perform pgque._dedup_lock(i_queue, array[i_dedup_key]);
-    end if;
+    -- _dedup_send's common case inline (a fresh key, no rotation within
+    -- the window, an open queue: one INSERT, whose unique index is both
+    -- the lookup and what makes a concurrent sender of the key wait, see
+    -- pgque.dedup.sql); anything else, and a key the index refuses, goes
+    -- to _dedup_send. Inlined: the PL/pgSQL call was a quarter of what a
+    -- key costs a send.
     select queue_id * 16 + queue_cur_table, queue_event_seq, 'produce' = any (queue_confined), queue_switch_time,
            queue_retired, clock_timestamp() - coalesce(queue_dedup_window, interval '5 minutes')
       into v_part, v_seq, v_confined, v_switch, v_retired, v_expire
@@ -102,7 +98,6 @@ declare
     i_payload       alias for $3;
     i_partition_key alias for $4;
     i_dedup_key     alias for $5;
-    v_lock          bigint;
     v_part          integer;
     v_seq           regclass;
     v_id            bigint;
@@ -138,11 +133,7 @@ begin
     if i_dedup_key = '' or octet_length(i_dedup_key) > 512 then
         perform pgque._dedup_check_keys(array[i_dedup_key]);
     end if;
-    -- The lock and the common case inline, as in the jsonb form.
-    v_lock := hashtextextended(i_dedup_key, hashtext(i_queue));
-    if not pg_try_advisory_xact_lock(v_lock) then
-        perform pgque._dedup_lock(i_queue, array[i_dedup_key]);
-    end if;
+    -- The common case inline, as in the jsonb form.
     select queue_id * 16 + queue_cur_table, queue_event_seq, 'produce' = any (queue_confined), queue_switch_time,
            queue_retired, clock_timestamp() - coalesce(queue_dedup_window, interval '5 minutes')
       into v_part, v_seq, v_confined, v_switch, v_retired, v_expire
@@ -191,10 +182,10 @@ $$;
 -- came as jsonb (the jsonb form, whose caller parsed them). One INSERT for
 -- the whole array; partition_keys and dedup_keys are each NULL or as long
 -- as payloads. ev_ids are taken in array order, so they are returned in
--- input order. With dedup_keys, elements are sent one by one in order
--- under the locks of all their keys: an element whose key was sent within
--- the window (by an earlier element of the same batch too) gets that
--- event's ev_id, and a NULL element key means no dedup for that element.
+-- input order. With dedup_keys, elements are sent one by one, in key
+-- order: an element whose key was sent within the window (by an earlier
+-- element of the same batch too) gets that event's ev_id, and a NULL
+-- element key means no dedup for that element.
 -- Not granted: the send_batch entry points call it after their access
 -- check, and it runs under their pinned search_path (no SET clause of its
 -- own: see _dedup_send). Tables: reads queue; inserts into event (and
@@ -204,11 +195,19 @@ create or replace function pgque._send_batch(i_queue text, i_type text, i_payloa
 returns bigint[] language plpgsql
 as $$
 declare
-    v_i    integer;
-    v_part integer;
-    v_seq  regclass;
-    v_ids  bigint[];
-    v_xid  xid8;
+    v_i      integer;
+    v_part   integer;
+    v_seq    regclass;
+    v_ids    bigint[];
+    v_out    bigint[];
+    v_xid    xid8;
+    v_qid    integer;
+    v_cur    integer;
+    v_ntab   integer;
+    v_switch timestamptz;
+    v_retired timestamptz[];
+    v_expire timestamptz;
+    v_waited timestamptz;
 begin
     if i_type is null or i_payloads is null then
         raise exception using errcode = '22004', message = 'event type and payloads must not be NULL';
@@ -252,17 +251,33 @@ begin
 
     if i_dedup_keys is not null then
         perform pgque._dedup_check_keys(i_dedup_keys);
-        perform pgque._dedup_lock(i_queue, i_dedup_keys);
-        v_ids := '{}';
-        for v_i in 1 .. cardinality(i_payloads) loop
+        -- The ev_ids in input order first, as below; then the elements in
+        -- key order, so that two batches sharing keys wait for each other
+        -- on the key index in one order and cannot deadlock. A key sent
+        -- before leaves its element's id unused. Within the window after a
+        -- rotation the tables retired since are waited on once for every
+        -- key (_dedup_wait), not once per element.
+        v_xid := pg_current_xact_id();
+        v_ids := array(select nextval(v_seq) from generate_series(1, cardinality(i_payloads)));
+        v_out := v_ids;
+        select queue_id, queue_cur_table, queue_ntables, queue_switch_time, queue_retired,
+               clock_timestamp() - coalesce(queue_dedup_window, interval '5 minutes')
+          into v_qid, v_cur, v_ntab, v_switch, v_retired, v_expire
+          from pgque.queue where queue_name = i_queue;
+        if v_switch > v_expire and v_retired is not null then
+            perform pgque._dedup_wait(v_qid, v_cur, v_ntab, v_retired, v_expire, i_dedup_keys);
+            v_waited := v_switch;
+        end if;
+        for v_i in select u.ord from unnest(i_dedup_keys) with ordinality u(k, ord) order by u.k nulls first, u.ord loop
             if i_dedup_keys[v_i] is null then
-                v_ids := v_ids || pgque._insert_event(i_queue, i_type, i_payloads[v_i], i_partition_keys[v_i], null, null, null);
+                insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
+                values (v_ids[v_i], v_part, i_type, i_payloads[v_i], i_partition_keys[v_i]);
             else
-                v_ids := v_ids || pgque._dedup_send(i_queue, i_type, i_payloads[v_i],
-                                                    i_partition_keys[v_i], i_dedup_keys[v_i], 'on conflict');
+                v_out[v_i] := pgque._dedup_send(i_queue, i_type, i_payloads[v_i], i_partition_keys[v_i],
+                                                i_dedup_keys[v_i], 'on conflict', v_ids[v_i], v_waited);
             end if;
         end loop;
-        return v_ids;
+        return v_out;
     end if;
 
     -- The ev_ids are taken first, in input order, and the INSERT pairs

@@ -32,9 +32,9 @@ create table if not exists pgque.dedup_state (
 insert into pgque.dedup_state default values on conflict do nothing;
 
 -- The two generations. The unique index makes a second inserter of a key
--- see the first's record even where its snapshot cannot (REPEATABLE READ);
--- the send path serialises senders of one key with a transaction advisory
--- lock.
+-- wait for the first and then see its record even where its snapshot
+-- cannot (REPEATABLE READ): it is what serialises two senders reusing one
+-- key (pgque.dedup.sql).
 create table if not exists pgque.dedup_0 (
     dd_queue integer not null,
     dd_key   text not null,

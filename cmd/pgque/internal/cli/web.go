@@ -45,9 +45,17 @@ elsewhere.
 
 The console is read-only unless --allow-actions is given. Then a key can be
 unblocked or retried now and dead letters replayed or purged, each request
-carrying the action token in a header: $` + EnvWebToken + `, or a random token
-printed once at start. The database role of --dsn bounds what any action can
-do: run the console as a pgque_reader role to make actions impossible.`,
+carrying the token in a header: $` + EnvWebToken + ` (at least 16 characters;
+a shorter one is refused), or a random token printed once at start. The
+database role of --dsn bounds what any action can do: run the console as a
+pgque_reader role to make actions impossible.
+
+On a loopback address (the default) the console answers only to the Host
+names localhost, 127.0.0.1 and ::1 (or those of --allowed-host), so that a web
+page cannot reach it by DNS rebinding. Listening beyond loopback, every
+request, reads included, needs the token: open /?token=<token> once in the
+browser (it sets a same-site cookie), or send the token in the X-Pgque-Token
+header.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			host, _, err := net.SplitHostPort(listen)
@@ -60,19 +68,20 @@ do: run the console as a pgque_reader role to make actions impossible.`,
 				return err
 			}
 			defer s.Close()
-			token := ""
-			if allowActions {
-				token = os.Getenv(EnvWebToken)
-				if token == "" {
-					token = randomHex(16)
-					fmt.Fprintf(a.stderr, "pgque web: action token (send it in the %s header): %s\n", web.TokenHeader, token)
-				}
+			cfg, generated := webAccess(host, allowActions, hosts, os.Getenv(EnvWebToken))
+			if len(cfg.Token) < web.MinTokenLength && cfg.Token != "" {
+				return usagef("$%s is %d characters long: the console needs a token of at least %d characters",
+					EnvWebToken, len(cfg.Token), web.MinTokenLength)
 			}
-			if len(hosts) == 0 {
-				hosts = defaultWebHosts(host)
+			if generated {
+				fmt.Fprintf(a.stderr, "pgque web: token (send it in the %s header): %s\n", web.TokenHeader, cfg.Token)
 			}
-			srv, err := web.New(web.Config{Client: s.Client, Logger: a.logger(slog.LevelInfo),
-				AllowActions: allowActions, Token: token, AllowedHosts: hosts, SampleInterval: sample})
+			if cfg.RequireToken {
+				fmt.Fprintf(a.stderr, "pgque web: listening beyond loopback: every request needs the token; "+
+					"open http://<host>:<port>/?%s=<token> once in the browser\n", web.TokenParam)
+			}
+			cfg.Client, cfg.Logger, cfg.SampleInterval = s.Client, a.logger(slog.LevelInfo), sample
+			srv, err := web.New(cfg)
 			if err != nil {
 				return usagef("%v", err)
 			}
@@ -91,9 +100,30 @@ do: run the console as a pgque_reader role to make actions impossible.`,
 	cmd.Flags().StringVar(&listen, "listen", WebListenDefault, "address to listen on (host:port; port 0 picks a free one)")
 	cmd.Flags().BoolVar(&allowActions, "allow-actions", false, "allow unblock, retry now, replay and purge (behind a token)")
 	cmd.Flags().StringSliceVar(&hosts, "allowed-host", nil,
-		"Host header values the console answers to (default: loopback names when listening on loopback, any otherwise)")
+		"Host header values the console answers to (default: loopback names when listening on loopback, any otherwise, with the token required)")
 	cmd.Flags().DurationVar(&sample, "sample", web.SampleIntervalDefault, "how often the charts are sampled")
 	return cmd
+}
+
+// webAccess is who may reach a console listening on host: a loopback
+// address answers only to loopback Host names (unless hosts says
+// otherwise), any other address requires the token on every request. The
+// token is envToken, or a random one (generated true) when actions or the
+// exposure need one.
+func webAccess(host string, allowActions bool, hosts []string, envToken string) (cfg web.Config, generated bool) {
+	loopback := defaultWebHosts(host)
+	cfg.AllowActions, cfg.RequireToken = allowActions, loopback == nil
+	cfg.AllowedHosts = hosts
+	if len(hosts) == 0 {
+		cfg.AllowedHosts = loopback
+	}
+	if allowActions || cfg.RequireToken {
+		cfg.Token = envToken
+		if cfg.Token == "" {
+			cfg.Token, generated = randomHex(16), true
+		}
+	}
+	return cfg, generated
 }
 
 // defaultWebHosts: on a loopback address the console answers only to

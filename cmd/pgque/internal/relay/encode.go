@@ -12,13 +12,34 @@ import (
 // '~' becomes %XX of its UTF-8 byte, so any key (non-ASCII, control
 // characters, '%' itself) travels safely and decodeURIComponent in
 // JavaScript returns it unchanged.
-func EncodeKey(key string) string {
+func EncodeKey(key string) string { return percentEncode(key, keySafe) }
+
+// EncodeAttr percent-encodes a CloudEvents attribute for its ce-* header,
+// as the CloudEvents HTTP binding asks: space, '"', '%' and every byte
+// outside printable ASCII become %XX of its UTF-8 byte; everything else is
+// sent as it is, so an ordinary type such as "file.created" is unchanged.
+// No event value can then break the header apart (a CR/LF in an event's
+// type once made the request impossible to build).
+func EncodeAttr(v string) string { return percentEncode(v, attrSafe) }
+
+// keySafe reports whether EncodeKey sends byte ch as it is.
+func keySafe(ch byte) bool {
+	return ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '.' || ch == '_' || ch == '~'
+}
+
+// attrSafe reports whether EncodeAttr sends byte ch as it is.
+func attrSafe(ch byte) bool {
+	return ch > ' ' && ch < 0x7f && ch != '"' && ch != '%'
+}
+
+// percentEncode writes every byte of v that safe refuses as %XX.
+func percentEncode(v string, safe func(byte) bool) string {
 	var b strings.Builder
-	b.Grow(len(key))
+	b.Grow(len(v))
 	const hex = "0123456789ABCDEF"
-	for i := 0; i < len(key); i++ {
-		ch := key[i]
-		if ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '.' || ch == '_' || ch == '~' {
+	for i := 0; i < len(v); i++ {
+		ch := v[i]
+		if safe(ch) {
 			b.WriteByte(ch)
 			continue
 		}

@@ -17,7 +17,8 @@ type Metrics struct {
 	// InFlight is the number of requests in flight.
 	InFlight prometheus.Gauge
 	// Retries counts events handed back for redelivery, by reason
-	// (status, timeout, connection).
+	// (status, timeout, connection, request: a request the event made
+	// impossible to build).
 	Retries *prometheus.CounterVec
 	// DeadLetters counts events the endpoint rejected for good.
 	DeadLetters prometheus.Counter
@@ -46,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		})),
 		Retries: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "pgque", Subsystem: "relay", Name: "retries_total",
-			Help: "Events handed back for redelivery, by reason: status, timeout, connection.",
+			Help: "Events handed back for redelivery, by reason: status, timeout, connection, request.",
 		}, []string{"reason"})),
 		DeadLetters: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "pgque", Subsystem: "relay", Name: "dead_letters_total", Help: "Events the endpoint rejected for good (dead-lettered).",

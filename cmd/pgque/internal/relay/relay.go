@@ -19,7 +19,8 @@ import (
 )
 
 // Headers the relay sends besides the CloudEvents ones. Values are ASCII;
-// the partition key is percent-encoded (see EncodeKey).
+// the partition key is percent-encoded (see EncodeKey), the CloudEvents
+// attributes as their binding asks (see EncodeAttr).
 const (
 	HeaderKey        = "pgque-partition-key"
 	HeaderKeyNull    = "pgque-partition-key-null"
@@ -262,6 +263,15 @@ func (r *Relay) attempt(ctx context.Context, m *pgque.Message) result {
 		return result{err: fmt.Errorf("building the request: %w", err), unreachable: true, reason: "request"}
 	}
 	r.setHeaders(req.Header, m)
+	if err := checkHeaders(req.Header); err != nil {
+		// The transport would refuse the request before connecting, and
+		// that failure looks like an unreachable endpoint. Whatever made
+		// it came from the event: charge the event (its retries, then the
+		// dead letter queue), not the endpoint.
+		r.cfg.Metrics.Requests.WithLabelValues("error").Inc()
+		r.cfg.Metrics.Retries.WithLabelValues("request").Inc()
+		return result{err: fmt.Errorf("building the request for event %d: %w", m.ID, err)}
+	}
 	start := time.Now()
 	resp, err := r.client.Do(req)
 	if err != nil {
@@ -332,15 +342,16 @@ func (r *Relay) classify(resp *http.Response, body []byte) result {
 func (r *Relay) setHeaders(h http.Header, m *pgque.Message) {
 	h.Set("Content-Type", "application/json")
 	h.Set("ce-specversion", "1.0")
-	id := r.cfg.Queue + "/" + strconv.FormatInt(m.ID, 10)
+	id := EncodeAttr(r.cfg.Queue + "/" + strconv.FormatInt(m.ID, 10))
 	h.Set("ce-id", id)
 	// The event id is the request's idempotency key. It also lets the
 	// transport resend the POST when a kept-alive connection turns out to
 	// have been closed by the server before the request went out, instead
 	// of failing (and charging) the event.
 	h.Set("Idempotency-Key", id)
-	h.Set("ce-source", r.source)
-	h.Set("ce-type", m.Type)
+	h.Set("ce-source", EncodeAttr(r.source))
+	// The type is the one attribute an event's sender chooses freely.
+	h.Set("ce-type", EncodeAttr(m.Type))
 	h.Set("ce-time", m.CreatedAt.UTC().Format(time.RFC3339Nano))
 	if key, ok := m.Key().Value(); ok {
 		// Set would drop nothing, but an empty value must be sent too.
@@ -357,6 +368,22 @@ func (r *Relay) setHeaders(h http.Header, m *pgque.Message) {
 	if r.cfg.AuthValue != "" {
 		h.Set(r.cfg.AuthHeader, r.cfg.AuthValue)
 	}
+}
+
+// checkHeaders returns an error naming the first header the transport
+// would refuse to send.
+func checkHeaders(h http.Header) error {
+	for name, values := range h {
+		if !validHeaderName(name) {
+			return fmt.Errorf("header name %q is not a valid HTTP header name", name)
+		}
+		for _, v := range values {
+			if !validHeaderValue(v) {
+				return fmt.Errorf("header %s value %q holds a control character", name, v)
+			}
+		}
+	}
+	return nil
 }
 
 // readBody keeps the start of the body for error messages and drains a

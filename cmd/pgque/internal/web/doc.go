@@ -13,9 +13,15 @@
 // POST requests with a JSON body that must carry the token in the
 // X-Pgque-Token header, come from the console's own origin (Origin and
 // Sec-Fetch-Site are checked when the browser sends them) and name a Host
-// the console answers to; a cookie is never used, so another site cannot
-// forge one. The database role the console connects as bounds what any
-// action can do.
+// the console answers to; a cookie never authorises an action, so another
+// site cannot forge one. The database role the console connects as bounds
+// what any action can do.
+//
+// With Config.RequireToken (pgque web sets it when listening beyond
+// loopback) every request needs the token, in the header or in the
+// SameSite=Strict cookie that opening /?token=<token> once sets: a page
+// that rebinds its own DNS name to the console's address sends neither, so
+// it reads nothing, whatever Host it names.
 //
 // The keys page refreshes every five seconds and reads its views with a
 // budget of ConsoleKeyScan events each; the other pages every two seconds,

@@ -6,6 +6,7 @@ import (
 	"embed"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -29,8 +30,20 @@ const (
 	// (per view), the library's default: the page refreshes every five
 	// seconds. The heads found are the oldest either way.
 	ConsoleKeyScan = pgque.KeyScanDefault
-	// TokenHeader carries the action token.
+	// TokenHeader carries the token.
 	TokenHeader = "X-Pgque-Token"
+	// TokenParam is the query parameter that, on a GET, hands the console
+	// its token once: it answers with TokenCookie set and a redirect to
+	// the same path without it.
+	TokenParam = "token"
+	// TokenCookie carries the token of a console that requires it on every
+	// request. It is HttpOnly and SameSite=Strict, and a browser sends it
+	// only to the host that set it: a page that rebinds its own name to
+	// the console's address never has it. It never authorises an action,
+	// which needs TokenHeader.
+	TokenCookie = "pgque_token"
+	// MinTokenLength is the shortest token the console accepts.
+	MinTokenLength = 16
 )
 
 // ContentSecurityPolicy is sent with every response: nothing but the
@@ -49,7 +62,14 @@ type Config struct {
 	Logger *slog.Logger
 	// AllowActions enables the POST actions; Token must then be set.
 	AllowActions bool
-	Token        string
+	// Token is the secret of actions and, with RequireToken, of every
+	// request: at least MinTokenLength characters.
+	Token string
+	// RequireToken refuses every request (pages, API, static files) that
+	// carries the token neither in TokenHeader nor in TokenCookie. Set it
+	// when the console listens beyond loopback: otherwise any page a
+	// browser on the network loads could read it by DNS rebinding.
+	RequireToken bool
 	// AllowedHosts lists the Host header values (without port) the console
 	// answers to, against DNS rebinding; empty answers to any.
 	AllowedHosts []string
@@ -73,8 +93,10 @@ func New(cfg Config) (*Server, error) {
 	switch {
 	case cfg.Client == nil || cfg.Logger == nil:
 		return nil, errors.New("web: Config.Client and Logger are required")
-	case cfg.AllowActions && len(cfg.Token) < 16:
-		return nil, errors.New("web: actions need a token of at least 16 characters")
+	case cfg.AllowActions && len(cfg.Token) < MinTokenLength:
+		return nil, fmt.Errorf("web: actions need a token of at least %d characters", MinTokenLength)
+	case cfg.RequireToken && len(cfg.Token) < MinTokenLength:
+		return nil, fmt.Errorf("web: a console that requires its token needs one of at least %d characters", MinTokenLength)
 	case cfg.SampleInterval < 0:
 		return nil, errors.New("web: Config.SampleInterval is negative")
 	}
@@ -111,7 +133,39 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMisdirectedRequest, "this console does not answer to host "+r.Host)
 		return
 	}
+	if s.cfg.RequireToken && !s.tokenPresented(w, r) {
+		return
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// tokenPresented reports whether r carries the token (header or cookie).
+// Otherwise it answers r: a GET with the right TokenParam gets the cookie
+// and a redirect to the same path without it, anything else 401.
+func (s *Server) tokenPresented(w http.ResponseWriter, r *http.Request) bool {
+	if s.tokenMatches(r.Header.Get(TokenHeader)) {
+		return true
+	}
+	if c, err := r.Cookie(TokenCookie); err == nil && s.tokenMatches(c.Value) {
+		return true
+	}
+	if r.Method == http.MethodGet && s.tokenMatches(r.URL.Query().Get(TokenParam)) {
+		http.SetCookie(w, &http.Cookie{Name: TokenCookie, Value: s.cfg.Token, Path: "/",
+			HttpOnly: true, SameSite: http.SameSiteStrictMode})
+		q := r.URL.Query()
+		q.Del(TokenParam)
+		to := url.URL{Path: r.URL.Path, RawQuery: q.Encode()}
+		http.Redirect(w, r, to.String(), http.StatusSeeOther)
+		return false
+	}
+	writeError(w, http.StatusUnauthorized, "this console requires its token: open /?"+TokenParam+
+		"=<token> once, or send the "+TokenHeader+" header")
+	return false
+}
+
+// tokenMatches compares got with the token in constant time.
+func (s *Server) tokenMatches(got string) bool {
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) == 1
 }
 
 // hostAllowed checks the Host header against AllowedHosts.
@@ -167,8 +221,7 @@ func (s *Server) checkAction(w http.ResponseWriter, r *http.Request) bool {
 			return false
 		}
 	}
-	got := r.Header.Get(TokenHeader)
-	if got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {
+	if !s.tokenMatches(r.Header.Get(TokenHeader)) {
 		writeError(w, http.StatusUnauthorized, "missing or wrong action token ("+TokenHeader+" header)")
 		return false
 	}

@@ -1,0 +1,105 @@
+package cli
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/cmd/pgque/internal/web"
+	"github.com/pgque/pgque/internal/pgtest"
+)
+
+// get sends a GET with the given Host (and header) through client and
+// returns the status and body.
+func get(t *testing.T, client *http.Client, url, host string, header map[string]string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestWebRebindingHost: a console on a loopback address answers only to
+// loopback Host names; one listening beyond loopback answers no request
+// without its token, so a page that rebinds its own name to the console
+// (Host evil.example) reads nothing, while the operator who opened
+// /?token= once (cookie) or sends the header reads the queues.
+func TestWebRebindingHost(t *testing.T) {
+	t.Parallel()
+	c := &cli{t: t, dsn: pgtest.NewInstalledDB(t)}
+	c.ok("", "queue", "create", "secretq")
+	client, err := pgque.NewClient(pgtest.Pool(t, c.dsn), &pgque.Config{Logger: slog.New(slog.DiscardHandler), PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := func(listenHost string) (*httptest.Server, web.Config) {
+		cfg, generated := webAccess(listenHost, false, nil, "")
+		if cfg.RequireToken && (!generated || len(cfg.Token) < web.MinTokenLength) {
+			t.Fatalf("%s: token %q (generated %v)", listenHost, cfg.Token, generated)
+		}
+		cfg.Client, cfg.Logger = client, slog.New(slog.DiscardHandler)
+		srv, err := web.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(srv)
+		t.Cleanup(hs.Close)
+		return hs, cfg
+	}
+
+	loop, _ := serve("127.0.0.1")
+	for host, want := range map[string]int{"evil.example": http.StatusMisdirectedRequest, "evil.example:8642": http.StatusMisdirectedRequest,
+		"localhost:8642": http.StatusOK, "127.0.0.1": http.StatusOK, "[::1]:8642": http.StatusOK} {
+		if code, body := get(t, http.DefaultClient, loop.URL+"/api/overview", host, nil); code != want {
+			t.Errorf("loopback console, Host %s: %d %s, want %d", host, code, body, want)
+		}
+	}
+
+	for _, listenHost := range []string{"0.0.0.0", "::", "192.0.2.1"} {
+		exposed, cfg := serve(listenHost)
+		for _, path := range []string{"/api/overview", "/api/dlq?queue=secretq", "/", "/static/app.js"} {
+			for _, host := range []string{"evil.example:8642", "127.0.0.1"} {
+				code, body := get(t, http.DefaultClient, exposed.URL+path, host, nil)
+				if code != http.StatusUnauthorized || strings.Contains(body, "secretq") {
+					t.Errorf("%s console, GET %s as Host %s without the token: %d %s, want 401", listenHost, path, host, code, body)
+				}
+			}
+		}
+		if code, _ := get(t, http.DefaultClient, exposed.URL+"/api/overview", "evil.example", map[string]string{web.TokenHeader: "0123456789abcdef-wrong"}); code != http.StatusUnauthorized {
+			t.Errorf("%s console, wrong token: %d, want 401", listenHost, code)
+		}
+		if code, body := get(t, http.DefaultClient, exposed.URL+"/api/overview", "192.0.2.1:8642", map[string]string{web.TokenHeader: cfg.Token}); code != http.StatusOK || !strings.Contains(body, "secretq") {
+			t.Errorf("%s console, token in the header: %d %s", listenHost, code, body)
+		}
+		// The browser: /?token= once sets the cookie and drops the token
+		// from the address; later requests carry the cookie.
+		jar, err := cookiejar.New(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		browser := &http.Client{Jar: jar}
+		code, _ := get(t, browser, exposed.URL+"/keys?"+web.TokenParam+"="+cfg.Token, "", nil)
+		if code != http.StatusOK {
+			t.Errorf("%s console, opening /keys?token=: %d", listenHost, code)
+		}
+		if code, body := get(t, browser, exposed.URL+"/api/overview", "", nil); code != http.StatusOK || !strings.Contains(body, "secretq") {
+			t.Errorf("%s console, with the cookie: %d %s", listenHost, code, body)
+		}
+	}
+}
