@@ -335,6 +335,17 @@ func TestAttachTableWriterRoles(t *testing.T) {
 		execute function pgque._table_source_emit('`+qid+`')`)
 	err = queryErr(pool, `insert into public.mine values (1, 'A')`)
 	wantCode(t, "pgque's trigger functions on another table", err, "42501", "not attached")
+
+	// With the capture trigger disabled by the table's owner, writes are
+	// refused rather than sent without their row.
+	exec(t, pool, `alter table public.files disable trigger pgque_q`+qid)
+	wantCode(t, "write with the capture trigger disabled",
+		queryErr(pool, `insert into public.files values (2, 'C')`), "PQ064", "public.files", "attach the table again")
+	exec(t, pool, `alter table public.files enable trigger pgque_q`+qid)
+	exec(t, pool, `insert into public.files values (2, 'C')`)
+	if evs := srcEvents(t, pool); len(evs) != 4 || sp(evs[3].Key) != "C" {
+		t.Fatalf("events after enabling the capture trigger again: %+v", evs)
+	}
 }
 
 // TestAttachTableNonSuperuserLogin: a table owner that logs in as itself (no
