@@ -125,7 +125,7 @@ declare
     v_seq    regclass;
     v_qname  text;
     v_doc    jsonb;
-    v_ev     jsonb;
+    v_n      integer;
     v_types  text[];
 begin
     select ts.ts_table_name, ts.ts_operations, q.queue_id * 16 + q.queue_cur_table, q.queue_event_seq, q.queue_name
@@ -162,19 +162,21 @@ begin
     v_doc := nullif(current_setting(v_setting, true), '')::jsonb;
     perform set_config(v_setting, '', true);
     v_types := case tg_op when 'INSERT' then '{insert}' when 'DELETE' then '{delete}' else '{update,delete,insert}' end;
-    if v_doc is null or v_doc ->> 'r' is distinct from tg_relid::text or v_doc ->> 'o' is distinct from tg_op
-       or jsonb_typeof(v_doc -> 'e') is distinct from 'array'
-       or exists (select 1 from jsonb_array_elements(v_doc -> 'e') e
-                   where jsonb_typeof(e) <> 'object' or not (e ->> 't') = any (v_types)
-                      or jsonb_typeof(e -> 'd') is distinct from 'object') then
-        raise exception using errcode = 'PQ064',
-            message = format('%s attached to queue %s: its trigger pgque_q%s did not hand this row over (dropped, disabled or tampered with); attach the table again',
-                             v_name, v_qname, v_queue);
-    end if;
-    for v_ev in select e from jsonb_array_elements(v_doc -> 'e') e loop
+    if v_doc ->> 'r' = tg_relid::text and v_doc ->> 'o' = tg_op and jsonb_typeof(v_doc -> 'e') = 'array' then
+        -- One statement for the row's events, in their order; an event of
+        -- the wrong shape is left out, and then refused below.
         insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3)
-        values (nextval(v_seq), v_part, v_ev ->> 't', (v_ev -> 'd')::text, v_ev ->> 'k', v_name, v_ev ->> 'x');
-    end loop;
+        select nextval(v_seq), v_part, e ->> 't', (e -> 'd')::text, e ->> 'k', v_name, e ->> 'x'
+          from jsonb_array_elements(v_doc -> 'e') e
+         where (e ->> 't') = any (v_types) and jsonb_typeof(e -> 'd') = 'object';
+        get diagnostics v_n = row_count;
+        if v_n = jsonb_array_length(v_doc -> 'e') then
+            return null;
+        end if;
+    end if;
+    raise exception using errcode = 'PQ064',
+        message = format('%s attached to queue %s: its trigger pgque_q%s did not hand this row over (dropped, disabled or tampered with); attach the table again',
+                         v_name, v_qname, v_queue);
     return null;
 end;
 $$;
@@ -256,8 +258,11 @@ begin
     end if;
     select n.nspname, c.relname into v_nsp, v_rel
       from pg_class c join pg_namespace n on n.oid = c.relnamespace where c.oid = i_table;
-    foreach v_trg in array array['', '_emit', '_truncate'] loop
-        execute format('drop trigger if exists %I on %I.%I', 'pgque_q' || i_queue_id || v_trg, v_nsp, v_rel);
+    for v_trg in select g.tgname from pg_trigger g
+                  where g.tgrelid = i_table and not g.tgisinternal and g.tgparentid = 0
+                    and g.tgname in ('pgque_q' || i_queue_id, 'pgque_q' || i_queue_id || '_emit',
+                                     'pgque_q' || i_queue_id || '_truncate') loop
+        execute format('drop trigger %I on %I.%I', v_trg, v_nsp, v_rel);
     end loop;
     return 1;
 end;
