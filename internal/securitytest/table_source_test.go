@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgque/pgque/internal/install"
 	"github.com/pgque/pgque/internal/pgtest"
 )
 
@@ -319,4 +320,47 @@ func TestTableSourceLegacyUpgrade(t *testing.T) {
 	mustExec(t, conn, `select pgque.detach_table('q1', 'public.lg_p')`)
 	pgtest.Install(t, dsn)
 	wantNoEscalation(t, conn, "second install", own)
+}
+
+// TestTableSourceLegacyUpgradeNeedsTheTablesOwner: pgque installed by a
+// non-superuser owner, an attachment of the earlier version on a table of
+// another role (renamed by it to a name that would inject SQL). Replacing
+// the table's triggers needs its ownership: the upgrade stops with 42501
+// naming the table and its owner, having run nothing of the name; once
+// the installing role is a member of the table's owner, it goes through
+// and the table's writes emit their events.
+func TestTableSourceLegacyUpgradeNeedsTheTablesOwner(t *testing.T) {
+	_, super, newDB := installerCluster(t)
+	ctx := context.Background()
+	dsn := newDB("legacyown")
+	owner := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "pgque_owner"))
+	if _, err := install.Install(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, owner, `select pgque.create_queue('q1')`,
+		`alter table pgque.table_source add column ts_function regprocedure`, legacyTableSource)
+	attacker := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "attacker"))
+	inj := "\nbegin end$fn$;grant pgque_admin to attacker;select $fn$"
+	mustExec(t, attacker, `create table public.lg (id integer primary key, k text)`,
+		`grant trigger on public.lg to pgque_owner`)
+	mustExec(t, owner, `select pgque.attach_table('q1', 'public.lg', 'k')`)
+	mustExec(t, attacker, `alter table public.lg rename to `+identQuote(inj))
+
+	_, err := install.Install(ctx, owner)
+	if codeOf(err) != "42501" || !strings.Contains(err.Error(), "owner attacker") {
+		t.Fatalf("upgrade by a role not owning an attached table: %v, want 42501 naming the table's owner", err)
+	}
+	wantNoEscalation(t, super, "refused upgrade", "attacker")
+	mustExec(t, super, `grant attacker to pgque_owner`)
+	if _, err := install.Install(ctx, owner); err != nil {
+		t.Fatalf("upgrade by a member of the table's owner: %v", err)
+	}
+	wantNoEscalation(t, super, "upgrade", "attacker")
+	if n := scalarOf[int64](t, owner, `select count(*) from pg_proc where pronamespace = 'pgque'::regnamespace and proname like '\_src\_%'`); n != 0 {
+		t.Errorf("%d generated functions left after the upgrade", n)
+	}
+	mustExec(t, attacker, `insert into public.`+identQuote(inj)+` values (1, 'k1')`)
+	if evs := tsEvents(t, owner, "public."+identQuote(inj)); len(evs) != 1 || strOr(evs[0].Key) != "k1" {
+		t.Errorf("events after the upgrade: %+v", evs)
+	}
 }
