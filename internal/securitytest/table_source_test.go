@@ -77,7 +77,7 @@ func wantNoEscalation(t *testing.T, conn *pgx.Conn, when string, roles ...string
 }
 
 // identQuote quotes an SQL identifier.
-func identQuote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+func identQuote(s string) string { return pgx.Identifier{s}.Sanitize() }
 
 // tsEvent is one event of queue q1 written by a table source.
 type tsEvent struct {

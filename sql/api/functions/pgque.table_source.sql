@@ -64,20 +64,17 @@ declare
     v_kold text;
     v_evs  jsonb;
 begin
-    if tg_op in ('INSERT', 'UPDATE') then
-        v_new := case v_mode
-            when 'keep' then coalesce((select jsonb_object_agg(e.key, e.value) from jsonb_each(to_jsonb(new)) e
+    -- The rows as JSON restricted to the chosen columns, in one statement
+    -- for both (NEW is NULL for a delete, OLD for an insert).
+    select (array_agg(p.j) filter (where r.n = 1))[1], (array_agg(p.j) filter (where r.n = 2))[1]
+      into v_new, v_old
+      from (values (1, to_jsonb(new)), (2, to_jsonb(old))) r (n, j)
+      cross join lateral (select case v_mode
+            when 'keep' then coalesce((select jsonb_object_agg(e.key, e.value) from jsonb_each(r.j) e
                                         where e.key = any (v_cols)), '{}')
-            when 'exclude' then to_jsonb(new) - v_cols
-            else to_jsonb(new) end;
-    end if;
-    if tg_op in ('DELETE', 'UPDATE') then
-        v_old := case v_mode
-            when 'keep' then coalesce((select jsonb_object_agg(e.key, e.value) from jsonb_each(to_jsonb(old)) e
-                                        where e.key = any (v_cols)), '{}')
-            when 'exclude' then to_jsonb(old) - v_cols
-            else to_jsonb(old) end;
-    end if;
+            when 'exclude' then r.j - v_cols
+            else r.j end) p (j)
+     where r.j is not null;
     if tg_op = 'INSERT' then
         execute format('select ($1).%I::text', v_key) into v_knew using new;
         v_evs := jsonb_build_array(jsonb_build_object('t', 'insert', 'k', v_knew, 'd', v_new));
