@@ -456,7 +456,7 @@ begin
     if exists (select 1 from pg_catalog.pg_trigger g
                 where g.tgrelid = old.ts_table
                   and g.tgfoid in ('pgque._table_source_capture()'::regprocedure, 'pgque._table_source_emit()'::regprocedure)
-                  and split_part(encode(g.tgargs, 'escape'), '\000', 1) = old.ts_queue::text) then
+                  and split_part(encode(g.tgargs, 'escape'), E'\\000', 1) = old.ts_queue::text) then
         raise exception using errcode = 'PQ062',
             message = format('%s is still attached to queue %s: detach it first (pgque.detach_table)',
                              old.ts_table_name, (select queue_name from pgque.queue where queue_id = old.ts_queue));
