@@ -443,3 +443,29 @@ func TestAttachTableReinstall(t *testing.T) {
 		t.Fatalf("events after re-attaching with the new key column: %+v", evs)
 	}
 }
+
+// TestAttachTableToTwoQueues: one table attached to two queues, one of
+// them with an id of two digits (so the two attachments' triggers
+// interleave in name order: pgque_q1, pgque_q10, pgque_q10_emit,
+// pgque_q1_emit): every row of a multi-row write reaches both queues, each
+// with its own options.
+func TestAttachTableToTwoQueues(t *testing.T) {
+	_, pool := setupFiles(t)
+	exec(t, pool, `select pgque.create_queue('x' || i) from generate_series(2, 10) i`)
+	q10 := scalar[string](t, pool, `select queue_name from pgque.queue where queue_id = 10`)
+	exec(t, pool, `select pgque.attach_table('q', 'public.files', 'tenant')`)
+	exec(t, pool, `select pgque.attach_table($1, 'public.files', 'name', columns => array['id'])`, q10)
+	exec(t, pool, `insert into public.files values (1, 'A', 'a.pdf', 10), (2, 'B', 'b.pdf', 20)`)
+	exec(t, pool, `update public.files set size = size + 1`)
+	evs := srcEvents(t, pool)
+	if len(evs) != 4 {
+		t.Fatalf("%d events in q, want 4: %+v", len(evs), evs)
+	}
+	wantEvent(t, evs[1], "insert", "B", "public.files", "<nil>", map[string]any{"id": 2.0, "tenant": "B", "name": "b.pdf", "size": 20.0})
+	got := column[string](t, pool, `select e.ev_type || ' ' || e.ev_extra1 || ' ' || e.ev_data from pgque.event e
+		 where e.ev_part / 16 = 10 order by e.ev_id`)
+	want := []string{`insert a.pdf {"id": 1}`, `insert b.pdf {"id": 2}`}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("events in %s: %q, want %q (the update changes no kept column)", q10, got, want)
+	}
+}
