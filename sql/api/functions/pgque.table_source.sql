@@ -534,9 +534,9 @@ $$;
 -- back from the old trigger; then the old functions are dropped. Nothing
 -- executed here is built from a name but with %I, and no old function is
 -- called. Replacing a table's triggers needs its ownership: when the
--- installing role is not a member of an attached table's owner, the
--- install stops (42501) naming the tables, rather than leave the old
--- functions in place.
+-- installing role (pgque's owner, see preflight.sql) is not a member of an
+-- attached table's owner, the install stops (42501) naming the tables,
+-- rather than leave the old functions in place.
 do $legacy$
 declare
     r      record;
@@ -553,7 +553,8 @@ begin
         raise exception using errcode = '42501',
             message = format('pgque: tables attached by an earlier version must have their triggers replaced, and role %s does not own %s',
                              current_user, v_bad),
-            hint = 'install as a role that is a member of these tables'' owners (or a superuser), or have the owners detach them first';
+            hint = format('grant these tables'' owner roles to %s (the install runs as pgque''s owner, also when a superuser runs it) for the upgrade, or have the owners detach them first',
+                          current_user);
     end if;
     for r in select p.proname, ts.*
                from pg_proc p join pgque.table_source ts on p.proname = format('_src_%s_%s', ts.ts_queue, ts.ts_table)
