@@ -64,17 +64,24 @@ declare
     v_kold text;
     v_evs  jsonb;
 begin
-    -- The rows as JSON restricted to the chosen columns, in one statement
-    -- for both (NEW is NULL for a delete, OLD for an insert).
-    select (array_agg(p.j) filter (where r.n = 1))[1], (array_agg(p.j) filter (where r.n = 2))[1]
-      into v_new, v_old
-      from (values (1, to_jsonb(new)), (2, to_jsonb(old))) r (n, j)
-      cross join lateral (select case v_mode
-            when 'keep' then coalesce((select jsonb_object_agg(e.key, e.value) from jsonb_each(r.j) e
-                                        where e.key = any (v_cols)), '{}')
-            when 'exclude' then r.j - v_cols
-            else r.j end) p (j)
-     where r.j is not null;
+    -- The rows as JSON restricted to the chosen columns (NEW is NULL for a
+    -- delete, OLD for an insert). Plain expressions where they do, since
+    -- PL/pgSQL evaluates those without a query; keeping columns takes one
+    -- query for both rows.
+    if v_mode = 'all' then
+        v_new := to_jsonb(new);
+        v_old := to_jsonb(old);
+    elsif v_mode = 'exclude' then
+        v_new := to_jsonb(new) - v_cols;
+        v_old := to_jsonb(old) - v_cols;
+    else
+        select (array_agg(p.j) filter (where r.n = 1))[1], (array_agg(p.j) filter (where r.n = 2))[1]
+          into v_new, v_old
+          from (values (1, to_jsonb(new)), (2, to_jsonb(old))) r (n, j)
+          cross join lateral (select coalesce(jsonb_object_agg(e.key, e.value), '{}')
+                                from jsonb_each(r.j) e where e.key = any (v_cols)) p (j)
+         where r.j is not null;
+    end if;
     if tg_op = 'INSERT' then
         execute format('select ($1).%I::text', v_key) into v_knew using new;
         v_evs := jsonb_build_array(jsonb_build_object('t', 'insert', 'k', v_knew, 'd', v_new));
@@ -122,6 +129,7 @@ declare
     v_seq    regclass;
     v_qname  text;
     v_doc    jsonb;
+    v_ev     jsonb;
     v_n      integer;
     v_types  text[];
 begin
@@ -160,15 +168,25 @@ begin
     perform set_config(v_setting, '', true);
     v_types := case tg_op when 'INSERT' then '{insert}' when 'DELETE' then '{delete}' else '{update,delete,insert}' end;
     if v_doc ->> 'r' = tg_relid::text and v_doc ->> 'o' = tg_op and jsonb_typeof(v_doc -> 'e') = 'array' then
-        -- One statement for the row's events, in their order; an event of
-        -- the wrong shape is left out, and then refused below.
-        insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3)
-        select nextval(v_seq), v_part, e ->> 't', (e -> 'd')::text, e ->> 'k', v_name, e ->> 'x'
-          from jsonb_array_elements(v_doc -> 'e') e
-         where (e ->> 't') = any (v_types) and jsonb_typeof(e -> 'd') = 'object';
-        get diagnostics v_n = row_count;
-        if v_n = jsonb_array_length(v_doc -> 'e') then
-            return null;
+        v_ev := v_doc -> 'e' -> 0;
+        if jsonb_array_length(v_doc -> 'e') = 1 then
+            -- The common case, one event: a plain INSERT of its values.
+            if (v_ev ->> 't') = any (v_types) and jsonb_typeof(v_ev -> 'd') = 'object' then
+                insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3)
+                values (nextval(v_seq), v_part, v_ev ->> 't', (v_ev -> 'd')::text, v_ev ->> 'k', v_name, v_ev ->> 'x');
+                return null;
+            end if;
+        else
+            -- None or two (a move): one statement, in their order; an event
+            -- of the wrong shape is left out, and then refused below.
+            insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3)
+            select nextval(v_seq), v_part, e ->> 't', (e -> 'd')::text, e ->> 'k', v_name, e ->> 'x'
+              from jsonb_array_elements(v_doc -> 'e') e
+             where (e ->> 't') = any (v_types) and jsonb_typeof(e -> 'd') = 'object';
+            get diagnostics v_n = row_count;
+            if v_n = jsonb_array_length(v_doc -> 'e') then
+                return null;
+            end if;
         end if;
     end if;
     raise exception using errcode = 'PQ064',
