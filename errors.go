@@ -63,7 +63,8 @@ var (
 	// ErrDeadLetterNotFound: the dead letter does not exist (PQ040).
 	ErrDeadLetterNotFound = errors.New("pgque: dead letter not found")
 	// ErrTableAttached: the table is attached to a queue (attach_table), so
-	// TRUNCATE on it (PQ060) or dropping the queue (PQ062) is refused.
+	// TRUNCATE on it (PQ060) or dropping the queue (PQ062) is refused, or a
+	// write to it found the attachment's triggers incomplete (PQ064).
 	ErrTableAttached = errors.New("pgque: table attached to a queue")
 	// ErrTableNotAttached: detach_table named a table that is not attached
 	// to the queue (PQ061).
@@ -132,6 +133,7 @@ var sqlstates = map[string]error{
 	"PQ060": ErrTableAttached,
 	"PQ061": ErrTableNotAttached,
 	"PQ062": ErrTableAttached,
+	"PQ064": ErrTableAttached,
 }
 
 // Error is an error raised by pgque's SQL. It carries the SQLSTATE and

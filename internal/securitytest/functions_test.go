@@ -49,6 +49,9 @@ type badCase struct {
 
 func bc(want string, args ...string) badCase { return badCase{args: args, want: want} }
 
+// q1ID is the fixture's queue q1 by id.
+const q1ID = "(select queue_id from pgque.queue where queue_name = 'q1')"
+
 // tok is a well-formed lease token that proves no lease of the fixture.
 const tok = "'00000000-0000-4000-8000-000000000001'"
 
@@ -194,10 +197,20 @@ var functions = map[string]fn{
 	"pgque.detach_table(text,regclass)": {roles: "a", args: []string{"'q1'", "'public.st_files'"},
 		cases: []badCase{bc("PQ061", "'q1'", "'public.st_plain'"), bc("PQ001", "'nope'", "'public.st_files'")}},
 	"pgque.attached_tables()": {roles: "a"},
-	"pgque._table_source_define(text,regclass,text,text[],text[],text[],text,boolean)": {roles: "a",
+	"pgque._table_source_record(text,regclass,text,text[],text[],text[],text,boolean)": {roles: "a",
 		args:     []string{"'q1'", "'public.st_files'", "'tenant'", "array['insert']", "null", "null", "null", "true"},
 		nullable: []int{4, 5, 6},
 		cases:    []badCase{bc("42703", "'q1'", "'public.st_files'", `'a"; drop table x; --'`, "array['insert']", "null", "null", "null", "true")}},
+	// The invoker helpers that put the triggers on and take them off: the
+	// caller's own rights on the table decide.
+	"pgque._table_source_hook(integer,regclass,text[],text,text[],text[],text,boolean)": {roles: "a",
+		args:     []string{q1ID, "'public.st_files'", "array['insert']", "'tenant'", "null", "null", "null", "true"},
+		nullable: []int{4, 5, 6},
+		cases: []badCase{
+			bc("PQ011", q1ID, "'public.st_files'", "array['insert; drop table x']", "'tenant'", "null", "null", "null", "true"),
+			bc("PQ011", q1ID, "'public.st_files'", "'{}'", "'tenant'", "null", "null", "null", "true"),
+		}},
+	"pgque._table_source_unhook(integer,regclass)": {roles: "a", args: []string{q1ID, "'public.st_files'"}},
 	"pgque._table_source_trigger_name(text)": {roles: "a", args: []string{"'q1'"},
 		cases: []badCase{bc("PQ001", "'nope'")}},
 	"pgque._table_source_forget(text,regclass)": {roles: "a", args: []string{"'q1'", "'public.st_gone'"}, nullAs: map[int]string{1: "PQ061"},
@@ -336,10 +349,7 @@ select pgque.attach_table('q1', 'public.st_files', 'tenant');
 create table public.st_gone (id integer primary key, tenant text);
 create table public.st_plain (id integer primary key, tenant text);
 select pgque.attach_table('q1', 'public.st_gone', 'tenant');
-do $$ begin
-    execute format('drop trigger %I on public.st_gone', pgque._table_source_trigger_name('q1'));
-    execute format('drop trigger %I on public.st_gone', pgque._table_source_trigger_name('q1') || '_truncate');
-end $$;
+select pgque._table_source_unhook(queue_id, 'public.st_gone') from pgque.queue where queue_name = 'q1';
 `
 
 // setupDB returns a fresh installed database with the fixture and the
@@ -362,16 +372,15 @@ func setupDB(t *testing.T) (string, *pgx.Conn) {
 }
 
 // grantedFunctions lists the functions of schema pgque that PUBLIC or any
-// pgque role may execute, as regprocedure text. The trigger functions
-// attach_table generates (pgque._src_<queue>_<table>) are left out: there is
-// one per attachment, they cannot be called except as a trigger, and
-// TestGeneratedTriggerFunctions checks their privileges.
+// pgque role may execute, as regprocedure text. Trigger functions are left
+// out: they cannot be called except as a trigger, and
+// TestTableSourceTriggerFunctions checks their privileges.
 func grantedFunctions(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
 	return queryNames(t, conn, `
 		select p.oid::regprocedure::text from pg_proc p
 		 where p.pronamespace = 'pgque'::regnamespace
-		   and not (p.proname like '\_src\_%' and p.prorettype = 'trigger'::regtype)
+		   and p.prorettype <> 'trigger'::regtype
 		   and (has_function_privilege('pgque_reader', p.oid, 'execute')
 		     or has_function_privilege('pgque_writer', p.oid, 'execute')
 		     or has_function_privilege('pgque_admin', p.oid, 'execute')
@@ -593,40 +602,52 @@ func TestBadInputs(t *testing.T) {
 	}
 }
 
-// TestGeneratedTriggerFunctions: the trigger functions attach_table
-// generates are SECURITY DEFINER with a pinned search_path, executable
-// only by pgque_admin (which attach_table needs to create the trigger), and
-// cannot be called directly.
-func TestGeneratedTriggerFunctions(t *testing.T) {
+// TestTableSourceTriggerFunctions: the trigger functions of table
+// attachments are the only trigger functions granted to a pgque role:
+// _table_source_capture is SECURITY INVOKER (it evaluates the table's
+// types, as the writer), _table_source_emit SECURITY DEFINER; both pin
+// search_path, are executable only by pgque_admin (which attach_table
+// needs to create the triggers), and cannot be called directly. No
+// per-attachment function exists.
+func TestTableSourceTriggerFunctions(t *testing.T) {
 	_, conn := setupDB(t)
 	rows, err := conn.Query(context.Background(), `
 		select p.oid::regprocedure::text, p.prosecdef, coalesce(array_to_string(p.proconfig, ','), ''),
 		       has_function_privilege('pgque_reader', p.oid, 'execute'), has_function_privilege('pgque_writer', p.oid, 'execute'),
 		       has_function_privilege('pgque_admin', p.oid, 'execute'), has_function_privilege('`+rolePublic+`', p.oid, 'execute')
-		  from pg_proc p where p.pronamespace = 'pgque'::regnamespace and p.proname like '\_src\_%'`)
+		  from pg_proc p where p.pronamespace = 'pgque'::regnamespace and p.prorettype = 'trigger'::regtype
+		   and (has_function_privilege('pgque_admin', p.oid, 'execute') or has_function_privilege('`+rolePublic+`', p.oid, 'execute'))
+		 order by 1`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	type gen struct {
+	type trg struct {
 		Sig                   string
 		Definer               bool
 		Config                string
 		Reader, Writer, Admin bool
 		Public                bool
 	}
-	gens, err := pgx.CollectRows(rows, pgx.RowToStructByPos[gen])
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[trg])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(gens) != 2 {
-		t.Fatalf("%d generated functions, want 2 (the fixture's st_files and st_gone)", len(gens))
+	want := map[string]bool{"pgque._table_source_capture()": false, "pgque._table_source_emit()": true}
+	if len(got) != len(want) {
+		t.Fatalf("granted trigger functions %+v, want exactly %v", got, want)
 	}
-	for _, g := range gens {
-		if !g.Definer || g.Config != "search_path=pg_catalog, pg_temp" || g.Reader || g.Writer || !g.Admin || g.Public {
-			t.Errorf("generated %+v: want SECURITY DEFINER, search_path pinned, executable by pgque_admin only", g)
+	for _, g := range got {
+		definer, ok := want[g.Sig]
+		if !ok || g.Definer != definer || g.Config != "search_path=pg_catalog, pg_temp" || g.Reader || g.Writer || !g.Admin || g.Public {
+			t.Errorf("%+v: want SECURITY DEFINER %v, search_path pinned, executable by pgque_admin only", g, definer)
 		}
-		if code, _ := sqlstate(t, conn, "", "select "+strings.TrimSuffix(g.Sig, "()")+"()"); code != "0A000" {
+		if code, _ := sqlstate(t, conn, "", "select "+g.Sig); code != "0A000" {
 			t.Errorf("calling %s directly: SQLSTATE %q, want 0A000", g.Sig, code)
 		}
+	}
+	var n int
+	if err := conn.QueryRow(context.Background(), `select count(*) from pg_proc
+		 where pronamespace = 'pgque'::regnamespace and proname like '\_src\_%'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d per-attachment functions (%v), want none", n, err)
 	}
 }

@@ -21,15 +21,21 @@ grant execute on function
     to pgque_reader, pgque_admin;
 
 -- Table attachment: attach_table/detach_table run as their caller (who
--- needs the TRIGGER privilege on the table); the definer helpers they call
--- are granted with them.
+-- needs the TRIGGER privilege on the table); the helpers they call are
+-- granted with them, and the two trigger functions too, since creating a
+-- trigger needs EXECUTE on its function (firing it does not: the table's
+-- writers need no grant).
 grant execute on function
     pgque.attach_table(text, regclass, text, text[], text[], text[], text, boolean),
     pgque.detach_table(text, regclass),
     pgque.attached_tables(),
-    pgque._table_source_define(text, regclass, text, text[], text[], text[], text, boolean),
+    pgque._table_source_record(text, regclass, text, text[], text[], text[], text, boolean),
+    pgque._table_source_hook(integer, regclass, text[], text, text[], text[], text, boolean),
+    pgque._table_source_unhook(integer, regclass),
     pgque._table_source_trigger_name(text),
-    pgque._table_source_forget(text, regclass)
+    pgque._table_source_forget(text, regclass),
+    pgque._table_source_capture(),
+    pgque._table_source_emit()
     to pgque_admin;
 
 select pgque._grant_select(array['pgque.dedup_state', 'pgque.table_source']::regclass[],
