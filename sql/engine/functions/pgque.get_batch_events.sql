@@ -120,18 +120,17 @@ begin
 end;
 $$;
 
--- get_batch_cursor(batch_id, cursor_name, fetch, extra_where): opens cursor
--- cursor_name over the batch's events, filtered by extra_where, and returns
--- its first `fetch` rows; the cursor stays open in the transaction for
--- further FETCH. extra_where is pasted into the query as SQL: this function
--- is a SQL sink, executable by the owner and pgque_admin only. App roles
--- reach it through the partition layer, which builds the predicate from
--- validated integers alone.
-create or replace function pgque.get_batch_cursor(
-    i_batch_id bigint, i_cursor_name text, i_fetch integer, i_extra_where text)
+-- _batch_cursor(batch_id, cursor_name, fetch, where): opens cursor
+-- cursor_name over the batch's events, filtered by the trusted predicate
+-- i_where, and returns its first `fetch` rows; the cursor stays open in the
+-- transaction for further FETCH. i_where is pasted into the query as SQL,
+-- so this is granted to nobody: the partition layer calls it with
+-- predicates built from validated integers alone.
+create or replace function pgque._batch_cursor(
+    i_batch_id bigint, i_cursor_name text, i_fetch integer, i_where text)
 returns table (ev_id bigint, ev_time timestamptz, ev_txid bigint, ev_retry integer, ev_type text,
                ev_data text, ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text)
-language plpgsql security definer
+language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
@@ -146,7 +145,7 @@ begin
         raise exception using errcode = 'PQ011', message = format('fetch count must not be negative, not %s', i_fetch);
     end if;
     b := pgque._batch_bounds(s);
-    open c no scroll for execute pgque._batch_query(nullif(i_extra_where, ''))
+    open c no scroll for execute pgque._batch_query(nullif(i_where, ''))
         using b.o_part_lo, b.o_part_hi, b.o_prev_xmax, b.o_cur_xmax, b.o_prev_xip, b.o_cur_snap,
               s.sub_id, null::bigint;
     -- One FETCH for the whole first part, not a PL/pgSQL loop per row
@@ -154,5 +153,30 @@ begin
     if i_fetch > 0 then
         return query execute format('fetch forward %s from %I', i_fetch, i_cursor_name);
     end if;
+end;
+$$;
+
+-- get_batch_cursor(batch_id, cursor_name, fetch, extra_where): PgQ's
+-- cursor over a batch (see _batch_cursor). extra_where is SQL that runs
+-- with pgque's owner's rights, so only a login that is the owner (or a
+-- member of its role, as a superuser is) may pass one: a pgque_admin that
+-- is not could call a function of its own from it and run that as the
+-- owner. Anyone else gets 42501 and filters the returned rows instead.
+-- Executable by the owner and pgque_admin.
+create or replace function pgque.get_batch_cursor(
+    i_batch_id bigint, i_cursor_name text, i_fetch integer, i_extra_where text)
+returns table (ev_id bigint, ev_time timestamptz, ev_txid bigint, ev_retry integer, ev_type text,
+               ev_data text, ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text)
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if nullif(i_extra_where, '') is not null
+       and not pg_has_role(session_user, (select nspowner from pg_namespace where nspname = 'pgque'), 'MEMBER') then
+        raise exception using errcode = '42501',
+            message = 'extra_where runs as pgque''s owner: only the owner may pass one',
+            hint = 'Pass NULL and filter the rows it returns.';
+    end if;
+    return query select * from pgque._batch_cursor(i_batch_id, i_cursor_name, i_fetch, i_extra_where);
 end;
 $$;

@@ -54,7 +54,7 @@ begin
     l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
     st := pgque._check_delivery(l, i_epoch, i_batch_id, i_head);
     c := 'pgque_hold_' || st.st_batch;
-    for r in select * from pgque.get_batch_cursor(st.st_batch, c::text, 2147483647,
+    for r in select * from pgque._batch_cursor(st.st_batch, c::text, 2147483647,
                  concat_ws(' and ', pgque._slot_filter(i_slot, i_nslots), pgque._key_filter(i_key),
                            'ev_id >= ' || i_head, 'ev_id <= ' || st.st_delivered_to)) loop
         if r.ev_extra1 is not distinct from i_key then
@@ -214,7 +214,7 @@ begin
               for update loop
         if st.st_batch is not null and st.st_delivered_to is not null then
             c := 'pgque_stale_' || st.st_batch;
-            for r in select * from pgque.get_batch_cursor(st.st_batch, c::text, 2147483647,
+            for r in select * from pgque._batch_cursor(st.st_batch, c::text, 2147483647,
                          concat_ws(' and ', pgque._slot_filter(i_slot, i_nslots), pgque._key_filter(b.kb_key),
                                    'ev_id > ' || coalesce(st.st_acked_to, -1), 'ev_id <= ' || st.st_delivered_to)) loop
                 if r.ev_extra1 is not distinct from b.kb_key then

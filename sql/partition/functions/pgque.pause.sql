@@ -134,7 +134,7 @@ declare
 begin
     select st_delivered_to into v_upto from pgque._sub_state(l.sl_sub) where st_batch = i_batch;
     if v_upto is not null and v_upto > i_msg_id then
-        for r in select * from pgque.get_batch_cursor(i_batch, c::text, 2147483647,
+        for r in select * from pgque._batch_cursor(i_batch, c::text, 2147483647,
                      concat_ws(' and ', pgque._slot_filter(l.sl_slot, i_nslots), pgque._key_filter(i_key),
                                'ev_id > ' || i_msg_id, 'ev_id <= ' || v_upto)) loop
             if r.ev_extra1 is not distinct from i_key then

@@ -371,7 +371,7 @@ begin
     -- nacked: another slot's event, or one not delivered yet, would get a
     -- retry copy that no consumer ever receives.
     select g.ev_extra1 into v_key
-      from pgque.get_batch_cursor(v_batch, c::text, 1,
+      from pgque._batch_cursor(v_batch, c::text, 1,
                concat_ws(' and ', v_filter, 'ev_id = ' || i_msg_id,
                          'ev_id <= ' || coalesce(st.st_delivered_to, -1),
                          'ev_id > ' || coalesce(st.st_acked_to, -1))) g;
