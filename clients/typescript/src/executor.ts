@@ -1,0 +1,61 @@
+// The one narrow door through which the package reaches PostgreSQL.
+//
+// Every SQL call of the package goes through an Executor, so the same
+// producer, admin and migrate code runs on a pg.Pool (each call on some
+// pooled connection), on a pg.PoolClient or pg.Client the caller holds
+// (inside the caller's BEGIN ... COMMIT, so sends commit or roll back with
+// the caller's own writes), or on postgres.js through fromPostgresJs.
+
+/** The rows a query returned, as the driver parsed them. */
+export interface QueryResult<R> {
+  rows: R[];
+}
+
+/**
+ * Runs one parameterised statement. pg.Pool, pg.PoolClient and pg.Client
+ * satisfy it as they are; wrap a postgres.js `sql` (or the `tx` of
+ * `sql.begin`) with {@link fromPostgresJs}.
+ */
+export interface Executor {
+  query<R = Record<string, unknown>>(text: string, params?: unknown[]): Promise<QueryResult<R>>;
+}
+
+/**
+ * A pg.Pool, or anything that hands out a dedicated connection for a
+ * transaction. Used where the package needs several statements on one
+ * session (migrate's transaction, the ticker's round).
+ */
+export interface ConnectionSource extends Executor {
+  connect(): Promise<PooledConnection>;
+}
+
+/** One connection checked out of a ConnectionSource. */
+export interface PooledConnection extends Executor {
+  /** Returns the connection to its pool; a truthy argument destroys it. */
+  release(destroy?: boolean | Error): void;
+}
+
+/** The part of a postgres.js `sql` (or transaction) the adapter uses. */
+export interface PostgresJsLike {
+  unsafe(text: string, params?: unknown[]): PromiseLike<Iterable<unknown>>;
+}
+
+/**
+ * Adapts a postgres.js `sql` tag, or the `tx` of `sql.begin(tx => ...)`, to
+ * an Executor: sends made through the adapter of a `tx` commit with it.
+ */
+export function fromPostgresJs(sql: PostgresJsLike): Executor {
+  return {
+    async query<R>(text: string, params: unknown[] = []): Promise<QueryResult<R>> {
+      const rows = await sql.unsafe(text, params);
+      return { rows: Array.from(rows) as R[] };
+    },
+  };
+}
+
+/** True when exec can hand out a dedicated connection (a pg.Pool). */
+export function isConnectionSource(exec: Executor): exec is ConnectionSource {
+  return typeof (exec as Partial<ConnectionSource>).connect === "function"
+    && typeof (exec as { release?: unknown }).release !== "function"
+    && typeof (exec as { totalCount?: unknown }).totalCount === "number";
+}
