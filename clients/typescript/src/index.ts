@@ -12,3 +12,6 @@ export { EVENT_TYPE_DEFAULT } from "./event.js";
 export { send, sendBatch } from "./producer.js";
 export type { SendQueueOptions, SendQueueStats } from "./sendqueue.js";
 export { SendQueue, configureSends } from "./sendqueue.js";
+export type { TickerOptions, TickerStats } from "./ticker.js";
+export { Ticker, checkTickerRights, TICKER_FUNCTIONS } from "./ticker.js";
+export { defaultWorkerId } from "./workerid.js";
