@@ -9,7 +9,7 @@
 // before and after.
 
 import { readFile } from "node:fs/promises";
-import { isPool, type Executor } from "./executor.js";
+import { withTransaction, type Executor } from "./executor.js";
 import { PgqueError, SchemaVersionError, mapError, sqlstateOf } from "./errors.js";
 import { SCHEMA_VERSION } from "./version.js";
 
@@ -49,61 +49,23 @@ export function installScript(): Promise<string> {
  * transaction. Needs the rights `pgque install` needs (see docs/security.md).
  */
 export async function migrate(exec: Executor): Promise<MigrateResult> {
-  if (isPool(exec)) {
-    const conn = await exec.connect();
-    let broken: unknown;
-    try {
-      return await migrate(conn);
-    } catch (err) {
-      broken = err;
-      throw err;
-    } finally {
-      conn.release(broken instanceof Error && sqlstateOf(broken) === undefined ? broken : undefined);
-    }
-  }
   const script = await installScript();
-  return inTransaction(exec, async () => {
-    await lockInstall(exec);
-    const previous = await installedVersion(exec);
-    await exec.query(script);
-    const version = await installedVersion(exec);
-    if (version !== SCHEMA_VERSION) {
-      throw new PgqueError(
-        `installing pgque: the script recorded version "${version}", want "${SCHEMA_VERSION}"`,
-        "schema_version",
-      );
-    }
-    return { previous, version };
-  }).catch((err) => {
+  try {
+    return await withTransaction(exec, async (tx) => {
+      await lockInstall(tx);
+      const previous = await installedVersion(tx);
+      await tx.query(script);
+      const version = await installedVersion(tx);
+      if (version !== SCHEMA_VERSION) {
+        throw new PgqueError(
+          `installing pgque: the script recorded version "${version}", want "${SCHEMA_VERSION}"`,
+          "schema_version",
+        );
+      }
+      return { previous, version };
+    });
+  } catch (err) {
     throw mapError("installing pgque", err);
-  });
-}
-
-/**
- * Runs fn in a transaction on the one connection exec: its own when exec is
- * outside a transaction, else a savepoint of the caller's.
- */
-async function inTransaction<T>(exec: Executor, fn: () => Promise<T>): Promise<T> {
-  let own = false;
-  try {
-    await exec.query("savepoint pgque_migrate");
-  } catch (err) {
-    // 25P01 no_active_sql_transaction: not inside a transaction block.
-    if (sqlstateOf(err) !== "25P01") throw err;
-    own = true;
-    await exec.query("begin");
-  }
-  try {
-    const out = await fn();
-    await exec.query(own ? "commit" : "release savepoint pgque_migrate");
-    return out;
-  } catch (err) {
-    try {
-      await exec.query(own ? "rollback" : "rollback to savepoint pgque_migrate");
-    } catch {
-      // The connection broke: the server rolls back on its own.
-    }
-    throw err;
   }
 }
 
