@@ -157,7 +157,10 @@ test("concurrent sends on a pool coalesce, and a bad event fails alone", async (
   const q = await newQueue("coalesce");
   const pool = new pg.Pool({ connectionString: db.url, max: 4, allowExitOnIdle: true });
   try {
-    const sq = configureSends(pool, { concurrency: 1 });
+    // A patience longer than the test: on a loaded machine the first
+    // statement (which opens a connection) may take longer than the default
+    // 100 ms, and every waiting send would run its own.
+    const sq = configureSends(pool, { concurrency: 1, patienceMs: 60_000 });
     const sends = Array.from({ length: 300 }, (_, n) =>
       n === 150
         ? send(pool, q, { type: "T", json: "{broken" })
