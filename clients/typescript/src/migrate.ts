@@ -138,6 +138,31 @@ export async function checkSchema(exec: Executor): Promise<void> {
   } catch (err) {
     throw mapError("reading the pgque schema version", err);
   }
-  if (v === "") throw new PgqueError("pgque: not installed in this database (run migrate())", "not_installed");
+  if (v === "") await explainMissing(exec);
   if (v !== SCHEMA_VERSION) throw new SchemaVersionError(v, SCHEMA_VERSION);
+}
+
+/**
+ * Throws why installedVersion found nothing: a schema pgque the role may
+ * not use (permission_denied, naming the grants that help), or no pgque at
+ * all (not_installed).
+ */
+async function explainMissing(exec: Executor): Promise<never> {
+  let row: { present: boolean; role: string };
+  try {
+    row = (await exec.query<{ present: boolean; role: string }>(
+      `select exists (select 1 from pg_catalog.pg_namespace where nspname operator(pg_catalog.=) 'pgque') as present,
+              current_user as role`)).rows[0]!;
+  } catch (err) {
+    throw mapError("reading the pgque schema version", err);
+  }
+  if (row.present) {
+    throw new PgqueError(
+      `pgque: role "${row.role}" may not use schema pgque; grant it pgque_writer (send), pgque_reader (work) ` +
+        "or pgque_admin (ticker, admin calls)",
+      "permission_denied",
+      "42501",
+    );
+  }
+  throw new PgqueError("pgque: not installed in this database (run migrate())", "not_installed");
 }

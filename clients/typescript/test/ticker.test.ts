@@ -97,6 +97,20 @@ test("start fails at once, naming the missing rights, for a role without pgque_a
     }
   }
 
+  const stranger = `ts_none_${Math.random().toString(36).slice(2, 8)}`;
+  await db.pool.query(`create role ${stranger} login`);
+  const spool = new pg.Pool({ connectionString: db.urlAs(stranger), max: 2, allowExitOnIdle: true });
+  try {
+    await assert.rejects(new Ticker(spool).start(), (err) => {
+      assert.ok(isPgqueError(err, "permission_denied"), String(err));
+      assert.match(err.message, new RegExp(`role "${stranger}" may not use schema pgque`));
+      return true;
+    });
+  } finally {
+    await spool.end();
+    await db.pool.query(`drop role ${stranger}`);
+  }
+
   const admin = `ts_admin_${Math.random().toString(36).slice(2, 8)}`;
   await db.pool.query(`create role ${admin} login in role pgque_admin`);
   const pool = new pg.Pool({ connectionString: db.urlAs(admin), max: 3, allowExitOnIdle: true });
