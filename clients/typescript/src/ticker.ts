@@ -183,10 +183,10 @@ export class Ticker {
     if (now >= this.nextLead) {
       let ok: boolean;
       try {
-        const { rows } = await this.exec.query<{ ok: boolean }>(
+        const { rows } = await bounded("ticker_lead", this.leaseTtlMs, this.exec.query<{ ok: boolean }>(
           "select coalesce(pgque.ticker_lead($1::pg_catalog.text, $2::interval), false) as ok",
           [this.workerId, `${this.leaseTtlMs} milliseconds`],
-        );
+        ));
         ok = rows[0]!.ok;
         this.stats.leadChecks++;
       } catch (err) {
@@ -200,18 +200,18 @@ export class Ticker {
       this.leaderUntil = ok ? now + this.leaseTtlMs / 2 - this.leaseTtlMs / 10 : 0;
     }
     if (!this.setLeader(now < this.leaderUntil)) return;
-    await this.exec.query("select pgque.ticker()");
+    await bounded("ticker()", this.leaseTtlMs, this.exec.query("select pgque.ticker()"));
     this.stats.ticks++;
     if (now >= this.nextRetry) {
       this.nextRetry = now + this.retryIntervalMs;
-      await this.exec.query("select pgque.maint_retry_events()");
+      await bounded("maint_retry_events()", this.leaseTtlMs, this.exec.query("select pgque.maint_retry_events()"));
     }
     if (now >= this.nextMaint) {
       this.nextMaint = now + this.maintIntervalMs;
-      await this.exec.query("select pgque.maint()");
+      await bounded("maint()", MAINT_TIMEOUT_MS, this.exec.query("select pgque.maint()"));
       // Routing indexes left out while their tables were full are built
       // once rotation emptied them.
-      await this.exec.query("select pgque.maint_route_indexes()");
+      await bounded("maint_route_indexes()", MAINT_TIMEOUT_MS, this.exec.query("select pgque.maint_route_indexes()"));
     }
   }
 
@@ -327,6 +327,25 @@ export async function checkTickerRights(exec: Executor): Promise<void> {
       "42501",
     );
   }
+}
+
+/** How long one maint() or maint_route_indexes() call may take. */
+const MAINT_TIMEOUT_MS = 5 * 60_000;
+
+/**
+ * Rejects when p has not settled within ms, so that a hung statement (a
+ * lock that never comes) cannot stall the loop for ever: the lease calls
+ * and ticks are bounded by the lease TTL (past it the leadership is lost
+ * anyway), maintenance by MAINT_TIMEOUT_MS. The statement itself runs on
+ * until the server ends it; on a pool the loop goes on with other
+ * connections.
+ */
+function bounded<T>(what: string, ms: number, p: Promise<T>): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`pgque: ${what} did not return within ${ms} ms`)), ms);
+  });
+  return Promise.race([p, timeout]).finally(() => clearTimeout(timer));
 }
 
 /** d spread by ±frac at random, so that tickers do not march in step. */

@@ -131,3 +131,24 @@ test("options are validated", () => {
   assert.throws(() => new Ticker(db.pool, { workerId: "" }), (err) => isPgqueError(err, "invalid_argument"));
   assert.throws(() => new Ticker(db.pool, { tickIntervalMs: -1 }), (err) => isPgqueError(err, "invalid_argument"));
 });
+
+test("a hung lease call does not stall the loop: it is reported and the ticker leads once the lock goes", async () => {
+  await db.pool.query("select pgque.ticker_resign(owner) from pgque.ticker_lease where owner is not null");
+  const errors: unknown[] = [];
+  const blocker = await db.pool.connect();
+  const t = new Ticker(db.pool, { workerId: "ts-hung", leaseTtlMs: 1_000, onError: (err) => errors.push(err) });
+  try {
+    await blocker.query("begin");
+    await blocker.query("lock table pgque.ticker_lease in access exclusive mode");
+    await t.start();
+    await waitFor("the hung ticker_lead to be reported", () => errors.length > 0, 5_000);
+    assert.match(String(errors[0]), /ticker_lead did not return within 1000 ms/);
+    assert.equal(t.isLeader(), false);
+    await blocker.query("rollback");
+    await waitFor("the ticker to lead once the lock is gone", () => t.isLeader(), 10_000);
+  } finally {
+    await blocker.query("rollback").catch(() => {});
+    blocker.release();
+    await t.stop();
+  }
+});
