@@ -227,7 +227,8 @@ export class Ticker {
     if (!this.leader) return;
     this.setLeader(false);
     try {
-      await this.exec.query("select pgque.ticker_resign($1::pg_catalog.text)", [this.workerId]);
+      await bounded("ticker_resign", this.leaseTtlMs,
+        this.exec.query("select pgque.ticker_resign($1::pg_catalog.text)", [this.workerId]));
     } catch (err) {
       this.onError(mapError("resigning the ticker lease", err));
     }
