@@ -12,24 +12,29 @@ FUZZTIME ?= 30s
 # so each module is named.
 PKGS     := ./... ./cmd/pgque/... ./pgqueotel/... ./pgqueprom/...
 
-.PHONY: help deps test lint demo bench fuzz
+.PHONY: help deps test test-ts lint demo bench fuzz
 
 help: ## List the targets.
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-6s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-7s %s\n", $$1, $$2}'
 
 deps: ## Install the system packages the tests and demo need (PostgreSQL 15, PgQ, pg_cron, PgBouncer) when missing.
 	@scripts/install-deps
 
-test: deps ## Vet, then run every test with the race detector.
+test: deps ## Vet, then run every test with the race detector, then the TypeScript package's.
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 25m $(PKGS)
+	$(MAKE) test-ts
 
-lint: ## Check formatting (gofmt), go vet, that every go.mod/go.sum is tidy, and that importers get no tool dependencies.
+test-ts: deps ## Build the TypeScript package (clients/typescript) and run its tests.
+	cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test
+
+lint: ## Check formatting (gofmt), go vet, that every go.mod/go.sum is tidy, that importers get no tool dependencies, and that the TypeScript package's SQL is current.
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@scripts/tidy -check
 	@scripts/importcheck
+	@scripts/tssql -check
 
 demo: deps ## Start a throwaway Postgres and run the multi-tenant workload end to end.
 	$(GO) run ./cmd/pgque demo

@@ -1,0 +1,108 @@
+// The one narrow door through which the package reaches PostgreSQL.
+//
+// Every SQL call of the package goes through an Executor, so the same
+// producer, admin and migrate code runs on a pg.Pool (each call on some
+// pooled connection), on a pg.PoolClient or pg.Client the caller holds
+// (inside the caller's BEGIN ... COMMIT, so sends commit or roll back with
+// the caller's own writes), or on postgres.js through fromPostgresJs.
+
+/** The rows a query returned, as the driver parsed them. */
+export interface QueryResult<R> {
+  rows: R[];
+}
+
+/**
+ * Runs one parameterised statement. pg.Pool, pg.PoolClient and pg.Client
+ * satisfy it as they are; wrap a postgres.js `sql` (or the `tx` of
+ * `sql.begin`) with {@link fromPostgresJs}.
+ */
+export interface Executor {
+  query<R = Record<string, unknown>>(text: string, params?: unknown[]): Promise<QueryResult<R>>;
+}
+
+/**
+ * A pg.Pool: hands out a dedicated connection where the package needs
+ * several statements on one session (migrate's transaction).
+ */
+export interface ConnectionSource extends Executor {
+  connect(): Promise<PooledConnection>;
+}
+
+/** One connection checked out of a ConnectionSource. */
+export interface PooledConnection extends Executor {
+  /** Returns the connection to its pool; a truthy argument destroys it. */
+  release(destroy?: boolean | Error): void;
+}
+
+/** The part of a postgres.js `sql` (or transaction) the adapter uses. */
+export interface PostgresJsLike {
+  unsafe(text: string, params?: unknown[]): PromiseLike<Iterable<unknown>>;
+}
+
+/**
+ * Adapts a postgres.js `sql` tag, or the `tx` of `sql.begin(tx => ...)`, to
+ * an Executor: sends made through the adapter of a `tx` commit with it.
+ */
+export function fromPostgresJs(sql: PostgresJsLike): Executor {
+  return {
+    async query<R>(text: string, params: unknown[] = []): Promise<QueryResult<R>> {
+      const rows = await sql.unsafe(text, params);
+      return { rows: Array.from(rows) as R[] };
+    },
+  };
+}
+
+/**
+ * True when exec is a pg.Pool (it hands out connections and counts them):
+ * each of its queries may run on another connection, so it cannot carry a
+ * transaction across statements.
+ */
+export function isPool(exec: Executor): exec is ConnectionSource {
+  const p = exec as { connect?: unknown; totalCount?: unknown };
+  return typeof p.connect === "function" && typeof p.totalCount === "number";
+}
+
+/**
+ * Runs fn in a transaction and returns what it returns: on a pg.Pool, on a
+ * connection checked out for it (BEGIN ... COMMIT); on one connection
+ * outside a transaction, in a transaction of its own; on one connection
+ * inside the caller's transaction, in a savepoint, so that the work lands
+ * when the caller commits. fn gets the executor to use. A failure rolls the
+ * work back and rethrows.
+ */
+export async function withTransaction<T>(exec: Executor, fn: (tx: Executor) => Promise<T>): Promise<T> {
+  if (isPool(exec)) {
+    const conn = await exec.connect();
+    let broken: Error | undefined;
+    try {
+      return await withTransaction(conn, fn);
+    } catch (err) {
+      // A connection that failed without a SQLSTATE may be broken: destroy it.
+      if (err instanceof Error && typeof (err as { code?: unknown }).code !== "string") broken = err;
+      throw err;
+    } finally {
+      conn.release(broken);
+    }
+  }
+  let own = false;
+  try {
+    await exec.query("savepoint pgque_tx");
+  } catch (err) {
+    // 25P01 no_active_sql_transaction: not inside a transaction block.
+    if ((err as { code?: unknown }).code !== "25P01") throw err;
+    own = true;
+    await exec.query("begin");
+  }
+  try {
+    const out = await fn(exec);
+    await exec.query(own ? "commit" : "release savepoint pgque_tx");
+    return out;
+  } catch (err) {
+    try {
+      await exec.query(own ? "rollback" : "rollback to savepoint pgque_tx");
+    } catch {
+      // The connection broke: the server rolls back on its own.
+    }
+    throw err;
+  }
+}

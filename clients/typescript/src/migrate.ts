@@ -1,0 +1,168 @@
+// Installing and upgrading pgque's schema from the package.
+//
+// sql/pgque.sql is the Go installer's script, byte for byte (`pgque sql`
+// prints it; `make lint` fails when the copy is stale), so a database
+// migrated from TypeScript is the same as one installed by `pgque install`
+// or pgquemigrate.Install, and either side can upgrade what the other
+// installed. migrate() applies it the way the Go installer does: in one
+// transaction, after taking the installer's lock, reading the version
+// before and after.
+
+import { readFile } from "node:fs/promises";
+import { withTransaction, type Executor } from "./executor.js";
+import { PgqueError, SchemaVersionError, mapError, sqlstateOf } from "./errors.js";
+import { SCHEMA_VERSION } from "./version.js";
+
+/**
+ * The advisory lock key that serialises the first install of a database
+ * across sessions: the bytes of "pgque" read as a number (the Go installer's
+ * LockKey, so Go and TypeScript installers exclude each other).
+ */
+const LOCK_KEY = "482771826021"; // 0x7067717565
+
+/** How long a first install waits for the advisory lock before going on. */
+const FRESH_LOCK_WAIT_MS = 10_000;
+
+/** What migrate did. */
+export interface MigrateResult {
+  /** The version installed before; "" on a fresh database. */
+  previous: string;
+  /** The version installed now. */
+  version: string;
+}
+
+let scriptCache: Promise<string> | undefined;
+
+/** The install script, as `pgque sql` prints it. */
+export function installScript(): Promise<string> {
+  scriptCache ??= readFile(new URL("../../sql/pgque.sql", import.meta.url), "utf8");
+  return scriptCache;
+}
+
+/**
+ * Installs pgque into the database, or upgrades it in place, keeping data.
+ * exec is a pg.Pool (a connection is checked out for the transaction) or
+ * one connection: a pg.Client/PoolClient, or postgres.js's reserved
+ * connection or `sql.begin` transaction through fromPostgresJs. On a
+ * connection already inside a transaction the work runs in a savepoint and
+ * lands when the caller commits; otherwise migrate opens and commits its own
+ * transaction. Needs the rights `pgque install` needs (see docs/security.md).
+ */
+export async function migrate(exec: Executor): Promise<MigrateResult> {
+  const script = await installScript();
+  try {
+    return await withTransaction(exec, async (tx) => {
+      await lockInstall(tx);
+      const previous = await installedVersion(tx);
+      await tx.query(script);
+      const version = await installedVersion(tx);
+      if (version !== SCHEMA_VERSION) {
+        throw new PgqueError(
+          `installing pgque: the script recorded version "${version}", want "${SCHEMA_VERSION}"`,
+          "schema_version",
+        );
+      }
+      return { previous, version };
+    });
+  } catch (err) {
+    throw mapError("installing pgque", err);
+  }
+}
+
+/**
+ * Serialises installs the way the Go installer does: on an installed
+ * database a self-conflicting lock on pgque.version, which only pgque's
+ * owner and pgque_admin can take; on a fresh one the advisory lock, waited
+ * for at most FRESH_LOCK_WAIT_MS so a stranger holding the key cannot stall
+ * the install.
+ */
+async function lockInstall(exec: Executor): Promise<void> {
+  const { rows } = await exec.query<{ installed: boolean }>(`select exists (
+    select 1 from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+     where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
+       and pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+       and pg_catalog.has_table_privilege(c.oid, 'UPDATE')) as installed`);
+  if (rows[0]!.installed) {
+    await exec.query("lock table pgque.version in share row exclusive mode");
+    return;
+  }
+  const prev = await exec.query<{ v: string }>("select pg_catalog.current_setting('lock_timeout') as v");
+  await exec.query("savepoint pgque_lock");
+  try {
+    await exec.query(
+      "select pg_catalog.set_config('lock_timeout', $1, true), pg_catalog.pg_advisory_xact_lock($2::bigint)",
+      [`${FRESH_LOCK_WAIT_MS}ms`, LOCK_KEY],
+    );
+  } catch (err) {
+    await exec.query("rollback to savepoint pgque_lock");
+    // 55P03 lock_not_available: held by someone else too long; go on.
+    if (sqlstateOf(err) === "55P03") return;
+    throw err;
+  }
+  // Releasing the savepoint keeps the lock and the lock_timeout: put the
+  // caller's lock_timeout back.
+  await exec.query("release savepoint pgque_lock");
+  await exec.query("select pg_catalog.set_config('lock_timeout', $1, true)", [prev.rows[0]!.v]);
+}
+
+/**
+ * The pgque version installed in the database; "" when pgque is not
+ * installed or the caller may not use schema pgque. Every pgque role may
+ * call it.
+ */
+export async function installedVersion(exec: Executor): Promise<string> {
+  const { rows } = await exec.query<{ has_table: boolean; has_fn: boolean }>(`select
+    exists (select 1 from pg_catalog.pg_class c
+            join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+            where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
+              and pg_catalog.has_schema_privilege(n.oid, 'USAGE')) as has_table,
+    exists (select 1 from pg_catalog.pg_proc p
+            join pg_catalog.pg_namespace n on n.oid = p.pronamespace
+            where n.nspname operator(pg_catalog.=) 'pgque' and p.proname operator(pg_catalog.=) 'version'
+              and p.pronargs operator(pg_catalog.=) 0) as has_fn`);
+  if (!rows[0]!.has_table) return "";
+  const q = rows[0]!.has_fn ? "select pgque.version() as v" : "select version as v from pgque.version";
+  const v = await exec.query<{ v: string | null }>(q);
+  return v.rows[0]?.v ?? "";
+}
+
+/**
+ * Fails with a SchemaVersionError when the database holds another pgque
+ * schema version than SCHEMA_VERSION, and with a PgqueError of kind
+ * "not_installed" when pgque is not installed. Like the Go Connect's check.
+ */
+export async function checkSchema(exec: Executor): Promise<void> {
+  let v: string;
+  try {
+    v = await installedVersion(exec);
+  } catch (err) {
+    throw mapError("reading the pgque schema version", err);
+  }
+  if (v === "") await explainMissing(exec);
+  if (v !== SCHEMA_VERSION) throw new SchemaVersionError(v, SCHEMA_VERSION);
+}
+
+/**
+ * Throws why installedVersion found nothing: a schema pgque the role may
+ * not use (permission_denied, naming the grants that help), or no pgque at
+ * all (not_installed).
+ */
+async function explainMissing(exec: Executor): Promise<never> {
+  let row: { present: boolean; role: string };
+  try {
+    row = (await exec.query<{ present: boolean; role: string }>(
+      `select exists (select 1 from pg_catalog.pg_namespace where nspname operator(pg_catalog.=) 'pgque') as present,
+              current_user as role`)).rows[0]!;
+  } catch (err) {
+    throw mapError("reading the pgque schema version", err);
+  }
+  if (row.present) {
+    throw new PgqueError(
+      `pgque: role "${row.role}" may not use schema pgque; grant it pgque_writer (send), pgque_reader (work) ` +
+        "or pgque_admin (ticker, admin calls)",
+      "permission_denied",
+      "42501",
+    );
+  }
+  throw new PgqueError("pgque: not installed in this database (run migrate())", "not_installed");
+}
