@@ -64,6 +64,7 @@ const sqlstates: Readonly<Record<string, ErrorKind>> = {
   PQ061: "table_not_attached",
   PQ062: "table_attached",
   PQ063: "invalid_argument",
+  PQ064: "table_attached",
   PQ070: "resize_in_progress",
   PQ071: "slot_not_subscribed",
   PQ072: "invalid_argument",
