@@ -45,6 +45,22 @@ func (q *Queries) SendBatch(ctx context.Context, queue, typ string, payloads []s
 	return ids, err
 }
 
+// SendBatchTypes calls the mixed-type pgque.send_batch(queue, types,
+// payloads, partition_keys, dedup_keys): types[i] is the type of
+// payloads[i]. The rest is as SendBatch.
+func (q *Queries) SendBatchTypes(ctx context.Context, queue string, types, payloads []string, keys, dedups []*string) ([]int64, error) {
+	var ids []int64
+	var err error
+	if dedups == nil {
+		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text[], $3::pg_catalog.text[], $4::pg_catalog.text[])`,
+			queue, types, payloads, keys).Scan(&ids)
+	} else {
+		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text[], $3::pg_catalog.text[], $4::pg_catalog.text[], $5::pg_catalog.text[])`,
+			queue, types, payloads, keys, dedups).Scan(&ids)
+	}
+	return ids, err
+}
+
 // Subscribe calls pgque.subscribe(queue, consumer) and reports whether the
 // subscription is new.
 func (q *Queries) Subscribe(ctx context.Context, queue, consumer string) (bool, error) {
