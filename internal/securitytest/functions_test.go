@@ -339,6 +339,8 @@ var functions = map[string]fn{
 	// rights): it validates slot and N like the public slot functions.
 	"pgque._slot_pending(integer,integer,integer)": {roles: "rwa", args: []string{"1", "0", "2"}, nullAs: map[int]string{0: ""},
 		cases: []badCase{bc("PQ011", "1", "0", "0"), bc("PQ011", "1", "2", "2"), bc("PQ011", "1", "-1", "2")}},
+	// The same view's counts of held events and blocked keys: counts only.
+	"pgque._slot_held(integer)": {roles: "rwa", args: []string{"1"}, nullAs: map[int]string{0: ""}},
 }
 
 // fixture creates the objects the valid arguments refer to.
