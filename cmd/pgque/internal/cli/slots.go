@@ -178,7 +178,7 @@ func slotRows(slots []slotRow) [][]string {
 		}
 		rows[i] = []string{sl.Queue, sl.Consumer, fmt.Sprintf("%d/%d", sl.Slot, sl.NSlots), owner,
 			strconv.FormatInt(sl.Epoch, 10), strconv.FormatInt(sl.Lag, 10), fmtAge(sl.OldestPendingSeconds, sl.Lag > 0),
-			fmtSeconds(sl.LastActiveSeconds) + " ago", joinWarnings(sl.Warnings)}
+			strconv.Itoa(sl.BlockedKeys), fmtSeconds(sl.LastActiveSeconds) + " ago", joinWarnings(sl.Warnings)}
 	}
 	return rows
 }

@@ -358,7 +358,7 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 			n := len(rows[i])
 			rows[i] = append(rows[i][:n-1:n-1], held, rows[i][n-1])
 		}
-		if err := table(w, []string{"QUEUE", "CONSUMER", "SLOT", "OWNER", "EPOCH", "LAG", "OLDEST", "LAST BATCH", "HELD", "WARNINGS"}, rows); err != nil {
+		if err := table(w, []string{"QUEUE", "CONSUMER", "SLOT", "OWNER", "EPOCH", "LAG", "OLDEST", "BLOCKED", "LAST BATCH", "HELD", "WARNINGS"}, rows); err != nil {
 			return err
 		}
 	}
@@ -376,7 +376,7 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 
 // slotTable renders slots as an aligned table.
 func slotTable(w io.Writer, slots []slotRow) error {
-	return table(w, []string{"QUEUE", "CONSUMER", "SLOT", "OWNER", "EPOCH", "LAG", "OLDEST", "LAST BATCH", "WARNINGS"}, slotRows(slots))
+	return table(w, []string{"QUEUE", "CONSUMER", "SLOT", "OWNER", "EPOCH", "LAG", "OLDEST", "BLOCKED", "LAST BATCH", "WARNINGS"}, slotRows(slots))
 }
 
 // isTerminal reports whether the stream s is a terminal.
