@@ -69,6 +69,22 @@ func (q *Queries) Subscribe(ctx context.Context, queue, consumer string) (bool, 
 	return n == 1, err
 }
 
+// RewindNewSubscription calls pgque.rewind_new_subscription(queue,
+// consumer) and returns how many event ids the rewind gained.
+func (q *Queries) RewindNewSubscription(ctx context.Context, queue, consumer string) (int64, error) {
+	var n int64
+	err := q.db.QueryRow(ctx, `select pgque.rewind_new_subscription($1::pg_catalog.text, $2::pg_catalog.text)`, queue, consumer).Scan(&n)
+	return n, err
+}
+
+// EventsBeforeSubscription calls pgque.events_before_subscription(queue,
+// consumer).
+func (q *Queries) EventsBeforeSubscription(ctx context.Context, queue, consumer string) (int64, error) {
+	var n int64
+	err := q.db.QueryRow(ctx, `select pgque.events_before_subscription($1::pg_catalog.text, $2::pg_catalog.text)`, queue, consumer).Scan(&n)
+	return n, err
+}
+
 // Unsubscribe calls pgque.unsubscribe(queue, consumer) and reports whether
 // the subscription existed.
 func (q *Queries) Unsubscribe(ctx context.Context, queue, consumer string) (bool, error) {

@@ -81,8 +81,10 @@ $$;
 -- already received events would receive them again, and until this
 -- transaction commits the key-share lock register_consumer took on the
 -- queue row keeps rotation and the tick flip from dropping what the
--- rewound cursor needs. Returns how many event ids were sent between the
--- new start and the old one (0: not moved). Raises PQ002 when consumer
+-- rewound cursor needs. Returns how many event ids were taken between the
+-- new start and the old one (0: not moved; an upper bound of the events
+-- gained, as ids of rolled-back sends and force_next_tick's advances
+-- count). Raises PQ002 when consumer
 -- has no subscription, PQ011 when this transaction created none of them.
 -- Tables: subscription, sub_state (append), tick (read).
 create or replace function pgque.rewind_new_subscription(i_queue text, i_consumer text)
@@ -132,12 +134,14 @@ begin
 end;
 $$;
 
--- events_before_subscription(queue, consumer): how many event ids the
--- queue had taken before the oldest cursor of consumer's subscriptions
--- (plain, or any of its slots): right after subscribing, the events sent
--- before the subscription that it will never receive (rolled-back sends
--- count too: an upper bound). Raises PQ002 when consumer is not
--- subscribed. Tables: reads subscription, sub_state, tick.
+-- events_before_subscription(queue, consumer): how many events the queue
+-- still holds that were committed before the oldest cursor of consumer's
+-- subscriptions (plain, or any of its slots): right after subscribing, the
+-- events sent before the subscription that it will never receive. Counting
+-- stops at 10000, so the cost is bounded whatever the backlog; events the
+-- queue no longer holds (rotated away) are not counted. Raises PQ002 when
+-- consumer is not subscribed. Tables: reads subscription, sub_state, tick,
+-- event.
 create or replace function pgque.events_before_subscription(i_queue text, i_consumer text)
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -145,7 +149,8 @@ as $$
 declare
     v_queue integer;
     v_tick  bigint;
-    v_seq   bigint;
+    v_snap  pg_snapshot;
+    v_n     bigint;
 begin
     v_queue := (pgque._queue(i_queue)).queue_id;
     perform pgque._check_consumer(i_consumer);
@@ -155,7 +160,12 @@ begin
         raise exception using errcode = 'PQ002',
             message = format('consumer %L is not subscribed to queue %L', i_consumer, i_queue);
     end if;
-    select tick_event_seq into v_seq from pgque.tick where tick_queue = v_queue and tick_id = v_tick;
-    return coalesce(v_seq, 0);
+    select tick_snapshot into v_snap from pgque.tick where tick_queue = v_queue and tick_id = v_tick;
+    select count(*) into v_n
+      from (select 1 from pgque.event e
+             where e.ev_part >= v_queue * 16 and e.ev_part < v_queue * 16 + 16 and e.ev_owner is null
+               and pg_visible_in_snapshot(e.ev_txid, v_snap)
+             limit 10000) x;
+    return v_n;
 end;
 $$;

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -48,5 +49,41 @@ func TestSendMixedTypesCLI(t *testing.T) {
 	}
 	if len(txids) != 1 {
 		t.Errorf("events stored by %d transactions, want 1", len(txids))
+	}
+}
+
+// TestSlotsSubscribeFromOldest: slots subscribe --from-oldest on a queue
+// whose other consumer was subscribed before the sends starts the new slots
+// there and says how many earlier events they get; without the flag they
+// get none.
+func TestSlotsSubscribeFromOldest(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.ok("", "install")
+	c.ok("", "queue", "create", "q")
+	c.ok("", "subscribe", "q", "archive")
+	c.ok("{\"n\":1}\n{\"n\":2}\n", "send", "q", "--key", "k")
+	if _, err := c.conn().Exec(context.Background(), `select pgque.force_next_tick('q'); select pgque.ticker('q')`); err != nil {
+		t.Fatal(err)
+	}
+	if out := c.ok("", "slots", "subscribe", "q", "--consumer", "old", "--slots", "2", "--from-oldest"); !strings.Contains(out, "(2 new), from the oldest kept event (") {
+		t.Errorf("slots subscribe --from-oldest printed %q", out)
+	}
+	if out := c.ok("", "slots", "subscribe", "q", "--consumer", "old", "--slots", "2", "--from-oldest"); !strings.Contains(out, "(0 new)") {
+		t.Errorf("slots subscribe --from-oldest again printed %q", out)
+	}
+	var before []int64
+	for _, consumer := range []string{"old", "new"} {
+		if consumer == "new" {
+			c.ok("", "slots", "subscribe", "q", "--consumer", "new", "--slots", "2")
+		}
+		var n int64
+		if err := c.conn().QueryRow(context.Background(), `select pgque.events_before_subscription('q', $1)`, consumer).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		before = append(before, n)
+	}
+	if before[0] != 0 || before[1] != 2 {
+		t.Errorf("events before the subscriptions of old and new: %v, want [0 2]", before)
 	}
 }

@@ -44,15 +44,24 @@ func (f *slotFlags) validate() error {
 
 func (a *app) slotsSubscribeCommand() *cobra.Command {
 	var (
-		f      slotFlags
-		policy string
+		f          slotFlags
+		policy     string
+		fromOldest bool
 	)
 	cmd := &cobra.Command{
-		Use:   "subscribe <queue> --consumer c --slots N [--policy skip|pause]",
+		Use:   "subscribe <queue> --consumer c --slots N [--policy skip|pause] [--from-oldest]",
 		Short: "Subscribe all N slots of a partitioned consumer, in one transaction",
 		Long: `Slots subscribe subscribes slots 0..N-1 of consumer c (subscriptions named
 c#k/N). N is persisted for (queue, consumer): subscribing again with another N
-fails. Every slot starts at the queue's latest tick.
+fails. Every slot starts at the queue's latest tick: it receives the events
+sent from then on, not those sent before. So subscribe when you install,
+before the producers start; a relay or worker pool started later then finds
+every event waiting for it.
+
+--from-oldest starts new slots at the oldest event the queue still keeps
+for its other subscriptions instead (a queue nobody else subscribes to
+keeps nothing: there it changes nothing). It prints an upper bound of the
+earlier events that gives them.
 
 --policy sets the failure policy when the consumer is new: skip (the default:
 later events of a key may overtake a failed one) or pause (they wait until
@@ -78,6 +87,15 @@ policy; change it with 'pgque slots policy'.`,
 					return usagef("%v", err)
 				}
 			}
+			if fromOldest {
+				created, gained, err := s.SubscribeSlotsFromOldest(ctx, args[0], f.consumer, f.slots, pol)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "subscribed %s to queue %s with %d slots (%d new), from the oldest kept event (up to %d earlier events)\n",
+					f.consumer, args[0], f.slots, created, gained)
+				return nil
+			}
 			created, err := s.SubscribeSlots(ctx, args[0], f.consumer, f.slots, pol)
 			if err != nil {
 				return err
@@ -88,6 +106,7 @@ policy; change it with 'pgque slots policy'.`,
 	}
 	f.add(cmd)
 	cmd.Flags().StringVar(&policy, "policy", "", "failure policy of a new consumer: skip or pause (default skip)")
+	cmd.Flags().BoolVar(&fromOldest, "from-oldest", false, "start new slots at the oldest event the queue keeps for its other subscriptions, not at the latest tick")
 	return cmd
 }
 
