@@ -86,4 +86,34 @@ func TestSlotsSubscribeFromOldest(t *testing.T) {
 	if before[0] != 0 || before[1] != 2 {
 		t.Errorf("events before the subscriptions of old and new: %v, want [0 2]", before)
 	}
+
+	// One style for naming the consumer, --consumer, with the argument
+	// after the queue still accepted.
+	if out := c.ok("", "subscribe", "q", "--consumer", "audit"); !strings.Contains(out, "subscribed audit to queue q") {
+		t.Errorf("subscribe --consumer printed %q", out)
+	}
+	if out := c.ok("", "slots", "subscribe", "q", "positional", "--slots", "2"); !strings.Contains(out, "subscribed positional to queue q with 2 slots (2 new)") {
+		t.Errorf("slots subscribe with the consumer as argument printed %q", out)
+	}
+	if out := c.ok("", "unsubscribe", "q", "--consumer", "audit"); !strings.Contains(out, "unsubscribed audit from queue q") {
+		t.Errorf("unsubscribe --consumer printed %q", out)
+	}
+}
+
+// TestIdleQueueDisplay: a queue with nothing to deliver shows its ticker
+// lag as idle (not as an age climbing toward ticker_idle_period), and the
+// keys of a consumer with no recent events name no "last 0s" window.
+func TestIdleQueueDisplay(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	c.ok("", "install")
+	c.ok("", "queue", "create", "q")
+	c.ok("", "slots", "subscribe", "q", "--consumer", "p", "--slots", "2")
+	if out := c.ok("", "queue", "list"); !strings.Contains(out, "idle") {
+		t.Errorf("queue list of an idle queue printed %q, want its ticker lag as idle", out)
+	}
+	out := c.ok("", "keys", "q", "--consumer", "p")
+	if strings.Contains(out, "last 0s") || !strings.Contains(out, "no events sent lately") {
+		t.Errorf("keys of an idle consumer printed %q", out)
+	}
 }

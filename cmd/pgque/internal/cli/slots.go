@@ -28,14 +28,17 @@ type slotFlags struct {
 func (f *slotFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.consumer, "consumer", "", "consumer name (required)")
 	cmd.Flags().IntVar(&f.slots, "slots", 0, "number of slots N (required)")
-	_ = cmd.MarkFlagRequired("consumer")
 	_ = cmd.MarkFlagRequired("slots")
 }
 
-func (f *slotFlags) validate() error {
-	if f.consumer == "" {
-		return usagef("--consumer must not be empty")
+// validate checks the flags; the consumer may also come as the argument
+// after the queue (see consumerOf).
+func (f *slotFlags) validate(args []string) error {
+	consumer, err := consumerOf(f.consumer, args)
+	if err != nil {
+		return err
 	}
+	f.consumer = consumer
 	if f.slots < 1 {
 		return usagef("--slots must be at least 1, not %d", f.slots)
 	}
@@ -67,9 +70,9 @@ earlier events that gives them.
 later events of a key may overtake a failed one) or pause (they wait until
 the failed one succeeds or is dead-lettered). An existing consumer keeps its
 policy; change it with 'pgque slots policy'.`,
-		Args: exactArgs("queue"),
+		Args: rangeArgs([]string{"queue"}, "consumer"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := f.validate(); err != nil {
+			if err := f.validate(args); err != nil {
 				return err
 			}
 			if err := checkPolicy(policy, true); err != nil {
@@ -115,9 +118,9 @@ func (a *app) slotsUnsubscribeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "unsubscribe <queue> --consumer c --slots N",
 		Short: "Unsubscribe all N slots of a partitioned consumer, in one transaction",
-		Args:  exactArgs("queue"),
+		Args:  rangeArgs([]string{"queue"}, "consumer"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := f.validate(); err != nil {
+			if err := f.validate(args); err != nil {
 				return err
 			}
 			ctx := cmd.Context()

@@ -331,7 +331,7 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 			rotated += " (overdue, pinned by " + orDash(q.PinnedBy) + ")"
 		}
 		rows[i] = []string{q.Name, fmtRate(q.EvPerSec), strconv.FormatInt(q.Pending, 10), strconv.FormatInt(q.Unticked, 10),
-			fmtSeconds(q.TickerLagSeconds), strconv.FormatInt(q.RetryPending, 10), strconv.FormatInt(q.DeadLetters, 10), rotated}
+			fmtTickerLag(&q.queueInfo), strconv.FormatInt(q.RetryPending, 10), strconv.FormatInt(q.DeadLetters, 10), rotated}
 	}
 	if err := table(w, []string{"QUEUE", "EV/S", "PENDING", "UNTICKED", "TICKER LAG", "RETRIES", "DEAD", "ROTATED"}, rows); err != nil {
 		return err
@@ -383,4 +383,16 @@ func slotTable(w io.Writer, slots []slotRow) error {
 func isTerminal(s any) bool {
 	f, ok := s.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// fmtTickerLag renders a queue's ticker lag. With nothing unticked the age
+// of the last tick says nothing about delivery: an idle queue ticks only
+// every ticker_idle_period (60 s by default), so its lag climbs toward
+// that while all is well. It shows as "idle" then, unless the ticker has
+// been silent past the idle period (the "no tick" warning's condition).
+func fmtTickerLag(q *queueInfo) string {
+	if q.Unticked == 0 && q.TickerLagSeconds <= q.Config.IdleSeconds+StuckAfterDefault.Seconds() {
+		return "idle"
+	}
+	return fmtSeconds(q.TickerLagSeconds)
 }

@@ -129,7 +129,7 @@ function go(path, q) { location.href = path + "?" + new URLSearchParams(q).toStr
 
 function renderQueues(ov) {
   const rows = ov.queues.map((q) => [q.queue, q.ev_per_sec === null ? "-" : q.ev_per_sec, q.backlog, q.blocked_keys, q.unticked,
-    fmtAge(q.ticker_lag_seconds), `table ${q.current_table + 1} of ${q.tables}`,
+    q.unticked === 0 ? "idle" : fmtAge(q.ticker_lag_seconds), `table ${q.current_table + 1} of ${q.tables}`,
     fmtAge(q.since_rotation_seconds) + " / " + fmtAge(q.rotation_period_seconds), q.retry_pending, q.dead_letters]);
   const charts = ov.queues.map((q) => el("div", { class: "charts" },
     chart(q.queue + " rate (ev/s)", seriesOf(ov.history, "rate", q.queue), fmtNum),
@@ -186,7 +186,7 @@ function renderKeys(ov, kr) {
         Math.round(100 * h.share) + "%", fmtAge(h.span_seconds)]), "no events in the window"),
     el("h2", {}, "Pending work per slot"),
     table("shares", ["slot", "pending", "top key", "top key pending", "share", "keys"],
-      kr.shares.map((s) => [s.slot, (s.estimated ? "~" : "") + fmtNum(s.pending), { v: fmtKey(s.top_key), cls: "wrap" }, s.top_pending,
+      kr.shares.map((s) => [s.slot, (s.estimated ? "~" : "") + fmtNum(s.pending), { v: s.pending === 0 ? "-" : fmtKey(s.top_key), cls: "wrap" }, s.pending === 0 ? "-" : s.top_pending,
         { v: Math.round(100 * s.share) + "%", cls: s.hot ? "state state-blocked" : "" }, s.keys]), "no slots"));
   return out;
 }
