@@ -116,10 +116,12 @@ type SlotStatus struct {
 	// ones included.
 	OldestPending time.Duration
 	// Held is how many of Lag's events wait deferred behind a held key,
-	// and BlockedKeys how many keys the pause policy blocks on the slot.
-	Held        int64
-	BlockedKeys int
-	Policy      FailurePolicy
+	// Retrying how many wait for their retry, and BlockedKeys how many keys
+	// the pause policy blocks on the slot. Lag - Held - Retrying is what
+	// the slot's cursor has still to pass.
+	Held, Retrying int64
+	BlockedKeys    int
+	Policy         FailurePolicy
 	// OpenBatch is the slot's open batch, nil when none is open.
 	OpenBatch *int64
 	// LastActive is how long ago the slot last opened or finished a batch.
@@ -139,7 +141,7 @@ func (c *Client) Slots(ctx context.Context, queue, consumer string) ([]SlotStatu
 		out[i] = SlotStatus{
 			Queue: r.Queue, Consumer: r.Consumer, Slot: r.Slot, NSlots: r.NSlots, Owner: deref(r.Owner),
 			Epoch: r.Epoch, Lag: r.Lag, OldestPending: r.OldestPendingAge, OpenBatch: r.OpenBatch, LastActive: r.LastActive,
-			Held: r.Held, BlockedKeys: r.BlockedKeys,
+			Held: r.Held, Retrying: r.Retrying, BlockedKeys: r.BlockedKeys,
 		}
 		if r.LeaseUntil != nil {
 			out[i].LeaseUntil = *r.LeaseUntil

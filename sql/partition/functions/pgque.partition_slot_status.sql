@@ -60,8 +60,9 @@ $$;
 -- lease expired), epoch, lag (the events of that slot, not of the whole
 -- stream, still to be handled: those after its cursor and those it holds
 -- back, see _slot_held) and the age of the oldest of them; held (events
--- deferred behind a held key) and blocked_keys (keys blocked under pause)
--- say how much of it waits on a failed head rather than on the worker.
+-- deferred behind a held key), retrying (events waiting for their retry)
+-- and blocked_keys (keys blocked under pause) say how much of it waits on
+-- a failed head rather than on the worker.
 select pgque._create_view('partition_slot_status', $ddl$
 create or replace view pgque.partition_slot_status as
 select q.queue_name      as queue,
@@ -77,7 +78,8 @@ select q.queue_name      as queue,
        case when st.st_sub is not null then st.st_batch else s.sub_batch end as open_batch,
        clock_timestamp() - coalesce(st.st_time, s.sub_active) as last_active,
        h.o_held          as held,
-       h.o_blocked       as blocked_keys
+       h.o_blocked       as blocked_keys,
+       h.o_retrying      as retrying
   from pgque.slot_lease l
   join pgque.slot_group g on g.sg_queue = l.sl_queue and g.sg_consumer = l.sl_consumer
   join pgque.queue q on q.queue_id = l.sl_queue
