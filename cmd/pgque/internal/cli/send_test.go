@@ -117,3 +117,21 @@ func TestIdleQueueDisplay(t *testing.T) {
 		t.Errorf("keys of an idle consumer printed %q", out)
 	}
 }
+
+// TestSlotWarningsHeldBack: a slot whose only pending events wait behind a
+// blocked key's failed head is not "stuck" for want of a batch (the
+// blocked-key warning covers it); one with events its cursor has not
+// passed is.
+func TestSlotWarningsHeldBack(t *testing.T) {
+	th := &thresholds{stuckAfter: StuckAfterDefault}
+	owner := "w"
+	held := slotRow{Owner: &owner, Lag: 3, HeldBack: 3, BlockedKeys: 1, LastActiveSeconds: 3600}
+	if w := th.slotWarnings(&held); len(w) != 0 {
+		t.Errorf("slot with only held-back events: warnings %q, want none", w)
+	}
+	behind := held
+	behind.Lag = 4
+	if w := th.slotWarnings(&behind); len(w) != 1 || !strings.Contains(w[0], "stuck") {
+		t.Errorf("slot with an event behind its cursor: warnings %q, want stuck", w)
+	}
+}

@@ -44,7 +44,9 @@ func (th *thresholds) slotWarnings(s *slotRow) []string {
 	switch {
 	case s.Lag > 0 && s.Owner == nil:
 		w = append(w, fmt.Sprintf("unpolled: %d pending, no live owner", s.Lag))
-	case s.Lag > 0 && s.LastActiveSeconds > th.stuckAfter.Seconds():
+	case s.Lag > s.HeldBack && s.LastActiveSeconds > th.stuckAfter.Seconds():
+		// Events held back for a failed head wait for its retry, not for
+		// a batch: the blocked-key warning covers them.
 		w = append(w, fmt.Sprintf("stuck: %d pending, last batch %s ago", s.Lag, fmtSeconds(s.LastActiveSeconds)))
 	}
 	return w

@@ -116,8 +116,11 @@ type SlotRow struct {
 	// OldestPendingSeconds is the age of the oldest pending event, held
 	// ones included.
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
-	// BlockedKeys is how many keys the pause policy blocks on the slot.
+	// BlockedKeys is how many keys the pause policy blocks on the slot,
+	// and HeldBack how many of Lag's events wait behind the slot's cursor
+	// for a failed or held head (retrying or deferred).
 	BlockedKeys int    `json:"blocked_keys"`
+	HeldBack    int64  `json:"held_back"`
 	Policy      string `json:"policy"`
 	OpenBatch   *int64 `json:"open_batch"`
 	// LastActiveSeconds is how long ago the slot last opened or finished a
@@ -139,7 +142,8 @@ func SlotRowsOf(slots []pgque.SlotStatus) []SlotRow {
 	for i, s := range slots {
 		out[i] = SlotRow{Queue: s.Queue, Consumer: s.Consumer, Slot: s.Slot, NSlots: s.NSlots, Owner: NilIfEmpty(s.Owner),
 			Epoch: s.Epoch, Lag: s.Lag, OldestPendingSeconds: s.OldestPending.Seconds(), Policy: s.Policy.String(),
-			OpenBatch: s.OpenBatch, LastActiveSeconds: s.LastActive.Seconds(), BlockedKeys: s.BlockedKeys}
+			OpenBatch: s.OpenBatch, LastActiveSeconds: s.LastActive.Seconds(), BlockedKeys: s.BlockedKeys,
+			HeldBack: s.Held + s.Retrying}
 		if !s.LeaseUntil.IsZero() {
 			t := s.LeaseUntil
 			out[i].LeaseUntil = &t
