@@ -107,11 +107,21 @@ type SlotStatus struct {
 	LeaseUntil time.Time
 	// Epoch counts the slot's claims; a new owner fences the old one.
 	Epoch int64
-	// Lag is how many events of this slot are pending.
+	// Lag is how many events of this slot are pending: those after its
+	// cursor and those it holds back, a blocked key's failed head waiting
+	// for its retry and the key's later events deferred behind it, so a
+	// slot with a blocked key never looks idle.
 	Lag int64
-	// OldestPending is the age of the slot's oldest pending event.
+	// OldestPending is the age of the slot's oldest pending event, held
+	// ones included.
 	OldestPending time.Duration
-	Policy        FailurePolicy
+	// Held is how many of Lag's events wait deferred behind a held key,
+	// Retrying how many wait for their retry, and BlockedKeys how many keys
+	// the pause policy blocks on the slot. Lag - Held - Retrying is what
+	// the slot's cursor has still to pass.
+	Held, Retrying int64
+	BlockedKeys    int
+	Policy         FailurePolicy
 	// OpenBatch is the slot's open batch, nil when none is open.
 	OpenBatch *int64
 	// LastActive is how long ago the slot last opened or finished a batch.
@@ -131,6 +141,7 @@ func (c *Client) Slots(ctx context.Context, queue, consumer string) ([]SlotStatu
 		out[i] = SlotStatus{
 			Queue: r.Queue, Consumer: r.Consumer, Slot: r.Slot, NSlots: r.NSlots, Owner: deref(r.Owner),
 			Epoch: r.Epoch, Lag: r.Lag, OldestPending: r.OldestPendingAge, OpenBatch: r.OpenBatch, LastActive: r.LastActive,
+			Held: r.Held, Retrying: r.Retrying, BlockedKeys: r.BlockedKeys,
 		}
 		if r.LeaseUntil != nil {
 			out[i].LeaseUntil = *r.LeaseUntil

@@ -52,6 +52,38 @@ func (c *Client) SubscribeSlots(ctx context.Context, queue, consumer string, nsl
 	return created, nil
 }
 
+// SubscribeSlotsFromOldest is SubscribeSlots for a consumer that must also
+// receive what was sent before it subscribed: the slots it creates start at
+// the oldest event the queue still keeps, the oldest cursor of its other
+// subscriptions, and it returns how many event ids were taken between
+// there and where they would have started (an upper bound of the events
+// gained: rolled-back sends and forced ticks take ids too). A queue without other
+// subscriptions keeps nothing (its tables rotate freely), so there the
+// slots start at the next tick, as with SubscribeSlots; subscribing before
+// the producers start is the way to receive everything. Slots that existed
+// are left where they are.
+func (c *Client) SubscribeSlotsFromOldest(ctx context.Context, queue, consumer string, nslots int, policy FailurePolicy) (created int, gained int64, err error) {
+	if nslots < 1 {
+		return 0, 0, invalidConfig("nslots must be at least 1, not %d", nslots)
+	}
+	if policy != 0 && !policy.valid() {
+		return 0, 0, invalidConfig("failure policy %v is not supported", policy)
+	}
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		q := dbq.New(tx)
+		var err error
+		if created, err = subscribeSlotsTx(ctx, q, queue, consumer, nslots, policy); err != nil || created == 0 {
+			return err
+		}
+		gained, err = q.RewindNewSubscription(ctx, queue, consumer)
+		return err
+	})
+	if err != nil {
+		return 0, 0, mapError(fmt.Sprintf("subscribing %d slots of %q to queue %q", nslots, consumer, queue), err)
+	}
+	return created, gained, nil
+}
+
 // subscribeSlotsTx subscribes slots 0..nslots-1 over q (one transaction)
 // and counts the new ones; a zero policy keeps the persisted one.
 func subscribeSlotsTx(ctx context.Context, q *dbq.Queries, queue, consumer string, nslots int, policy FailurePolicy) (int, error) {

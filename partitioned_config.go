@@ -168,6 +168,15 @@ type PartitionedConsumerConfig struct {
 	// RetryDelay returns how long a failed event waits before redelivery.
 	// Default RetryDelayDefault.
 	RetryDelay func(retryCount int) time.Duration
+	// StartFromOldest, when Start creates the consumer's subscription,
+	// starts it at the oldest event the queue still keeps for its other
+	// subscriptions instead of at the next tick (see
+	// Client.SubscribeSlotsFromOldest). It changes nothing for a consumer
+	// that is already subscribed. The safe order needs no option: subscribe
+	// (Client.SubscribeSlots, `pgque slots subscribe`) before the
+	// producers start. Start logs a warning when it creates a subscription
+	// that misses events already sent.
+	StartFromOldest bool
 }
 
 func (c *PartitionedConsumerConfig) withDefaults() PartitionedConsumerConfig {

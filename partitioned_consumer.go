@@ -135,17 +135,31 @@ func (pc *PartitionedConsumer) Start(ctx context.Context) error {
 	}
 	pc.pool.SetSlots(nslots)
 	var persisted FailurePolicy
+	var missed int64
 	err = pgx.BeginFunc(ctx, pc.client.pool, func(tx pgx.Tx) error {
 		q := dbq.New(tx)
-		if _, err := subscribeSlotsTx(ctx, q, cfg.Queue, cfg.Consumer, nslots, cfg.FailurePolicy); err != nil {
+		created, err := subscribeSlotsTx(ctx, q, cfg.Queue, cfg.Consumer, nslots, cfg.FailurePolicy)
+		if err != nil {
 			return err
 		}
-		var err error
+		if created > 0 {
+			if missed, err = newSubscriptionMissed(ctx, q, cfg.Queue, cfg.Consumer, cfg.StartFromOldest); err != nil {
+				return err
+			}
+		}
 		persisted, err = serverPolicy(ctx, q, cfg.Queue, cfg.Consumer)
 		return err
 	})
 	if err != nil {
 		return mapError(fmt.Sprintf("subscribing %d slots of %q to queue %q", nslots, cfg.Consumer, cfg.Queue), err)
+	}
+	if missed > 0 {
+		// The usual cause is a deployment that started the producers before
+		// the consumer's first start: what they sent is not this
+		// consumer's, and nothing else says so.
+		pc.client.logger.WarnContext(ctx, "pgque: subscribed a consumer to a queue that already had events: the events sent before it are not delivered to it; subscribe before the producers start (pgque slots subscribe), or set StartFromOldest to receive what the queue still keeps",
+			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int64("events_missed", missed),
+			slog.Bool("start_from_oldest", cfg.StartFromOldest))
 	}
 	pc.policy.Store(int32(persisted))
 	if err := pc.service.Start(ctx, pc.pool.Run); err != nil {
@@ -242,4 +256,16 @@ func (pc *PartitionedConsumer) startSlots(ctx context.Context) (int, error) {
 		slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer),
 		slog.Int("configured", cfg.Slots), slog.Int("nslots", g.NSlots))
 	return g.NSlots, nil
+}
+
+// newSubscriptionMissed is called in the transaction that created the
+// consumer's subscription: it rewinds it first when fromOldest, and returns
+// how many events sent before the subscription it will never receive.
+func newSubscriptionMissed(ctx context.Context, q *dbq.Queries, queue, consumer string, fromOldest bool) (int64, error) {
+	if fromOldest {
+		if _, err := q.RewindNewSubscription(ctx, queue, consumer); err != nil {
+			return 0, err
+		}
+	}
+	return q.EventsBeforeSubscription(ctx, queue, consumer)
 }

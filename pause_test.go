@@ -459,6 +459,21 @@ func TestPauseNullAndEmptyKeys(t *testing.T) {
 	if _, ok := blockedKey(t, env, "c", pgque.KeyOf("")); ok {
 		t.Fatal("the empty key is blocked")
 	}
+	// The slot does not look idle: its lag and head age count the two
+	// failed heads (waiting for their retry) and the two events deferred
+	// behind them, though its cursor has moved past all four.
+	var slot pgque.SlotStatus
+	waitFor(t, 10*time.Second, "the slot's lag to count the held events", func() bool {
+		slots, err := env.client.Slots(ctx, env.queue, "c")
+		if err != nil || len(slots) != 1 {
+			t.Fatalf("Slots: %+v, %v", slots, err)
+		}
+		slot = slots[0]
+		return slot.Lag == 4
+	})
+	if slot.Held != 2 || slot.BlockedKeys != 2 || slot.OldestPending <= 0 {
+		t.Errorf("slot with two blocked keys: %+v, want 2 held, 2 blocked keys, a head age", slot)
+	}
 
 	// Errors: a key that is not blocked.
 	if _, err := env.client.UnblockKey(ctx, env.queue, "c", pgque.KeyOf("")); !errors.Is(err, pgque.ErrKeyNotBlocked) {

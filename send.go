@@ -14,10 +14,10 @@ import (
 //
 // While Config.SendConcurrency statements are already running for this
 // client's Sends, a Send waits for one of them to finish and then goes out
-// with every other Send that waited for the same queue and type, in one
-// send_batch call and one transaction (a Send that waits 100 ms without
-// one runs its own; events with a DedupKey always do). A failing event is then sent again
-// alone, so each Send gets its own outcome and never fails for another's
+// with every other Send that waited for the same queue, of any type, in
+// one send_batch call and one transaction (a Send that waits 100 ms
+// without one runs its own; events with a DedupKey always do). A failing
+// event is then sent again alone, so each Send gets its own outcome and never fails for another's
 // event; sends made one after another from one goroutine keep their order.
 // Sends to one queue run at most half the pool's connections in statements
 // at once, and Sends of one DedupKey one: a Send past that waits without a
@@ -69,29 +69,17 @@ func (c *Client) sendOne(ctx context.Context, q *dbq.Queries, queue, typ string,
 	return id, nil
 }
 
-// SendBatch sends events atomically, in one transaction, and returns their
-// event ids in input order. Events keep their order: within a key they are
-// consumed in the order given.
+// SendBatch sends events atomically, in one statement, and returns their
+// event ids in input order. Events keep their order, whatever their types:
+// within a key they are consumed in the order given.
 func (c *Client) SendBatch(ctx context.Context, queue string, events []Event) (_ []int64, err error) {
 	ctx, end := c.observeSend(ctx, SendInfo{Queue: queue, Events: len(events)})
 	defer func() { end(err) }()
-	runs, err := typeRuns(events)
+	b, err := encodeBatch(events)
 	if err != nil {
 		return nil, fmt.Errorf("sending batch to queue %q: %w", queue, err)
 	}
-	if len(runs) <= 1 {
-		// One statement is atomic on its own: no transaction round trips.
-		return c.sendRuns(ctx, c.queries, queue, runs)
-	}
-	var ids []int64
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		ids, err = c.sendRuns(ctx, dbq.New(tx), queue, runs)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return ids, nil
+	return c.sendBatch(ctx, c.queries, queue, b)
 }
 
 // SendBatchTx sends events inside the caller's transaction and returns their
@@ -99,18 +87,19 @@ func (c *Client) SendBatch(ctx context.Context, queue string, events []Event) (_
 func (c *Client) SendBatchTx(ctx context.Context, tx pgx.Tx, queue string, events []Event) (_ []int64, err error) {
 	ctx, end := c.observeSend(ctx, SendInfo{Queue: queue, Events: len(events), InTx: true})
 	defer func() { end(err) }()
-	runs, err := typeRuns(events)
+	b, err := encodeBatch(events)
 	if err != nil {
 		return nil, fmt.Errorf("sending batch to queue %q: %w", queue, err)
 	}
-	return c.sendRuns(ctx, dbq.New(tx), queue, runs)
+	return c.sendBatch(ctx, dbq.New(tx), queue, b)
 }
 
-// run is a maximal sequence of consecutive events of one type: send_batch
-// takes one type per call, and splitting on type changes (rather than
-// grouping by type) keeps the input order.
-type run struct {
-	typ      string
+// encodedBatch is a batch of encoded events, as send_batch's arrays. keys and
+// dedups go as NULL when no event has one, which spares the server the
+// array and the dedup path.
+type encodedBatch struct {
+	types    []string
+	mixed    bool // not every event has types[0]
 	payloads []string
 	keys     []*string
 	hasKey   bool
@@ -118,29 +107,35 @@ type run struct {
 	hasDedup bool
 }
 
-// typeRuns encodes every event (so an invalid payload fails before the
-// database is touched) and cuts the batch into runs.
-func typeRuns(events []Event) ([]run, error) {
-	var runs []run
+// add appends one encoded event.
+func (b *encodedBatch) add(typ string, payload json.RawMessage, key, dedup *string) {
+	b.mixed = b.mixed || (len(b.types) > 0 && typ != b.types[0])
+	b.types = append(b.types, typ)
+	b.payloads = append(b.payloads, string(payload))
+	b.keys = append(b.keys, key)
+	b.hasKey = b.hasKey || key != nil
+	b.dedups = append(b.dedups, dedup)
+	b.hasDedup = b.hasDedup || dedup != nil
+}
+
+// encodeBatch encodes every event, so that an invalid payload fails before
+// the database is touched.
+func encodeBatch(events []Event) (encodedBatch, error) {
+	var b encodedBatch
 	for i, ev := range events {
 		typ, payload, key, dedup, err := ev.encode()
 		if err != nil {
-			return nil, fmt.Errorf("event %d: %w", i, err)
+			return encodedBatch{}, fmt.Errorf("event %d: %w", i, err)
 		}
-		if len(runs) == 0 || runs[len(runs)-1].typ != typ {
-			runs = append(runs, run{typ: typ})
-		}
-		r := &runs[len(runs)-1]
-		r.payloads = append(r.payloads, string(payload))
-		r.keys = append(r.keys, key)
-		r.hasKey = r.hasKey || key != nil
-		r.dedups = append(r.dedups, dedup)
-		r.hasDedup = r.hasDedup || dedup != nil
+		b.add(typ, payload, key, dedup)
 	}
-	return runs, nil
+	return b, nil
 }
 
-// sendRuns sends each run with one send_batch call.
+// sendBatch sends b with one send_batch call: the single-type form when
+// every event has one type (one type on the wire instead of one per
+// event), the mixed-type form otherwise. Either is one statement, so the
+// batch is atomic without a transaction of its own.
 //
 // Why send_batch and not COPY: BenchmarkSend (1,000 keyed events per call,
 // 2-core machine, PostgreSQL 15) measured send_batch at 181k events/s,
@@ -151,21 +146,26 @@ func typeRuns(events []Event) ([]run, error) {
 // may not do, which skips the payload's JSON validation, and which breaks
 // the day the engine's private layout changes. send_batch is the fastest
 // path that goes through the SQL contract.
-func (c *Client) sendRuns(ctx context.Context, q *dbq.Queries, queue string, runs []run) ([]int64, error) {
+func (c *Client) sendBatch(ctx context.Context, q *dbq.Queries, queue string, b encodedBatch) ([]int64, error) {
+	if len(b.payloads) == 0 {
+		return nil, nil
+	}
+	keys, dedups := b.keys, b.dedups
+	if !b.hasKey {
+		keys = nil
+	}
+	if !b.hasDedup {
+		dedups = nil
+	}
 	var ids []int64
-	for _, r := range runs {
-		keys, dedups := r.keys, r.dedups
-		if !r.hasKey {
-			keys = nil
-		}
-		if !r.hasDedup {
-			dedups = nil
-		}
-		got, err := q.SendBatch(ctx, queue, r.typ, r.payloads, keys, dedups)
-		if err != nil {
-			return nil, mapError(fmt.Sprintf("sending batch to queue %q", queue), err)
-		}
-		ids = append(ids, got...)
+	var err error
+	if b.mixed {
+		ids, err = q.SendBatchTypes(ctx, queue, b.types, b.payloads, keys, dedups)
+	} else {
+		ids, err = q.SendBatch(ctx, queue, b.types[0], b.payloads, keys, dedups)
+	}
+	if err != nil {
+		return nil, mapError(fmt.Sprintf("sending batch to queue %q", queue), err)
 	}
 	c.metrics.Sent.WithLabelValues(queue).Add(float64(len(ids)))
 	return ids, nil

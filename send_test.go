@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgque/pgque"
 )
@@ -56,29 +59,92 @@ func TestSendUnknownQueue(t *testing.T) {
 	}
 }
 
+// TestSendBatchKeepsOrderAcrossTypes: a batch of several types goes in one
+// statement (SendBatch and SendBatchTx), and its events are stored with
+// their own types, keys and payloads in input order.
 func TestSendBatchKeepsOrderAcrossTypes(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
 	ctx := context.Background()
+	tr := &statementCounter{}
+	cfg, err := pgxpool.ParseConfig(env.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	client := newClient(t, pool)
 	events := []pgque.Event{
 		{Type: "a", Payload: 1, PartitionKey: "k"},
 		{Type: "a", Payload: 2},
 		{Type: "b", Payload: 3, PartitionKey: "k"},
 		{Type: "a", Payload: 4, PartitionKey: "k"},
+		{Type: "c", Payload: 5, PartitionKey: "k"},
 	}
-	ids, err := env.client.SendBatch(ctx, env.queue, events)
+	ids, err := client.SendBatch(ctx, env.queue, events)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ids) != len(events) {
-		t.Fatalf("got %d ids, want %d", len(ids), len(events))
+	if n := tr.count.Load(); n != 1 {
+		t.Errorf("SendBatch of 3 types ran %d statements, want 1", n)
 	}
-	for i := 1; i < len(ids); i++ {
-		if ids[i] <= ids[i-1] {
-			t.Fatalf("ids not in input order: %v", ids)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		tr.count.Store(0)
+		more, err := client.SendBatchTx(ctx, tx, env.queue, events)
+		ids = append(ids, more...)
+		if n := tr.count.Load(); n != 1 {
+			t.Errorf("SendBatchTx of 3 types ran %d statements, want 1", n)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 2*len(events) {
+		t.Fatalf("got %d ids, want %d", len(ids), 2*len(events))
+	}
+	rows, err := env.pool.Query(ctx, `select ev_id, ev_type, ev_data, ev_extra1 from pgque.event where ev_id = any($1) order by ev_id`, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type stored struct {
+		ID   int64
+		Type string
+		Data string
+		Key  *string
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[stored])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(ids) {
+		t.Fatalf("%d events stored, want %d", len(got), len(ids))
+	}
+	for i, g := range got {
+		ev := events[i%len(events)]
+		key := ""
+		if g.Key != nil {
+			key = *g.Key
+		}
+		if g.ID != ids[i] || g.Type != ev.Type || g.Data != fmt.Sprint(ev.Payload) || key != ev.PartitionKey {
+			t.Errorf("event %d: stored %+v (key %q), want id %d type %q payload %v key %q", i, g, key, ids[i], ev.Type, ev.Payload, ev.PartitionKey)
 		}
 	}
 }
+
+// statementCounter counts the statements run through a pool.
+type statementCounter struct{ count atomic.Int64 }
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.count.Add(1)
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func TestSendTxRollsBack(t *testing.T) {
 	t.Parallel()

@@ -20,11 +20,11 @@ import (
 // while send_batch pays that call once for a whole array. So Client.Send
 // keeps at most Config.SendConcurrency statements running; a Send that
 // finds them all busy waits, and when one finishes, everything that waited
-// for the same queue and type goes out in one send_batch call. A Send that
-// finds a statement free runs its own, on its own goroutine and context,
-// exactly as an uncoalesced Send would: nothing waits for company, so an
-// idle or lightly loaded client adds no latency, and batches form only
-// when sends arrive faster than the statements return.
+// for the same queue goes out in one send_batch call, whatever the types.
+// A Send that finds a statement free runs its own, on its own goroutine
+// and context, exactly as an uncoalesced Send would: nothing waits for
+// company, so an idle or lightly loaded client adds no latency, and
+// batches form only when sends arrive faster than the statements return.
 //
 // Three rules keep one stuck statement from holding up the rest. Sends
 // with a dedup key are never coalesced: they wait for an open transaction
@@ -237,10 +237,11 @@ func (s *sendQueue) compact() {
 
 // take removes and returns the next statement's requests: the oldest
 // waiting request whose queue has a place in its gate (which take takes
-// for the batch) and every later one for the same queue and type, up to
-// sendBatchMax events and sendBatchBytes of payload (the first request
-// always goes, whatever its size). Abandoned requests are dropped on the
-// way. It returns nil when nothing waits that may run. s.mu is held.
+// for the batch) and every later one for the same queue, of any type (the
+// mixed-type send_batch keeps each event's type), up to sendBatchMax events
+// and sendBatchBytes of payload (the first request always goes, whatever
+// its size). Abandoned requests are dropped on the way. It returns nil when
+// nothing waits that may run. s.mu is held.
 func (s *sendQueue) take() []*sendReq {
 	var batch []*sendReq
 	var head *sendReq
@@ -264,7 +265,7 @@ func (s *sendQueue) take() []*sendReq {
 				full = map[string]bool{}
 			}
 			full[r.queue] = true
-		} else if r.queue == head.queue && r.typ == head.typ && len(batch) < sendBatchMax && bytes+len(r.payload) <= sendBatchBytes &&
+		} else if r.queue == head.queue && len(batch) < sendBatchMax && bytes+len(r.payload) <= sendBatchBytes &&
 			r.state.CompareAndSwap(reqWaiting, reqTaken) {
 			batch = append(batch, r)
 			bytes += len(r.payload)
@@ -296,13 +297,11 @@ func (s *sendQueue) flush(ctx context.Context, batch []*sendReq) {
 	}
 	s.statements.Add(1)
 	s.batched.Add(int64(len(batch)))
-	r := run{typ: head.typ}
+	var b encodedBatch
 	for _, req := range batch {
-		r.payloads = append(r.payloads, string(req.payload))
-		r.keys = append(r.keys, req.key)
-		r.hasKey = r.hasKey || req.key != nil
+		b.add(req.typ, req.payload, req.key, nil)
 	}
-	ids, err := c.sendRuns(ctx, c.queries, head.queue, []run{r})
+	ids, err := c.sendBatch(ctx, c.queries, head.queue, b)
 	if err == nil && len(ids) != len(batch) {
 		err = fmt.Errorf("sending to queue %q: send_batch returned %d ids for %d events", head.queue, len(ids), len(batch))
 	}

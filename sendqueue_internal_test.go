@@ -19,7 +19,7 @@ func names(reqs []*sendReq) string {
 	return strings.Join(out, " ")
 }
 
-func TestSendQueueTakeGroupsByQueueAndType(t *testing.T) {
+func TestSendQueueTakeGroupsByQueue(t *testing.T) {
 	big := `"` + strings.Repeat("x", sendBatchBytes) + `"`
 	abandoned := waitingReq("a", "t", "3")
 	abandoned.state.Store(reqAbandoned)
@@ -32,7 +32,7 @@ func TestSendQueueTakeGroupsByQueueAndType(t *testing.T) {
 		waitingReq("a", "t", big),
 		waitingReq("b", "t", "b2"),
 	}}
-	want := []string{"1 2", "b1 b2", "u1", big, ""}
+	want := []string{"1 u1 2", "b1 b2", big, ""}
 	for i, w := range want {
 		got := s.take()
 		if names(got) != w {

@@ -45,12 +45,44 @@ func (q *Queries) SendBatch(ctx context.Context, queue, typ string, payloads []s
 	return ids, err
 }
 
+// SendBatchTypes calls the mixed-type pgque.send_batch(queue, types,
+// payloads, partition_keys, dedup_keys): types[i] is the type of
+// payloads[i]. The rest is as SendBatch.
+func (q *Queries) SendBatchTypes(ctx context.Context, queue string, types, payloads []string, keys, dedups []*string) ([]int64, error) {
+	var ids []int64
+	var err error
+	if dedups == nil {
+		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text[], $3::pg_catalog.text[], $4::pg_catalog.text[])`,
+			queue, types, payloads, keys).Scan(&ids)
+	} else {
+		err = q.db.QueryRow(ctx, `select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text[], $3::pg_catalog.text[], $4::pg_catalog.text[], $5::pg_catalog.text[])`,
+			queue, types, payloads, keys, dedups).Scan(&ids)
+	}
+	return ids, err
+}
+
 // Subscribe calls pgque.subscribe(queue, consumer) and reports whether the
 // subscription is new.
 func (q *Queries) Subscribe(ctx context.Context, queue, consumer string) (bool, error) {
 	var n int
 	err := q.db.QueryRow(ctx, `select pgque.subscribe($1::pg_catalog.text, $2::pg_catalog.text)`, queue, consumer).Scan(&n)
 	return n == 1, err
+}
+
+// RewindNewSubscription calls pgque.rewind_new_subscription(queue,
+// consumer) and returns how many event ids the rewind gained.
+func (q *Queries) RewindNewSubscription(ctx context.Context, queue, consumer string) (int64, error) {
+	var n int64
+	err := q.db.QueryRow(ctx, `select pgque.rewind_new_subscription($1::pg_catalog.text, $2::pg_catalog.text)`, queue, consumer).Scan(&n)
+	return n, err
+}
+
+// EventsBeforeSubscription calls pgque.events_before_subscription(queue,
+// consumer).
+func (q *Queries) EventsBeforeSubscription(ctx context.Context, queue, consumer string) (int64, error) {
+	var n int64
+	err := q.db.QueryRow(ctx, `select pgque.events_before_subscription($1::pg_catalog.text, $2::pg_catalog.text)`, queue, consumer).Scan(&n)
+	return n, err
 }
 
 // Unsubscribe calls pgque.unsubscribe(queue, consumer) and reports whether

@@ -109,7 +109,9 @@ type SlotStatus struct {
 	// Live reports whether the lease is unexpired, by the server's clock.
 	Live  bool
 	Epoch int64
-	// Lag is the number of the slot's events committed after its cursor.
+	// Lag is the number of the slot's events still to be handled: those
+	// committed after its cursor and those it holds back (retrying, or
+	// deferred behind a held key).
 	Lag int64
 	// OldestPendingAge is the age of the oldest event the slot has not
 	// acknowledged yet (0 when none is pending).
@@ -124,6 +126,11 @@ type SlotStatus struct {
 	OpenBatch *int64
 	// LastActive is how long ago the slot last opened or finished a batch.
 	LastActive time.Duration
+	// Held is how many events wait deferred behind a held key, Retrying
+	// how many wait for their retry, and BlockedKeys how many keys the
+	// pause policy blocks.
+	Held, Retrying int64
+	BlockedKeys    int
 }
 
 // PartitionSlotStatus reads the partition_slot_status view for one
@@ -133,7 +140,8 @@ type SlotStatus struct {
 func (q *Queries) PartitionSlotStatus(ctx context.Context, queue, consumer string) ([]SlotStatus, error) {
 	rows, err := q.db.Query(ctx, `select slot, nslots, owner, coalesce(lease_until operator(pg_catalog.>) pg_catalog.now(), false), coalesce(epoch, 0),
 			coalesce(lag, 0), coalesce(extract(epoch from oldest_pending_age), 0)::pg_catalog.float8,
-			queue, consumer, lease_until, policy, open_batch, coalesce(extract(epoch from last_active), 0)::pg_catalog.float8
+			queue, consumer, lease_until, policy, open_batch, coalesce(extract(epoch from last_active), 0)::pg_catalog.float8,
+			held, blocked_keys, retrying
 		from pgque.partition_slot_status
 		where ($1::pg_catalog.text operator(pg_catalog.=) '' or queue operator(pg_catalog.=) $1::pg_catalog.text)
 		  and ($2::pg_catalog.text operator(pg_catalog.=) '' or consumer operator(pg_catalog.=) $2::pg_catalog.text)
@@ -147,7 +155,7 @@ func (q *Queries) PartitionSlotStatus(ctx context.Context, queue, consumer strin
 		var s SlotStatus
 		var age, active float64
 		if err := rows.Scan(&s.Slot, &s.NSlots, &s.Owner, &s.Live, &s.Epoch, &s.Lag, &age,
-			&s.Queue, &s.Consumer, &s.LeaseUntil, &s.Policy, &s.OpenBatch, &active); err != nil {
+			&s.Queue, &s.Consumer, &s.LeaseUntil, &s.Policy, &s.OpenBatch, &active, &s.Held, &s.BlockedKeys, &s.Retrying); err != nil {
 			return nil, err
 		}
 		s.OldestPendingAge = seconds(age)

@@ -180,3 +180,41 @@ func int64String(p *int64) string {
 	}
 	return fmt.Sprint(*p)
 }
+
+// TestSlotStatusCountsBlockedKeys: a key blocked under pause holds its
+// failed head (waiting for its retry) and every later event of the key;
+// the slot's lag and oldest pending age count them, and blocked_keys and
+// held show why, though the slot's cursor has moved past them all.
+func TestSlotStatusCountsBlockedKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	d.createQueue("sb")
+	d.exec("select pgque.subscribe_slot('sb', 'p', 0, 1, 'pause')")
+	mustClaim(t, d.pool, "sb", "p", 0, "w", "1 hour")
+	p := slotRef{q: "sb", c: "p", slot: 0, n: 1, worker: "w", max: 100}
+	k := ptr("tenant-9")
+	a1 := d.send("sb", k)
+	d.send("sb", k)
+	d.send("sb", ptr("tenant-2"))
+	time.Sleep(50 * time.Millisecond) // so the held events have an age
+	d.tick("sb")
+	if ms := mustReceive(t, d.pool, p); len(ms) != 3 {
+		t.Fatalf("received %v, want 3 events", ids(ms))
+	}
+	if n, err := nack(ctx, d.pool, p, a1, "1 hour"); err != nil || n != 1 {
+		t.Fatalf("nack: %d %v", n, err)
+	}
+	mustAck(t, d.pool, p)
+	var lag, held int64
+	var blocked int32
+	var age *float64
+	if err := d.pool.QueryRow(ctx, `select lag, extract(epoch from oldest_pending_age)::float8, held, blocked_keys
+		from pgque.partition_slot_status where queue = 'sb' and consumer = 'p'`).Scan(&lag, &age, &held, &blocked); err != nil {
+		t.Fatal(err)
+	}
+	if lag != 2 || held != 1 || blocked != 1 || age == nil || *age < 0.04 {
+		t.Errorf("slot of a blocked key: lag %d, oldest age %v s, held %d, blocked keys %d; want 2, at least 0.04, 1, 1",
+			lag, age, held, blocked)
+	}
+}

@@ -355,6 +355,14 @@ var functions = map[string]fn{
 	"pgque._may_read(integer)": {roles: "rwa", args: []string{"1"}, nullAs: map[int]string{0: ""}},
 	"pgque._slot_pending(integer,integer,integer)": {roles: "rwa", args: []string{"1", "0", "2"}, nullAs: map[int]string{0: ""},
 		cases: []badCase{bc("PQ011", "1", "0", "0"), bc("PQ011", "1", "2", "2"), bc("PQ011", "1", "-1", "2")}},
+	// c1 was subscribed by an earlier transaction: PQ011, whoever calls.
+	"pgque.rewind_new_subscription(text,text)": {roles: "ra", args: []string{"'q1'", "'c1'"},
+		cases: []badCase{bc("PQ011", "'q1'", "'c1'"), bc("PQ002", "'q1'", "'nobody'"), bc("PQ001", "'nope'", "'c1'"),
+			bc("PQ010", "'q1'", "'sc#0/2'"), bc("PQ010", "'q1'", "'%'")}},
+	"pgque.events_before_subscription(text,text)": {roles: "rwa", args: []string{"'q1'", "'c1'"},
+		cases: []badCase{bc("", "'q1'", "'sc'"), bc("PQ002", "'q1'", "'nobody'"), bc("PQ001", "'nope'", "'c1'"), bc("PQ002", "'q1'", "'_'")}},
+	// The same view's counts of held events and blocked keys: counts only.
+	"pgque._slot_held(integer)": {roles: "rwa", args: []string{"1"}, nullAs: map[int]string{0: ""}},
 }
 
 // fixture creates the objects the valid arguments refer to.

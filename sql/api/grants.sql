@@ -16,6 +16,7 @@ grant execute on function
 grant execute on function
     pgque.subscribe(text, text),
     pgque.unsubscribe(text, text),
+    pgque.rewind_new_subscription(text, text),
     pgque.receive(text, text, integer),
     pgque.receive_raw(text, text, integer, bigint),
     pgque.ack(bigint),
@@ -39,6 +40,8 @@ grant execute on function
     pgque._table_source_capture(),
     pgque._table_source_emit()
     to pgque_admin;
+
+grant execute on function pgque.events_before_subscription(text, text) to pgque_reader, pgque_writer, pgque_admin;
 
 select pgque._grant_select(array['pgque.dedup_state', 'pgque.table_source']::regclass[],
     array['pgque_admin']::regrole[]);

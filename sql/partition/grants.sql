@@ -36,6 +36,7 @@ grant execute on function
     to pgque_admin;
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
+grant execute on function pgque._slot_held(integer) to pgque_reader, pgque_writer, pgque_admin;
 select pgque._grant_select(array['pgque.partition_slot_status', 'pgque.partition_slot_leases', 'pgque.partition_slot_stalls']::regclass[],
     array['pgque_reader', 'pgque_writer', 'pgque_admin']::regrole[]);
 

@@ -5028,6 +5028,125 @@ begin
 end;
 $$;
 
+-- _own_subscriptions(queue_id, consumer): the subscriptions of consumer
+-- (its plain one, or every slot "<consumer>#<slot>/<nslots>"), with
+-- whether the current transaction created them (their row's xmin is its
+-- xid; a subtransaction's insert would not match, and is not counted).
+-- Tables: reads subscription.
+create or replace function pgque._own_subscriptions(i_queue_id integer, i_consumer text)
+returns table (sub_id integer, created_now boolean) language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select s.sub_id,
+           s.xmin::text = (pg_current_xact_id()::text::bigint % 4294967296)::text
+      from pgque.subscription s
+     where s.sub_queue = i_queue_id
+       and (s.sub_name = i_consumer or left(s.sub_name, length(i_consumer) + 1) = i_consumer || '#')
+$$;
+
+-- rewind_new_subscription(queue, consumer): moves the subscriptions of
+-- consumer (plain, or all its slots) that this transaction created back to
+-- the oldest position from which the queue still keeps every event: the
+-- oldest cursor of the queue's other subscriptions. Rotation never
+-- truncates an event some cursor has not passed, and no tick from the
+-- oldest cursor on is dropped, so everything committed after that tick is
+-- still there and the new subscription receives it, in order, as if it
+-- had been subscribed then. Without another subscription the queue keeps
+-- nothing for anyone (tables rotate freely, old ticks are dropped): no
+-- rewind is possible, and the subscription stays where it starts. Only a
+-- subscription created in this transaction may be rewound: one that
+-- already received events would receive them again, and until this
+-- transaction commits the key-share lock register_consumer took on the
+-- queue row keeps rotation and the tick flip from dropping what the
+-- rewound cursor needs. Returns how many event ids were taken between the
+-- new start and the old one (0: not moved; an upper bound of the events
+-- gained, as ids of rolled-back sends and force_next_tick's advances
+-- count). Raises PQ002 when consumer
+-- has no subscription, PQ011 when this transaction created none of them.
+-- Tables: subscription, sub_state (append), tick (read).
+create or replace function pgque.rewind_new_subscription(i_queue text, i_consumer text)
+returns bigint language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_queue integer;
+    v_new   integer[];
+    v_from  bigint;
+    v_to    bigint;
+    v_gain  bigint;
+    v_sub   integer;
+begin
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
+    v_queue := (pgque._queue(i_queue)).queue_id;
+    perform pgque._check_consumer(i_consumer);
+    select array_agg(o.sub_id) filter (where o.created_now), count(*)
+      into v_new, v_gain
+      from pgque._own_subscriptions(v_queue, i_consumer) o;
+    if v_gain = 0 then
+        raise exception using errcode = 'PQ002',
+            message = format('consumer %L is not subscribed to queue %L', i_consumer, i_queue);
+    end if;
+    if v_new is null then
+        raise exception using errcode = 'PQ011',
+            message = format('consumer %L of queue %L was not subscribed in this transaction: only a new subscription can be rewound (one that received events would receive them again)',
+                             i_consumer, i_queue);
+    end if;
+    perform 1 from pgque.queue where queue_id = v_queue for key share;
+    select min(st.st_last_tick) into v_from
+      from pgque.subscription s cross join lateral pgque._sub_state(s.sub_id) st
+     where s.sub_queue = v_queue and s.sub_id <> all (v_new);
+    select min(st.st_last_tick) into v_to
+      from unnest(v_new) n(id) cross join lateral pgque._sub_state(n.id) st;
+    if v_from is null or v_from >= v_to then
+        return 0;
+    end if;
+    foreach v_sub in array v_new loop
+        update pgque.subscription set sub_last_tick = v_from where sub_id = v_sub;
+        perform pgque._put_state(row(v_sub, null, null, v_from, null, null, null, null, false, null, null)::pgque.sub_state);
+    end loop;
+    select t.tick_event_seq - f.tick_event_seq into v_gain
+      from pgque.tick t, pgque.tick f
+     where t.tick_queue = v_queue and t.tick_id = v_to and f.tick_queue = v_queue and f.tick_id = v_from;
+    return coalesce(v_gain, 0);
+end;
+$$;
+
+-- events_before_subscription(queue, consumer): how many events the queue
+-- still holds that were committed before the oldest cursor of consumer's
+-- subscriptions (plain, or any of its slots): right after subscribing, the
+-- events sent before the subscription that it will never receive. Counting
+-- stops at 10000, so the cost is bounded whatever the backlog; events the
+-- queue no longer holds (rotated away) are not counted. Raises PQ002 when
+-- consumer is not subscribed. Tables: reads subscription, sub_state, tick,
+-- event.
+create or replace function pgque.events_before_subscription(i_queue text, i_consumer text)
+returns bigint language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_queue integer;
+    v_tick  bigint;
+    v_snap  pg_snapshot;
+    v_n     bigint;
+begin
+    v_queue := (pgque._queue(i_queue)).queue_id;
+    perform pgque._check_consumer(i_consumer);
+    select min(st.st_last_tick) into v_tick
+      from pgque._own_subscriptions(v_queue, i_consumer) o cross join lateral pgque._sub_state(o.sub_id) st;
+    if v_tick is null then
+        raise exception using errcode = 'PQ002',
+            message = format('consumer %L is not subscribed to queue %L', i_consumer, i_queue);
+    end if;
+    select tick_snapshot into v_snap from pgque.tick where tick_queue = v_queue and tick_id = v_tick;
+    select count(*) into v_n
+      from (select 1 from pgque.event e
+             where e.ev_part >= v_queue * 16 and e.ev_part < v_queue * 16 + 16 and e.ev_owner is null
+               and pg_visible_in_snapshot(e.ev_txid, v_snap)
+             limit 10000) x;
+    return v_n;
+end;
+$$;
+
 
 -- ==== api/functions/pgque.deliver.sql ====
 -- Chunked delivery of batches: the acknowledgement (_ack) shared by every
@@ -5867,6 +5986,7 @@ grant execute on function
 grant execute on function
     pgque.subscribe(text, text),
     pgque.unsubscribe(text, text),
+    pgque.rewind_new_subscription(text, text),
     pgque.receive(text, text, integer),
     pgque.receive_raw(text, text, integer, bigint),
     pgque.ack(bigint),
@@ -5890,6 +6010,8 @@ grant execute on function
     pgque._table_source_capture(),
     pgque._table_source_emit()
     to pgque_admin;
+
+grant execute on function pgque.events_before_subscription(text, text) to pgque_reader, pgque_writer, pgque_admin;
 
 select pgque._grant_select(array['pgque.dedup_state', 'pgque.table_source']::regclass[],
     array['pgque_admin']::regrole[]);
@@ -7752,13 +7874,54 @@ begin
 end;
 $$;
 
+-- _slot_held(sub_id): what a slot holds back behind its cursor: events
+-- waiting for a retry (under pause, a blocked key's failed head), events
+-- deferred behind a held key (a blocked key's later events, or those of a
+-- key its lanes still run), the age of the oldest of them, and the number
+-- of keys blocked under pause. The cursor moves on past all of them, so
+-- _slot_pending does not see them, yet they are the slot's backlog: a slot
+-- with a blocked tenant is not idle. (While the batch that deferred or
+-- retried an event is still open, _slot_pending counts that event too:
+-- the lag overstates by those until the batch is acknowledged.) Counts and
+-- an age only, no key or data; refused (42501) for a confined queue the
+-- caller may not read. SECURITY DEFINER and granted, as _slot_pending. Tables: reads
+-- retry_queue, deferred, key_block (each by its owner's primary key).
+create or replace function pgque._slot_held(i_sub integer, out o_held bigint, out o_retrying bigint,
+                                            out o_oldest interval, out o_blocked integer)
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_queue integer;
+begin
+    select sub_queue into v_queue from pgque.subscription where sub_id = i_sub;
+    if not found then
+        return;
+    end if;
+    -- A confined queue's counts are the queue's to tell, as _slot_pending's.
+    if not pgque._may_read(v_queue) then
+        perform pgque._authorize_id(v_queue, 'consume');
+    end if;
+    select d.n, r.n, clock_timestamp() - least(d.oldest, r.oldest), b.n
+      into o_held, o_retrying, o_oldest, o_blocked
+      from (select count(*) as n, min(ev_time) as oldest from pgque.deferred where ev_owner = i_sub) d,
+           (select count(*) as n, min(ev_time) as oldest from pgque.retry_queue where ev_owner = i_sub) r,
+           (select count(*)::integer as n from pgque.key_block
+             where kb_sub = i_sub and kb_state in ('blocked', 'releasing')) b;
+end;
+$$;
+
 -- The three slot views show a confined queue's slots only to whoever may
 -- read it (_may_read, sql/engine/functions/pgque.authorize.sql): the rows
 -- of other queues are left out, as they are for a role without the grant.
 
 -- partition_slot_status: one row per slot: its lease (owner is NULL once the
--- lease expired), epoch, lag (pending events of that slot, not of the whole
--- stream) and the age of its oldest pending event.
+-- lease expired), epoch, lag (the events of that slot, not of the whole
+-- stream, still to be handled: those after its cursor and those it holds
+-- back, see _slot_held) and the age of the oldest of them; held (events
+-- deferred behind a held key), retrying (events waiting for their retry)
+-- and blocked_keys (keys blocked under pause) say how much of it waits on
+-- a failed head rather than on the worker.
 select pgque._create_view('partition_slot_status', $ddl$
 create or replace view pgque.partition_slot_status as
 select q.queue_name      as queue,
@@ -7768,11 +7931,14 @@ select q.queue_name      as queue,
        case when greatest(l.sl_until, st.st_time + l.sl_ttl) > clock_timestamp() then l.sl_owner end as owner,
        case when l.sl_owner is not null then greatest(l.sl_until, st.st_time + l.sl_ttl) end as lease_until,
        l.sl_epoch        as epoch,
-       p.o_lag           as lag,
-       p.o_oldest        as oldest_pending_age,
+       p.o_lag + h.o_held + h.o_retrying as lag,
+       case when p.o_oldest is null or h.o_oldest > p.o_oldest then h.o_oldest else p.o_oldest end as oldest_pending_age,
        g.sg_policy       as policy,
        case when st.st_sub is not null then st.st_batch else s.sub_batch end as open_batch,
-       clock_timestamp() - coalesce(st.st_time, s.sub_active) as last_active
+       clock_timestamp() - coalesce(st.st_time, s.sub_active) as last_active,
+       h.o_held          as held,
+       h.o_blocked       as blocked_keys,
+       h.o_retrying      as retrying
   from pgque.slot_lease l
   join pgque.slot_group g on g.sg_queue = l.sl_queue and g.sg_consumer = l.sl_consumer
   join pgque.queue q on q.queue_id = l.sl_queue
@@ -7780,6 +7946,7 @@ select q.queue_name      as queue,
   left join lateral (select x.st_sub, x.st_batch, x.st_time from pgque.sub_state x
                       where x.st_sub = l.sl_sub order by x.st_seq desc limit 1) st on true
   cross join lateral pgque._slot_pending(l.sl_sub, l.sl_slot, g.sg_nslots) p
+  cross join lateral pgque._slot_held(l.sl_sub) h
  where pgque._may_read(l.sl_queue)
 $ddl$);
 
@@ -8799,6 +8966,7 @@ grant execute on function
     to pgque_admin;
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
+grant execute on function pgque._slot_held(integer) to pgque_reader, pgque_writer, pgque_admin;
 select pgque._grant_select(array['pgque.partition_slot_status', 'pgque.partition_slot_leases', 'pgque.partition_slot_stalls']::regclass[],
     array['pgque_reader', 'pgque_writer', 'pgque_admin']::regrole[]);
 

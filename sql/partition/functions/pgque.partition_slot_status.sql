@@ -38,13 +38,54 @@ begin
 end;
 $$;
 
+-- _slot_held(sub_id): what a slot holds back behind its cursor: events
+-- waiting for a retry (under pause, a blocked key's failed head), events
+-- deferred behind a held key (a blocked key's later events, or those of a
+-- key its lanes still run), the age of the oldest of them, and the number
+-- of keys blocked under pause. The cursor moves on past all of them, so
+-- _slot_pending does not see them, yet they are the slot's backlog: a slot
+-- with a blocked tenant is not idle. (While the batch that deferred or
+-- retried an event is still open, _slot_pending counts that event too:
+-- the lag overstates by those until the batch is acknowledged.) Counts and
+-- an age only, no key or data; refused (42501) for a confined queue the
+-- caller may not read. SECURITY DEFINER and granted, as _slot_pending. Tables: reads
+-- retry_queue, deferred, key_block (each by its owner's primary key).
+create or replace function pgque._slot_held(i_sub integer, out o_held bigint, out o_retrying bigint,
+                                            out o_oldest interval, out o_blocked integer)
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_queue integer;
+begin
+    select sub_queue into v_queue from pgque.subscription where sub_id = i_sub;
+    if not found then
+        return;
+    end if;
+    -- A confined queue's counts are the queue's to tell, as _slot_pending's.
+    if not pgque._may_read(v_queue) then
+        perform pgque._authorize_id(v_queue, 'consume');
+    end if;
+    select d.n, r.n, clock_timestamp() - least(d.oldest, r.oldest), b.n
+      into o_held, o_retrying, o_oldest, o_blocked
+      from (select count(*) as n, min(ev_time) as oldest from pgque.deferred where ev_owner = i_sub) d,
+           (select count(*) as n, min(ev_time) as oldest from pgque.retry_queue where ev_owner = i_sub) r,
+           (select count(*)::integer as n from pgque.key_block
+             where kb_sub = i_sub and kb_state in ('blocked', 'releasing')) b;
+end;
+$$;
+
 -- The three slot views show a confined queue's slots only to whoever may
 -- read it (_may_read, sql/engine/functions/pgque.authorize.sql): the rows
 -- of other queues are left out, as they are for a role without the grant.
 
 -- partition_slot_status: one row per slot: its lease (owner is NULL once the
--- lease expired), epoch, lag (pending events of that slot, not of the whole
--- stream) and the age of its oldest pending event.
+-- lease expired), epoch, lag (the events of that slot, not of the whole
+-- stream, still to be handled: those after its cursor and those it holds
+-- back, see _slot_held) and the age of the oldest of them; held (events
+-- deferred behind a held key), retrying (events waiting for their retry)
+-- and blocked_keys (keys blocked under pause) say how much of it waits on
+-- a failed head rather than on the worker.
 select pgque._create_view('partition_slot_status', $ddl$
 create or replace view pgque.partition_slot_status as
 select q.queue_name      as queue,
@@ -54,11 +95,14 @@ select q.queue_name      as queue,
        case when greatest(l.sl_until, st.st_time + l.sl_ttl) > clock_timestamp() then l.sl_owner end as owner,
        case when l.sl_owner is not null then greatest(l.sl_until, st.st_time + l.sl_ttl) end as lease_until,
        l.sl_epoch        as epoch,
-       p.o_lag           as lag,
-       p.o_oldest        as oldest_pending_age,
+       p.o_lag + h.o_held + h.o_retrying as lag,
+       case when p.o_oldest is null or h.o_oldest > p.o_oldest then h.o_oldest else p.o_oldest end as oldest_pending_age,
        g.sg_policy       as policy,
        case when st.st_sub is not null then st.st_batch else s.sub_batch end as open_batch,
-       clock_timestamp() - coalesce(st.st_time, s.sub_active) as last_active
+       clock_timestamp() - coalesce(st.st_time, s.sub_active) as last_active,
+       h.o_held          as held,
+       h.o_blocked       as blocked_keys,
+       h.o_retrying      as retrying
   from pgque.slot_lease l
   join pgque.slot_group g on g.sg_queue = l.sl_queue and g.sg_consumer = l.sl_consumer
   join pgque.queue q on q.queue_id = l.sl_queue
@@ -66,6 +110,7 @@ select q.queue_name      as queue,
   left join lateral (select x.st_sub, x.st_batch, x.st_time from pgque.sub_state x
                       where x.st_sub = l.sl_sub order by x.st_seq desc limit 1) st on true
   cross join lateral pgque._slot_pending(l.sl_sub, l.sl_slot, g.sg_nslots) p
+  cross join lateral pgque._slot_held(l.sl_sub) h
  where pgque._may_read(l.sl_queue)
 $ddl$);
 

@@ -30,6 +30,8 @@ const (
 	// JSON text it already is.
 	pgqueSendTextSQL      = `select pgque.send($1, $2, $3::text, $4)`
 	pgqueSendBatchTextSQL = `select pgque.send_batch('bench', $1, $2::text[], $3::text[])`
+	// The mixed-type form: one type per payload.
+	pgqueSendBatchMixedSQL = `select pgque.send_batch('bench', $1::text[], $2::text[], $3::text[])`
 )
 
 // newPgque creates database name, installs pgque into it and creates queue
@@ -87,18 +89,32 @@ func (p *pgqueDB) sendRateSQL(ctx context.Context, sql, queue string, conns int,
 // sendBatchRate measures pgque.send_batch of batchSize events with
 // partition keys; events per second.
 func (p *pgqueDB) sendBatchRate(ctx context.Context, d time.Duration) (float64, error) {
-	return p.sendBatchRateSQL(ctx, pgqueSendBatchSQL, d)
+	return p.sendBatchRateSQL(ctx, pgqueSendBatchSQL, d, eventType)
 }
 
 // sendBatchTextRate is sendBatchRate through the text[] form of send_batch.
 func (p *pgqueDB) sendBatchTextRate(ctx context.Context, d time.Duration) (float64, error) {
-	return p.sendBatchRateSQL(ctx, pgqueSendBatchTextSQL, d)
+	return p.sendBatchRateSQL(ctx, pgqueSendBatchTextSQL, d, eventType)
 }
 
-func (p *pgqueDB) sendBatchRateSQL(ctx context.Context, sql string, d time.Duration) (float64, error) {
+// sendBatchMixedRate is sendBatchTextRate through the mixed-type form,
+// the events' types cycling through those of a file's life, so that no
+// two neighbours share one.
+func (p *pgqueDB) sendBatchMixedRate(ctx context.Context, d time.Duration) (float64, error) {
+	lifecycle := []string{"FileCreated", "FileOverwritten", "FileRenamed", "FileDeleted"}
+	types := make([]string, batchSize)
+	for i := range types {
+		types[i] = lifecycle[i%len(lifecycle)]
+	}
+	return p.sendBatchRateSQL(ctx, pgqueSendBatchMixedSQL, d, types)
+}
+
+// sendBatchRateSQL runs sql with typ (a type, or an array of them), the
+// payloads and their keys on one connection.
+func (p *pgqueDB) sendBatchRateSQL(ctx context.Context, sql string, d time.Duration, typ any) (float64, error) {
 	payloads, keys := batchPayloads(0, batchSize)
 	return connLoop(ctx, p.pool, 1, d, func(ctx context.Context, c *pgx.Conn) (int, error) {
-		_, err := c.Exec(ctx, sql, eventType, payloads, keys)
+		_, err := c.Exec(ctx, sql, typ, payloads, keys)
 		return batchSize, err
 	})
 }

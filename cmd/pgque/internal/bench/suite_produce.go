@@ -82,6 +82,7 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 		trial{"go_send_64", empty(func(ctx context.Context) (float64, error) { return gc.sendRate(ctx, 64, d) })},
 		trial{"send_batch_1000", empty(func(ctx context.Context) (float64, error) { return p.sendBatchRate(ctx, d) })},
 		trial{"send_batch_text_1000", empty(func(ctx context.Context) (float64, error) { return p.sendBatchTextRate(ctx, d) })},
+		trial{"send_batch_mixed_1000", empty(func(ctx context.Context) (float64, error) { return p.sendBatchMixedRate(ctx, d) })},
 		trial{"floor_insert_select_1000", func(ctx context.Context) (float64, error) { return f.insertSelectRate(ctx, d) }},
 		trial{"pgq_insert_event_batch_1000", empty(func(ctx context.Context) (float64, error) { return q.batchRate(ctx, d) })},
 		trial{"go_send_batch_1000", empty(func(ctx context.Context) (float64, error) { return gc.sendBatchRate(ctx, d) })},
@@ -118,6 +119,8 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 	r.compare("send_batch_1000", m["send_batch_1000"], "pgq_insert_event_batch_1000", m["pgq_insert_event_batch_1000"], u, atLeast(2), "")
 	r.compare("send_batch_text_1000", m["send_batch_text_1000"], "floor_insert_select_1000", m["floor_insert_select_1000"], u, atLeast(0.8), floorNote)
 	r.compare("send_batch_text_1000", m["send_batch_text_1000"], "send_batch_1000", m["send_batch_1000"], u, nil, "send_batch with payloads text[] vs jsonb[]")
+	r.compare("send_batch_mixed_1000", m["send_batch_mixed_1000"], "send_batch_text_1000", m["send_batch_text_1000"], u, atLeast(0.9),
+		"send_batch with one type per payload (4 types, alternating) vs one type for all")
 	r.compare("go_send_batch_1000", m["go_send_batch_1000"], "send_batch_1000", m["send_batch_1000"], u, nil,
 		"Client.SendBatch of 1000 vs the same SQL")
 	r.compare("go_send_batch_1000", m["go_send_batch_1000"], "floor_insert_select_1000", m["floor_insert_select_1000"], u, nil, "")

@@ -7,7 +7,7 @@
 //	pgque install | upgrade | uninstall --yes [--drop-roles] | sql | version
 //	pgque ticker                                  the leader-elected ticker daemon
 //	pgque queue create|drop|list|config           queue admin
-//	pgque subscribe | unsubscribe <queue> <consumer>
+//	pgque subscribe | unsubscribe <queue> --consumer c
 //	pgque slots subscribe|unsubscribe|status      partitioned consumers' slots
 //	pgque slots policy|blocked|unblock|retry-now  the pause failure policy
 //	pgque send <queue> [payload]                  argument, or JSON lines on stdin

@@ -112,9 +112,14 @@ func (a *app) printKeys(r *keyview.Report) error {
 		}
 		rows[i] = []string{truncate(keyview.FormatKey(h.Key), 40), events, fmt.Sprintf("%.1f", h.Rate), fmt.Sprintf("%.0f%%", 100*h.Share)}
 	}
-	fmt.Fprintf(a.stdout, "\nHottest keys of %s (last %s):\n", r.Queue, fmtSeconds(span))
-	if err := table(a.stdout, []string{"KEY", "EVENTS", "EV/S", "SHARE"}, rows); err != nil {
-		return err
+	if len(rows) == 0 {
+		// No recent events: there is no window to name ("last 0s").
+		fmt.Fprintf(a.stdout, "\nHottest keys of %s: no events sent lately\n", r.Queue)
+	} else {
+		fmt.Fprintf(a.stdout, "\nHottest keys of %s (last %s):\n", r.Queue, fmtSeconds(span))
+		if err := table(a.stdout, []string{"KEY", "EVENTS", "EV/S", "SHARE"}, rows); err != nil {
+			return err
+		}
 	}
 	for _, w := range r.Warnings {
 		fmt.Fprintf(a.stdout, "\nWARNING: %s\n", w)

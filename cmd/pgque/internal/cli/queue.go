@@ -102,7 +102,7 @@ func (a *app) queueListCommand() *cobra.Command {
 			rows := make([][]string, len(infos))
 			for i, q := range infos {
 				rows[i] = []string{q.Name, fmtRate(q.EvPerSec), strconv.FormatInt(q.Unticked, 10),
-					fmtSeconds(q.TickerLagSeconds), strconv.FormatInt(q.RetryPending, 10), strconv.FormatInt(q.DeadLetters, 10)}
+					fmtTickerLag(&q), strconv.FormatInt(q.RetryPending, 10), strconv.FormatInt(q.DeadLetters, 10)}
 			}
 			return table(a.stdout, []string{"QUEUE", "EV/S", "UNTICKED", "TICKER LAG", "RETRIES", "DEAD"}, rows)
 		},

@@ -65,7 +65,10 @@ capped backoff until it answers. See docs/relay.md.
 
 Every flag can also be set from the environment as PGQUE_RELAY_<FLAG>
 (e.g. PGQUE_RELAY_TO); the database comes from --dsn, PGQUE_DSN or
-DATABASE_URL. SIGINT or SIGTERM stops gracefully: requests in flight finish,
+DATABASE_URL. Subscribe the consumer when you install, before the producers
+start ('pgque slots subscribe'): a relay whose first start creates the
+subscription receives only what is sent from then on, and warns when the
+queue already had events. SIGINT or SIGTERM stops gracefully: requests in flight finish,
 their chunks are acknowledged and the slot leases released.`,
 		Args: exactArgs(),
 		PreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -152,6 +155,7 @@ their chunks are acknowledged and the slot leases released.`,
 	f.StringVar(&rcfg.URL, "to", "", "endpoint URL every event is POSTed to, http:// or https:// (required)")
 	f.IntVar(&concurrency, "concurrency", 0, "per-process limit of events handled at once, across the keys of every owned slot, one per key (default: --max-in-flight)")
 	f.StringVar(&policy, "policy", "", "failure policy, skip or pause (default: the persisted one, skip for a new consumer)")
+	f.BoolVar(&ccfg.StartFromOldest, "from-oldest", false, "when the relay creates the consumer's subscription, start it at the oldest event the queue keeps for its other subscriptions (subscribing before the producers start needs no flag)")
 	f.DurationVar(&ccfg.LeaseTTL, "lease-ttl", pgque.LeaseTTLDefault, "slot lease lifetime: a crashed relay's slots are taken over after it")
 	f.StringVar(&ccfg.WorkerID, "worker", "", "id of this process in slot leases (default hostname-pid-random)")
 	f.IntVar(&ccfg.BatchSize, "batch-size", 0, "maximum events per chunk (default the library's)")

@@ -28,14 +28,17 @@ type slotFlags struct {
 func (f *slotFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.consumer, "consumer", "", "consumer name (required)")
 	cmd.Flags().IntVar(&f.slots, "slots", 0, "number of slots N (required)")
-	_ = cmd.MarkFlagRequired("consumer")
 	_ = cmd.MarkFlagRequired("slots")
 }
 
-func (f *slotFlags) validate() error {
-	if f.consumer == "" {
-		return usagef("--consumer must not be empty")
+// validate checks the flags; the consumer may also come as the argument
+// after the queue (see consumerOf).
+func (f *slotFlags) validate(args []string) error {
+	consumer, err := consumerOf(f.consumer, args)
+	if err != nil {
+		return err
 	}
+	f.consumer = consumer
 	if f.slots < 1 {
 		return usagef("--slots must be at least 1, not %d", f.slots)
 	}
@@ -44,23 +47,32 @@ func (f *slotFlags) validate() error {
 
 func (a *app) slotsSubscribeCommand() *cobra.Command {
 	var (
-		f      slotFlags
-		policy string
+		f          slotFlags
+		policy     string
+		fromOldest bool
 	)
 	cmd := &cobra.Command{
-		Use:   "subscribe <queue> --consumer c --slots N [--policy skip|pause]",
+		Use:   "subscribe <queue> --consumer c --slots N [--policy skip|pause] [--from-oldest]",
 		Short: "Subscribe all N slots of a partitioned consumer, in one transaction",
 		Long: `Slots subscribe subscribes slots 0..N-1 of consumer c (subscriptions named
 c#k/N). N is persisted for (queue, consumer): subscribing again with another N
-fails. Every slot starts at the queue's latest tick.
+fails. Every slot starts at the queue's latest tick: it receives the events
+sent from then on, not those sent before. So subscribe when you install,
+before the producers start; a relay or worker pool started later then finds
+every event waiting for it.
+
+--from-oldest starts new slots at the oldest event the queue still keeps
+for its other subscriptions instead (a queue nobody else subscribes to
+keeps nothing: there it changes nothing). It prints an upper bound of the
+earlier events that gives them.
 
 --policy sets the failure policy when the consumer is new: skip (the default:
 later events of a key may overtake a failed one) or pause (they wait until
 the failed one succeeds or is dead-lettered). An existing consumer keeps its
 policy; change it with 'pgque slots policy'.`,
-		Args: exactArgs("queue"),
+		Args: rangeArgs([]string{"queue"}, "consumer"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := f.validate(); err != nil {
+			if err := f.validate(args); err != nil {
 				return err
 			}
 			if err := checkPolicy(policy, true); err != nil {
@@ -78,6 +90,15 @@ policy; change it with 'pgque slots policy'.`,
 					return usagef("%v", err)
 				}
 			}
+			if fromOldest {
+				created, gained, err := s.SubscribeSlotsFromOldest(ctx, args[0], f.consumer, f.slots, pol)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "subscribed %s to queue %s with %d slots (%d new), from the oldest kept event (up to %d earlier events)\n",
+					f.consumer, args[0], f.slots, created, gained)
+				return nil
+			}
 			created, err := s.SubscribeSlots(ctx, args[0], f.consumer, f.slots, pol)
 			if err != nil {
 				return err
@@ -88,6 +109,7 @@ policy; change it with 'pgque slots policy'.`,
 	}
 	f.add(cmd)
 	cmd.Flags().StringVar(&policy, "policy", "", "failure policy of a new consumer: skip or pause (default skip)")
+	cmd.Flags().BoolVar(&fromOldest, "from-oldest", false, "start new slots at the oldest event the queue keeps for its other subscriptions, not at the latest tick")
 	return cmd
 }
 
@@ -96,9 +118,9 @@ func (a *app) slotsUnsubscribeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "unsubscribe <queue> --consumer c --slots N",
 		Short: "Unsubscribe all N slots of a partitioned consumer, in one transaction",
-		Args:  exactArgs("queue"),
+		Args:  rangeArgs([]string{"queue"}, "consumer"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := f.validate(); err != nil {
+			if err := f.validate(args); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
@@ -178,7 +200,7 @@ func slotRows(slots []slotRow) [][]string {
 		}
 		rows[i] = []string{sl.Queue, sl.Consumer, fmt.Sprintf("%d/%d", sl.Slot, sl.NSlots), owner,
 			strconv.FormatInt(sl.Epoch, 10), strconv.FormatInt(sl.Lag, 10), fmtAge(sl.OldestPendingSeconds, sl.Lag > 0),
-			fmtSeconds(sl.LastActiveSeconds) + " ago", joinWarnings(sl.Warnings)}
+			strconv.Itoa(sl.BlockedKeys), fmtSeconds(sl.LastActiveSeconds) + " ago", joinWarnings(sl.Warnings)}
 	}
 	return rows
 }

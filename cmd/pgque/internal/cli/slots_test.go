@@ -63,6 +63,19 @@ func TestPauseCommands(t *testing.T) {
 	if len(st.Blocked) != 1 || !strings.Contains(strings.Join(st.Warnings, "\n"), `key "k" blocked`) {
 		t.Errorf("status --json: blocked %+v, warnings %q", st.Blocked, st.Warnings)
 	}
+	// The blocked key's failed head and the event deferred behind it are
+	// the queue's backlog and the slot's lag, with the blocked key beside.
+	if len(st.Queues) != 1 || st.Queues[0].Pending != 2 {
+		t.Errorf("status --json: queues %+v, want q with 2 pending", st.Queues)
+	}
+	for _, sl := range st.Slots {
+		if sl.Slot == slot && (sl.Lag != 2 || sl.BlockedKeys != 1 || sl.OldestPendingSeconds <= 0) {
+			t.Errorf("status --json: slot %+v, want lag 2, 1 blocked key, an oldest pending age", sl)
+		}
+	}
+	if out := c.ok("", "slots", "status", "q"); !strings.Contains(out, "BLOCKED") {
+		t.Errorf("slots status printed no BLOCKED column: %q", out)
+	}
 
 	checkOneLine(t, nil, c.exec("", "slots", "unblock", "q", "--consumer", "p"), ExitUsage, "--key")
 	if out := c.ok("", "slots", "unblock", "q", "--consumer", "p", "--key", "k"); !strings.Contains(out, "dead-lettered event "+strconv.FormatInt(ids[0], 10)) {

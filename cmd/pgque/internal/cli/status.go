@@ -44,7 +44,9 @@ func (th *thresholds) slotWarnings(s *slotRow) []string {
 	switch {
 	case s.Lag > 0 && s.Owner == nil:
 		w = append(w, fmt.Sprintf("unpolled: %d pending, no live owner", s.Lag))
-	case s.Lag > 0 && s.LastActiveSeconds > th.stuckAfter.Seconds():
+	case s.Lag > s.HeldBack && s.LastActiveSeconds > th.stuckAfter.Seconds():
+		// Events held back for a failed head wait for its retry, not for
+		// a batch: the blocked-key warning covers them.
 		w = append(w, fmt.Sprintf("stuck: %d pending, last batch %s ago", s.Lag, fmtSeconds(s.LastActiveSeconds)))
 	}
 	return w
@@ -360,7 +362,7 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 			rotated += " (overdue, pinned by " + orDash(q.PinnedBy) + ")"
 		}
 		rows[i] = []string{q.Name, fmtRate(q.EvPerSec), strconv.FormatInt(q.Pending, 10), strconv.FormatInt(q.Unticked, 10),
-			fmtSeconds(q.TickerLagSeconds), strconv.FormatInt(q.RetryPending, 10), strconv.FormatInt(q.DeadLetters, 10), rotated}
+			fmtTickerLag(&q.queueInfo), strconv.FormatInt(q.RetryPending, 10), strconv.FormatInt(q.DeadLetters, 10), rotated}
 	}
 	if err := table(w, []string{"QUEUE", "EV/S", "PENDING", "UNTICKED", "TICKER LAG", "RETRIES", "DEAD", "ROTATED"}, rows); err != nil {
 		return err
@@ -387,7 +389,7 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 			n := len(rows[i])
 			rows[i] = append(rows[i][:n-1:n-1], held, rows[i][n-1])
 		}
-		if err := table(w, []string{"QUEUE", "CONSUMER", "SLOT", "OWNER", "EPOCH", "LAG", "OLDEST", "LAST BATCH", "HELD", "WARNINGS"}, rows); err != nil {
+		if err := table(w, []string{"QUEUE", "CONSUMER", "SLOT", "OWNER", "EPOCH", "LAG", "OLDEST", "BLOCKED", "LAST BATCH", "HELD", "WARNINGS"}, rows); err != nil {
 			return err
 		}
 	}
@@ -433,11 +435,23 @@ func writeBlockers(w io.Writer, bs []view.Blocker, now time.Time) error {
 
 // slotTable renders slots as an aligned table.
 func slotTable(w io.Writer, slots []slotRow) error {
-	return table(w, []string{"QUEUE", "CONSUMER", "SLOT", "OWNER", "EPOCH", "LAG", "OLDEST", "LAST BATCH", "WARNINGS"}, slotRows(slots))
+	return table(w, []string{"QUEUE", "CONSUMER", "SLOT", "OWNER", "EPOCH", "LAG", "OLDEST", "BLOCKED", "LAST BATCH", "WARNINGS"}, slotRows(slots))
 }
 
 // isTerminal reports whether the stream s is a terminal.
 func isTerminal(s any) bool {
 	f, ok := s.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// fmtTickerLag renders a queue's ticker lag. With nothing unticked the age
+// of the last tick says nothing about delivery: an idle queue ticks only
+// every ticker_idle_period (60 s by default), so its lag climbs toward
+// that while all is well. It shows as "idle" then, unless the ticker has
+// been silent past the idle period (the "no tick" warning's condition).
+func fmtTickerLag(q *queueInfo) string {
+	if q.Unticked == 0 && q.TickerLagSeconds <= q.Config.IdleSeconds+StuckAfterDefault.Seconds() {
+		return "idle"
+	}
+	return fmtSeconds(q.TickerLagSeconds)
 }

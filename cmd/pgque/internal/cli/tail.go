@@ -177,7 +177,7 @@ func (a *app) runTail(ctx context.Context, s *session, o *tailOptions) (err erro
 				cctx, cancel := context.WithTimeout(cleanup, cleanupTimeout)
 				defer cancel()
 				if _, uerr := t.r.Unsubscribe(cctx, o.queue, o.consumer); uerr != nil {
-					err = errors.Join(err, fmt.Errorf("removing the temporary subscription %s (remove it with 'pgque unsubscribe %s %s'): %w", o.consumer, o.queue, o.consumer, uerr))
+					err = errors.Join(err, fmt.Errorf("removing the temporary subscription %s (remove it with 'pgque unsubscribe %s --consumer %s'): %w", o.consumer, o.queue, o.consumer, uerr))
 				}
 			}()
 		}

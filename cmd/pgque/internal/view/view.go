@@ -115,10 +115,17 @@ type SlotRow struct {
 	LeaseUntil *time.Time `json:"lease_until"`
 	Epoch      int64      `json:"epoch"`
 	Lag        int64      `json:"lag"`
-	// OldestPendingSeconds is the age of the oldest pending event.
+	// Lag counts the events held back by blocked keys too, and
+	// OldestPendingSeconds is the age of the oldest pending event, held
+	// ones included.
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
-	Policy               string  `json:"policy"`
-	OpenBatch            *int64  `json:"open_batch"`
+	// BlockedKeys is how many keys the pause policy blocks on the slot,
+	// and HeldBack how many of Lag's events wait behind the slot's cursor
+	// for a failed or held head (retrying or deferred).
+	BlockedKeys int    `json:"blocked_keys"`
+	HeldBack    int64  `json:"held_back"`
+	Policy      string `json:"policy"`
+	OpenBatch   *int64 `json:"open_batch"`
 	// LastActiveSeconds is how long ago the slot last opened or finished a
 	// batch.
 	LastActiveSeconds float64 `json:"last_active_seconds"`
@@ -138,7 +145,8 @@ func SlotRowsOf(slots []pgque.SlotStatus) []SlotRow {
 	for i, s := range slots {
 		out[i] = SlotRow{Queue: s.Queue, Consumer: s.Consumer, Slot: s.Slot, NSlots: s.NSlots, Owner: NilIfEmpty(s.Owner),
 			Epoch: s.Epoch, Lag: s.Lag, OldestPendingSeconds: s.OldestPending.Seconds(), Policy: s.Policy.String(),
-			OpenBatch: s.OpenBatch, LastActiveSeconds: s.LastActive.Seconds()}
+			OpenBatch: s.OpenBatch, LastActiveSeconds: s.LastActive.Seconds(), BlockedKeys: s.BlockedKeys,
+			HeldBack: s.Held + s.Retrying}
 		if !s.LeaseUntil.IsZero() {
 			t := s.LeaseUntil
 			out[i].LeaseUntil = &t

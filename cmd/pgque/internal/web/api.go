@@ -73,10 +73,12 @@ func (s *Server) sample(ctx context.Context) (sample, error) {
 }
 
 // queueRow is a queue on the overview: its info and backlog (the pending
-// events of its slowest consumer).
+// events of its slowest consumer, held ones included) beside the keys
+// blocked under pause on all its consumers.
 type queueRow struct {
 	view.QueueInfo
-	Backlog int64 `json:"backlog"`
+	Backlog     int64 `json:"backlog"`
+	BlockedKeys int   `json:"blocked_keys"`
 	// RotationPeriodSeconds is the queue's rotation_period, in seconds.
 	RotationPeriodSeconds float64 `json:"rotation_period_seconds"`
 }
@@ -90,7 +92,10 @@ type group struct {
 	Workers  int     `json:"workers"`
 	Lag      int64   `json:"lag"`
 	HeadAge  float64 `json:"head_age_seconds"`
-	Policy   string  `json:"policy"`
+	// BlockedKeys counts the keys blocked under pause on all its slots;
+	// their held events are in Lag and HeadAge.
+	BlockedKeys int    `json:"blocked_keys"`
+	Policy      string `json:"policy"`
 }
 
 // point is one sample as the charts draw it.
@@ -137,6 +142,7 @@ func summarize(smp sample) ([]queueRow, []group, point) {
 		g := &groups[i]
 		g.Lag += sl.Lag
 		g.HeadAge = max(g.HeadAge, sl.OldestPendingSeconds)
+		g.BlockedKeys += sl.BlockedKeys
 		if sl.Owner != nil {
 			g.Owned++
 		}
@@ -167,6 +173,7 @@ func summarize(smp sample) ([]queueRow, []group, point) {
 		for _, g := range groups {
 			if g.Queue == q.Name {
 				queues[i].Backlog = max(queues[i].Backlog, g.Lag)
+				queues[i].BlockedKeys += g.BlockedKeys
 			}
 		}
 		if q.EvPerSec != nil {

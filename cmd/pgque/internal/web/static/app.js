@@ -128,15 +128,15 @@ function go(path, q) { location.href = path + "?" + new URLSearchParams(q).toStr
 // ---- pages
 
 function renderQueues(ov) {
-  const rows = ov.queues.map((q) => [q.queue, q.ev_per_sec === null ? "-" : q.ev_per_sec, q.backlog, q.unticked,
-    fmtAge(q.ticker_lag_seconds), `table ${q.current_table + 1} of ${q.tables}`,
+  const rows = ov.queues.map((q) => [q.queue, q.ev_per_sec === null ? "-" : q.ev_per_sec, q.backlog, q.blocked_keys, q.unticked,
+    q.unticked === 0 ? "idle" : fmtAge(q.ticker_lag_seconds), `table ${q.current_table + 1} of ${q.tables}`,
     fmtAge(q.since_rotation_seconds) + " / " + fmtAge(q.rotation_period_seconds), q.retry_pending, q.dead_letters]);
   const charts = ov.queues.map((q) => el("div", { class: "charts" },
     chart(q.queue + " rate (ev/s)", seriesOf(ov.history, "rate", q.queue), fmtNum),
     chart(q.queue + " backlog", seriesOf(ov.history, "backlog", q.queue), fmtNum),
     chart(q.queue + " ticker lag", seriesOf(ov.history, "ticker_lag", q.queue), fmtAge)));
   return [el("h2", {}, "Queues"),
-    table("queues", ["queue", "rate ev/s", "backlog", "unticked", "ticker lag", "rotation", "since switch / period", "retry pending", "dead letters"], rows, "no queues"),
+    table("queues", ["queue", "rate ev/s", "backlog", "blocked keys", "unticked", "ticker lag", "rotation", "since switch / period", "retry pending", "dead letters"], rows, "no queues"),
     ...renderBlockers(ov),
     el("h2", {}, "Last minutes"), charts];
 }
@@ -157,19 +157,19 @@ function renderBlockers(ov) {
 
 function renderConsumers(ov) {
   const groups = ov.groups.map((g) => [el("a", { href: "/keys?" + new URLSearchParams({ queue: g.queue, consumer: g.consumer }) }, g.queue + " / " + g.consumer),
-    g.nslots, g.owned, g.workers, g.lag, fmtAge(g.head_age_seconds), g.policy]);
+    g.nslots, g.owned, g.workers, g.lag, fmtAge(g.head_age_seconds), g.blocked_keys, g.policy]);
   const slots = ov.slots.map((s) => [s.queue, s.consumer, s.slot + "/" + s.nslots, s.owner === null ? { v: "unowned", cls: "state state-blocked" } : s.owner,
-    s.epoch, s.lag, fmtAge(s.oldest_pending_seconds), s.held_keys > 0 ? s.held_keys + " keys, " + s.held_events + " ev, " + fmtAge(s.oldest_hold_seconds) : "-",
+    s.epoch, s.lag, fmtAge(s.oldest_pending_seconds), s.blocked_keys, s.held_keys > 0 ? s.held_keys + " keys, " + s.held_events + " ev, " + fmtAge(s.oldest_hold_seconds) : "-",
     s.open_batch === null ? "-" : String(s.open_batch), fmtAge(s.last_active_seconds) + " ago"]);
   const plain = ov.consumers.map((c) => [c.queue, c.consumer, c.pending, fmtAge(c.lag_seconds), fmtAge(c.last_seen_seconds) + " ago", c.retry_pending]);
   const charts = ov.groups.map((g) => el("div", { class: "charts" },
     chart(g.queue + "/" + g.consumer + " lag (events)", seriesOf(ov.history, "lag", g.queue + "/" + g.consumer), fmtNum),
     chart(g.queue + "/" + g.consumer + " head age", seriesOf(ov.history, "head_age", g.queue + "/" + g.consumer), fmtAge)));
   return [el("h2", {}, "Partitioned consumers"),
-    table("groups", ["consumer", "slots", "owned", "workers", "lag", "oldest head", "policy"], groups, "no partitioned consumers"),
+    table("groups", ["consumer", "slots", "owned", "workers", "lag", "oldest head", "blocked keys", "policy"], groups, "no partitioned consumers"),
     charts,
     el("h2", {}, "Slots"),
-    table("slots", ["queue", "consumer", "slot", "owner", "epoch", "lag", "head age", "held keys (lanes)", "open batch", "last active"], slots, "no slots"),
+    table("slots", ["queue", "consumer", "slot", "owner", "epoch", "lag", "head age", "blocked keys", "held keys (lanes)", "open batch", "last active"], slots, "no slots"),
     el("h2", {}, "Plain consumers"),
     table("consumers", ["queue", "consumer", "pending", "cursor age", "last seen", "retry pending"], plain, "no plain consumers")];
 }
@@ -201,7 +201,7 @@ function renderKeys(ov, kr) {
         Math.round(100 * h.share) + "%", fmtAge(h.span_seconds)]), "no events in the window"),
     el("h2", {}, "Pending work per slot"),
     table("shares", ["slot", "pending", "top key", "top key pending", "share", "keys"],
-      kr.shares.map((s) => [s.slot, (s.estimated ? "~" : "") + fmtNum(s.pending), { v: fmtKey(s.top_key), cls: "wrap" }, s.top_pending,
+      kr.shares.map((s) => [s.slot, (s.estimated ? "~" : "") + fmtNum(s.pending), { v: s.pending === 0 ? "-" : fmtKey(s.top_key), cls: "wrap" }, s.pending === 0 ? "-" : s.top_pending,
         { v: Math.round(100 * s.share) + "%", cls: s.hot ? "state state-blocked" : "" }, s.keys]), "no slots"));
   return out;
 }
