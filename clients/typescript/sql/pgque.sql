@@ -5129,6 +5129,7 @@ declare
     v_snap  pg_snapshot;
     v_n     bigint;
 begin
+    perform pgque._authorize_read(i_queue); -- a confined queue's count is its readers'
     v_queue := (pgque._queue(i_queue)).queue_id;
     perform pgque._check_consumer(i_consumer);
     select min(st.st_last_tick) into v_tick
