@@ -101,6 +101,10 @@ func (c *Client) ReplayDeadLetter(ctx context.Context, queue string, id int64) (
 type ReplayReport struct {
 	// EventID is the replayed event's id (the original event's).
 	EventID int64
+	// Subscription is the subscription it was replayed for, as in
+	// DeadLetterEntry; Key is its partition key.
+	Subscription string
+	Key          KeyRef
 	// LaterDelivered counts the events of the dead letter's key, sent
 	// after it, that the consumer had already been handed when it was
 	// replayed: the replay reaches the handler after them, out of the
@@ -127,7 +131,10 @@ func (c *Client) ReplayDeadLetterReport(ctx context.Context, queue string, id in
 	if err != nil {
 		return ReplayReport{}, mapError(fmt.Sprintf("replaying dead letter %d of queue %q", id, queue), err)
 	}
-	return ReplayReport{EventID: r.EvID, LaterDelivered: r.LaterDelivered, HistoryComplete: r.HistoryComplete}, nil
+	return ReplayReport{
+		EventID: r.EvID, Subscription: r.Consumer, Key: keyRefOf(r.Key),
+		LaterDelivered: r.LaterDelivered, HistoryComplete: r.HistoryComplete,
+	}, nil
 }
 
 // PurgeFilter selects the dead letters PurgeDeadLetters deletes. The zero

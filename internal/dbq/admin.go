@@ -139,14 +139,16 @@ type DLQReplayed struct {
 	EvID            int64
 	LaterDelivered  int64
 	HistoryComplete bool
+	Consumer        string
+	Key             *string
 }
 
 // DLQReplay calls pgque.dlq_replay_report(queue, dl_id).
 func (q *Queries) DLQReplay(ctx context.Context, queue string, id int64) (DLQReplayed, error) {
 	var r DLQReplayed
-	err := q.db.QueryRow(ctx, `select ev_id, later_delivered, history_complete
+	err := q.db.QueryRow(ctx, `select ev_id, later_delivered, history_complete, consumer, key
 		from pgque.dlq_replay_report($1::pg_catalog.text, $2::bigint)`, queue, id).
-		Scan(&r.EvID, &r.LaterDelivered, &r.HistoryComplete)
+		Scan(&r.EvID, &r.LaterDelivered, &r.HistoryComplete, &r.Consumer, &r.Key)
 	return r, err
 }
 

@@ -80,12 +80,13 @@ $$;
 -- no longer hold the dead letter's own event, so such later events may
 -- have been rotated away uncounted. A slot consumer's events are read
 -- through its slot's routing index, a plain consumer's by a scan of the
--- queue's event tables. Raises PQ040 when there is no such dead letter,
--- PQ002 when its consumer is gone, 42501 for a login that may not read a
--- confined queue. Tables: dead_letter, event, subscription, sub_state,
--- tick.
+-- queue's event tables. Returns also the subscription it was replayed for
+-- (consumer, as dlq_list names it) and its key (NULL for the NULL key).
+-- Raises PQ040 when there is no such dead letter, PQ002 when its consumer
+-- is gone, 42501 for a login that may not read a confined queue. Tables:
+-- dead_letter, event, subscription, sub_state, tick.
 create or replace function pgque.dlq_replay_report(i_queue text, i_dl_id bigint)
-returns table (ev_id bigint, later_delivered bigint, history_complete boolean)
+returns table (ev_id bigint, later_delivered bigint, history_complete boolean, consumer text, key text)
 language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
@@ -120,7 +121,8 @@ begin
          || '  from pgque.event e'
          || ' where e.ev_part >= $1 and e.ev_part < $2 and (e.ev_owner is null or e.ev_owner = $4)'
          || '   and e.ev_extra1 is not distinct from $8 and e.ev_id >= $3'
-         || coalesce(' and ' || pgque._slot_filter(v_slot[1]::integer, v_slot[2]::integer), '')
+         || case when v_slot is not null
+                 then coalesce(' and ' || pgque._slot_filter(v_slot[1]::integer, v_slot[2]::integer), '') else '' end
        into v_later, v_complete
       using q.queue_id * 16, q.queue_id * 16 + 16, d.ev_id, s.sub_id, v_last, v_next,
             coalesce(st.st_delivered_to, st.st_acked_to), d.ev_extra1;
@@ -129,7 +131,7 @@ begin
     values (d.ev_id, d.ev_time, q.queue_id * 16 + q.queue_cur_table, s.sub_id, -1 - d.ev_retry, d.ev_type, d.ev_data,
             d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4);
     perform nextval(q.queue_event_seq);
-    return query select d.ev_id, v_later, v_complete;
+    return query select d.ev_id, v_later, v_complete, d.dl_consumer, d.ev_extra1;
 end;
 $$;
 
