@@ -12,7 +12,7 @@ import (
 // TestDLQReplayWarnsOutOfOrder: consumer w is handed events a and b of
 // key k and c of key j, dead-letters a and c and acknowledges b. Replaying
 // a, which now comes after b, warns on stderr; replaying c, whose key had
-// nothing later, does not.
+// nothing later, does not. tail shows both back, marked as replays.
 func TestDLQReplayWarnsOutOfOrder(t *testing.T) {
 	t.Parallel()
 	c := &cli{t: t, dsn: pgtest.NewInstalledDB(t)}
@@ -53,5 +53,12 @@ func TestDLQReplayWarnsOutOfOrder(t *testing.T) {
 	r = c.exec("", "dlq", "replay", "q", strconv.FormatInt(dls[1].ID, 10))
 	if r.code != 0 || !strings.Contains(r.stdout, "as event "+strconv.FormatInt(j[0], 10)) || r.stderr != "" {
 		t.Errorf("replaying a dead letter with nothing later of its key: %v", r)
+	}
+	if _, err := conn.Exec(ctx, `select pgque.force_next_tick('q'); select pgque.ticker('q')`); err != nil {
+		t.Fatal(err)
+	}
+	got := tailEvents(t, c.ok("", "tail", "q", "--consumer", "w", "--json", "--max", "2", "--timeout", "30s"))
+	if len(got) != 2 || got[0].EvID != a[0] || got[1].EvID != j[0] || !got[0].Replay || !got[1].Replay || got[0].RetryCount != 0 {
+		t.Errorf("tail after the replays = %+v, want events %d and %d marked as replays", got, a[0], j[0])
 	}
 }
