@@ -76,7 +76,8 @@ $$;
 -- had, so it also says whether that breaks the key's order: later_delivered
 -- counts the events of the dead letter's key with a greater ev_id that the
 -- consumer has already been handed (finished batches, and the open one up
--- to what it was handed); history_complete is false when the event tables
+-- to what it was handed), but for those that are its dead letters still
+-- (replayed after this one, they come in order); history_complete is false when the event tables
 -- no longer hold the dead letter's own event, so such later events may
 -- have been rotated away uncounted. A slot consumer's events are read
 -- through its slot's routing index, a plain consumer's by a scan of the
@@ -115,8 +116,13 @@ begin
     -- A slot's name says its slot and N (_slot_name), which the partition
     -- layer's routing filter turns into the routing index's expression.
     v_slot := regexp_match(d.dl_consumer, '#([0-9]{1,4})/([0-9]{1,4})$');
+    -- Later events that are themselves this subscription's dead letters
+    -- were never applied: replayed in order after this one, they keep
+    -- the key's order.
     execute 'select count(distinct e.ev_id) filter (where e.ev_id > $3 and (pg_catalog.pg_visible_in_snapshot(e.ev_txid, $5)'
-         || '            or (e.ev_id <= $7 and pg_catalog.pg_visible_in_snapshot(e.ev_txid, $6)))),'
+         || '            or (e.ev_id <= $7 and pg_catalog.pg_visible_in_snapshot(e.ev_txid, $6)))'
+         || '            and not exists (select from pgque.dead_letter x where x.dl_queue = $9'
+         || '                             and x.dl_consumer = $10 and x.ev_id = e.ev_id)),'
          || '       coalesce(bool_or(e.ev_id = $3 and e.ev_owner is null), false)'
          || '  from pgque.event e'
          || ' where e.ev_part >= $1 and e.ev_part < $2 and (e.ev_owner is null or e.ev_owner = $4)'
@@ -125,7 +131,7 @@ begin
                  then coalesce(' and ' || pgque._slot_filter(v_slot[1]::integer, v_slot[2]::integer), '') else '' end
        into v_later, v_complete
       using q.queue_id * 16, q.queue_id * 16 + 16, d.ev_id, s.sub_id, v_last, v_next,
-            coalesce(st.st_delivered_to, st.st_acked_to), d.ev_extra1;
+            coalesce(st.st_delivered_to, st.st_acked_to), d.ev_extra1, q.queue_id, d.dl_consumer;
     insert into pgque.event (ev_id, ev_time, ev_part, ev_owner, ev_retry, ev_type, ev_data,
                              ev_extra1, ev_extra2, ev_extra3, ev_extra4)
     values (d.ev_id, d.ev_time, q.queue_id * 16 + q.queue_cur_table, s.sub_id, -1 - d.ev_retry, d.ev_type, d.ev_data,
