@@ -77,9 +77,9 @@ $$;
 -- counts the events of the dead letter's key with a greater ev_id that the
 -- consumer has already been handed (finished batches, and the open one up
 -- to what it was handed), but for those that are its dead letters still
--- (replayed after this one, they come in order); history_complete is false when the event tables
--- no longer hold the dead letter's own event, so such later events may
--- have been rotated away uncounted. A slot consumer's events are read
+-- (replayed after this one, they come in order); history_complete is
+-- false when the event tables no longer hold the dead letter's own event,
+-- so such later events may have been rotated away uncounted. A slot consumer's events are read
 -- through its slot's routing index, a plain consumer's by a scan of the
 -- queue's event tables. Returns also the subscription it was replayed for
 -- (consumer, as dlq_list names it) and its key (NULL for the NULL key).
