@@ -437,3 +437,43 @@ func TestReplayRetriesStayMarked(t *testing.T) {
 		t.Fatalf("dead again with ev_retry %d, want 2", r)
 	}
 }
+
+// TestReplayReportAfterRotation: once rotation has dropped the table that
+// held a dead letter's event, its replay cannot count the later events of
+// its key, and says so (history_complete false); before, it says the
+// history is complete.
+func TestReplayReportAfterRotation(t *testing.T) {
+	t.Parallel()
+	pool := setupAPI(t, "a")
+	exec(t, pool, "select pgque.set_queue_config('q', 'rotation_period', '1 ms')")
+	deadLetter := func() int64 {
+		t.Helper()
+		id := scalar[int64](t, pool, `select pgque.send('q', 'job', '{}'::jsonb, 'k')`)
+		tick(t, pool, "q")
+		ms := mustReceive(t, pool, "q", "a", 10)
+		if len(ms) != 1 || scalar[int32](t, pool, "select pgque.nack($1, $2, null, 'fatal')", ms[0].BatchID, id) != 0 {
+			t.Fatalf("dead-lettering %v at once failed", ms)
+		}
+		ack(t, pool, ms[0].BatchID)
+		return scalar[int64](t, pool, "select dl_id from pgque.dlq_list('q') where ev_id = $1", id)
+	}
+	report := func(dl int64) (complete bool) {
+		t.Helper()
+		return scalar[bool](t, pool, "select history_complete from pgque.dlq_replay_report('q', $1)", dl)
+	}
+	old := deadLetter()
+	for range 10 {
+		if scalar[int64](t, pool, "select count(*) from pgque.event e join pgque.dead_letter d using (ev_id) where d.dl_id = $1 and e.ev_owner is null", old) == 0 {
+			break
+		}
+		tick(t, pool, "q")
+		receiveAll(t, pool, "a", 10)
+		maintRotate(t, pool)
+	}
+	if !report(deadLetter()) {
+		t.Error("replay of a dead letter whose event is still held: history_complete false, want true")
+	}
+	if report(old) {
+		t.Error("replay of a dead letter whose event was rotated away: history_complete true, want false")
+	}
+}
