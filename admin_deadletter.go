@@ -85,14 +85,56 @@ func (c *Client) DeadLetters(ctx context.Context, queue string, filter *DeadLett
 }
 
 // ReplayDeadLetter puts dead letter id back into queue for the consumer it
-// failed for only (same event id, retry count reset to 0) and removes it
-// from the dead letters; it returns the event id. It fails with
-// ErrDeadLetterNotFound when there is no such dead letter and with
-// ErrConsumerNotFound when its consumer was unsubscribed. Requires
-// pgque_admin.
+// failed for only and removes it from the dead letters; it returns the
+// event id. The event comes back marked (Message.Replay) with its id and
+// retry count kept, after every event the consumer has already received:
+// ReplayDeadLetterReport says whether later events of its key were among
+// them. It fails with ErrDeadLetterNotFound when there is no such dead
+// letter and with ErrConsumerNotFound when its consumer was unsubscribed.
+// Requires pgque_admin.
 func (c *Client) ReplayDeadLetter(ctx context.Context, queue string, id int64) (int64, error) {
-	evID, err := c.queries.DLQReplay(ctx, queue, id)
-	return evID, mapError(fmt.Sprintf("replaying dead letter %d of queue %q", id, queue), err)
+	r, err := c.ReplayDeadLetterReport(ctx, queue, id)
+	return r.EventID, err
+}
+
+// ReplayReport is what a replay did to its key's order.
+type ReplayReport struct {
+	// EventID is the replayed event's id (the original event's).
+	EventID int64
+	// Subscription is the subscription it was replayed for, as in
+	// DeadLetterEntry; Key is its partition key.
+	Subscription string
+	Key          KeyRef
+	// LaterDelivered counts the events of the dead letter's key, sent
+	// after it, that the consumer had already been handed when it was
+	// replayed: the replay reaches the handler after them, out of the
+	// key's order. Zero when none was.
+	LaterDelivered int64
+	// HistoryComplete is false when the queue's event tables no longer
+	// held the dead letter's event (they were rotated since), so later
+	// events of the key may have been delivered without being counted.
+	HistoryComplete bool
+}
+
+// OutOfOrder reports whether the replay may come after later events of its
+// key: some were counted, or the history to count them is gone.
+func (r ReplayReport) OutOfOrder() bool {
+	return r.LaterDelivered > 0 || !r.HistoryComplete
+}
+
+// ReplayDeadLetterReport is ReplayDeadLetter, and reports whether the
+// consumer had already been handed later events of the dead letter's key.
+// It replays either way: the report is for a warning, the choice is the
+// caller's (see "Replaying dead letters" in docs/operations.md).
+func (c *Client) ReplayDeadLetterReport(ctx context.Context, queue string, id int64) (ReplayReport, error) {
+	r, err := c.queries.DLQReplay(ctx, queue, id)
+	if err != nil {
+		return ReplayReport{}, mapError(fmt.Sprintf("replaying dead letter %d of queue %q", id, queue), err)
+	}
+	return ReplayReport{
+		EventID: r.EvID, Subscription: r.Consumer, Key: keyRefOf(r.Key),
+		LaterDelivered: r.LaterDelivered, HistoryComplete: r.HistoryComplete,
+	}, nil
 }
 
 // PurgeFilter selects the dead letters PurgeDeadLetters deletes. The zero

@@ -22,7 +22,18 @@ type Message struct {
 	// Key tells the NULL key from an empty one.
 	PartitionKey string
 	// RetryCount is 0 on first delivery and counts redeliveries after nacks.
+	// A replay keeps the count the event had when it was dead-lettered
+	// and goes on counting from there.
 	RetryCount int
+	// Replay is set when the event is a dead letter an operator put back
+	// (Client.ReplayDeadLetter, pgque dlq replay), on every delivery of it,
+	// its retries included. ID is then the original event's id, which a
+	// replay keeps. A replay comes after the events the consumer had
+	// already received, those of its own key included: a handler that
+	// applies events by key in order should check, for a replay, that the
+	// key's state has not moved past it (see "Replaying dead letters" in
+	// docs/operations.md).
+	Replay bool
 	// CreatedAt is when the event was sent.
 	CreatedAt time.Time
 	// BatchID is the engine batch the event was delivered in.

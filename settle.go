@@ -108,8 +108,8 @@ func toMessages(rows []dbq.Row, queue, consumer string, slot int) []*Message {
 		m := &slab[i]
 		*m = Message{
 			ID: r.MsgID, Queue: queue, Consumer: consumer, Type: r.Type, Payload: r.Payload,
-			RetryCount: r.RetryCount, CreatedAt: r.CreatedAt, BatchID: r.BatchID, Slot: slot, Epoch: r.Epoch,
-			Chunk: chunk,
+			RetryCount: r.RetryCount, Replay: r.Replay, CreatedAt: r.CreatedAt, BatchID: r.BatchID, Slot: slot,
+			Epoch: r.Epoch, Chunk: chunk,
 		}
 		if r.PartitionKey != nil {
 			m.PartitionKey, m.keyed = *r.PartitionKey, true

@@ -134,11 +134,22 @@ func (q *Queries) DLQList(ctx context.Context, queue string, consumer *string, m
 	return out, rows.Err()
 }
 
-// DLQReplay calls pgque.dlq_replay(queue, dl_id) and returns the event id.
-func (q *Queries) DLQReplay(ctx context.Context, queue string, id int64) (int64, error) {
-	var evID int64
-	err := q.db.QueryRow(ctx, `select pgque.dlq_replay($1::pg_catalog.text, $2::bigint)`, queue, id).Scan(&evID)
-	return evID, err
+// DLQReplayed is what pgque.dlq_replay_report returns.
+type DLQReplayed struct {
+	EvID            int64
+	LaterDelivered  int64
+	HistoryComplete bool
+	Consumer        string
+	Key             *string
+}
+
+// DLQReplay calls pgque.dlq_replay_report(queue, dl_id).
+func (q *Queries) DLQReplay(ctx context.Context, queue string, id int64) (DLQReplayed, error) {
+	var r DLQReplayed
+	err := q.db.QueryRow(ctx, `select ev_id, later_delivered, history_complete, consumer, key
+		from pgque.dlq_replay_report($1::pg_catalog.text, $2::bigint)`, queue, id).
+		Scan(&r.EvID, &r.LaterDelivered, &r.HistoryComplete, &r.Consumer, &r.Key)
+	return r, err
 }
 
 // DLQPurge calls pgque.dlq_purge(queue, consumer, older_than) and returns how

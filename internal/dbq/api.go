@@ -95,11 +95,14 @@ func (q *Queries) Unsubscribe(ctx context.Context, queue, consumer string) (bool
 
 // Row is one delivered event, as receive and receive_partitioned return it.
 type Row struct {
-	MsgID        int64
-	BatchID      int64
-	Type         string
-	Payload      []byte
-	RetryCount   int
+	MsgID      int64
+	BatchID    int64
+	Type       string
+	Payload    []byte
+	RetryCount int
+	// Replay marks a dead letter put back by dlq_replay (RetryCount is
+	// then the count it had, kept).
+	Replay       bool
 	CreatedAt    time.Time
 	PartitionKey *string
 	// Epoch is the slot lease's epoch (receive_partitioned only).

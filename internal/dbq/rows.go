@@ -77,6 +77,7 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 				return nil, fmt.Errorf("retry_count: %d bytes for an int4", len(v[4]))
 			}
 			r.RetryCount = int(int32(binary.BigEndian.Uint32(v[4])))
+			r.readReplay()
 		}
 		if r.CreatedAt, err = timestamptzValue(v[5]); err != nil {
 			return nil, err
@@ -159,10 +160,19 @@ func scanChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 		if typ != nil {
 			r.Type = *typ
 		}
+		r.readReplay()
 		r.Payload = jsonPayload(payload)
 		out = append(out, r)
 	}
 	return out, rows.Err()
+}
+
+// readReplay reads the replay mark: a replayed dead letter comes with
+// retry_count -1 - n, n its retry count (pgque.dlq_replay_report).
+func (r *Row) readReplay() {
+	if r.RetryCount < 0 {
+		r.Replay, r.RetryCount = true, -1-r.RetryCount
+	}
 }
 
 func int8Value(b []byte, name string) (int64, error) {

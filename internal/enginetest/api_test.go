@@ -249,7 +249,7 @@ func TestDeadLetters(t *testing.T) {
 		t.Errorf("dlq_list(q, b) has %d rows, want 0", n)
 	}
 
-	// Replay: back in the queue for a only, retry count reset.
+	// Replay: back in the queue for a only, marked, its retry count kept.
 	if got := scalar[int64](t, pool, "select pgque.dlq_replay('q', $1)", d.DLID); got != id {
 		t.Fatalf("dlq_replay = %d, want %d", got, id)
 	}
@@ -260,10 +260,18 @@ func TestDeadLetters(t *testing.T) {
 	if got := receiveAll(t, pool, "b", 10); len(got) != 0 {
 		t.Errorf("b received the replayed event: %v", msgIDs(got))
 	}
-	// It is delivered again, fails max_retries times again, and dies again.
-	failUntilDead("boom again")
+	// It is delivered once more, marked (retry_count -1 - 2), and, its
+	// retries spent, dies again at its first failure.
+	ms := mustReceive(t, pool, "q", "a", 10)
+	if len(ms) != 1 || ms[0].MsgID != id || ms[0].RetryCount != -3 {
+		t.Fatalf("the replay: %+v, want msg %d with retry_count -3", ms, id)
+	}
+	if n := scalar[int32](t, pool, "select pgque.nack($1, $2, '0', 'boom again')", ms[0].BatchID, id); n != 0 {
+		t.Fatalf("nack of the replay = %d, want 0 (dead-lettered)", n)
+	}
+	ack(t, pool, ms[0].BatchID)
 	dls = list()
-	if len(dls) != 1 || dls[0].EvID != id || *dls[0].Reason != "boom again" {
+	if len(dls) != 1 || dls[0].EvID != id || *dls[0].Reason != "boom again" || dls[0].Retry != 2 {
 		t.Fatalf("dlq_list after the second death = %+v", dls)
 	}
 	wantCode(t, "dlq_replay of a replayed dead letter", queryErr(pool, "select pgque.dlq_replay('q', $1)", d.DLID),
@@ -385,5 +393,87 @@ func TestAckNeverSkipsUnreceivedRows(t *testing.T) {
 	}
 	if a := ack(t, pool, b); a != 1 {
 		t.Fatalf("ack of the last chunk = %d, want 1", a)
+	}
+}
+
+// TestReplayRetriesStayMarked: an event dead-lettered at once (a nack with
+// a NULL delay, no retry spent) and replayed keeps its retries: each
+// redelivery of the replay is still marked (retry_count -1 - n), and past
+// max_retries it dies with its count.
+func TestReplayRetriesStayMarked(t *testing.T) {
+	t.Parallel()
+	pool := setupAPI(t, "a")
+	exec(t, pool, "select pgque.set_queue_config('q', 'max_retries', '2')")
+	id := scalar[int64](t, pool, `select pgque.send('q', 'job', '{"n": 1}'::jsonb, 'key-1')`)
+	tick(t, pool, "q")
+	ms := mustReceive(t, pool, "q", "a", 10)
+	if len(ms) != 1 || scalar[int32](t, pool, "select pgque.nack($1, $2, null, 'fatal')", ms[0].BatchID, id) != 0 {
+		t.Fatalf("dead-lettering %v at once failed", ms)
+	}
+	ack(t, pool, ms[0].BatchID)
+	dl := scalar[int64](t, pool, "select dl_id from pgque.dlq_list('q')")
+	exec(t, pool, "select pgque.dlq_replay('q', $1)", dl)
+	tick(t, pool, "q")
+	for want := int32(-1); ; want-- {
+		ms := mustReceive(t, pool, "q", "a", 10)
+		if len(ms) != 1 || ms[0].MsgID != id || ms[0].RetryCount != want {
+			t.Fatalf("delivery of the replay: %+v, want msg %d with retry_count %d", ms, id, want)
+		}
+		n := scalar[int32](t, pool, "select pgque.nack($1, $2, '0', 'again')", ms[0].BatchID, id)
+		ack(t, pool, ms[0].BatchID)
+		if want == -3 {
+			if n != 0 {
+				t.Fatalf("nack at retry_count %d = %d, want 0 (dead-lettered)", want, n)
+			}
+			break
+		}
+		if n != 1 {
+			t.Fatalf("nack at retry_count %d = %d, want 1 (retried)", want, n)
+		}
+		exec(t, pool, "select pgque.maint_retry_events()")
+		tick(t, pool, "q")
+	}
+	if r := scalar[int32](t, pool, "select ev_retry from pgque.dlq_list('q')"); r != 2 {
+		t.Fatalf("dead again with ev_retry %d, want 2", r)
+	}
+}
+
+// TestReplayReportAfterRotation: once rotation has dropped the table that
+// held a dead letter's event, its replay cannot count the later events of
+// its key, and says so (history_complete false); before, it says the
+// history is complete.
+func TestReplayReportAfterRotation(t *testing.T) {
+	t.Parallel()
+	pool := setupAPI(t, "a")
+	exec(t, pool, "select pgque.set_queue_config('q', 'rotation_period', '1 ms')")
+	deadLetter := func() int64 {
+		t.Helper()
+		id := scalar[int64](t, pool, `select pgque.send('q', 'job', '{}'::jsonb, 'k')`)
+		tick(t, pool, "q")
+		ms := mustReceive(t, pool, "q", "a", 10)
+		if len(ms) != 1 || scalar[int32](t, pool, "select pgque.nack($1, $2, null, 'fatal')", ms[0].BatchID, id) != 0 {
+			t.Fatalf("dead-lettering %v at once failed", ms)
+		}
+		ack(t, pool, ms[0].BatchID)
+		return scalar[int64](t, pool, "select dl_id from pgque.dlq_list('q') where ev_id = $1", id)
+	}
+	report := func(dl int64) (complete bool) {
+		t.Helper()
+		return scalar[bool](t, pool, "select history_complete from pgque.dlq_replay_report('q', $1)", dl)
+	}
+	old := deadLetter()
+	for range 10 {
+		if scalar[int64](t, pool, "select count(*) from pgque.event e join pgque.dead_letter d using (ev_id) where d.dl_id = $1 and e.ev_owner is null", old) == 0 {
+			break
+		}
+		tick(t, pool, "q")
+		receiveAll(t, pool, "a", 10)
+		maintRotate(t, pool)
+	}
+	if !report(deadLetter()) {
+		t.Error("replay of a dead letter whose event is still held: history_complete false, want true")
+	}
+	if report(old) {
+		t.Error("replay of a dead letter whose event was rotated away: history_complete true, want false")
 	}
 }

@@ -135,7 +135,8 @@ var functions = map[string]fn{
 	}},
 	"pgque.dlq_list(text,text,integer)": {roles: "ra", args: []string{"'q1'", "'c1'", "10"}, nullable: []int{1},
 		nullAs: map[int]string{2: "PQ011"}, cases: []badCase{bc("PQ011", "'q1'", "null", "-1"), bc("PQ001", "'nope'", "null", "10")}},
-	"pgque.dlq_replay(text,bigint)": {roles: "a", args: []string{"'q1'", "1"}, nullAs: map[int]string{1: "PQ040"}, cases: []badCase{bc("PQ040", "'q1'", "-1")}},
+	"pgque.dlq_replay(text,bigint)":        {roles: "a", args: []string{"'q1'", "1"}, nullAs: map[int]string{1: "PQ040"}, cases: []badCase{bc("PQ040", "'q1'", "-1")}},
+	"pgque.dlq_replay_report(text,bigint)": {roles: "a", args: []string{"'q1'", "1"}, nullAs: map[int]string{1: "PQ040"}, cases: []badCase{bc("PQ040", "'q1'", "-1")}},
 	"pgque.dlq_purge(text,text,interval)": {roles: "a", args: []string{"'q1'", "'c1'", "'0'"}, nullable: []int{1},
 		nullAs: map[int]string{2: "PQ011"}, cases: []badCase{bc("PQ011", "'q1'", "null", "'-1 day'")}},
 	"pgque.ticker_lead(text,interval)": {roles: "a", args: []string{"'w'", "'10 s'"}, nullAs: map[int]string{0: "PQ011", 1: "PQ011"}, cases: []badCase{

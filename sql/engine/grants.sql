@@ -52,6 +52,7 @@ grant execute on function
     pgque.maint(),
     pgque.set_queue_config(text, text, text),
     pgque.dlq_replay(text, bigint),
+    pgque.dlq_replay_report(text, bigint),
     pgque.dlq_purge(text, text, interval),
     pgque.start(),
     pgque.stop(),

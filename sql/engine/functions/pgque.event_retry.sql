@@ -6,6 +6,28 @@
 -- fields, a new ev_txid), where only that subscription sees them. An event
 -- that already had max_retries retries goes to dead_letter instead.
 -- A second retry of the same event while a copy is pending is a no-op.
+--
+-- ev_retry is negative on a replayed dead letter (dlq_replay): -1 - n,
+-- n its retries so far, kept across the replay. _retries reads n either
+-- way; _retried counts one more and keeps the mark, so a replay's retries
+-- still say they are a replay. Ordinary events never pay for it: only a
+-- nack reads them.
+
+-- _retries(ev_retry): the retry count stored as ev_retry (NULL: 0).
+create or replace function pgque._retries(i_retry integer)
+returns integer language sql immutable
+as $$
+    select case when i_retry operator(pg_catalog.<) 0 then -1 operator(pg_catalog.-) i_retry
+                else coalesce(i_retry, 0) end
+$$;
+
+-- _retried(ev_retry): ev_retry after one more retry, a replay still marked.
+create or replace function pgque._retried(i_retry integer)
+returns integer language sql immutable
+as $$
+    select case when i_retry operator(pg_catalog.<) 0 then i_retry operator(pg_catalog.-) 1
+                else coalesce(i_retry, 0) operator(pg_catalog.+) 1 end
+$$;
 
 -- _event_retry(batch_id, ev_id, retry_after, reason): returns 1 when the
 -- event was scheduled for retry, 0 when it was dead-lettered. retry_after
@@ -38,17 +60,17 @@ begin
     select * into e from pgque._batch_event(s, i_ev_id);
     select * into q from pgque.queue where queue_id = s.sub_queue;
 
-    if i_retry_after is null or coalesce(e.ev_retry, 0) >= q.queue_max_retries then
+    if i_retry_after is null or pgque._retries(e.ev_retry) >= q.queue_max_retries then
         insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_txid, ev_retry,
                                        ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-        values (s.sub_queue, s.sub_name, v_reason, e.ev_id, e.ev_time, e.ev_txid::text::xid8, coalesce(e.ev_retry, 0),
+        values (s.sub_queue, s.sub_name, v_reason, e.ev_id, e.ev_time, e.ev_txid::text::xid8, pgque._retries(e.ev_retry),
                 e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4);
         return 0;
     end if;
     insert into pgque.retry_queue (ev_owner, ev_id, ev_queue, ev_retry_after, ev_time, ev_retry,
                                    ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
     values (s.sub_id, e.ev_id, s.sub_queue, clock_timestamp() + v_after, e.ev_time,
-            coalesce(e.ev_retry, 0) + 1, e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4)
+            pgque._retried(e.ev_retry), e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4)
     on conflict (ev_owner, ev_id) do nothing;
     return 1;
 end;

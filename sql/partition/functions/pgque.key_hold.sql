@@ -151,16 +151,16 @@ begin
             raise exception using errcode = 'PQ022',
                 message = format('event %s is not held for key %s', i_failed[i], coalesce(quote_literal(i_key), 'NULL'));
         end if;
-        if i_retry_after[i] is null or coalesce(d.ev_retry, 0) >= q.queue_max_retries then
+        if i_retry_after[i] is null or pgque._retries(d.ev_retry) >= q.queue_max_retries then
             insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_retry,
                                            ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-            values (s.sub_queue, s.sub_name, i_reasons[i], d.ev_id, d.ev_time, coalesce(d.ev_retry, 0),
+            values (s.sub_queue, s.sub_name, i_reasons[i], d.ev_id, d.ev_time, pgque._retries(d.ev_retry),
                     d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4);
         else
             insert into pgque.retry_queue (ev_owner, ev_id, ev_queue, ev_retry_after, ev_time, ev_retry,
                                            ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
             values (l.sl_sub, d.ev_id, s.sub_queue, clock_timestamp() + i_retry_after[i], d.ev_time,
-                    coalesce(d.ev_retry, 0) + 1, d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4)
+                    pgque._retried(d.ev_retry), d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4)
             on conflict (ev_owner, ev_id) do nothing;
             if v_pause and v_block is null then
                 v_block := d.ev_id;

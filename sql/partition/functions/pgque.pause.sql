@@ -291,7 +291,7 @@ begin
     insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_retry,
                                    ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
     values (s.sub_queue, s.sub_name, coalesce('unblocked by an operator; last failure: ' || b.kb_reason, 'unblocked by an operator'),
-            r.ev_id, r.ev_time, r.ev_retry, r.ev_type, r.ev_data, r.ev_extra1, r.ev_extra2, r.ev_extra3, r.ev_extra4);
+            r.ev_id, r.ev_time, pgque._retries(r.ev_retry), r.ev_type, r.ev_data, r.ev_extra1, r.ev_extra2, r.ev_extra3, r.ev_extra4);
     perform pgque._resolve_block(b.kb_sub, b.kb_kid);
     return r.ev_id;
 end;

@@ -2,11 +2,11 @@ package cli
 
 import (
 	"fmt"
-
-	"github.com/pgque/pgque"
 	"strconv"
 	"time"
 
+	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/cmd/pgque/internal/view"
 	"github.com/spf13/cobra"
 )
 
@@ -70,9 +70,14 @@ func (a *app) dlqReplayCommand() *cobra.Command {
 		Use:   "replay <queue> (<dl_id>... | --all)",
 		Short: "Put dead letters back into the queue for the consumer they failed for",
 		Long: `Replay re-inserts dead letters into the queue, each for the consumer it failed
-for only (same ev_id, retry count reset to 0), and removes them from the
-dead-letter table. Name them by id, or pass --all (optionally with
---consumer). Each replay is its own transaction.`,
+for only, and removes them from the dead-letter table. A replay keeps its
+ev_id and retry count and reaches the handler marked as a replay
+(Message.Replay, the relay's pgque-replay header, a negative retry_count
+from receive), after every event the consumer has already had. When those
+include later events of the same key, the replay will be handled out of
+the key's order, and a warning on stderr says so (the replay is done
+either way). Name them by id, or pass --all (optionally with --consumer).
+Each replay is its own transaction.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			queue, ids := args[0], args[1:]
@@ -118,14 +123,18 @@ dead-letter table. Name them by id, or pass --all (optionally with
 	return cmd
 }
 
-// replay replays ids one by one and prints each new event id.
+// replay replays ids one by one, prints each event id and warns of each
+// replay that comes after later events of its key.
 func (a *app) replay(cmd *cobra.Command, s *session, queue string, ids []int64) error {
 	for _, id := range ids {
-		evID, err := s.ReplayDeadLetter(cmd.Context(), queue, id)
+		r, err := s.ReplayDeadLetterReport(cmd.Context(), queue, id)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(a.stdout, "replayed dead letter %d as event %d\n", id, evID)
+		fmt.Fprintf(a.stdout, "replayed dead letter %d as event %d\n", id, r.EventID)
+		if w := view.ReplayWarning(r); w != "" {
+			fmt.Fprintf(a.stderr, "warning: dead letter %d: %s\n", id, w)
+		}
 	}
 	return nil
 }

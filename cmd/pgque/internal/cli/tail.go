@@ -274,15 +274,17 @@ type tailEvent struct {
 	Key        *string         `json:"key"`
 	Payload    json.RawMessage `json:"payload"`
 	RetryCount int             `json:"retry_count"`
-	CreatedAt  time.Time       `json:"created_at"`
-	BatchID    int64           `json:"batch_id"`
-	Slot       *int            `json:"slot,omitempty"`
+	// Replay marks a replayed dead letter (absent otherwise).
+	Replay    bool      `json:"replay,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	BatchID   int64     `json:"batch_id"`
+	Slot      *int      `json:"slot,omitempty"`
 }
 
 func (t *tailer) print(a *app, r *pgque.Message) error {
 	if t.o.asJSON {
 		ev := tailEvent{EvID: r.ID, Type: r.Type, Key: keyArgOf(r.Key()), Payload: r.Payload,
-			RetryCount: r.RetryCount, CreatedAt: r.CreatedAt, BatchID: r.BatchID}
+			RetryCount: r.RetryCount, Replay: r.Replay, CreatedAt: r.CreatedAt, BatchID: r.BatchID}
 		if t.o.nslots > 0 {
 			ev.Slot = &t.o.slot
 		}
@@ -295,6 +297,9 @@ func (t *tailer) print(a *app, r *pgque.Message) error {
 	retry := ""
 	if r.RetryCount > 0 {
 		retry = fmt.Sprintf(" (retry %d)", r.RetryCount)
+	}
+	if r.Replay {
+		retry += " (replay)"
 	}
 	_, err := fmt.Fprintf(a.stdout, "%d\t%s\t%s\t%s\t%s%s\n", r.ID, r.CreatedAt.Format("2006-01-02T15:04:05.000Z07:00"),
 		r.Type, key, r.Payload, retry)

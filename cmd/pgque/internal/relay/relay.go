@@ -30,6 +30,10 @@ const (
 	HeaderEvID       = "pgque-ev-id"
 	HeaderQueue      = "pgque-queue"
 	HeaderConsumer   = "pgque-consumer"
+	// HeaderReplay is "1" on a dead letter an operator replayed (only
+	// then): it may come after later events of its key. pgque-ev-id is
+	// the original event's id, which a replay keeps.
+	HeaderReplay = "pgque-replay"
 	// HeaderDeadLetter in a response: "1" dead-letters the event at once,
 	// whatever the (non-2xx) status.
 	HeaderDeadLetter = "pgque-dead-letter"
@@ -365,6 +369,9 @@ func (r *Relay) setHeaders(h http.Header, m *pgque.Message) {
 	h.Set(HeaderEvID, strconv.FormatInt(m.ID, 10))
 	h.Set(HeaderQueue, r.cfg.Queue)
 	h.Set(HeaderConsumer, r.cfg.Consumer)
+	if m.Replay {
+		h.Set(HeaderReplay, "1")
+	}
 	if r.cfg.AuthValue != "" {
 		h.Set(r.cfg.AuthHeader, r.cfg.AuthValue)
 	}

@@ -335,3 +335,18 @@ func (b Blocker) Describe(now time.Time) string {
 	}
 	return fmt.Sprintf("%s held back by a session%s (%s%s): end it with pg_terminate_backend", subject, age, b.What, holds)
 }
+
+// ReplayWarning is what a replay's report says about its key's order: ""
+// when the replay came before every later event of its key the consumer
+// had, a warning otherwise. The CLI prints it and the console shows it.
+func ReplayWarning(r pgque.ReplayReport) string {
+	switch {
+	case r.LaterDelivered > 0:
+		return fmt.Sprintf("event %d (key %s) comes back to %s after %d later event(s) of its key it already had: "+
+			"it will be handled out of the key's order", r.EventID, r.Key, r.Subscription, r.LaterDelivered)
+	case !r.HistoryComplete:
+		return fmt.Sprintf("event %d (key %s) comes back to %s, which may already have had later events of its key: "+
+			"the queue no longer holds events that old to tell", r.EventID, r.Key, r.Subscription)
+	}
+	return ""
+}

@@ -309,6 +309,7 @@ func (s *Server) apiAction(w http.ResponseWriter, r *http.Request) {
 		key = pgque.KeyOf(*req.Key)
 	}
 	var result any
+	var warning string
 	var err error
 	switch action := r.PathValue("action"); action {
 	case "unblock":
@@ -316,7 +317,9 @@ func (s *Server) apiAction(w http.ResponseWriter, r *http.Request) {
 	case "retry-now":
 		result, err = s.cfg.Client.RetryKeyNow(ctx, req.Queue, req.Consumer, key)
 	case "replay":
-		result, err = s.cfg.Client.ReplayDeadLetter(ctx, req.Queue, req.ID)
+		var rep pgque.ReplayReport
+		rep, err = s.cfg.Client.ReplayDeadLetterReport(ctx, req.Queue, req.ID)
+		result, warning = rep.EventID, view.ReplayWarning(rep)
 	case "purge":
 		if req.OlderThan < 0 {
 			writeError(w, http.StatusBadRequest, "older_than_seconds must not be negative")
@@ -334,7 +337,13 @@ func (s *Server) apiAction(w http.ResponseWriter, r *http.Request) {
 	}
 	s.cfg.Logger.InfoContext(ctx, "pgque web: action", "action", r.PathValue("action"), "queue", req.Queue,
 		"consumer", req.Consumer, "id", req.ID)
-	writeJSON(w, http.StatusOK, map[string]any{"result": result})
+	body := map[string]any{"result": result}
+	if warning != "" {
+		// A replay that comes after later events of its key: done, but
+		// the operator is told.
+		body["warning"] = warning
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 // writeDBError maps a database error to a status: a refused privilege is

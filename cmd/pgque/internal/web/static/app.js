@@ -99,7 +99,7 @@ async function act(action, body, what) {
     const res = await r.json();
     if (!r.ok) throw new Error(res.error || r.statusText);
     showError("");
-    notice(what + ": done (" + JSON.stringify(res.result) + ")");
+    notice(what + ": done (" + JSON.stringify(res.result) + ")" + (res.warning ? ". Warning: " + res.warning : ""));
     refresh();
   } catch (e) {
     showError(what + " failed: " + e.message);
