@@ -2261,6 +2261,28 @@ $$;
 -- fields, a new ev_txid), where only that subscription sees them. An event
 -- that already had max_retries retries goes to dead_letter instead.
 -- A second retry of the same event while a copy is pending is a no-op.
+--
+-- ev_retry is negative on a replayed dead letter (dlq_replay): -1 - n,
+-- n its retries so far, kept across the replay. _retries reads n either
+-- way; _retried counts one more and keeps the mark, so a replay's retries
+-- still say they are a replay. Ordinary events never pay for it: only a
+-- nack reads them.
+
+-- _retries(ev_retry): the retry count stored as ev_retry (NULL: 0).
+create or replace function pgque._retries(i_retry integer)
+returns integer language sql immutable
+as $$
+    select case when i_retry operator(pg_catalog.<) 0 then -1 operator(pg_catalog.-) i_retry
+                else coalesce(i_retry, 0) end
+$$;
+
+-- _retried(ev_retry): ev_retry after one more retry, a replay still marked.
+create or replace function pgque._retried(i_retry integer)
+returns integer language sql immutable
+as $$
+    select case when i_retry operator(pg_catalog.<) 0 then i_retry operator(pg_catalog.-) 1
+                else coalesce(i_retry, 0) operator(pg_catalog.+) 1 end
+$$;
 
 -- _event_retry(batch_id, ev_id, retry_after, reason): returns 1 when the
 -- event was scheduled for retry, 0 when it was dead-lettered. retry_after
@@ -2293,17 +2315,17 @@ begin
     select * into e from pgque._batch_event(s, i_ev_id);
     select * into q from pgque.queue where queue_id = s.sub_queue;
 
-    if i_retry_after is null or coalesce(e.ev_retry, 0) >= q.queue_max_retries then
+    if i_retry_after is null or pgque._retries(e.ev_retry) >= q.queue_max_retries then
         insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_txid, ev_retry,
                                        ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-        values (s.sub_queue, s.sub_name, v_reason, e.ev_id, e.ev_time, e.ev_txid::text::xid8, coalesce(e.ev_retry, 0),
+        values (s.sub_queue, s.sub_name, v_reason, e.ev_id, e.ev_time, e.ev_txid::text::xid8, pgque._retries(e.ev_retry),
                 e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4);
         return 0;
     end if;
     insert into pgque.retry_queue (ev_owner, ev_id, ev_queue, ev_retry_after, ev_time, ev_retry,
                                    ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
     values (s.sub_id, e.ev_id, s.sub_queue, clock_timestamp() + v_after, e.ev_time,
-            coalesce(e.ev_retry, 0) + 1, e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4)
+            pgque._retried(e.ev_retry), e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4)
     on conflict (ev_owner, ev_id) do nothing;
     return 1;
 end;
@@ -2519,35 +2541,88 @@ begin
 end;
 $$;
 
--- dlq_replay(queue, dl_id): puts a dead letter back into the queue for the
--- consumer it failed for (same ev_id and extra fields, retry count reset to
--- 0, seen only by that consumer), and removes it from the dead-letter table.
+-- dlq_replay_report(queue, dl_id): puts a dead letter back into the queue
+-- for the consumer it failed for (same ev_id and extra fields, seen only
+-- by that consumer), marked as a replay, and removes it from the
+-- dead-letter table. The mark is ev_retry = -1 - n, n its retry count,
+-- kept (receive returns it as retry_count: negative means a replay; see
+-- _retries): no other event has a negative ev_retry, so ordinary events
+-- carry nothing more. A replay comes after every event the consumer has
+-- had, so it also says whether that breaks the key's order: later_delivered
+-- counts the events of the dead letter's key with a greater ev_id that the
+-- consumer has already been handed (finished batches, and the open one up
+-- to what it was handed), but for those that are its dead letters still
+-- (replayed after this one, they come in order); history_complete is
+-- false when the event tables no longer hold the dead letter's own event,
+-- so such later events may have been rotated away uncounted. A slot consumer's events are read
+-- through its slot's routing index, a plain consumer's by a scan of the
+-- queue's event tables. Returns also the subscription it was replayed for
+-- (consumer, as dlq_list names it) and its key (NULL for the NULL key).
 -- Raises PQ040 when there is no such dead letter, PQ002 when its consumer
--- is gone, 42501 for a login that may not read a confined queue. Returns
--- the ev_id. Tables: dead_letter, event, subscription.
-create or replace function pgque.dlq_replay(i_queue text, i_dl_id bigint)
-returns bigint language plpgsql security definer
+-- is gone, 42501 for a login that may not read a confined queue. Tables:
+-- dead_letter, event, subscription, sub_state, tick.
+create or replace function pgque.dlq_replay_report(i_queue text, i_dl_id bigint)
+returns table (ev_id bigint, later_delivered bigint, history_complete boolean, consumer text, key text)
+language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
+#variable_conflict use_column
 declare
     v_ok boolean := pgque._authorize_read(i_queue);
     q pgque.queue := pgque._queue(i_queue);
     d pgque.dead_letter;
     s pgque.subscription;
+    st pgque.sub_state;
+    v_last pg_snapshot;
+    v_next pg_snapshot;
+    v_slot text[];
+    v_later bigint;
+    v_complete boolean;
 begin
-    delete from pgque.dead_letter where dl_queue = q.queue_id and dl_id = i_dl_id returning * into d;
+    delete from pgque.dead_letter x where x.dl_queue = q.queue_id and x.dl_id = i_dl_id returning * into d;
     if not found then
         raise exception using errcode = 'PQ040',
             message = format('dead letter %s does not exist in queue %L', coalesce(i_dl_id::text, 'NULL'), i_queue);
     end if;
     s := pgque._subscription(i_queue, d.dl_consumer);
+    st := pgque._sub_state(s.sub_id);
+    select tick_snapshot into v_last from pgque.tick where tick_queue = q.queue_id and tick_id = st.st_last_tick;
+    select tick_snapshot into v_next from pgque.tick where tick_queue = q.queue_id and tick_id = st.st_next_tick;
+    -- A slot's name says its slot and N (_slot_name), which the partition
+    -- layer's routing filter turns into the routing index's expression.
+    v_slot := regexp_match(d.dl_consumer, '#([0-9]{1,4})/([0-9]{1,4})$');
+    -- Later events that are themselves this subscription's dead letters
+    -- were never applied: replayed in order after this one, they keep
+    -- the key's order.
+    execute 'select count(distinct e.ev_id) filter (where e.ev_id > $3 and (pg_catalog.pg_visible_in_snapshot(e.ev_txid, $5)'
+         || '            or (e.ev_id <= $7 and pg_catalog.pg_visible_in_snapshot(e.ev_txid, $6)))'
+         || '            and not exists (select from pgque.dead_letter x where x.dl_queue = $9'
+         || '                             and x.dl_consumer = $10 and x.ev_id = e.ev_id)),'
+         || '       coalesce(bool_or(e.ev_id = $3 and e.ev_owner is null), false)'
+         || '  from pgque.event e'
+         || ' where e.ev_part >= $1 and e.ev_part < $2 and (e.ev_owner is null or e.ev_owner = $4)'
+         || '   and e.ev_extra1 is not distinct from $8 and e.ev_id >= $3'
+         || case when v_slot is not null
+                 then coalesce(' and ' || pgque._slot_filter(v_slot[1]::integer, v_slot[2]::integer), '') else '' end
+       into v_later, v_complete
+      using q.queue_id * 16, q.queue_id * 16 + 16, d.ev_id, s.sub_id, v_last, v_next,
+            coalesce(st.st_delivered_to, st.st_acked_to), d.ev_extra1, q.queue_id, d.dl_consumer;
     insert into pgque.event (ev_id, ev_time, ev_part, ev_owner, ev_retry, ev_type, ev_data,
                              ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-    values (d.ev_id, d.ev_time, q.queue_id * 16 + q.queue_cur_table, s.sub_id, 0, d.ev_type, d.ev_data,
+    values (d.ev_id, d.ev_time, q.queue_id * 16 + q.queue_cur_table, s.sub_id, -1 - d.ev_retry, d.ev_type, d.ev_data,
             d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4);
     perform nextval(q.queue_event_seq);
-    return d.ev_id;
+    return query select d.ev_id, v_later, v_complete, d.dl_consumer, d.ev_extra1;
 end;
+$$;
+
+-- dlq_replay(queue, dl_id): dlq_replay_report without the report: returns
+-- the ev_id. Same errors.
+create or replace function pgque.dlq_replay(i_queue text, i_dl_id bigint)
+returns bigint language sql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    select r.ev_id from pgque.dlq_replay_report(i_queue, i_dl_id) r
 $$;
 
 -- dlq_purge(queue, consumer, older_than): deletes dead letters of a queue
@@ -3359,6 +3434,7 @@ grant execute on function
     pgque.maint(),
     pgque.set_queue_config(text, text, text),
     pgque.dlq_replay(text, bigint),
+    pgque.dlq_replay_report(text, bigint),
     pgque.dlq_purge(text, text, interval),
     pgque.start(),
     pgque.stop(),
@@ -7179,7 +7255,7 @@ begin
     insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_retry,
                                    ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
     values (s.sub_queue, s.sub_name, coalesce('unblocked by an operator; last failure: ' || b.kb_reason, 'unblocked by an operator'),
-            r.ev_id, r.ev_time, r.ev_retry, r.ev_type, r.ev_data, r.ev_extra1, r.ev_extra2, r.ev_extra3, r.ev_extra4);
+            r.ev_id, r.ev_time, pgque._retries(r.ev_retry), r.ev_type, r.ev_data, r.ev_extra1, r.ev_extra2, r.ev_extra3, r.ev_extra4);
     perform pgque._resolve_block(b.kb_sub, b.kb_kid);
     return r.ev_id;
 end;
@@ -7360,16 +7436,16 @@ begin
             raise exception using errcode = 'PQ022',
                 message = format('event %s is not held for key %s', i_failed[i], coalesce(quote_literal(i_key), 'NULL'));
         end if;
-        if i_retry_after[i] is null or coalesce(d.ev_retry, 0) >= q.queue_max_retries then
+        if i_retry_after[i] is null or pgque._retries(d.ev_retry) >= q.queue_max_retries then
             insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_retry,
                                            ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-            values (s.sub_queue, s.sub_name, i_reasons[i], d.ev_id, d.ev_time, coalesce(d.ev_retry, 0),
+            values (s.sub_queue, s.sub_name, i_reasons[i], d.ev_id, d.ev_time, pgque._retries(d.ev_retry),
                     d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4);
         else
             insert into pgque.retry_queue (ev_owner, ev_id, ev_queue, ev_retry_after, ev_time, ev_retry,
                                            ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
             values (l.sl_sub, d.ev_id, s.sub_queue, clock_timestamp() + i_retry_after[i], d.ev_time,
-                    coalesce(d.ev_retry, 0) + 1, d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4)
+                    pgque._retried(d.ev_retry), d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4)
             on conflict (ev_owner, ev_id) do nothing;
             if v_pause and v_block is null then
                 v_block := d.ev_id;
