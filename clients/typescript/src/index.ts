@@ -7,3 +7,4 @@ export { PgqueError, SchemaVersionError, isPgqueError, kindOf, mapError } from "
 export type { MigrateResult } from "./migrate.js";
 export { migrate, installedVersion, checkSchema, installScript } from "./migrate.js";
 export { SCHEMA_VERSION } from "./version.js";
+export * from "./worker/index.js";
