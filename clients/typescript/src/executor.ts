@@ -21,9 +21,8 @@ export interface Executor {
 }
 
 /**
- * A pg.Pool, or anything that hands out a dedicated connection for a
- * transaction. Used where the package needs several statements on one
- * session (migrate's transaction, the ticker's round).
+ * A pg.Pool: hands out a dedicated connection where the package needs
+ * several statements on one session (migrate's transaction).
  */
 export interface ConnectionSource extends Executor {
   connect(): Promise<PooledConnection>;
@@ -53,9 +52,12 @@ export function fromPostgresJs(sql: PostgresJsLike): Executor {
   };
 }
 
-/** True when exec can hand out a dedicated connection (a pg.Pool). */
-export function isConnectionSource(exec: Executor): exec is ConnectionSource {
-  return typeof (exec as Partial<ConnectionSource>).connect === "function"
-    && typeof (exec as { release?: unknown }).release !== "function"
-    && typeof (exec as { totalCount?: unknown }).totalCount === "number";
+/**
+ * True when exec is a pg.Pool (it hands out connections and counts them):
+ * each of its queries may run on another connection, so it cannot carry a
+ * transaction across statements.
+ */
+export function isPool(exec: Executor): exec is ConnectionSource {
+  const p = exec as { connect?: unknown; totalCount?: unknown };
+  return typeof p.connect === "function" && typeof p.totalCount === "number";
 }

@@ -1,10 +1,15 @@
 // pgque for Node.js: the package's public API.
 
 export type { Executor, QueryResult, ConnectionSource, PooledConnection, PostgresJsLike } from "./executor.js";
-export { fromPostgresJs } from "./executor.js";
+export { fromPostgresJs, isPool } from "./executor.js";
 export type { ErrorKind } from "./errors.js";
 export { PgqueError, SchemaVersionError, isPgqueError, kindOf, mapError } from "./errors.js";
 export type { MigrateResult } from "./migrate.js";
 export { migrate, installedVersion, checkSchema, installScript } from "./migrate.js";
 export { SCHEMA_VERSION } from "./version.js";
+export type { Event } from "./event.js";
+export { EVENT_TYPE_DEFAULT } from "./event.js";
+export { send, sendBatch } from "./producer.js";
+export type { SendQueueOptions, SendQueueStats } from "./sendqueue.js";
+export { SendQueue, configureSends } from "./sendqueue.js";
 export * from "./worker/index.js";

@@ -9,7 +9,7 @@
 // before and after.
 
 import { readFile } from "node:fs/promises";
-import type { Executor, PooledConnection } from "./executor.js";
+import { isPool, type Executor } from "./executor.js";
 import { PgqueError, SchemaVersionError, mapError, sqlstateOf } from "./errors.js";
 import { SCHEMA_VERSION } from "./version.js";
 
@@ -37,17 +37,6 @@ let scriptCache: Promise<string> | undefined;
 export function installScript(): Promise<string> {
   scriptCache ??= readFile(new URL("../../sql/pgque.sql", import.meta.url), "utf8");
   return scriptCache;
-}
-
-/** A pg.Pool (or anything with connect() handing out a releasable client). */
-interface Pool extends Executor {
-  connect(): Promise<PooledConnection>;
-  totalCount: number;
-}
-
-function isPool(exec: Executor): exec is Pool {
-  const p = exec as Partial<Pool>;
-  return typeof p.connect === "function" && typeof p.totalCount === "number";
 }
 
 /**

@@ -59,9 +59,10 @@ export interface TestDbOptions {
   /** Install pgque with migrate() (default true). */
   install?: boolean;
   /**
-   * The test whose end drops the database (pass `t` when calling from
-   * inside a test); without it the database is dropped after the file's
-   * tests.
+   * The test whose end drops the database: pass `t` when calling from
+   * inside a test. Without it the database is dropped after the file's
+   * tests, which works when testDb is awaited at the top of the file (in a
+   * before() hook node's after() would run at the hook's end).
    */
   t?: { after(fn: () => Promise<void>): void };
 }

@@ -1,0 +1,87 @@
+// Sending events.
+//
+// send and sendBatch run on whatever Executor they are given: a connection
+// inside the caller's BEGIN ... COMMIT (the events commit, and become
+// visible to consumers, exactly when the caller commits, and vanish if it
+// rolls back), or a pg.Pool, where a send commits on its own. On a pool,
+// send coalesces under load like the Go client's Client.Send (see
+// sendqueue.ts).
+//
+// Event ids are returned as decimal strings: ev_id is a bigint, and a
+// string keeps every value exact, prints as is in JSON and logs, and turns
+// into a bigint with BigInt(id) when arithmetic is wanted.
+
+import { isPool, type Executor } from "./executor.js";
+import { PgqueError, mapError } from "./errors.js";
+import { encode, type Encoded, type Event } from "./event.js";
+import { coalescerFor } from "./sendqueue.js";
+
+/**
+ * Sends one event to queue and returns its event id. On a pg.Pool the send
+ * may be coalesced with concurrent sends into one statement (never one
+ * with a dedup key); on a connection it runs there, in the caller's
+ * transaction if one is open.
+ */
+export async function send(exec: Executor, queue: string, event: Event): Promise<string> {
+  const ev = encode(event);
+  if (ev.dedup === null && isPool(exec)) return coalescerFor(exec).send(queue, ev);
+  return sendOne(exec, queue, ev);
+}
+
+/** Sends one encoded event with one pgque.send call. */
+export async function sendOne(exec: Executor, queue: string, ev: Encoded): Promise<string> {
+  try {
+    const { rows } = await exec.query<{ id: string }>(
+      "select pgque.send($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text, $4::pg_catalog.text, $5::pg_catalog.text)::pg_catalog.text as id",
+      [queue, ev.type, ev.payload, ev.key, ev.dedup],
+    );
+    return rows[0]!.id;
+  } catch (err) {
+    throw mapError(`sending to queue "${queue}"`, err);
+  }
+}
+
+/**
+ * Sends events atomically, in one statement, and returns their event ids in
+ * input order. Events may be of different types; they keep their order
+ * (within a key they are consumed in the order given). Every event is
+ * encoded before the database is touched, so a bad payload sends nothing.
+ */
+export async function sendBatch(exec: Executor, queue: string, events: readonly Event[]): Promise<string[]> {
+  const encoded = events.map((ev, i) => {
+    try {
+      return encode(ev);
+    } catch (err) {
+      const e = err as PgqueError;
+      throw new PgqueError(`sending batch to queue "${queue}": event ${i}: ${e.message}`, e.kind, e.code, { cause: e });
+    }
+  });
+  return sendEncoded(exec, queue, encoded);
+}
+
+/** Sends encoded events with one send_batch call. */
+export async function sendEncoded(exec: Executor, queue: string, events: readonly Encoded[]): Promise<string[]> {
+  if (events.length === 0) return [];
+  const payloads = events.map((e) => e.payload);
+  const keys = events.some((e) => e.key !== null) ? events.map((e) => e.key) : null;
+  const dedups = events.some((e) => e.dedup !== null) ? events.map((e) => e.dedup) : null;
+  const type = events[0]!.type;
+  const oneType = events.every((e) => e.type === type);
+  try {
+    // One type: the single-type form, which takes the type once. Mixed
+    // types: the form that takes a type per event, in one statement, so
+    // the batch stays atomic and in order.
+    const { rows } = oneType
+      ? await exec.query<{ ids: string[] }>(
+          "select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text[], $4::pg_catalog.text[], $5::pg_catalog.text[])::pg_catalog.text[] as ids",
+          [queue, type, payloads, keys, dedups],
+        )
+      : await exec.query<{ ids: string[] }>(
+          "select pgque.send_batch($1::pg_catalog.text, $2::pg_catalog.text[], $3::pg_catalog.text[], $4::pg_catalog.text[], $5::pg_catalog.text[])::pg_catalog.text[] as ids",
+          [queue, events.map((e) => e.type), payloads, keys, dedups],
+        );
+    return rows[0]!.ids;
+  } catch (err) {
+    throw mapError(`sending batch to queue "${queue}"`, err);
+  }
+}

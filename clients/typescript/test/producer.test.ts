@@ -1,0 +1,183 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import pg from "pg";
+import { send, sendBatch, isPgqueError, configureSends } from "../src/index.js";
+import { testDb, type TestDb } from "./harness.js";
+
+const db: TestDb = await testDb();
+
+/** A new queue with a unique name. */
+async function newQueue(prefix: string): Promise<string> {
+  const name = `${prefix}_${Math.random().toString(36).slice(2, 8)}`;
+  await db.pool.query("select pgque.create_queue($1)", [name]);
+  return name;
+}
+
+interface Row {
+  id: string;
+  type: string;
+  data: string;
+  key: string | null;
+}
+
+/** The events stored for queue, in ev_id order (read as the superuser). */
+async function stored(queue: string): Promise<Row[]> {
+  const { rows } = await db.pool.query<Row>(
+    `select e.ev_id::text as id, e.ev_type as type, e.ev_data as data, e.ev_extra1 as key
+       from pgque.event e join pgque.queue q on e.ev_part / 16 = q.queue_id
+      where q.queue_name = $1 order by e.ev_id`,
+    [queue],
+  );
+  return rows;
+}
+
+/** Runs fn in a transaction on one pooled connection, then commits or rolls back. */
+async function inTx<T>(end: "commit" | "rollback", fn: (c: pg.PoolClient) => Promise<T>): Promise<T> {
+  const c = await db.pool.connect();
+  try {
+    await c.query("begin");
+    const out = await fn(c);
+    await c.query(end);
+    return out;
+  } finally {
+    c.release();
+  }
+}
+
+test("sends in a rolled-back transaction vanish, in a committed one land", async () => {
+  const q = await newQueue("tx");
+  await inTx("rollback", async (c) => {
+    await send(c, q, { type: "A", payload: { n: 1 } });
+    await sendBatch(c, q, [{ type: "A", payload: { n: 2 } }]);
+    assert.equal((await c.query("select 1")).rowCount, 1);
+  });
+  assert.deepEqual(await stored(q), []);
+
+  const ids = await inTx("commit", async (c) => {
+    const one = await send(c, q, { type: "A", payload: { n: 1 }, partitionKey: "t1" });
+    const many = await sendBatch(c, q, [
+      { type: "A", payload: { n: 2 }, partitionKey: "t1" },
+      { type: "A", payload: { n: 3 } },
+    ]);
+    // Not visible outside the transaction before it commits.
+    assert.deepEqual(await stored(q), []);
+    return [one, ...many];
+  });
+  const rows = await stored(q);
+  assert.deepEqual(rows.map((r) => r.id), ids);
+  assert.deepEqual(rows.map((r) => JSON.parse(r.data).n), [1, 2, 3]);
+  assert.deepEqual(rows.map((r) => r.key), ["t1", "t1", null]);
+});
+
+test("a batch of mixed types is one atomic statement and keeps its order", async () => {
+  const q = await newQueue("mixed");
+  const events = ["Created", "Created", "Updated", "Created", "Deleted", "Updated"].map((type, n) => ({
+    type,
+    payload: { n },
+    partitionKey: n % 2 ? "a" : "b",
+  }));
+  const ids = await sendBatch(db.pool, q, events);
+  assert.equal(ids.length, events.length);
+  const rows = await stored(q);
+  assert.deepEqual(rows.map((r) => r.id), ids);
+  assert.deepEqual(rows.map((r) => r.type), events.map((e) => e.type));
+  assert.deepEqual(rows.map((r) => JSON.parse(r.data).n), [0, 1, 2, 3, 4, 5]);
+
+  // A bad payload anywhere sends none of the batch.
+  await assert.rejects(
+    sendBatch(db.pool, q, [{ type: "X", payload: 1 }, { type: "Y", json: "{not json" }]),
+    (err) => isPgqueError(err, "invalid_payload"),
+  );
+  assert.equal((await stored(q)).length, events.length);
+});
+
+test("payload forms: values as JSON, json text as given, binary refused", async () => {
+  const q = await newQueue("forms");
+  await send(db.pool, q, { payload: "hello" });
+  await send(db.pool, q, { json: '{"b": 2,  "a": 1}' });
+  await send(db.pool, q, { payload: null });
+  const rows = await stored(q);
+  assert.deepEqual(rows.map((r) => r.data), ['"hello"', '{"b": 2,  "a": 1}', "null"]);
+  assert.deepEqual(rows.map((r) => r.type), ["default", "default", "default"]);
+
+  for (const bad of [{ payload: Buffer.from("x") }, { payload: undefined }, { payload: 1n }, { payload: 1, json: "1" }]) {
+    await assert.rejects(send(db.pool, q, bad), (err) => isPgqueError(err, "invalid_payload") && err.code === "");
+  }
+  await assert.rejects(send(db.pool, q, { json: "{oops" }), (err) => isPgqueError(err, "invalid_payload") && err.code === "22P02");
+  assert.equal((await stored(q)).length, 3);
+});
+
+test("the NULL key and the empty key are different keys", async () => {
+  const q = await newQueue("keys");
+  await send(db.pool, q, { payload: 1, partitionKey: null });
+  await send(db.pool, q, { payload: 2, partitionKey: "" });
+  await send(db.pool, q, { payload: 3 });
+  await sendBatch(db.pool, q, [{ payload: 4, partitionKey: "" }, { payload: 5 }]);
+  assert.deepEqual((await stored(q)).map((r) => r.key), [null, "", null, "", null]);
+});
+
+test("a dedup key sends once and returns the first id", async () => {
+  const q = await newQueue("dedup");
+  const a = await send(db.pool, q, { payload: 1, dedupKey: "req-7" });
+  const b = await send(db.pool, q, { payload: 2, dedupKey: "req-7" });
+  const [c, d] = await sendBatch(db.pool, q, [{ payload: 3, dedupKey: "req-7" }, { payload: 4, dedupKey: "req-8" }]);
+  assert.equal(b, a);
+  assert.equal(c, a);
+  assert.notEqual(d, a);
+  assert.equal((await stored(q)).length, 2);
+  await assert.rejects(send(db.pool, q, { payload: 5, dedupKey: "" }), (err) => isPgqueError(err, "invalid_argument"));
+});
+
+test("event ids beyond 2^53 come back exact", async () => {
+  const q = await newQueue("big");
+  await db.pool.query(
+    "select pg_catalog.setval(queue_event_seq::regclass, 9007199254740993) from pgque.queue where queue_name = $1",
+    [q],
+  );
+  const id = await send(db.pool, q, { payload: 1 });
+  const [b1, b2] = await sendBatch(db.pool, q, [{ payload: 2 }, { payload: 3 }]);
+  assert.equal(id, "9007199254740994");
+  assert.equal(b1, "9007199254740995");
+  assert.equal(b2, "9007199254740996");
+  assert.deepEqual((await stored(q)).map((r) => r.id), [id, b1, b2]);
+});
+
+test("errors map by SQLSTATE to kinds", async () => {
+  await assert.rejects(send(db.pool, "no_such_queue", { payload: 1 }), (err) => {
+    assert.ok(isPgqueError(err, "queue_not_found"));
+    assert.equal(err.code, "PQ001");
+    assert.match(err.message, /sending to queue "no_such_queue"/);
+    return true;
+  });
+  await assert.rejects(sendBatch(db.pool, "no_such_queue", [{ payload: 1 }]), (err) => isPgqueError(err, "queue_not_found"));
+  await assert.rejects(send(db.pool, "", { payload: 1 }), (err) => isPgqueError(err, "queue_not_found") || isPgqueError(err, "invalid_name"));
+});
+
+test("concurrent sends on a pool coalesce, and a bad event fails alone", async () => {
+  const q = await newQueue("coalesce");
+  const pool = new pg.Pool({ connectionString: db.url, max: 4, allowExitOnIdle: true });
+  try {
+    const sq = configureSends(pool, { concurrency: 1 });
+    const sends = Array.from({ length: 300 }, (_, n) =>
+      n === 150
+        ? send(pool, q, { type: "T", json: "{broken" })
+        : send(pool, q, { type: n % 3 ? "T" : "U", payload: { n }, partitionKey: `k${n % 7}` }),
+    );
+    const results = await Promise.allSettled(sends);
+    const failed = results.flatMap((r, n) => (r.status === "rejected" ? [n] : []));
+    assert.deepEqual(failed, [150]);
+    assert.ok(isPgqueError((results[150] as PromiseRejectedResult).reason, "invalid_payload"));
+    assert.ok(sq.stats.statements > 0, "no statement carried coalesced sends");
+    assert.ok(sq.stats.alone > 0, "the batch holding the bad event was not sent again one by one");
+    const rows = await stored(q);
+    assert.equal(rows.length, 299);
+    const byN = new Map(rows.map((r) => [JSON.parse(r.data).n as number, r]));
+    results.forEach((r, n) => {
+      if (r.status !== "fulfilled") return;
+      assert.equal(byN.get(n)?.id, r.value, `event ${n} stored under another id`);
+      assert.equal(byN.get(n)?.type, n % 3 ? "T" : "U");
+    });
+  } finally {
+    await pool.end();
+  }
+});
