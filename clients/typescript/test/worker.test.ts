@@ -5,30 +5,10 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { work, type Message, type WorkOptions } from "../src/index.js";
-import { testDb, type TestDb } from "./harness.js";
-import type { Worker } from "../src/index.js";
-import { barrier, createQueue, gate, Recorder, runTicker, sendKeyed } from "./worker_helpers.js";
+import { barrier, gate, Recorder, sendKeyed, setup } from "./worker_helpers.js";
 
 const fast: Partial<WorkOptions> = { claimIntervalMs: 100, pollIntervalMs: 50, retryDelayMs: () => 20, listen: false };
 
-/**
- * A database with queue, a running test ticker, and track(w) for workers:
- * after the test, tracked workers are killed (a no-op once stopped), the
- * ticker stopped and the database dropped, in that order.
- */
-async function setup(t: { after(fn: () => Promise<void>): void }, queue: string): Promise<TestDb & { track(w: Worker): Worker }> {
-  let drop = async () => {};
-  const db = await testDb({ t: { after: (fn) => (drop = fn) } });
-  await createQueue(db.pool, queue);
-  const stopTicker = runTicker(db.pool, queue);
-  const workers: Worker[] = [];
-  t.after(async () => {
-    await Promise.all(workers.map((w) => w.kill()));
-    await stopTicker();
-    await drop();
-  });
-  return Object.assign(db, { track: (w: Worker) => (workers.push(w), w) });
-}
 
 test("each key's events are handled in order and one at a time, across many keys and two workers", async (t) => {
   const db = await setup(t, "order");

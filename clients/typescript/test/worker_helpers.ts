@@ -2,7 +2,8 @@
 // a recorder that checks the per-key guarantees as events are handled.
 
 import pg from "pg";
-import type { Message } from "../src/index.js";
+import type { Message, Worker } from "../src/index.js";
+import { testDb, type TestDb } from "./harness.js";
 
 /** Creates queue name and settings for quick tests (max_retries given). */
 export async function createQueue(pool: pg.Pool, name: string, maxRetries = 5): Promise<void> {
@@ -136,4 +137,23 @@ export function gate(): { wait: Promise<void>; open(): void } {
   let open!: () => void;
   const wait = new Promise<void>((r) => (open = r));
   return { wait, open };
+}
+
+/**
+ * A database with queue, a running test ticker, and track(w) for workers:
+ * after the test, tracked workers are killed (a no-op once stopped), the
+ * ticker stopped and the database dropped, in that order.
+ */
+export async function setup(t: { after(fn: () => Promise<void>): void }, queue: string): Promise<TestDb & { track(w: Worker): Worker }> {
+  let drop = async () => {};
+  const db = await testDb({ t: { after: (fn) => (drop = fn) } });
+  await createQueue(db.pool, queue);
+  const stopTicker = runTicker(db.pool, queue);
+  const workers: Worker[] = [];
+  t.after(async () => {
+    await Promise.all(workers.map((w) => w.kill()));
+    await stopTicker();
+    await drop();
+  });
+  return Object.assign(db, { track: (w: Worker) => (workers.push(w), w) });
 }
