@@ -169,6 +169,13 @@ func TestBadPayloads(t *testing.T) {
 		{"send with a NUL escape in a text payload", `select pgque.send('q', 't', '{"a": "\u0000"}'::text, 'k')`, nil, "22P05", nil},
 		{"send_batch with too few keys", "select pgque.send_batch('q', 't', array['{}', '{}', '{}']::jsonb[], array['a', 'b'])", nil, "PQ011", []string{"2 partition keys for 3 payloads"}},
 		{"send_batch with 2-D payloads", "select pgque.send_batch('q', 't', array[['{}'], ['{}']]::jsonb[])", nil, "PQ011", []string{"one-dimensional"}},
+		{"mixed send_batch with too few types", "select pgque.send_batch('q', array['a', 'b'], array['{}', '{}', '{}']::jsonb[])", nil, "PQ011", []string{"2 types for 3 payloads"}},
+		{"mixed send_batch with too many types", `select pgque.send_batch('q', array['a', 'b'], array['{}'])`, nil, "PQ011", []string{"2 types for 1 payloads"}},
+		{"mixed send_batch with a NULL type", `select pgque.send_batch('q', array['a', NULL, 'c'], array['{}', '{}', '{}'])`, nil, "22004", []string{"type 2"}},
+		{"mixed send_batch with NULL types", "select pgque.send_batch('q', NULL::text[], array['{}']::jsonb[])", nil, "22004", []string{"type"}},
+		{"mixed send_batch with 2-D types", "select pgque.send_batch('q', array[['a'], ['b']], array['{}', '{}']::jsonb[])", nil, "PQ011", []string{"one-dimensional"}},
+		{"mixed send_batch with an invalid text payload", `select pgque.send_batch('q', array['a', 'b'], array['{}', '{"a":'])`, nil, "22P02", []string{"json"}},
+		{"mixed send_batch with too few keys", `select pgque.send_batch('q', array['a', 'b'], array['{}', '{}'], array['k'])`, nil, "PQ011", []string{"1 partition keys for 2 payloads"}},
 	}
 	// Each failing call runs inside a transaction that first sends a good
 	// event, as an application would: the error rolls the whole transaction

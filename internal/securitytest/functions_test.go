@@ -178,6 +178,28 @@ var functions = map[string]fn{
 			bc("PQ063", "'q1'", "'t'", `array['{}','{}']::jsonb[]`, "null", "array['d', '']"),
 			bc("", "'q1'", "'t'", `array['{}','{}']::jsonb[]`, "null", "array['d', null]"),
 		}},
+	"pgque.send_batch(text,text[],text[],text[],text[])": {roles: "wa", args: []string{"'q1'", "array['t', 'u']", `array['{"a":1}', '[]']`, "array['k', null]", "array['d7', null]"},
+		nullable: []int{3, 4}, cases: []badCase{
+			bc("PQ011", "'q1'", "array['t']", `array['{}','{}']`, "null", "null"),
+			bc("PQ011", "'q1'", "array['t', 'u']", `array['{}','{}']`, "array['k']", "null"),
+			bc("22004", "'q1'", "array['t', null]", `array['{}','{}']`, "null", "null"),
+			bc("22004", "'q1'", "array['t', 'u']", `array['{}', null]`, "null", "null"),
+			bc("22P02", "'q1'", "array['t', 'u']", `array['{}', '{']`, "null", "null"),
+			bc("22P02", "'q1'", "array['t', 'u']", `array['{}', '{']`, "null", "array['d8', 'd9']"),
+			bc("22P05", "'q1'", "array['t']", `array['"\u0000"']`, "null", "null"),
+			bc("", "'q1'", "array[]::text[]", `array[]::text[]`, "null", "null"),
+			bc("", "'q1'", `array['$$', '''); drop table pgque.queue; --']`, `array['{}','{}']`, "null", "null"),
+			bc("PQ063", "'q1'", "array['t', 'u']", `array['{}','{}']`, "null", "array['d', '']"),
+			bc("PQ001", "'nope'", "array['t']", `array['{}']`, "null", "null")}},
+	"pgque.send_batch(text,text[],jsonb[],text[],text[])": {roles: "wa", args: []string{"'q1'", "array['t', 'u']", `array['{"a":1}', '[]']::jsonb[]`, "array['k', null]", "array['d10', null]"},
+		nullable: []int{3, 4}, cases: []badCase{
+			bc("PQ011", "'q1'", "array['t', 'u', 'v']", `array['{}','{}']::jsonb[]`, "null", "null"),
+			bc("22004", "'q1'", "array[null, 'u']", `array['{}','{}']::jsonb[]`, "null", "null"),
+			bc("22004", "'q1'", "array['t', 'u']", `array['{}', null]::jsonb[]`, "null", "null"),
+			bc("", "'q1'", "array[]::text[]", `array[]::jsonb[]`, "null", "null"),
+			bc("PQ011", "'q1'", "array['t', 'u']", `array['{}','{}']::jsonb[]`, "null", "array['d']"),
+			bc("", "'q1'", "array['t', 'u']", `array['{}','{}']::jsonb[]`, "null", "array['d', null]"),
+		}},
 	// Table attachment. The fixture's st_files is owned by pgque_admin (the
 	// caller needs the TRIGGER privilege) and attached to q1; st_gone was
 	// attached and its triggers dropped, so forgetting it succeeds.

@@ -8,7 +8,9 @@ grant execute on function
     pgque.send(text, text, jsonb, text, text),
     pgque.send(text, text, text, text, text),
     pgque.send_batch(text, text, jsonb[], text[], text[]),
-    pgque.send_batch(text, text, text[], text[], text[])
+    pgque.send_batch(text, text, text[], text[], text[]),
+    pgque.send_batch(text, text[], jsonb[], text[], text[]),
+    pgque.send_batch(text, text[], text[], text[], text[])
     to pgque_writer, pgque_admin;
 
 grant execute on function

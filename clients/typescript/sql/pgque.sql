@@ -3828,21 +3828,24 @@ begin
 end;
 $$;
 
--- _send_batch(queue, type, payloads, partition_keys, dedup_keys, check):
--- the body of both send_batch forms, over payloads as text. check says
--- whether the payloads still need their JSON checked (the text form) or
--- came as jsonb (the jsonb form, whose caller parsed them). One INSERT for
--- the whole array; partition_keys and dedup_keys are each NULL or as long
--- as payloads. ev_ids are taken in array order, so they are returned in
--- input order. With dedup_keys, elements are sent one by one in order
--- under the locks of all their keys: an element whose key was sent within
--- the window (by an earlier element of the same batch too) gets that
--- event's ev_id, and a NULL element key means no dedup for that element.
--- Not granted: the send_batch entry points call it after their access
--- check, and it runs under their pinned search_path (no SET clause of its
--- own: see _dedup_send). Tables: reads queue; inserts into event (and
--- dedup_0/1).
-create or replace function pgque._send_batch(i_queue text, i_type text, i_payloads text[],
+-- _send_batch(queue, type, types, payloads, partition_keys, dedup_keys,
+-- check): the body of every send_batch form, over payloads as text. Either
+-- type is the one type of all the payloads (the single-type forms; types
+-- is NULL) or types holds the type of each payload (the mixed forms; type
+-- is NULL). check says whether the payloads still need their JSON checked
+-- (the text forms) or came as jsonb (the jsonb forms, whose caller parsed
+-- them). One INSERT for the whole array; types, partition_keys and
+-- dedup_keys are each NULL or as long as payloads. ev_ids are taken in
+-- array order, so they are returned in input order. With dedup_keys,
+-- elements are sent one by one in order under the locks of all their keys:
+-- an element whose key was sent within the window (by an earlier element
+-- of the same batch too) gets that event's ev_id, and a NULL element key
+-- means no dedup for that element. Not granted: the send_batch entry
+-- points call it after their access check, and it runs under their pinned
+-- search_path (no SET clause of its own: see _dedup_send). Tables: reads
+-- queue; inserts into event (and dedup_0/1).
+drop function if exists pgque._send_batch(text, text, text[], text[], text[], boolean);
+create or replace function pgque._send_batch(i_queue text, i_type text, i_types text[], i_payloads text[],
                                              i_partition_keys text[], i_dedup_keys text[], i_check boolean)
 returns bigint[] language plpgsql
 as $$
@@ -3853,11 +3856,23 @@ declare
     v_ids  bigint[];
     v_xid  xid8;
 begin
-    if i_type is null or i_payloads is null then
+    if (i_type is null and i_types is null) or i_payloads is null then
         raise exception using errcode = '22004', message = 'event type and payloads must not be NULL';
     end if;
-    if array_ndims(i_payloads) > 1 or array_ndims(i_partition_keys) > 1 or array_ndims(i_dedup_keys) > 1 then
-        raise exception using errcode = 'PQ011', message = 'payloads and partition keys must be one-dimensional arrays';
+    if array_ndims(i_payloads) > 1 or array_ndims(i_partition_keys) > 1 or array_ndims(i_dedup_keys) > 1
+       or array_ndims(i_types) > 1 then
+        raise exception using errcode = 'PQ011', message = 'types, payloads and keys must be one-dimensional arrays';
+    end if;
+    if i_types is not null then
+        if coalesce(cardinality(i_types), 0) <> coalesce(cardinality(i_payloads), 0) then
+            raise exception using errcode = 'PQ011',
+                message = format('%s types for %s payloads; pass one type per payload',
+                                 cardinality(i_types), cardinality(i_payloads));
+        end if;
+        if array_position(i_types, null) is not null then
+            raise exception using errcode = '22004',
+                message = format('type %s of the batch is NULL', array_position(i_types, null));
+        end if;
     end if;
     if i_partition_keys is not null
        and coalesce(cardinality(i_partition_keys), 0) <> coalesce(cardinality(i_payloads), 0) then
@@ -3899,9 +3914,10 @@ begin
         v_ids := '{}';
         for v_i in 1 .. cardinality(i_payloads) loop
             if i_dedup_keys[v_i] is null then
-                v_ids := v_ids || pgque._insert_event(i_queue, i_type, i_payloads[v_i], i_partition_keys[v_i], null, null, null);
+                v_ids := v_ids || pgque._insert_event(i_queue, coalesce(i_types[v_i], i_type), i_payloads[v_i],
+                                                      i_partition_keys[v_i], null, null, null);
             else
-                v_ids := v_ids || pgque._dedup_send(i_queue, i_type, i_payloads[v_i],
+                v_ids := v_ids || pgque._dedup_send(i_queue, coalesce(i_types[v_i], i_type), i_payloads[v_i],
                                                     i_partition_keys[v_i], i_dedup_keys[v_i], 'on conflict');
             end if;
         end loop;
@@ -3911,11 +3927,13 @@ begin
     -- The ev_ids are taken first, in input order, and the INSERT pairs
     -- them with the payloads: no RETURNING, no sort to put them back in
     -- order. The transaction's id is taken before them (see _tick_due).
+    -- A NULL types array unnests as NULLs beside the payloads, so the one
+    -- INSERT serves both forms.
     v_xid := pg_current_xact_id();
     v_ids := array(select nextval(v_seq) from generate_series(1, cardinality(i_payloads)));
     insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
-    select u.id, v_part, i_type, u.payload, u.pkey
-      from unnest(v_ids, i_payloads, i_partition_keys) as u(id, payload, pkey);
+    select u.id, v_part, coalesce(u.typ, i_type), u.payload, u.pkey
+      from unnest(v_ids, i_payloads, i_partition_keys, i_types) as u(id, payload, pkey, typ);
     return v_ids;
 end;
 $$;
@@ -3939,7 +3957,7 @@ declare
     i_dedup_keys     alias for $5;
 begin
     perform pgque._authorize(i_queue, null, 'produce'); -- access check
-    return pgque._send_batch(i_queue, i_type, i_payloads::text[], i_partition_keys, i_dedup_keys, false);
+    return pgque._send_batch(i_queue, i_type, null, i_payloads::text[], i_partition_keys, i_dedup_keys, false);
 end;
 $$;
 
@@ -3962,7 +3980,55 @@ declare
     i_dedup_keys     alias for $5;
 begin
     perform pgque._authorize(i_queue, null, 'produce'); -- access check
-    return pgque._send_batch(i_queue, i_type, i_payloads, i_partition_keys, i_dedup_keys, true);
+    return pgque._send_batch(i_queue, i_type, null, i_payloads, i_partition_keys, i_dedup_keys, true);
+end;
+$$;
+
+-- send_batch(queue, types text[], payloads jsonb[], partition_keys,
+-- dedup_keys): a batch of events of several types, in one statement and
+-- in input order: types[i] is the type of payloads[i] (the two arrays as
+-- long as each other, no NULL type). Otherwise as the single-type form,
+-- and as fast (the same _send_batch and the same one INSERT). A call whose
+-- second argument is an untyped literal ('T') or text resolves to the
+-- single-type form: PostgreSQL prefers the string category for an unknown
+-- argument. Returns the ev_ids in input order.
+create or replace function pgque.send_batch(queue text, types text[], payloads jsonb[],
+                                            partition_keys text[] default null,
+                                            dedup_keys text[] default null)
+returns bigint[] language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    i_queue          alias for $1;
+    i_types          alias for $2;
+    i_payloads       alias for $3;
+    i_partition_keys alias for $4;
+    i_dedup_keys     alias for $5;
+begin
+    perform pgque._authorize(i_queue, null, 'produce'); -- access check
+    return pgque._send_batch(i_queue, null, i_types, i_payloads::text[], i_partition_keys, i_dedup_keys, false);
+end;
+$$;
+
+-- send_batch(queue, types text[], payloads text[], partition_keys,
+-- dedup_keys): the mixed-type form for payloads held as JSON text,
+-- checked and stored as the single-type text form does. Returns the
+-- ev_ids in input order.
+create or replace function pgque.send_batch(queue text, types text[], payloads text[],
+                                            partition_keys text[] default null,
+                                            dedup_keys text[] default null)
+returns bigint[] language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    i_queue          alias for $1;
+    i_types          alias for $2;
+    i_payloads       alias for $3;
+    i_partition_keys alias for $4;
+    i_dedup_keys     alias for $5;
+begin
+    perform pgque._authorize(i_queue, null, 'produce'); -- access check
+    return pgque._send_batch(i_queue, null, i_types, i_payloads, i_partition_keys, i_dedup_keys, true);
 end;
 $$;
 
@@ -5251,7 +5317,9 @@ grant execute on function
     pgque.send(text, text, jsonb, text, text),
     pgque.send(text, text, text, text, text),
     pgque.send_batch(text, text, jsonb[], text[], text[]),
-    pgque.send_batch(text, text, text[], text[], text[])
+    pgque.send_batch(text, text, text[], text[], text[]),
+    pgque.send_batch(text, text[], jsonb[], text[], text[]),
+    pgque.send_batch(text, text[], text[], text[], text[])
     to pgque_writer, pgque_admin;
 
 grant execute on function

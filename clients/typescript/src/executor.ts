@@ -61,3 +61,48 @@ export function isPool(exec: Executor): exec is ConnectionSource {
   const p = exec as { connect?: unknown; totalCount?: unknown };
   return typeof p.connect === "function" && typeof p.totalCount === "number";
 }
+
+/**
+ * Runs fn in a transaction and returns what it returns: on a pg.Pool, on a
+ * connection checked out for it (BEGIN ... COMMIT); on one connection
+ * outside a transaction, in a transaction of its own; on one connection
+ * inside the caller's transaction, in a savepoint, so that the work lands
+ * when the caller commits. fn gets the executor to use. A failure rolls the
+ * work back and rethrows.
+ */
+export async function withTransaction<T>(exec: Executor, fn: (tx: Executor) => Promise<T>): Promise<T> {
+  if (isPool(exec)) {
+    const conn = await exec.connect();
+    let broken: Error | undefined;
+    try {
+      return await withTransaction(conn, fn);
+    } catch (err) {
+      // A connection that failed without a SQLSTATE may be broken: destroy it.
+      if (err instanceof Error && typeof (err as { code?: unknown }).code !== "string") broken = err;
+      throw err;
+    } finally {
+      conn.release(broken);
+    }
+  }
+  let own = false;
+  try {
+    await exec.query("savepoint pgque_tx");
+  } catch (err) {
+    // 25P01 no_active_sql_transaction: not inside a transaction block.
+    if ((err as { code?: unknown }).code !== "25P01") throw err;
+    own = true;
+    await exec.query("begin");
+  }
+  try {
+    const out = await fn(exec);
+    await exec.query(own ? "commit" : "release savepoint pgque_tx");
+    return out;
+  } catch (err) {
+    try {
+      await exec.query(own ? "rollback" : "rollback to savepoint pgque_tx");
+    } catch {
+      // The connection broke: the server rolls back on its own.
+    }
+    throw err;
+  }
+}

@@ -12,4 +12,13 @@ export { EVENT_TYPE_DEFAULT } from "./event.js";
 export { send, sendBatch } from "./producer.js";
 export type { SendQueueOptions, SendQueueStats } from "./sendqueue.js";
 export { SendQueue, configureSends } from "./sendqueue.js";
+export type { TickerOptions, TickerStats } from "./ticker.js";
+export { Ticker, checkTickerRights, TICKER_FUNCTIONS } from "./ticker.js";
+export { defaultWorkerId } from "./workerid.js";
+export { withTransaction } from "./executor.js";
+export type { FailurePolicy, BlockedKey, DeadLetter, QueueStatus, SlotStatus } from "./admin.js";
+export {
+  createQueue, dropQueue, setQueueConfig, subscribeSlots, unsubscribeSlots, setFailurePolicy,
+  blockedKeys, unblockKey, retryKeyNow, deadLetters, replayDeadLetter, purgeDeadLetters, queues, slots,
+} from "./admin.js";
 export * from "./worker/index.js";

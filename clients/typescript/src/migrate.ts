@@ -9,7 +9,7 @@
 // before and after.
 
 import { readFile } from "node:fs/promises";
-import { isPool, type Executor } from "./executor.js";
+import { withTransaction, type Executor } from "./executor.js";
 import { PgqueError, SchemaVersionError, mapError, sqlstateOf } from "./errors.js";
 import { SCHEMA_VERSION } from "./version.js";
 
@@ -49,61 +49,23 @@ export function installScript(): Promise<string> {
  * transaction. Needs the rights `pgque install` needs (see docs/security.md).
  */
 export async function migrate(exec: Executor): Promise<MigrateResult> {
-  if (isPool(exec)) {
-    const conn = await exec.connect();
-    let broken: unknown;
-    try {
-      return await migrate(conn);
-    } catch (err) {
-      broken = err;
-      throw err;
-    } finally {
-      conn.release(broken instanceof Error && sqlstateOf(broken) === undefined ? broken : undefined);
-    }
-  }
   const script = await installScript();
-  return inTransaction(exec, async () => {
-    await lockInstall(exec);
-    const previous = await installedVersion(exec);
-    await exec.query(script);
-    const version = await installedVersion(exec);
-    if (version !== SCHEMA_VERSION) {
-      throw new PgqueError(
-        `installing pgque: the script recorded version "${version}", want "${SCHEMA_VERSION}"`,
-        "schema_version",
-      );
-    }
-    return { previous, version };
-  }).catch((err) => {
+  try {
+    return await withTransaction(exec, async (tx) => {
+      await lockInstall(tx);
+      const previous = await installedVersion(tx);
+      await tx.query(script);
+      const version = await installedVersion(tx);
+      if (version !== SCHEMA_VERSION) {
+        throw new PgqueError(
+          `installing pgque: the script recorded version "${version}", want "${SCHEMA_VERSION}"`,
+          "schema_version",
+        );
+      }
+      return { previous, version };
+    });
+  } catch (err) {
     throw mapError("installing pgque", err);
-  });
-}
-
-/**
- * Runs fn in a transaction on the one connection exec: its own when exec is
- * outside a transaction, else a savepoint of the caller's.
- */
-async function inTransaction<T>(exec: Executor, fn: () => Promise<T>): Promise<T> {
-  let own = false;
-  try {
-    await exec.query("savepoint pgque_migrate");
-  } catch (err) {
-    // 25P01 no_active_sql_transaction: not inside a transaction block.
-    if (sqlstateOf(err) !== "25P01") throw err;
-    own = true;
-    await exec.query("begin");
-  }
-  try {
-    const out = await fn();
-    await exec.query(own ? "commit" : "release savepoint pgque_migrate");
-    return out;
-  } catch (err) {
-    try {
-      await exec.query(own ? "rollback" : "rollback to savepoint pgque_migrate");
-    } catch {
-      // The connection broke: the server rolls back on its own.
-    }
-    throw err;
   }
 }
 
@@ -176,6 +138,31 @@ export async function checkSchema(exec: Executor): Promise<void> {
   } catch (err) {
     throw mapError("reading the pgque schema version", err);
   }
-  if (v === "") throw new PgqueError("pgque: not installed in this database (run migrate())", "not_installed");
+  if (v === "") await explainMissing(exec);
   if (v !== SCHEMA_VERSION) throw new SchemaVersionError(v, SCHEMA_VERSION);
+}
+
+/**
+ * Throws why installedVersion found nothing: a schema pgque the role may
+ * not use (permission_denied, naming the grants that help), or no pgque at
+ * all (not_installed).
+ */
+async function explainMissing(exec: Executor): Promise<never> {
+  let row: { present: boolean; role: string };
+  try {
+    row = (await exec.query<{ present: boolean; role: string }>(
+      `select exists (select 1 from pg_catalog.pg_namespace where nspname operator(pg_catalog.=) 'pgque') as present,
+              current_user as role`)).rows[0]!;
+  } catch (err) {
+    throw mapError("reading the pgque schema version", err);
+  }
+  if (row.present) {
+    throw new PgqueError(
+      `pgque: role "${row.role}" may not use schema pgque; grant it pgque_writer (send), pgque_reader (work) ` +
+        "or pgque_admin (ticker, admin calls)",
+      "permission_denied",
+      "42501",
+    );
+  }
+  throw new PgqueError("pgque: not installed in this database (run migrate())", "not_installed");
 }

@@ -6,7 +6,7 @@
 // system user when missing, else "nobody". The server listens only on a Unix
 // socket in the cluster's own directory, with trust authentication.
 
-import { execFileSync, spawnSync } from "node:child_process";
+import { execFileSync, spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { chmodSync, chownSync, existsSync, mkdtempSync, readFileSync, appendFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -71,7 +71,37 @@ function freePort(): Promise<number> {
   });
 }
 
-/** Starts a new cluster; it is stopped when the process exits. */
+// The watchdog tears the cluster down once the process that started it is
+// gone without stopping it (a test file killed by a timeout or a signal,
+// where no exit handler runs): SIGQUIT to the postmaster is an immediate
+// shutdown, then the directory is removed. $1 is the pid to watch, $2 the
+// cluster directory. The Go tests' clusters (internal/pgcluster) do the same.
+const watchdogScript = `
+while kill -0 "$1" 2>/dev/null; do sleep 1; done
+pid=$(head -n 1 "$2/data/postmaster.pid" 2>/dev/null) && kill -QUIT "$pid" 2>/dev/null
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 1
+done
+rm -rf "$2"
+`;
+
+/** Starts the watchdog in a session of its own, so a ^C to the caller's group spares it. */
+function startWatchdog(dir: string): ChildProcess | undefined {
+  try {
+    const wd = spawn("/bin/sh", ["-c", watchdogScript, "pgque-cluster-watchdog", String(process.pid), dir], {
+      detached: true,
+      stdio: "ignore",
+    });
+    wd.on("error", () => {});
+    wd.unref();
+    return wd;
+  } catch {
+    return undefined; // the cluster works without that safety net
+  }
+}
+
+/** Starts a new cluster; it is stopped when the process exits, or by a watchdog when it is killed. */
 export async function startCluster(): Promise<Cluster> {
   const bin = binDir();
   const user = serverUser();
@@ -87,10 +117,12 @@ export async function startCluster(): Promise<Cluster> {
   const run = (cmd: string, args: string[]) =>
     execFileSync(path.join(bin, cmd), args, { env, uid: user.uid, gid: user.gid, stdio: "pipe", cwd: dir });
 
+  const watchdog = startWatchdog(dir);
   let stopped = false;
   const stop = () => {
     if (stopped) return;
     stopped = true;
+    watchdog?.kill();
     try {
       run("pg_ctl", ["stop", "-D", data, "-m", "immediate", "-w"]);
     } catch {

@@ -26,10 +26,16 @@ export interface TestDb {
 let serverDsn: Promise<string> | undefined;
 
 function server(): Promise<string> {
-  serverDsn ??= process.env.PGQUE_TEST_DSN
-    ? Promise.resolve(process.env.PGQUE_TEST_DSN)
-    : startCluster().then((c) => c.url("postgres"));
+  const env = process.env.PGQUE_TEST_DSN;
+  serverDsn ??= env ? Promise.resolve(asUrl(env)) : startCluster().then((c) => c.url("postgres"));
   return serverDsn;
+}
+
+/** dsn as a postgres:// URL (node-postgres takes no keyword/value form). */
+function asUrl(dsn: string): string {
+  if (/^postgres(ql)?:\/\//.test(dsn)) return dsn;
+  const db = /(?:^|\s)dbname\s*=\s*('(?:[^'\\]|\\.)*'|\S+)/.exec(dsn)?.[1]?.replace(/^'|'$/g, "");
+  return withDatabase(dsn, db ?? "postgres");
 }
 
 /** The connection string dsn with its database and, if given, user replaced. */

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { checkSchema, installScript, installedVersion, migrate, SCHEMA_VERSION, isPgqueError } from "../src/index.js";
+import { checkSchema, installScript, installedVersion, migrate, SCHEMA_VERSION, SchemaVersionError, isPgqueError, sendBatch } from "../src/index.js";
 import { testDb } from "./harness.js";
 
 test("migrate installs a fresh database, then upgrades in place keeping data", async (t) => {
@@ -24,4 +24,44 @@ test("the bundled script is the schema version's", async (t) => {
   assert.match(script, new RegExp(`^-- pgque ${SCHEMA_VERSION.replace(/\./g, "\\.")} install script`));
   const db = await testDb({ t });
   assert.equal(await installedVersion(db.pool), SCHEMA_VERSION);
+});
+
+test("migrate upgrades an older install: functions come back, the version moves, the schema check follows", async (t) => {
+  const db = await testDb({ t });
+  await db.pool.query("select pgque.create_queue('old')");
+  // What an older release lacked: the mixed-type send_batch, and its version.
+  await db.pool.query("drop function pgque.send_batch(text, text[], text[], text[], text[])");
+  await db.pool.query("update pgque.version set version = '0.0.1'");
+  await assert.rejects(checkSchema(db.pool), (err) => {
+    assert.ok(err instanceof SchemaVersionError);
+    assert.equal(err.kind, "schema_version");
+    assert.equal(err.installed, "0.0.1");
+    return true;
+  });
+
+  assert.deepEqual(await migrate(db.pool), { previous: "0.0.1", version: SCHEMA_VERSION });
+  await checkSchema(db.pool);
+  const ids = await sendBatch(db.pool, "old", [{ type: "A", payload: 1 }, { type: "B", payload: 2 }]);
+  assert.equal(ids.length, 2);
+});
+
+test("migrate inside the caller's transaction lands only when it commits", async (t) => {
+  const db = await testDb({ install: false, t });
+  const c = await db.pool.connect();
+  try {
+    await c.query("begin");
+    assert.equal((await migrate(c)).version, SCHEMA_VERSION);
+    await c.query("select pgque.create_queue('inside')");
+    await c.query("rollback");
+    assert.equal(await installedVersion(c), "");
+
+    await c.query("begin");
+    await migrate(c);
+    await c.query("commit");
+    assert.equal(await installedVersion(db.pool), SCHEMA_VERSION);
+    // On a connection outside a transaction, migrate makes its own.
+    assert.equal((await migrate(c)).previous, SCHEMA_VERSION);
+  } finally {
+    c.release();
+  }
 });

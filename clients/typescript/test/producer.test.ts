@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import pg from "pg";
 import { send, sendBatch, isPgqueError, configureSends } from "../src/index.js";
-import { testDb, type TestDb } from "./harness.js";
+import { testDb, waitFor, type TestDb } from "./harness.js";
 
 const db: TestDb = await testDb();
 
@@ -157,7 +157,10 @@ test("concurrent sends on a pool coalesce, and a bad event fails alone", async (
   const q = await newQueue("coalesce");
   const pool = new pg.Pool({ connectionString: db.url, max: 4, allowExitOnIdle: true });
   try {
-    const sq = configureSends(pool, { concurrency: 1 });
+    // A patience longer than the test: on a loaded machine the first
+    // statement (which opens a connection) may take longer than the default
+    // 100 ms, and every waiting send would run its own.
+    const sq = configureSends(pool, { concurrency: 1, patienceMs: 60_000 });
     const sends = Array.from({ length: 300 }, (_, n) =>
       n === 150
         ? send(pool, q, { type: "T", json: "{broken" })
@@ -178,6 +181,45 @@ test("concurrent sends on a pool coalesce, and a bad event fails alone", async (
       assert.equal(byN.get(n)?.type, n % 3 ? "T" : "U");
     });
   } finally {
+    await pool.end();
+  }
+});
+
+test("a stuck statement holds sends to other queues up for the patience only, dedup sends not at all", async () => {
+  const stuck = await newQueue("stuck");
+  const other = await newQueue("other");
+  const pool = new pg.Pool({ connectionString: db.url, max: 4, allowExitOnIdle: true });
+  const locker = await db.pool.connect();
+  try {
+    const sq = configureSends(pool, { concurrency: 1, patienceMs: 50 });
+    // Lock the stuck queue's current event table: its send waits on it and
+    // holds the pool's one statement.
+    await locker.query("begin");
+    const { rows } = await locker.query(
+      "select pgque._event_table(queue_id, queue_cur_table) as t from pgque.queue where queue_name = $1", [stuck]);
+    await locker.query(`lock table ${rows[0].t} in access exclusive mode`);
+    let stuckDone = false;
+    const stuckSend = send(pool, stuck, { payload: 0 }).finally(() => { stuckDone = true; });
+    await waitFor("the send to wait on the lock", async () =>
+      (await db.pool.query(
+        `select count(*)::int as n from pg_locks
+          where not granted and database = (select oid from pg_database where datname = current_database())`)).rows[0].n >= 1);
+
+    await send(pool, other, { payload: 1, dedupKey: "d1" });
+    assert.equal(sq.stats.bypassed, 0, "a dedup send waited for a statement");
+    const t0 = Date.now();
+    await send(pool, other, { payload: 2 });
+    assert.ok(Date.now() - t0 >= 45, `the send behind the stuck statement returned after ${Date.now() - t0} ms, before its patience`);
+    assert.equal(sq.stats.bypassed, 1);
+    assert.equal(stuckDone, false, "the send to the locked queue returned while the lock was held");
+
+    await locker.query("rollback");
+    await stuckSend;
+    assert.deepEqual((await stored(stuck)).length, 1);
+    assert.deepEqual((await stored(other)).length, 2);
+  } finally {
+    await locker.query("rollback").catch(() => {});
+    locker.release();
     await pool.end();
   }
 });

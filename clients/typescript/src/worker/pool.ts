@@ -14,8 +14,6 @@
 //   - the LISTEN connection (listener.ts): a tick of the queue wakes every
 //     runner, a presence hint triggers a claim pass.
 
-import { randomBytes } from "node:crypto";
-import { hostname } from "node:os";
 import pg from "pg";
 import type { ConnectionSource } from "../executor.js";
 import { mapError, PgqueError } from "../errors.js";
@@ -25,8 +23,9 @@ import { WorkerKilledError } from "./outcome.js";
 import { defaultRetryDelay, SlotRunner, type Handler, type SlotEnv } from "./slot.js";
 import * as q from "./sql.js";
 import { Semaphore, Wake } from "./sync.js";
+import type { FailurePolicy } from "../admin.js";
+import { defaultWorkerId } from "../workerid.js";
 
-export type FailurePolicy = "skip" | "pause";
 
 export interface WorkOptions {
   queue: string;
@@ -93,10 +92,6 @@ export interface Worker {
    * again after the lease TTL.
    */
   kill(): Promise<void>;
-}
-
-function defaultWorkerId(): string {
-  return `${hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
 }
 
 function listenFrom(db: ConnectionSource): ListenConnect | null {

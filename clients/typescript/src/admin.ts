@@ -1,0 +1,255 @@
+// The admin surface: thin calls over pgque's SQL API, each one statement
+// (or one transaction) on the Executor given. Which role may call what is
+// the SQL's business (docs/security.md): each function says what it needs,
+// and a role without the right gets a PgqueError of kind
+// "permission_denied". Event and dead-letter ids are decimal strings, as
+// send returns them.
+
+import { withTransaction, type Executor } from "./executor.js";
+import { PgqueError, mapError } from "./errors.js";
+
+/** What happens to a key whose head event keeps failing. */
+export type FailurePolicy = "skip" | "pause";
+
+async function one<R>(exec: Executor, doing: string, text: string, params: unknown[]): Promise<R> {
+  try {
+    return (await exec.query<R>(text, params)).rows[0]!;
+  } catch (err) {
+    throw mapError(doing, err);
+  }
+}
+
+async function all<R>(exec: Executor, doing: string, text: string, params: unknown[]): Promise<R[]> {
+  try {
+    return (await exec.query<R>(text, params)).rows;
+  } catch (err) {
+    throw mapError(doing, err);
+  }
+}
+
+function invalid(message: string): PgqueError {
+  return new PgqueError(`pgque: ${message}`, "invalid_argument");
+}
+
+/** Creates queue; false when it existed already. Needs pgque_admin. */
+export async function createQueue(exec: Executor, queue: string): Promise<boolean> {
+  const r = await one<{ n: number }>(exec, `creating queue "${queue}"`, "select pgque.create_queue($1::pg_catalog.text)::int4 as n", [queue]);
+  return r.n === 1;
+}
+
+/** Drops queue; force drops it even while it has subscriptions. Needs pgque_admin. */
+export async function dropQueue(exec: Executor, queue: string, opts: { force?: boolean } = {}): Promise<void> {
+  await one(exec, `dropping queue "${queue}"`, "select pgque.drop_queue($1::pg_catalog.text, $2::boolean)", [queue, opts.force ?? false]);
+}
+
+/**
+ * Sets one queue parameter (ticker_max_count, ticker_max_lag,
+ * ticker_idle_period, rotation_period, max_retries, dedup_window, ...;
+ * values as text, e.g. "10 ms"). Needs pgque_admin.
+ */
+export async function setQueueConfig(exec: Executor, queue: string, param: string, value: string): Promise<void> {
+  await one(exec, `setting ${param} of queue "${queue}"`,
+    "select pgque.set_queue_config($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)", [queue, param, value]);
+}
+
+/**
+ * Subscribes all nslots slots of a partitioned consumer in one transaction
+ * and returns how many were new. A policy sets the failure policy of a new
+ * consumer (default "skip"); another policy than the persisted one fails
+ * with kind "policy_mismatch" (change it with setFailurePolicy), another
+ * slot count with "slot_count_mismatch".
+ */
+export async function subscribeSlots(
+  exec: Executor, queue: string, consumer: string, nslots: number, opts: { policy?: FailurePolicy } = {},
+): Promise<number> {
+  if (!Number.isInteger(nslots) || nslots < 1) throw invalid(`nslots must be an integer of at least 1, not ${nslots}`);
+  if (opts.policy !== undefined && opts.policy !== "skip" && opts.policy !== "pause") {
+    throw invalid(`failure policy must be "skip" or "pause", not ${JSON.stringify(opts.policy)}`);
+  }
+  const doing = `subscribing ${nslots} slots of "${consumer}" to queue "${queue}"`;
+  try {
+    return await withTransaction(exec, async (tx) => {
+      let created = 0;
+      for (let slot = 0; slot < nslots; slot++) {
+        const { rows } = await tx.query<{ n: number }>(
+          "select pgque.subscribe_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int4, $4::int4, $5::pg_catalog.text) as n",
+          [queue, consumer, slot, nslots, opts.policy ?? null],
+        );
+        created += rows[0]!.n;
+      }
+      return created;
+    });
+  } catch (err) {
+    throw mapError(doing, err);
+  }
+}
+
+/** Removes all nslots slots of a partitioned consumer in one transaction. */
+export async function unsubscribeSlots(exec: Executor, queue: string, consumer: string, nslots: number): Promise<void> {
+  if (!Number.isInteger(nslots) || nslots < 1) throw invalid(`nslots must be an integer of at least 1, not ${nslots}`);
+  try {
+    await withTransaction(exec, async (tx) => {
+      for (let slot = 0; slot < nslots; slot++) {
+        await tx.query("select pgque.unsubscribe_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int4, $4::int4)",
+          [queue, consumer, slot, nslots]);
+      }
+    });
+  } catch (err) {
+    throw mapError(`unsubscribing ${nslots} slots of "${consumer}" from queue "${queue}"`, err);
+  }
+}
+
+/** Changes a partitioned consumer's failure policy. Needs pgque_admin. */
+export async function setFailurePolicy(exec: Executor, queue: string, consumer: string, policy: FailurePolicy): Promise<void> {
+  await one(exec, `setting the failure policy of "${consumer}" on queue "${queue}"`,
+    "select pgque.set_failure_policy($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)", [queue, consumer, policy]);
+}
+
+/** A key held by a failing head event under the "pause" policy. */
+export interface BlockedKey {
+  queue: string;
+  consumer: string;
+  slot: number;
+  /** The key; null is the NULL key, distinct from "". */
+  key: string | null;
+  state: string;
+  /** The failing head's event id. */
+  headEventId: string;
+  since: Date;
+  failures: number;
+  reason: string | null;
+  /** Events of the key waiting behind the head. */
+  deferred: number;
+}
+
+/** The blocked keys of queue's consumers (of one consumer when given). */
+export async function blockedKeys(exec: Executor, queue: string, consumer?: string): Promise<BlockedKey[]> {
+  return all<BlockedKey>(exec, `listing blocked keys of queue "${queue}"`,
+    `select queue, consumer, slot, key, state, head_ev_id::pg_catalog.text as "headEventId", since, failures, reason,
+            deferred::pg_catalog.float8 as deferred
+       from pgque.blocked_keys($1::pg_catalog.text, $2::pg_catalog.text)`, [queue, consumer ?? null]);
+}
+
+/**
+ * Dead-letters the failing head of a blocked key and lets the key go on;
+ * returns the head's event id. Fails with "key_not_blocked" or, while the
+ * head is being redelivered, "key_busy". Needs pgque_admin.
+ */
+export async function unblockKey(exec: Executor, queue: string, consumer: string, key: string | null): Promise<string> {
+  const r = await one<{ id: string }>(exec, `unblocking key ${JSON.stringify(key)} of "${consumer}" on queue "${queue}"`,
+    "select pgque.unblock_key($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)::pg_catalog.text as id", [queue, consumer, key]);
+  return r.id;
+}
+
+/** Retries a blocked key's head now instead of at its backoff; false when no retry was pending. Needs pgque_admin. */
+export async function retryKeyNow(exec: Executor, queue: string, consumer: string, key: string | null): Promise<boolean> {
+  const r = await one<{ n: number }>(exec, `retrying key ${JSON.stringify(key)} of "${consumer}" on queue "${queue}"`,
+    "select pgque.retry_key_now($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)::int4 as n", [queue, consumer, key]);
+  return r.n === 1;
+}
+
+/** An event that failed for good for one consumer. */
+export interface DeadLetter {
+  /** Identifies the dead letter within its queue (replayDeadLetter). */
+  id: string;
+  consumer: string;
+  deadSince: Date;
+  /** The last failure, as nacked. */
+  reason: string | null;
+  eventId: string;
+  eventTime: Date;
+  retryCount: number;
+  type: string | null;
+  /** The payload as JSON text. */
+  json: string | null;
+  key: string | null;
+}
+
+/** The oldest dead letters of queue (of one consumer when given), at most limit (default 100). */
+export async function deadLetters(exec: Executor, queue: string, opts: { consumer?: string; limit?: number } = {}): Promise<DeadLetter[]> {
+  const limit = opts.limit ?? 100;
+  if (!Number.isInteger(limit) || limit < 0) throw invalid(`dead letter limit must be a non-negative integer, not ${limit}`);
+  return all<DeadLetter>(exec, `listing dead letters of queue "${queue}"`,
+    `select dl_id::pg_catalog.text as id, consumer, dl_time as "deadSince", reason, ev_id::pg_catalog.text as "eventId",
+            ev_time as "eventTime", ev_retry as "retryCount", ev_type as type, ev_data as json, ev_extra1 as key
+       from pgque.dlq_list($1::pg_catalog.text, $2::pg_catalog.text, $3::int4)`, [queue, opts.consumer ?? null, limit]);
+}
+
+/**
+ * Puts a dead letter back into queue for the consumer it failed for only
+ * (same event id, retry count reset) and returns the event id. Fails with
+ * "dead_letter_not_found" or "consumer_not_found". Needs pgque_admin.
+ */
+export async function replayDeadLetter(exec: Executor, queue: string, id: string | bigint): Promise<string> {
+  const r = await one<{ id: string }>(exec, `replaying dead letter ${id} of queue "${queue}"`,
+    "select pgque.dlq_replay($1::pg_catalog.text, $2::int8)::pg_catalog.text as id", [queue, String(id)]);
+  return r.id;
+}
+
+/**
+ * Deletes dead letters of queue for good (of one consumer, older than
+ * olderThanMs, when given) and returns how many. Needs pgque_admin.
+ */
+export async function purgeDeadLetters(exec: Executor, queue: string, opts: { consumer?: string; olderThanMs?: number } = {}): Promise<number> {
+  const older = opts.olderThanMs ?? 0;
+  if (!(older >= 0 && Number.isFinite(older))) throw invalid(`purge olderThanMs must be a non-negative number, not ${older}`);
+  const r = await one<{ n: number }>(exec, `purging dead letters of queue "${queue}"`,
+    "select pgque.dlq_purge($1::pg_catalog.text, $2::pg_catalog.text, $3::interval)::pg_catalog.float8 as n",
+    [queue, opts.consumer ?? null, `${older} milliseconds`]);
+  return r.n;
+}
+
+/** One queue's state, from pgque.get_queue_info. */
+export interface QueueStatus {
+  name: string;
+  /** Events per second between the last ticks; null before two ticks. */
+  eventsPerSec: number | null;
+  /** Events sent but not yet covered by a tick. */
+  unticked: number;
+  /** Seconds since the last tick; null before the first. */
+  tickerLagSec: number | null;
+  retryPending: number;
+  deadLetters: number;
+  lastTickId: string | null;
+  maxRetries: number;
+}
+
+/** The state of queue, or of every queue the role may see. */
+export async function queues(exec: Executor, queue?: string): Promise<QueueStatus[]> {
+  return all<QueueStatus>(exec, queue === undefined ? "reading queue status" : `reading the status of queue "${queue}"`,
+    `select queue_name as name, ev_per_sec as "eventsPerSec", ev_new::pg_catalog.float8 as unticked,
+            extract(epoch from ticker_lag)::pg_catalog.float8 as "tickerLagSec",
+            retry_pending::pg_catalog.float8 as "retryPending", dead_letters::pg_catalog.float8 as "deadLetters",
+            last_tick_id::pg_catalog.text as "lastTickId", queue_max_retries as "maxRetries"
+       from pgque.get_queue_info($1::pg_catalog.text) order by queue_name`, [queue ?? null]);
+}
+
+/** One slot of a partitioned consumer, from pgque.partition_slot_status. */
+export interface SlotStatus {
+  queue: string;
+  consumer: string;
+  slot: number;
+  nslots: number;
+  /** The worker holding the lease, if any. */
+  owner: string | null;
+  /** Whether the lease is live by the server's clock. */
+  live: boolean;
+  epoch: string;
+  /** Events pending for the slot. */
+  lag: number;
+  oldestPendingAgeSec: number;
+  policy: string | null;
+}
+
+/** The slots of queue's partitioned consumers (of one consumer when given). */
+export async function slots(exec: Executor, queue?: string, consumer?: string): Promise<SlotStatus[]> {
+  return all<SlotStatus>(exec, "reading slot status",
+    `select queue, consumer, slot, nslots, owner,
+            coalesce(lease_until operator(pg_catalog.>) pg_catalog.now(), false) as live,
+            coalesce(epoch, 0)::pg_catalog.text as epoch, coalesce(lag, 0)::pg_catalog.float8 as lag,
+            coalesce(extract(epoch from oldest_pending_age), 0)::pg_catalog.float8 as "oldestPendingAgeSec", policy
+       from pgque.partition_slot_status
+      where ($1::pg_catalog.text is null or queue operator(pg_catalog.=) $1::pg_catalog.text)
+        and ($2::pg_catalog.text is null or consumer operator(pg_catalog.=) $2::pg_catalog.text)
+      order by queue, consumer, slot`, [queue ?? null, consumer ?? null]);
+}

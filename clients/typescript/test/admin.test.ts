@@ -1,0 +1,108 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  blockedKeys, createQueue, deadLetters, dropQueue, isPgqueError, purgeDeadLetters, queues, replayDeadLetter,
+  send, setQueueConfig, slots, subscribeSlots, unblockKey, unsubscribeSlots, withTransaction, type Executor,
+} from "../src/index.js";
+import { testDb, type TestDb } from "./harness.js";
+
+const db: TestDb = await testDb();
+
+/** Makes queue's pending events visible to consumers now. */
+async function tick(queue: string): Promise<void> {
+  // force_next_tick and ticker(queue) in one transaction always tick.
+  await withTransaction(db.pool, async (tx: Executor) => {
+    await tx.query("select pgque.force_next_tick($1)", [queue]);
+    await tx.query("select pgque.ticker($1)", [queue]);
+  });
+}
+
+test("queues and slot subscriptions", async () => {
+  assert.equal(await createQueue(db.pool, "adm"), true);
+  assert.equal(await createQueue(db.pool, "adm"), false);
+  await assert.rejects(createQueue(db.pool, "bad/name"), (err) => isPgqueError(err, "invalid_name") && err.code === "PQ010");
+
+  assert.equal(await subscribeSlots(db.pool, "adm", "c", 2, { policy: "pause" }), 2);
+  assert.equal(await subscribeSlots(db.pool, "adm", "c", 2), 0);
+  await assert.rejects(subscribeSlots(db.pool, "adm", "c", 3), (err) => isPgqueError(err, "slot_count_mismatch"));
+  await assert.rejects(subscribeSlots(db.pool, "adm", "c", 2, { policy: "skip" }), (err) => isPgqueError(err, "policy_mismatch"));
+  await assert.rejects(subscribeSlots(db.pool, "adm", "c", 0), (err) => isPgqueError(err, "invalid_argument"));
+
+  const s = await slots(db.pool, "adm", "c");
+  assert.deepEqual(s.map((r) => [r.slot, r.nslots, r.policy, r.owner, r.live]), [[0, 2, "pause", null, false], [1, 2, "pause", null, false]]);
+  const [info] = await queues(db.pool, "adm");
+  assert.equal(info!.name, "adm");
+  assert.equal(info!.deadLetters, 0);
+  await assert.rejects(queues(db.pool, "nope"), (err) => isPgqueError(err, "queue_not_found"));
+
+  await unsubscribeSlots(db.pool, "adm", "c", 2);
+  assert.deepEqual(await slots(db.pool, "adm", "c"), []);
+  await dropQueue(db.pool, "adm");
+  assert.deepEqual(await queues(db.pool, "adm").catch((err) => err.kind), "queue_not_found");
+});
+
+test("a blocked key: list, unblock into a dead letter, replay, purge", async () => {
+  await createQueue(db.pool, "blk");
+  await subscribeSlots(db.pool, "blk", "c", 2, { policy: "pause" });
+  const head = await send(db.pool, "blk", { type: "T", payload: { n: 1 }, partitionKey: "" });
+  await send(db.pool, "blk", { type: "T", payload: { n: 2 }, partitionKey: "" });
+  await tick("blk");
+
+  // A worker, through the SQL API: claim the key's slot, receive, fail the head.
+  const slot = (await db.pool.query("select pgque.slot_of('', 2) as s")).rows[0].s;
+  const lease = (await db.pool.query("select epoch, token from pgque.claim_slot('blk', 'c', $1, 'w1', '30 seconds')", [slot])).rows[0];
+  const got = (await db.pool.query(
+    "select msg_id::text as id, batch_id, epoch from pgque.receive_partitioned('blk', 'c', $1, 2, 'w1', $2, 10)", [slot, lease.token])).rows;
+  assert.equal(got[0].id, head);
+  await db.pool.query(
+    "select pgque.nack_partitioned('blk', 'c', $1, 2, 'w1', $2, $3, $4, $5, '1 hour', 'boom')",
+    [slot, lease.token, got[0].epoch, got[0].batch_id, head]);
+  await db.pool.query("select pgque.ack_partitioned('blk', 'c', $1, 2, 'w1', $2, $3, $4, $5)",
+    [slot, lease.token, got[0].epoch, got[0].batch_id, head]);
+
+  const blocked = await blockedKeys(db.pool, "blk", "c");
+  assert.equal(blocked.length, 1);
+  assert.equal(blocked[0]!.key, "", "the empty key must not read as the NULL key");
+  assert.equal(blocked[0]!.headEventId, head);
+  assert.equal(blocked[0]!.slot, slot);
+  assert.equal(typeof blocked[0]!.deferred, "number");
+  assert.equal(blocked[0]!.state, "blocked");
+  assert.equal(blocked[0]!.reason, "boom");
+  await assert.rejects(unblockKey(db.pool, "blk", "c", null), (err) => isPgqueError(err, "key_not_blocked"));
+
+  assert.equal(await unblockKey(db.pool, "blk", "c", ""), head);
+  // The key's later events are being released to the slot again.
+  assert.deepEqual((await blockedKeys(db.pool, "blk")).map((b) => [b.key, b.state]), [["", "releasing"]]);
+  // A slot's dead letters belong to the slot's subscription, consumer#slot/N.
+  const dls = await deadLetters(db.pool, "blk", { consumer: `c#${slot}/2` });
+  assert.equal(dls.length, 1);
+  assert.deepEqual(await deadLetters(db.pool, "blk", { consumer: "other" }), []);
+  assert.equal(dls[0]!.eventId, head);
+  assert.equal(dls[0]!.key, "");
+  assert.equal(dls[0]!.type, "T");
+  assert.deepEqual(JSON.parse(dls[0]!.json!), { n: 1 });
+  assert.match(dls[0]!.reason!, /boom/);
+  assert.equal((await queues(db.pool, "blk"))[0]!.deadLetters, 1);
+
+  assert.equal(await replayDeadLetter(db.pool, "blk", dls[0]!.id), head);
+  assert.deepEqual(await deadLetters(db.pool, "blk"), []);
+  await assert.rejects(replayDeadLetter(db.pool, "blk", dls[0]!.id), (err) => isPgqueError(err, "dead_letter_not_found"));
+});
+
+test("dead letters of a plain consumer are purged", async () => {
+  await createQueue(db.pool, "dlq");
+  await setQueueConfig(db.pool, "dlq", "max_retries", "0");
+  await db.pool.query("select pgque.subscribe('dlq', 'p')");
+  const id = await send(db.pool, "dlq", { payload: 1 });
+  await tick("dlq");
+  const [m] = (await db.pool.query("select msg_id::text as id, batch_id from pgque.receive('dlq', 'p', 10)")).rows;
+  assert.equal(m.id, id);
+  await db.pool.query("select pgque.nack($1, $2, null, 'bad')", [m.batch_id, id]);
+  await db.pool.query("select pgque.ack($1)", [m.batch_id]);
+  const [dl] = await deadLetters(db.pool, "dlq");
+  assert.equal(dl!.reason, "bad");
+  assert.equal(await purgeDeadLetters(db.pool, "dlq", { olderThanMs: 3_600_000 }), 0);
+  assert.equal(await purgeDeadLetters(db.pool, "dlq", { consumer: "p" }), 1);
+  assert.deepEqual(await deadLetters(db.pool, "dlq"), []);
+  await assert.rejects(setQueueConfig(db.pool, "dlq", "no_such_param", "1"), (err) => isPgqueError(err, "unknown_parameter"));
+});

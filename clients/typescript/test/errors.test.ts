@@ -1,0 +1,31 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { installScript, kindOf, mapError, PgqueError } from "../src/index.js";
+
+// SQLSTATEs the SQL raises that have no kind of their own, as in the Go
+// library: PQ050 (no free subscription id) and PQ051 (a fifth distinct
+// slot count) are capacity errors a program cannot act on by kind, and
+// PQ099 never leaves the function that raises it.
+const unmapped = new Set(["PQ050", "PQ051", "PQ099"]);
+
+test("every pgque SQLSTATE the install script raises maps to a kind", async () => {
+  const script = await installScript();
+  const codes = new Set([...script.matchAll(/errcode\s*=\s*'(PQ\d{3})'/g)].map((m) => m[1]!));
+  assert.ok(codes.size > 20, `only ${codes.size} codes found: the pattern no longer matches the SQL`);
+  const missing = [...codes].filter((c) => !unmapped.has(c) && kindOf(c) === "database").sort();
+  assert.deepEqual(missing, []);
+});
+
+test("mapError keeps the driver error and chooses the kind by SQLSTATE alone", () => {
+  const driver = Object.assign(new Error("some wording that may change"), { code: "PQ032" });
+  const err = mapError("acknowledging", driver);
+  assert.ok(err instanceof PgqueError);
+  assert.equal(err.kind, "lease_lost");
+  assert.equal(err.code, "PQ032");
+  assert.equal(err.cause, driver);
+  assert.match(err.message, /^acknowledging: some wording that may change \(SQLSTATE PQ032\)$/);
+
+  const refused = Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" });
+  assert.equal(mapError("sending", refused), refused, "an error that never reached the database is kept as is");
+  assert.equal(kindOf("XX000"), "database");
+});
