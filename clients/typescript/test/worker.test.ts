@@ -4,7 +4,8 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { work, type Message, type WorkOptions } from "../src/index.js";
+import { Ticker, work, type Message, type WorkOptions } from "../src/index.js";
+import { waitFor } from "./harness.js";
 import { barrier, gate, Recorder, sendKeyed, setup } from "./worker_helpers.js";
 
 const fast: Partial<WorkOptions> = { claimIntervalMs: 100, pollIntervalMs: 50, retryDelayMs: () => 20, listen: false };
@@ -150,3 +151,26 @@ test("the message carries key, type, parsed payload, id as a string, epoch, slot
   assert.equal(byType.get("nokey")!.key, null);
   assert.deepEqual(byType.get("nokey")!.payload, [1, 2]);
 });
+
+test("with LISTEN, the package's Ticker wakes an idle worker without waiting for its poll", async (t) => {
+  const db = await setup(t, "wake", { ticker: false });
+  const ticker = new Ticker(db.pool, { tickIntervalMs: 50 });
+  await ticker.start();
+  try {
+    await wakeTest(db);
+  } finally {
+    await ticker.stop();
+  }
+});
+
+async function wakeTest(db: Awaited<ReturnType<typeof setup>>): Promise<void> {
+  let got = false;
+  // A poll interval of a minute: only the tick's NOTIFY can wake the slot in time.
+  const w = db.track(await work(db.pool, { queue: "wake", consumer: "c", slots: 2, claimIntervalMs: 100, pollIntervalMs: 60_000 }, () => {
+    got = true;
+  }));
+  await waitFor("both slots claimed", () => w.ownedSlots().length === 2);
+  await db.pool.query("select pgque.send('wake', 't', '{}'::jsonb, 'k')");
+  await waitFor("the event, woken by the tick", () => got, 20_000);
+  await w.stop();
+}

@@ -144,11 +144,11 @@ export function gate(): { wait: Promise<void>; open(): void } {
  * after the test, tracked workers are killed (a no-op once stopped), the
  * ticker stopped and the database dropped, in that order.
  */
-export async function setup(t: { after(fn: () => Promise<void>): void }, queue: string): Promise<TestDb & { track(w: Worker): Worker }> {
+export async function setup(t: { after(fn: () => Promise<void>): void }, queue: string, opts: { ticker?: boolean } = {}): Promise<TestDb & { track(w: Worker): Worker }> {
   let drop = async () => {};
   const db = await testDb({ t: { after: (fn) => (drop = fn) } });
   await createQueue(db.pool, queue);
-  const stopTicker = runTicker(db.pool, queue);
+  const stopTicker = opts.ticker === false ? async () => {} : runTicker(db.pool, queue);
   const workers: Worker[] = [];
   t.after(async () => {
     await Promise.all(workers.map((w) => w.kill()));
