@@ -194,7 +194,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
   });
 
   function start(slot: number, lease: q.Lease, at: number): void {
-    const r = new SlotRunner(env, slot, lease, at);
+    const r = new SlotRunner(env, slot, lease, at, runners.get(slot)?.done);
     runners.set(slot, r);
     void r.done.finally(() => {
       if (runners.get(slot) === r) runners.delete(slot);
@@ -225,8 +225,6 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
       const at = Date.now();
       const lease = await q.claimSlot(db, opts.queue, opts.consumer, s, worker, leaseTtlMs, null);
       if (lease === null) continue; // another worker was faster
-      // A fenced runner of this slot may still be finishing: its handlers
-      // saw their signal aborted and it acknowledges nothing more.
       start(s, lease, at);
       owned++;
     }

@@ -101,9 +101,15 @@ export class SlotRunner {
   fenced = false;
   readonly done: Promise<void>;
 
-  constructor(private readonly env: SlotEnv, readonly slot: number, private lease: q.Lease, claimedAt: number) {
+  /**
+   * prev is the previous runner of the slot in this process, fenced but
+   * perhaps still waiting for a handler that ignores its signal: this one
+   * receives nothing before it is gone, so that a key's next event never
+   * starts while its previous handler still runs (G2).
+   */
+  constructor(private readonly env: SlotEnv, readonly slot: number, private lease: q.Lease, claimedAt: number, prev?: Promise<void>) {
     this.leaseUntil = claimedAt + env.leaseTtlMs;
-    this.done = this.run().catch((err) => env.onError(err));
+    this.done = (prev ?? Promise.resolve()).then(() => this.run()).catch((err) => env.onError(err));
   }
 
   /** The signal handlers of this slot see. */
@@ -295,7 +301,7 @@ export class SlotRunner {
     const lanes = [...byKey].map(([key, events]) => new Lane(key, events, (lane) => this.runLane(lane, pause)));
     const toHold = await this.waitLanes(lanes);
     if (this.ctl.signal.aborted) return;
-    const failures = lanes.flatMap((l) => (l.heldFrom === null ? l.failures : l.failures));
+    const failures = lanes.flatMap((l) => l.failures);
     // Failures in chunk order, as the Go pool nacks them.
     const order = new Map(msgs.map((m, i) => [m.id, i]));
     failures.sort((x, y) => order.get(x.id)! - order.get(y.id)!);
