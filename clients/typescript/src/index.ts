@@ -21,3 +21,4 @@ export {
   createQueue, dropQueue, setQueueConfig, subscribeSlots, unsubscribeSlots, setFailurePolicy,
   blockedKeys, unblockKey, retryKeyNow, deadLetters, replayDeadLetter, purgeDeadLetters, queues, slots,
 } from "./admin.js";
+export * from "./worker/index.js";

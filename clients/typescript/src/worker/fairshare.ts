@@ -1,0 +1,89 @@
+// One claim pass's plan, the Go pool's makePlan (internal/workerpool) in
+// TypeScript: both sides must compute the same fair share from the same
+// facts, or a mixed consumer group would not converge.
+//
+//   - Live workers are the owners of unexpired leases, the peers that
+//     announced themselves recently, and this worker. The fair share is
+//     ceil(N / live), capped at maxActive.
+//   - Slots the server says this worker owns but no runner works (re-taken
+//     after a fencing) are adopted first.
+//   - Free slots are claimed up to the fair share, in random order so that
+//     workers starting together do not race for the same slot.
+//   - Beyond the fair share a free slot is claimed, up to maxActive, only
+//     when it stayed free for a whole pass and nobody is hungry.
+//   - A worker above its fair share releases the excess while a peer is
+//     hungry (highest slots first, as Go does).
+
+export interface PlanInput {
+  self: string;
+  slots: number;
+  maxActive: number;
+  /** Owner per slot when its lease is live, null when the slot is free. */
+  owners: (string | null)[];
+  /** Slots this worker runs, mapped to whether a release was asked already. */
+  running: Map<number, boolean>;
+  /** Live announced peers (not self) and whether each is hungry. */
+  peers: Map<string, boolean>;
+  /** Slots recently released for a hungry peer: not taken back yet. */
+  holdoff: Set<number>;
+  /** Slots the previous pass saw free. */
+  prevFree: Set<number>;
+}
+
+export interface Plan {
+  live: number;
+  target: number;
+  claim: number[];
+  release: number[];
+  free: Set<number>;
+}
+
+export function makePlan(inp: PlanInput, random: () => number = Math.random): Plan {
+  const live = new Set<string>([inp.self]);
+  for (const o of inp.owners) if (o !== null) live.add(o);
+  let othersHungry = false;
+  for (const [w, hungry] of inp.peers) {
+    live.add(w);
+    othersHungry ||= hungry;
+  }
+  const target = Math.min(Math.ceil(inp.slots / live.size), inp.maxActive);
+  const plan: Plan = { live: live.size, target, claim: [], release: [], free: new Set() };
+
+  const adopt: number[] = [];
+  const free: number[] = [];
+  inp.owners.forEach((owner, slot) => {
+    if (inp.running.has(slot)) return;
+    if (owner === inp.self) adopt.push(slot);
+    else if (owner === null) {
+      plan.free.add(slot);
+      if (!inp.holdoff.has(slot)) free.push(slot);
+    }
+  });
+  for (let i = free.length - 1; i > 0; i--) {
+    const j = Math.floor(random() * (i + 1));
+    [free[i], free[j]] = [free[j]!, free[i]!];
+  }
+
+  let mine = inp.running.size;
+  for (const s of adopt) {
+    if (mine >= inp.maxActive) break;
+    plan.claim.push(s);
+    mine++;
+  }
+  for (const s of free) {
+    if (mine >= inp.maxActive) break;
+    if (mine >= target && (othersHungry || !inp.prevFree.has(s))) continue;
+    plan.claim.push(s);
+    mine++;
+  }
+
+  if (othersHungry) {
+    const candidates = [...inp.running].filter(([, releasing]) => !releasing).map(([s]) => s).sort((a, b) => b - a);
+    let keep = candidates.length;
+    for (let i = 0; keep > target && i < candidates.length; i++) {
+      plan.release.push(candidates[i]!);
+      keep--;
+    }
+  }
+  return plan;
+}

@@ -1,0 +1,88 @@
+// What a handler's failure asks for beyond "failed".
+//
+// A handler fails by throwing (or rejecting). The event is then retried
+// after the worker's retry delay, or dead-lettered once the queue's
+// max_retries is reached. Two errors say more: RetryAfterError asks for a
+// particular delay (a downstream service said how long to wait), and
+// DeadLetterError gives up on the event at once (no retry can fix a
+// malformed payload). Both keep the handler's own error as `cause`, which
+// is what the nack stores as the reason. They mirror the Go library's
+// pgque.RetryAfter and pgque.DeadLetter, so a consumer group that mixes Go
+// and TypeScript workers treats a failure the same on either side.
+
+/** A failure that asks for the event to be redelivered after `delayMs`. */
+export class RetryAfterError extends Error {
+  readonly delayMs: number;
+  constructor(delayMs: number, cause?: unknown) {
+    const ms = Number.isFinite(delayMs) && delayMs > 0 ? delayMs : 0;
+    super(`${describe(cause, "handler failed")} (retry after ${ms} ms)`, { cause });
+    this.name = "RetryAfterError";
+    this.delayMs = ms;
+  }
+}
+
+/** A failure that dead-letters the event at once, with no retry. */
+export class DeadLetterError extends Error {
+  constructor(cause?: unknown) {
+    super(describe(cause, "dead-lettered by the handler"), { cause });
+    this.name = "DeadLetterError";
+  }
+}
+
+/** The handler ran longer than the worker's handlerTimeoutMs. */
+export class HandlerTimeoutError extends Error {
+  constructor(readonly timeoutMs: number) {
+    super(`handler timed out after ${timeoutMs} ms`);
+    this.name = "HandlerTimeoutError";
+  }
+}
+
+/** The slot's lease was lost (taken over, released, or expired locally). */
+export class LeaseLostError extends Error {
+  constructor(readonly slot: number, why: string) {
+    super(`the lease on slot ${slot} was lost: ${why}`);
+    this.name = "LeaseLostError";
+  }
+}
+
+/** The worker was stopped hard: work in flight is abandoned, not acknowledged. */
+export class WorkerKilledError extends Error {
+  constructor() {
+    super("the worker was stopped hard");
+    this.name = "WorkerKilledError";
+  }
+}
+
+/** `throw retryAfter(err, 5000)`: retry the event in 5 s. */
+export function retryAfter(err: unknown, delayMs: number): RetryAfterError {
+  return new RetryAfterError(delayMs, err);
+}
+
+/** `throw deadLetter(err)`: dead-letter the event now. */
+export function deadLetter(err?: unknown): DeadLetterError {
+  return new DeadLetterError(err);
+}
+
+function describe(cause: unknown, fallback: string): string {
+  if (cause instanceof Error) return cause.message;
+  if (cause === undefined || cause === null) return fallback;
+  return String(cause);
+}
+
+/** ReasonMaxBytes of the Go library: the longest reason stored with a nack. */
+const reasonMaxBytes = 1000;
+
+/** The text a nack stores for err: its message, cut to a sane length. */
+export function reasonOf(err: unknown): string {
+  let s: string;
+  if (err instanceof DeadLetterError || err instanceof RetryAfterError) s = err.message;
+  else if (err instanceof Error) s = `${err.name === "Error" ? "" : err.name + ": "}${err.message}`;
+  else s = String(err);
+  // PostgreSQL text cannot hold NUL.
+  s = s.replace(/\u0000/g, "");
+  if (Buffer.byteLength(s) <= reasonMaxBytes) return s;
+  // Cut at a character boundary: drop code points until it fits.
+  const chars = Array.from(s);
+  while (Buffer.byteLength(chars.join("")) > reasonMaxBytes) chars.length -= Math.max(1, chars.length >> 4);
+  return chars.join("");
+}

@@ -1,0 +1,520 @@
+// The runner of one claimed slot, and the key lanes of its chunks.
+//
+// Loop: receive a chunk (acknowledging the previous clean one in the same
+// statement) → split it by partition key into lanes (one per key; a lane
+// runs its key's events one at a time in ev_id order, lanes run at once
+// under the pool's concurrency limit) → settle: nack the failures, hold
+// the keys still running, ack the chunk, in one transaction → repeat.
+//
+// A slow key does not stall its slot: once all but a few lanes of a chunk
+// are done and the rest have been in one handler for holdAfterMs, those
+// keys are held (hold_key_partitioned defers their unfinished events on
+// the server) and the chunk is acknowledged; the held lanes go on from
+// memory and each settles its key with settle_held_partitioned when done.
+// Settles of held lanes and the chunk cycle share the slot's mutex, so a
+// release never races a chunk received but not acknowledged.
+//
+// Fencing: a call refused for the lease (PQ085/PQ032/PQ035), a renewal
+// that comes back empty, or the local lease timer aborts the slot's
+// signal: handlers see it, nothing more is acknowledged or released, and
+// the next owner receives the chunk again.
+
+import type { ConnectionSource, Executor } from "../executor.js";
+import { isPgqueError, mapError } from "../errors.js";
+import { toMessage, type Message } from "./message.js";
+import * as q from "./sql.js";
+import { HandlerTimeoutError, LeaseLostError, reasonOf, RetryAfterError, DeadLetterError } from "./outcome.js";
+import { Mutex, Semaphore, Wake, sleep } from "./sync.js";
+
+/** What the handler gets beside the message. */
+export interface HandlerContext {
+  /**
+   * Aborted when the handler should give up: its timeout passed (reason a
+   * HandlerTimeoutError), the slot's lease was lost (LeaseLostError), or
+   * the worker was killed.
+   */
+  signal: AbortSignal;
+}
+
+export type Handler<P = unknown> = (msg: Message<P>, ctx: HandlerContext) => unknown | Promise<unknown>;
+
+/** Everything a runner shares with its pool. */
+export interface SlotEnv {
+  db: ConnectionSource;
+  queue: string;
+  consumer: string;
+  worker: string;
+  nslots: number;
+  batchSize: number;
+  leaseTtlMs: number;
+  pollIntervalMs: number;
+  handlerTimeoutMs: number;
+  holdAfterMs: number;
+  maxHeldEvents: number;
+  retryDelayMs: (retryCount: number) => number;
+  handler: Handler;
+  sem: Semaphore;
+  /** Aborted by stop(): no more fetching. */
+  fetch: AbortSignal;
+  /** Aborted by kill(): abandon everything. */
+  kill: AbortSignal;
+  policy: () => string;
+  setPolicy: (p: string) => void;
+  onError: (err: unknown) => void;
+  onFenced: (slot: number) => void;
+}
+
+type Outcome = { ok: true } | { ok: false; failure: q.Failure };
+
+/** The events of one key in one chunk, handled one at a time. */
+class Lane {
+  /** Failures of this lane that its chunk settles (before any hold). */
+  failures: q.Failure[] = [];
+  /** Set when the key was held: the head event and what the lane did from it on. */
+  heldFrom: string | null = null;
+  heldDone: string[] = [];
+  heldFailed: q.Failure[] = [];
+  runningSince: number | null = null;
+  runningId: string | null = null;
+  finished = false;
+  readonly done: Promise<void>;
+
+  constructor(readonly key: string | null, readonly events: Message[], run: (lane: Lane) => Promise<void>) {
+    this.done = run(this).finally(() => {
+      this.finished = true;
+    });
+  }
+}
+
+export class SlotRunner {
+  private readonly ctl = new AbortController();
+  private readonly wakeUp = new Wake();
+  private readonly mutex = new Mutex();
+  private readonly held = new Set<Lane>();
+  private heldEvents = 0;
+  private heldChanged = new Wake();
+  private pendingAck: q.Delivery | null = null;
+  /** Local time until which the lease is known to be held. */
+  private leaseUntil: number;
+  private renewing = false;
+  releaseRequested = false;
+  fenced = false;
+  readonly done: Promise<void>;
+
+  /**
+   * prev is the previous runner of the slot in this process, fenced but
+   * perhaps still waiting for a handler that ignores its signal: this one
+   * receives nothing before it is gone, so that a key's next event never
+   * starts while its previous handler still runs (G2).
+   */
+  constructor(private readonly env: SlotEnv, readonly slot: number, private lease: q.Lease, claimedAt: number, prev?: Promise<void>) {
+    this.leaseUntil = claimedAt + env.leaseTtlMs;
+    this.done = (prev ?? Promise.resolve()).then(() => this.run()).catch((err) => env.onError(err));
+  }
+
+  /** The signal handlers of this slot see. */
+  get signal(): AbortSignal {
+    return this.ctl.signal;
+  }
+
+  get epoch(): string {
+    return this.lease.epoch;
+  }
+
+  wake(): void {
+    this.wakeUp.fire();
+  }
+
+  /** Asks the runner to give the slot up at its next chunk boundary. */
+  requestRelease(): void {
+    this.releaseRequested = true;
+    this.wakeUp.fire();
+  }
+
+  fence(why: string): void {
+    if (this.fenced) return;
+    this.fenced = true;
+    this.ctl.abort(new LeaseLostError(this.slot, why));
+    this.wakeUp.fire();
+    this.heldChanged.fire();
+    this.env.onFenced(this.slot);
+  }
+
+  abandon(reason: unknown): void {
+    if (!this.ctl.signal.aborted) this.ctl.abort(reason);
+    this.wakeUp.fire();
+    this.heldChanged.fire();
+  }
+
+  /**
+   * Called by the pool's lease keeper every TTL/10: renews the lease with
+   * claim_slot when less than 0.4·TTL is known to be left, and fences the
+   * slot TTL/20 before its known end (the worker may be cut off from the
+   * database; nobody else can take the slot over before the lease ends).
+   */
+  async keep(now: number): Promise<void> {
+    const { env } = this;
+    if (this.fenced || this.ctl.signal.aborted) return;
+    if (now > this.leaseUntil - env.leaseTtlMs / 20) {
+      this.fence("the lease could expire before it was renewed");
+      return;
+    }
+    if (this.renewing || this.leaseUntil - now >= 0.4 * env.leaseTtlMs) return;
+    this.renewing = true;
+    const start = Date.now();
+    try {
+      const l = await q.claimSlot(env.db, env.queue, env.consumer, this.slot, env.worker, env.leaseTtlMs, this.lease.token);
+      if (l === null || l.epoch !== this.lease.epoch) this.fence("the renewal found another owner");
+      else this.renewed(start, env.leaseTtlMs);
+    } catch (err) {
+      if (isPgqueError(mapError("", err), "lease_lost")) this.fence("the renewal was refused");
+      else if (!this.ctl.signal.aborted) env.onError(mapError(`renewing the lease on slot ${this.slot}`, err));
+    } finally {
+      this.renewing = false;
+    }
+  }
+
+  /** A receive or ack that began at start proves the lease for half a TTL more. */
+  private renewed(start: number, forMs: number): void {
+    this.leaseUntil = Math.max(this.leaseUntil, start + forMs);
+  }
+
+  private stopping(): boolean {
+    return this.env.fetch.aborted || this.releaseRequested || this.fenced || this.ctl.signal.aborted;
+  }
+
+  /** A SQL call as the lease holder: fences the slot when refused for the lease. */
+  private async call<T>(doing: string, fn: () => Promise<T>): Promise<T> {
+    const start = Date.now();
+    try {
+      const out = await fn();
+      this.renewed(start, this.env.leaseTtlMs / 2);
+      return out;
+    } catch (err) {
+      const e = mapError(`${doing} (slot ${this.slot})`, err);
+      if (isPgqueError(e, "lease_lost")) this.fence(`${doing} was refused`);
+      throw e;
+    }
+  }
+
+  private async run(): Promise<void> {
+    const { env } = this;
+    const a = this.lease;
+    // A hold lives only as long as the runner that took it: whatever a
+    // previous owner (or this process before a fencing) left is released
+    // before the first receive.
+    for (let attempt = 0; ; attempt++) {
+      if (this.ctl.signal.aborted || env.kill.aborted) return;
+      try {
+        await this.call("releasing stale holds", () => q.releaseStaleHolds(env.db, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token));
+        break;
+      } catch (err) {
+        if (this.fenced) return;
+        env.onError(err);
+        await sleep(Math.min(5000, 100 * 2 ** attempt), this.ctl.signal);
+      }
+    }
+    let failedReceives = 0;
+    while (!this.stopping()) {
+      if (this.heldEvents >= env.maxHeldEvents) {
+        await this.heldChanged.wait(env.pollIntervalMs, this.ctl.signal, 0);
+        continue;
+      }
+      const unlock = await this.mutex.lock();
+      let settled = true;
+      try {
+        if (this.stopping()) break;
+        let rows;
+        try {
+          rows = await this.call("receiving", () => q.receive(env.db, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token, env.batchSize, this.pendingAck));
+        } catch (err) {
+          if (this.fenced) break;
+          env.onError(err);
+          failedReceives++;
+          settled = false;
+        }
+        if (rows !== undefined) {
+          failedReceives = 0;
+          this.pendingAck = null;
+          if (rows.length > 0) {
+            if (String(rows[0]!.epoch) !== a.epoch) {
+              this.fence(`the server delivered under epoch ${rows[0]!.epoch}, the lease is at ${a.epoch}`);
+              break;
+            }
+            await this.chunk(rows.map((r) => toMessage(r, env.queue, env.consumer, this.slot, env.nslots)), {
+              epoch: String(rows[0]!.epoch),
+              batchId: String(rows[0]!.batch_id),
+              msgId: String(rows[0]!.msg_id),
+            });
+            continue;
+          }
+        }
+      } finally {
+        unlock();
+      }
+      // Nothing to do (or the database failed): wait for a tick, a poll, or a stop.
+      const wait = settled ? env.pollIntervalMs : Math.min(env.pollIntervalMs * 2 ** failedReceives, 30_000);
+      await this.wakeUp.wait(wait, this.fetchOrAbort(), 0.2);
+    }
+    if (this.fenced || this.ctl.signal.aborted) return;
+    // Graceful end: acknowledge the last clean chunk, let the held lanes
+    // finish and settle, give the lease up.
+    if (this.pendingAck) {
+      const d = this.pendingAck;
+      this.pendingAck = null;
+      try {
+        await this.call("acknowledging the last chunk", () => q.ack(env.db, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token, d));
+      } catch (err) {
+        if (!this.fenced) env.onError(err);
+      }
+    }
+    await Promise.all([...this.held].map((l) => l.done));
+    await this.settlingDone();
+    if (this.fenced || this.ctl.signal.aborted) return;
+    try {
+      await q.releaseSlot(env.db, env.queue, env.consumer, this.slot, env.worker, a.token);
+    } catch (err) {
+      const e = mapError(`releasing slot ${this.slot}`, err);
+      if (!isPgqueError(e, "lease_lost")) env.onError(e);
+    }
+  }
+
+  private settles = new Set<Promise<void>>();
+  private async settlingDone(): Promise<void> {
+    while (this.settles.size > 0) await Promise.all([...this.settles]);
+  }
+
+  private fetchOrAbort(): AbortSignal {
+    return AbortSignal.any([this.env.fetch, this.ctl.signal]);
+  }
+
+  /** Handles one chunk and settles it. Called under the slot's mutex. */
+  private async chunk(msgs: Message[], d: q.Delivery): Promise<void> {
+    const { env } = this;
+    const pause = env.policy() === "pause";
+    const byKey = new Map<string | null, Message[]>();
+    for (const m of msgs) {
+      const list = byKey.get(m.key);
+      if (list) list.push(m);
+      else byKey.set(m.key, [m]);
+    }
+    const lanes = [...byKey].map(([key, events]) => new Lane(key, events, (lane) => this.runLane(lane, pause)));
+    const toHold = await this.waitLanes(lanes);
+    if (this.ctl.signal.aborted) return;
+    const failures = lanes.flatMap((l) => l.failures);
+    // Failures in chunk order, as the Go pool nacks them.
+    const order = new Map(msgs.map((m, i) => [m.id, i]));
+    failures.sort((x, y) => order.get(x.id)! - order.get(y.id)!);
+    if (failures.length === 0 && toHold.length === 0 && this.held.size === 0) {
+      // Nothing to nack or hold: the next receive acknowledges the chunk.
+      this.pendingAck = d;
+      return;
+    }
+    try {
+      await this.settleChunk(d, failures, toHold, pause);
+    } catch (err) {
+      for (const l of toHold) this.unhold(l);
+      if (this.fenced || this.ctl.signal.aborted) return;
+      env.onError(err);
+      if (toHold.length === 0) return; // not acknowledged: received again
+      // The hold failed: fall back to the chunk barrier for this chunk.
+      await Promise.all(lanes.map((l) => l.done));
+      if (this.ctl.signal.aborted) return;
+      const all = lanes.flatMap((l) => l.failures).sort((x, y) => order.get(x.id)! - order.get(y.id)!);
+      try {
+        await this.settleChunk(d, all, [], pause);
+      } catch (err2) {
+        if (!this.fenced) env.onError(err2);
+      }
+      return;
+    }
+    for (const l of toHold) {
+      this.held.add(l);
+      this.heldEvents += l.events.length;
+      const p = l.done.then(() => this.settleLane(l, d.epoch)).finally(() => {
+        this.held.delete(l);
+        this.heldEvents -= l.events.length;
+        this.settles.delete(p);
+        this.heldChanged.fire();
+      });
+      this.settles.add(p);
+    }
+  }
+
+  /** A hold that did not commit: the lane is an ordinary lane of its chunk again. */
+  private unhold(l: Lane): void {
+    l.failures.push(...l.heldFailed);
+    l.heldFailed = [];
+    l.heldDone = [];
+    l.heldFrom = null;
+  }
+
+  /**
+   * Waits until every lane is done, or until the stragglers should be held:
+   * all but a few lanes (at most an eighth, at least one) are done and each
+   * of the rest has been in one handler for holdAfterMs. Returns the lanes
+   * to hold, their heads marked.
+   */
+  private async waitLanes(lanes: Lane[]): Promise<Lane[]> {
+    const all = Promise.all(lanes.map((l) => l.done)).then(() => true);
+    const few = Math.max(1, Math.floor(lanes.length / 8));
+    for (;;) {
+      const now = Date.now();
+      const open = lanes.filter((l) => !l.finished);
+      if (open.length === 0 || this.ctl.signal.aborted) return [];
+      if (open.length <= few && open.every((l) => l.runningSince !== null && now - l.runningSince >= this.env.holdAfterMs)) {
+        for (const l of open) l.heldFrom = l.runningId;
+        return open;
+      }
+      const next = open.length <= few
+        ? Math.max(1, Math.min(...open.map((l) => (l.runningSince === null ? this.env.holdAfterMs : l.runningSince + this.env.holdAfterMs - now))))
+        : this.env.holdAfterMs;
+      const done = await Promise.race([all, sleep(next, this.ctl.signal).then(() => false)]);
+      if (done) return [];
+    }
+  }
+
+  private async runLane(lane: Lane, pause: boolean): Promise<void> {
+    const { env } = this;
+    for (const m of lane.events) {
+      if (this.ctl.signal.aborted) return;
+      try {
+        await env.sem.acquire(this.ctl.signal);
+      } catch {
+        return;
+      }
+      let out: Outcome;
+      try {
+        lane.runningId = m.id;
+        lane.runningSince = Date.now();
+        out = await this.invoke(m);
+      } finally {
+        lane.runningSince = null;
+        lane.runningId = null;
+        env.sem.release();
+      }
+      if (this.ctl.signal.aborted) return;
+      const heldNow = lane.heldFrom !== null && BigInt(m.id) >= BigInt(lane.heldFrom);
+      if (out.ok) {
+        if (heldNow) lane.heldDone.push(m.id);
+        continue;
+      }
+      if (heldNow) lane.heldFailed.push(out.failure);
+      else lane.failures.push(out.failure);
+      // Under pause the key's later events wait for the failed one's retry
+      // (the nack or the settle defers them on the server).
+      if (pause) return;
+    }
+  }
+
+  /** Runs the handler on m with its timeout and the slot's signal. */
+  private async invoke(m: Message): Promise<Outcome> {
+    const { env } = this;
+    const signals = [this.ctl.signal];
+    let timer: AbortController | null = null;
+    let t: NodeJS.Timeout | null = null;
+    if (env.handlerTimeoutMs > 0) {
+      timer = new AbortController();
+      const tc = timer;
+      t = setTimeout(() => tc.abort(new HandlerTimeoutError(env.handlerTimeoutMs)), env.handlerTimeoutMs);
+      signals.push(timer.signal);
+    }
+    const signal = signals.length === 1 ? signals[0]! : AbortSignal.any(signals);
+    try {
+      await env.handler(m, { signal });
+      return { ok: true };
+    } catch (err) {
+      let e = err;
+      if (timer?.signal.aborted && !(err instanceof HandlerTimeoutError)) {
+        e = new HandlerTimeoutError(env.handlerTimeoutMs);
+        (e as Error).cause = err;
+      }
+      return { ok: false, failure: { id: m.id, delayMs: this.delayOf(e, m.retryCount), reason: reasonOf(e) } };
+    } finally {
+      if (t) clearTimeout(t);
+    }
+  }
+
+  /** null dead-letters at once; else the delay before the retry. */
+  private delayOf(err: unknown, retryCount: number): number | null {
+    if (err instanceof DeadLetterError) return null;
+    if (err instanceof RetryAfterError) return err.delayMs;
+    try {
+      const d = this.env.retryDelayMs(retryCount);
+      return Number.isFinite(d) && d > 0 ? d : 0;
+    } catch {
+      return defaultRetryDelay(retryCount);
+    }
+  }
+
+  /**
+   * Nacks the failures, holds the keys still running and acks the chunk,
+   * in one transaction. With failures, the failure policy is read again
+   * inside it (before the nacks and before the ack): a chunk handled under
+   * a policy an operator has changed since is not settled but received and
+   * handled again, since a chunk handled under pause and acked under skip
+   * would lose the events held back.
+   */
+  private async settleChunk(d: q.Delivery, failures: q.Failure[], hold: Lane[], pause: boolean): Promise<void> {
+    const { env } = this;
+    const a = this.lease;
+    const conn = await env.db.connect();
+    let broken = false;
+    try {
+      await conn.query("begin");
+      const check = async (tx: Executor) => {
+        if (failures.length === 0) return;
+        const p = await q.slotPolicy(tx, env.queue, env.consumer);
+        if (p !== null && (p === "pause") !== pause) {
+          env.setPolicy(p);
+          throw new Error(`the failure policy changed to ${p} while slot ${this.slot} handled its chunk; it is handled again`);
+        }
+      };
+      await this.call("settling the chunk", async () => {
+        await check(conn);
+        for (const f of failures) await q.nack(conn, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token, d, f);
+        for (const l of hold) await q.holdKey(conn, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token, d, l.key, l.heldFrom!);
+        await check(conn);
+        await q.ack(conn, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token, d);
+        await conn.query("commit");
+      });
+    } catch (err) {
+      await conn.query("rollback").catch(() => {
+        broken = true;
+      });
+      throw err;
+    } finally {
+      conn.release(broken);
+    }
+  }
+
+  /** A held lane finished: settle its key, under the slot's mutex. */
+  private async settleLane(l: Lane, epoch: string): Promise<void> {
+    const { env } = this;
+    if (this.ctl.signal.aborted) return;
+    for (let attempt = 0; attempt < 5; attempt++) {
+      const unlock = await this.mutex.lock();
+      try {
+        if (this.ctl.signal.aborted) return;
+        await this.call("settling a held key", () =>
+          q.settleHeld(env.db, env.queue, env.consumer, this.slot, env.nslots, env.worker, this.lease.token, epoch, l.key, l.heldFrom!, l.heldDone, l.heldFailed));
+        return;
+      } catch (err) {
+        if (this.fenced) return;
+        env.onError(err);
+      } finally {
+        unlock();
+      }
+      await sleep(100 * 2 ** attempt, this.ctl.signal);
+    }
+    // The hold cannot be settled: give the slot up, so that its next owner
+    // releases the hold (at-least-once for the key's held events).
+    this.fence("a held key could not be settled");
+  }
+}
+
+/** 1 s doubled per retry, capped at 10 min, ±10% jitter: the Go default. */
+export function defaultRetryDelay(retryCount: number): number {
+  const base = Math.min(600_000, 1000 * 2 ** Math.min(Math.max(retryCount, 0), 30));
+  return base * (0.9 + 0.2 * Math.random());
+}

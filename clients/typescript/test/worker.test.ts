@@ -1,0 +1,176 @@
+// The worker pool's per-key guarantees against a real PostgreSQL: order
+// and one-at-a-time per key (G1, G2), different keys of one slot at once,
+// a slow key not stalling its slot, and the message's fields.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { Ticker, work, type Message, type WorkOptions } from "../src/index.js";
+import { waitFor } from "./harness.js";
+import { barrier, gate, Recorder, sendKeyed, setup } from "./worker_helpers.js";
+
+const fast: Partial<WorkOptions> = { claimIntervalMs: 100, pollIntervalMs: 50, retryDelayMs: () => 20, listen: false };
+
+
+test("each key's events are handled in order and one at a time, across many keys and two workers", async (t) => {
+  const db = await setup(t, "order");
+  const keys = Array.from({ length: 40 }, (_, i) => `tenant-${i}`);
+  keys.push("", null as unknown as string);
+  const rec = new Recorder();
+  const handler = async (m: Message) => {
+    rec.enter(m);
+    // Yield a few times so that keys really interleave.
+    for (let i = 0; i < 3; i++) await new Promise((r) => setImmediate(r));
+    rec.leave(m, true);
+  };
+  const w1 = db.track(await work(db.pool, { ...fast, queue: "order", consumer: "c", slots: 4, concurrency: 16, batchSize: 50 }, handler));
+  const w2 = db.track(await work(db.pool, { ...fast, queue: "order", consumer: "c", slots: 4, concurrency: 16, batchSize: 50 }, handler));
+  const ids = await sendKeyed(db.pool, "order", keys, 20);
+  await rec.handled(ids.length);
+  await Promise.all([w1.stop(), w2.stop()]);
+  assert.deepEqual(rec.violations, []);
+  assert.equal(rec.total, ids.length, "every event handled once (no failures, no takeover)");
+  // The NULL key and the empty key are two keys.
+  assert.equal(rec.seen.get(null)?.length, 20);
+  assert.equal(rec.seen.get("")?.length, 20);
+});
+
+test("different keys of one slot run at once up to the concurrency limit", async (t) => {
+  const db = await setup(t, "conc");
+  const keys = Array.from({ length: 8 }, (_, i) => `k${i}`);
+  const all = barrier(8, 10_000);
+  const rec = new Recorder();
+  let maxRunning = 0;
+  let running = 0;
+  const w = await work(db.pool, { ...fast, queue: "conc", consumer: "c", slots: 1, concurrency: 8 }, async (m) => {
+    rec.enter(m);
+    running++;
+    maxRunning = Math.max(maxRunning, running);
+    // The first event of each key waits until the first events of all 8
+    // keys are in handlers together: one slot handling keys one after
+    // another would never get there.
+    if ((m.payload as { i: number }).i === 0) await all.arrive();
+    running--;
+    rec.leave(m, true);
+  });
+  db.track(w);
+  const ids = await sendKeyed(db.pool, "conc", keys, 3);
+  await rec.handled(ids.length);
+  await w.stop();
+  assert.equal(all.arrived(), 8);
+  assert.equal(maxRunning, 8);
+  assert.deepEqual(rec.violations, []);
+});
+
+test("the concurrency limit bounds the handlers running at once", async (t) => {
+  const db = await setup(t, "limit");
+  const keys = Array.from({ length: 10 }, (_, i) => `k${i}`);
+  const rec = new Recorder();
+  let running = 0;
+  let maxRunning = 0;
+  const w = await work(db.pool, { ...fast, queue: "limit", consumer: "c", slots: 2, concurrency: 3 }, async (m) => {
+    rec.enter(m);
+    running++;
+    maxRunning = Math.max(maxRunning, running);
+    await new Promise((r) => setTimeout(r, 2));
+    running--;
+    rec.leave(m, true);
+  });
+  db.track(w);
+  const ids = await sendKeyed(db.pool, "limit", keys, 5);
+  await rec.handled(ids.length);
+  await w.stop();
+  assert.ok(maxRunning <= 3, `at most 3 handlers at once, saw ${maxRunning}`);
+  assert.deepEqual(rec.violations, []);
+});
+
+test("a slow key does not stall the other keys of its slot", async (t) => {
+  const db = await setup(t, "slow");
+  const rec = new Recorder();
+  const slow = gate();
+  const slowStarted = gate();
+  const w = await work(db.pool, { ...fast, queue: "slow", consumer: "c", slots: 1, holdAfterMs: 30 }, async (m) => {
+    rec.enter(m);
+    try {
+      if (m.key === "slow" && (m.payload as { i: number }).i === 0) {
+        slowStarted.open();
+        await slow.wait;
+      }
+    } finally {
+      rec.leave(m, true);
+    }
+  });
+  db.track(w);
+  const first = await sendKeyed(db.pool, "slow", ["slow", "a"], 2);
+  await slowStarted.wait;
+  // Later events of other keys, in later batches, are handled while the
+  // slow key's first handler still runs.
+  const later = await sendKeyed(db.pool, "slow", ["b", "c", "d"], 5);
+  await rec.handled(1 + later.length); // a's first, then b, c, d
+  assert.equal(rec.seen.get("slow"), undefined, "the slow key is still in its first handler");
+  assert.equal(rec.seen.get("a")?.length, 2);
+  // Events of the slow key sent meanwhile wait for it, in order.
+  const more = await sendKeyed(db.pool, "slow", ["slow"], 3);
+  slow.open();
+  await rec.handled(first.length + later.length + more.length);
+  await w.stop();
+  assert.equal(rec.seen.get("slow")?.length, 5);
+  assert.deepEqual(rec.violations, []);
+  // The hold left nothing behind on the server.
+  const { rows } = await db.pool.query("select count(*)::int as n from pgque.key_block");
+  assert.deepEqual(rows, [{ n: 0 }]);
+});
+
+test("the message carries key, type, parsed payload, id as a string, epoch, slot and time", async (t) => {
+  const db = await setup(t, "msg");
+  const got: Message[] = [];
+  const done = gate();
+  const w = await work(db.pool, { ...fast, queue: "msg", consumer: "c", slots: 2 }, (m) => {
+    got.push(m);
+    if (got.length === 3) done.open();
+  });
+  db.track(w);
+  await db.pool.query(`select pgque.send('msg', 'file.created', '{"big": 12345678901234567890, "s": "x"}'::jsonb, 'tenant-1')`);
+  await db.pool.query(`select pgque.send('msg', 'plain', $1::text, '')`, ['"a string"']);
+  await db.pool.query(`select pgque.send('msg', 'nokey', '[1,2]'::jsonb, null)`);
+  await done.wait;
+  await w.stop();
+  const byType = new Map(got.map((m) => [m.type, m]));
+  const created = byType.get("file.created")!;
+  assert.equal(created.key, "tenant-1");
+  assert.equal((created.payload as { s: string }).s, "x");
+  assert.match(created.id, /^\d+$/);
+  assert.equal(typeof created.epoch, "bigint");
+  assert.ok(created.epoch >= 1n);
+  assert.equal(created.retryCount, 0);
+  assert.equal(created.redelivered, false);
+  assert.ok(created.createdAt instanceof Date);
+  assert.equal(created.nslots, 2);
+  assert.ok(created.slot === 0 || created.slot === 1);
+  assert.equal(byType.get("plain")!.key, "");
+  assert.equal(byType.get("plain")!.payload, "a string");
+  assert.equal(byType.get("nokey")!.key, null);
+  assert.deepEqual(byType.get("nokey")!.payload, [1, 2]);
+});
+
+test("with LISTEN, the package's Ticker wakes an idle worker without waiting for its poll", async (t) => {
+  const db = await setup(t, "wake", { ticker: false });
+  const ticker = new Ticker(db.pool, { tickIntervalMs: 50 });
+  await ticker.start();
+  try {
+    await wakeTest(db);
+  } finally {
+    await ticker.stop();
+  }
+});
+
+async function wakeTest(db: Awaited<ReturnType<typeof setup>>): Promise<void> {
+  let got = false;
+  // A poll interval of a minute: only the tick's NOTIFY can wake the slot in time.
+  const w = db.track(await work(db.pool, { queue: "wake", consumer: "c", slots: 2, claimIntervalMs: 100, pollIntervalMs: 60_000 }, () => {
+    got = true;
+  }));
+  await waitFor("both slots claimed", () => w.ownedSlots().length === 2);
+  await db.pool.query("select pgque.send('wake', 't', '{}'::jsonb, 'k')");
+  await waitFor("the event, woken by the tick", () => got, 20_000);
+  await w.stop();
+}

@@ -1,0 +1,122 @@
+// Failure outcomes of the worker pool in both policies: retries with
+// backoff, RetryAfter, dead letters (asked for, and past max_retries), the
+// handler timeout, and what a failure does to its key's later events (G3).
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { deadLetter, HandlerTimeoutError, retryAfter, work, type FailurePolicy, type Message, type WorkOptions } from "../src/index.js";
+import { gate, sendKeyed, setup } from "./worker_helpers.js";
+
+const fast: Partial<WorkOptions> = { claimIntervalMs: 100, pollIntervalMs: 50, retryDelayMs: () => 20, listen: false };
+
+/** Handled attempts in the order handlers finished: [id, retryCount, ok]. */
+type Log = { id: string; key: string | null; retry: number; ok: boolean; at: number }[];
+
+for (const policy of ["skip", "pause"] as FailurePolicy[]) {
+  test(`${policy}: a failed event is retried, and its key's later events ${policy === "skip" ? "go on meanwhile" : "wait for it"}`, async (t) => {
+    const db = await setup(t, "fail");
+    const log: Log = [];
+    const all = gate();
+    const w = db.track(await work(db.pool, { ...fast, queue: "fail", consumer: "c", slots: 1, failurePolicy: policy }, async (m: Message) => {
+      const ok = !((m.payload as { i: number }).i === 0 && m.key === "k" && m.retryCount === 0);
+      log.push({ id: m.id, key: m.key, retry: m.retryCount, ok, at: Date.now() });
+      if (log.filter((l) => l.ok).length === 6) all.open();
+      if (!ok) throw new Error("first attempt fails");
+    }));
+    const ids = await sendKeyed(db.pool, "fail", ["k", "o"], 3);
+    await all.wait;
+    await w.stop();
+    const k = log.filter((l) => l.key === "k");
+    const [e0, , e1, , e2] = ids;
+    assert.deepEqual(k.map((l) => [l.id, l.retry, l.ok]), policy === "skip"
+      ? [[e0, 0, false], [e1, 0, true], [e2, 0, true], [e0, 1, true]]
+      : [[e0, 0, false], [e0, 1, true], [e1, 0, true], [e2, 0, true]]);
+    // The other key is never held back by k's failure.
+    assert.deepEqual(log.filter((l) => l.key === "o").map((l) => l.ok), [true, true, true]);
+  });
+
+  test(`${policy}: deadLetter() dead-letters the event at once and releases its key`, async (t) => {
+    const db = await setup(t, "dl");
+    const log: Log = [];
+    const all = gate();
+    const w = db.track(await work(db.pool, { ...fast, queue: "dl", consumer: "c", slots: 1, failurePolicy: policy }, async (m: Message) => {
+      const ok = (m.payload as { i: number }).i !== 0;
+      log.push({ id: m.id, key: m.key, retry: m.retryCount, ok, at: Date.now() });
+      if (log.length === 3) all.open();
+      if (!ok) throw deadLetter(new Error("malformed file event"));
+    }));
+    const ids = await sendKeyed(db.pool, "dl", ["k"], 3);
+    await all.wait;
+    await w.stop();
+    assert.deepEqual(log.map((l) => [l.id, l.ok]), [[ids[0], false], [ids[1], true], [ids[2], true]]);
+    const { rows } = await db.pool.query("select ev_id::text as id, dl_reason, ev_retry from pgque.dead_letter");
+    assert.deepEqual(rows, [{ id: ids[0], dl_reason: "malformed file event", ev_retry: 0 }]);
+  });
+
+  test(`${policy}: an event that keeps failing is dead-lettered after max_retries`, async (t) => {
+    const db = await setup(t, "maxr");
+    await db.pool.query("select pgque.set_queue_config('maxr', 'max_retries', '2')");
+    const tries: number[] = [];
+    const after = gate();
+    const w = db.track(await work(db.pool, { ...fast, queue: "maxr", consumer: "c", slots: 1, failurePolicy: policy }, async (m: Message) => {
+      if (m.key === "after") {
+        after.open();
+        return;
+      }
+      tries.push(m.retryCount);
+      throw new Error(`attempt ${m.retryCount}`);
+    }));
+    const [bad] = await sendKeyed(db.pool, "maxr", ["bad"], 1);
+    await sendKeyed(db.pool, "maxr", ["after"], 1);
+    await after.wait;
+    const deadline = Date.now() + 10_000;
+    let rows: { id: string; dl_reason: string }[] = [];
+    while (rows.length === 0 && Date.now() < deadline) {
+      ({ rows } = await db.pool.query("select ev_id::text as id, dl_reason from pgque.dead_letter"));
+      if (rows.length === 0) await new Promise((r) => setTimeout(r, 20));
+    }
+    await w.stop();
+    assert.deepEqual(tries, [0, 1, 2]);
+    assert.deepEqual(rows, [{ id: bad, dl_reason: "attempt 2" }]);
+  });
+}
+
+test("retryAfter() asks for its own delay instead of the retry delay", async (t) => {
+  const db = await setup(t, "ra");
+  const seen: { retry: number; at: number }[] = [];
+  const done = gate();
+  const w = db.track(await work(db.pool, { ...fast, queue: "ra", consumer: "c", slots: 1 }, async (m: Message) => {
+    seen.push({ retry: m.retryCount, at: Date.now() });
+    if (m.retryCount === 0) throw retryAfter(new Error("downstream says wait"), 700);
+    done.open();
+  }));
+  await sendKeyed(db.pool, "ra", ["k"], 1);
+  await done.wait;
+  await w.stop();
+  assert.equal(seen.length, 2);
+  // The retry delay is 20 ms; the retry came no sooner than asked.
+  assert.ok(seen[1]!.at - seen[0]!.at >= 700, `retried after ${seen[1]!.at - seen[0]!.at} ms`);
+});
+
+test("a handler past handlerTimeoutMs sees its signal aborted, and the event is retried", async (t) => {
+  const db = await setup(t, "to");
+  let reason: unknown;
+  const done = gate();
+  const w = db.track(await work(db.pool, { ...fast, queue: "to", consumer: "c", slots: 1, handlerTimeoutMs: 100 }, async (m: Message, { signal }) => {
+    if (m.retryCount > 0) {
+      done.open();
+      return;
+    }
+    // Waits for nothing but the signal: only the timeout ends it.
+    await new Promise<void>((_, reject) => signal.addEventListener("abort", () => {
+      reason = signal.reason;
+      reject(signal.reason);
+    }, { once: true }));
+  }));
+  await sendKeyed(db.pool, "to", ["k"], 1);
+  await done.wait;
+  await w.stop();
+  assert.ok(reason instanceof HandlerTimeoutError, `aborted with ${String(reason)}`);
+  const { rows } = await db.pool.query("select count(*)::int as n from pgque.dead_letter");
+  assert.deepEqual(rows, [{ n: 0 }]);
+});

@@ -1,0 +1,131 @@
+// Stopping and losing workers: a graceful stop finishes and acknowledges
+// its chunk and releases its leases; a hard stop and a crash (SIGKILL of a
+// worker process) acknowledge nothing, and another worker takes the slot
+// over under the next epoch and receives the chunk again. Two workers of
+// one consumer share its slots fairly.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { createInterface } from "node:readline";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { work, WorkerKilledError, type Message, type WorkOptions } from "../src/index.js";
+import { waitFor } from "./harness.js";
+import { gate, sendKeyed, setup } from "./worker_helpers.js";
+
+const fast: Partial<WorkOptions> = { claimIntervalMs: 100, pollIntervalMs: 50, retryDelayMs: () => 20, listen: false };
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+async function owner(db: { pool: import("pg").Pool }, slot = 0): Promise<{ owner: string | null; epoch: string }> {
+  const { rows } = await db.pool.query("select owner, epoch::text from pgque.partition_slot_leases where slot = $1", [slot]);
+  return rows[0];
+}
+
+test("stop() lets the handler in flight finish, acknowledges it and releases the lease", async (t) => {
+  const db = await setup(t, "gs");
+  const release = gate();
+  const started = gate();
+  const handled: string[] = [];
+  const w1 = db.track(await work(db.pool, { ...fast, queue: "gs", consumer: "c", slots: 1 }, async (m: Message) => {
+    started.open();
+    await release.wait;
+    handled.push(m.id);
+  }));
+  const [e0] = await sendKeyed(db.pool, "gs", ["k"], 1);
+  await started.wait;
+  let stopped = false;
+  const stopping = w1.stop().then(() => (stopped = true));
+  // Events sent after stop() are not fetched by the stopping worker.
+  const [e1] = await sendKeyed(db.pool, "gs", ["k"], 1);
+  assert.equal(stopped, false, "stop waits for the handler in flight");
+  release.open();
+  await stopping;
+  assert.deepEqual(handled, [e0]);
+  assert.equal((await owner(db)).owner, null, "the lease was released");
+  // A new worker receives only what the first did not acknowledge.
+  const next: Message[] = [];
+  const got = gate();
+  db.track(await work(db.pool, { ...fast, queue: "gs", consumer: "c", slots: 1 }, (m: Message) => {
+    next.push(m);
+    got.open();
+  }));
+  await got.wait;
+  assert.deepEqual(next.map((m) => [m.id, m.retryCount]), [[e1, 0]]);
+});
+
+test("kill() aborts the handlers and acknowledges nothing; another worker takes over under the next epoch", async (t) => {
+  const db = await setup(t, "hs");
+  const started = gate();
+  let reason: unknown;
+  const w1 = db.track(await work(db.pool, { ...fast, queue: "hs", consumer: "c", slots: 1, leaseTtlMs: 1500 }, async (_m, { signal }) => {
+    started.open();
+    await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
+    reason = signal.reason;
+  }));
+  const [e0] = await sendKeyed(db.pool, "hs", ["k"], 1);
+  await started.wait;
+  const before = await owner(db);
+  await w1.kill();
+  assert.ok(reason instanceof WorkerKilledError, `aborted with ${String(reason)}`);
+  assert.equal((await owner(db)).owner, w1.workerId, "a hard stop does not release the lease");
+  const got = gate();
+  const next: Message[] = [];
+  db.track(await work(db.pool, { ...fast, queue: "hs", consumer: "c", slots: 1, leaseTtlMs: 1500 }, (m: Message) => {
+    next.push(m);
+    got.open();
+  }));
+  await got.wait;
+  assert.equal(next[0]!.id, e0);
+  assert.equal(next[0]!.epoch, BigInt(before.epoch) + 1n);
+});
+
+test("a worker process killed with SIGKILL mid-chunk: the survivor takes the slot over and handles the chunk again", async (t) => {
+  const db = await setup(t, "crash");
+  const child = spawn(process.execPath, [path.join(here, "worker_child.js"), db.url, "crash", "c"], { stdio: ["ignore", "pipe", "inherit"] });
+  t.after(() => {
+    if (child.exitCode === null) child.kill("SIGKILL");
+  });
+  const lines = createInterface({ input: child.stdout! });
+  let ids: string[] = [];
+  const first = await new Promise<string>((resolve, reject) => {
+    lines.on("line", (l) => {
+      // Send once the worker has subscribed its slot: a new consumer
+      // reads only what is sent after it subscribed.
+      if (l === "started") void sendKeyed(db.pool, "crash", ["k", "o"], 2).then((x) => (ids = x), reject);
+      if (l.startsWith("handling ")) resolve(l);
+    });
+    child.on("exit", (code) => reject(new Error(`the worker process exited (${code}) before handling`)));
+  });
+  const [, , childEpoch] = first.split(" ");
+  await waitFor("the sends to commit", () => ids.length === 4);
+  const exited = new Promise((r) => child.on("exit", r));
+  child.kill("SIGKILL");
+  await exited;
+  const seen: Message[] = [];
+  const all = gate();
+  db.track(await work(db.pool, { ...fast, queue: "crash", consumer: "c", slots: 1, leaseTtlMs: 2000 }, (m: Message) => {
+    seen.push(m);
+    if (seen.length === ids.length) all.open();
+  }));
+  await all.wait;
+  // Everything the dead worker received comes again, in order per key,
+  // under the next epoch, and not as a retry.
+  assert.deepEqual(seen.map((m) => m.id).sort(), [...ids].sort());
+  assert.deepEqual(seen.filter((m) => m.key === "k").map((m) => m.id), [ids[0], ids[2]]);
+  for (const m of seen) {
+    assert.equal(m.epoch, BigInt(childEpoch!) + 1n);
+    assert.equal(m.retryCount, 0);
+  }
+});
+
+test("two workers of one consumer converge to a fair share of its slots", async (t) => {
+  const db = await setup(t, "fair");
+  const opts = { ...fast, queue: "fair", consumer: "c", slots: 6 };
+  const w1 = db.track(await work(db.pool, opts, () => {}));
+  await waitFor("the first worker to hold all 6 slots", () => w1.ownedSlots().length === 6);
+  const w2 = db.track(await work(db.pool, opts, () => {}));
+  await waitFor("3 slots each", () => w1.ownedSlots().length === 3 && w2.ownedSlots().length === 3, 15_000);
+  await w2.stop();
+  await waitFor("the first worker to take the released slots back", () => w1.ownedSlots().length === 6, 15_000);
+});
