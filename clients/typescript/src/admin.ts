@@ -159,6 +159,8 @@ export interface DeadLetter {
   eventId: string;
   eventTime: Date;
   retryCount: number;
+  /** True when the event had been replayed before and died again. */
+  replayed: boolean;
   type: string | null;
   /** The payload as JSON text. */
   json: string | null;
@@ -171,19 +173,44 @@ export async function deadLetters(exec: Executor, queue: string, opts: { consume
   if (!Number.isInteger(limit) || limit < 0) throw invalid(`dead letter limit must be a non-negative integer, not ${limit}`);
   return all<DeadLetter>(exec, `listing dead letters of queue "${queue}"`,
     `select dl_id::pg_catalog.text as id, consumer, dl_time as "deadSince", reason, ev_id::pg_catalog.text as "eventId",
-            ev_time as "eventTime", ev_retry as "retryCount", ev_type as type, ev_data as json, ev_extra1 as key
+            ev_time as "eventTime", case when ev_retry < 0 then -1 - ev_retry else ev_retry end as "retryCount",
+            ev_retry < 0 as replayed, ev_type as type, ev_data as json, key
        from pgque.dlq_list($1::pg_catalog.text, $2::pg_catalog.text, $3::int4)`, [queue, opts.consumer ?? null, limit]);
+}
+
+/** What replaying a dead letter did (replayDeadLetterReport). */
+export interface ReplayReport {
+  /** The event id, the original's: the replay arrives with Message.replay set. */
+  eventId: string;
+  /**
+   * Events of the same key with a greater id that the consumer had already
+   * been handed: when above 0 the replay comes after them, out of the key's
+   * order (events still dead-lettered themselves are not counted).
+   */
+  laterDelivered: number;
+  /** False when rotation already dropped the original event, so the count above may be short. */
+  historyComplete: boolean;
+  consumer: string;
+  key: string | null;
 }
 
 /**
  * Puts a dead letter back into queue for the consumer it failed for only
- * (same event id, retry count reset) and returns the event id. Fails with
- * "dead_letter_not_found" or "consumer_not_found". Needs pgque_admin.
+ * (same event id, its retry count kept, marked as a replay) and returns the
+ * event id. Fails with "dead_letter_not_found" or "consumer_not_found".
+ * Needs pgque_admin. replayDeadLetterReport says whether the replay
+ * overtakes later events of its key.
  */
 export async function replayDeadLetter(exec: Executor, queue: string, id: string | bigint): Promise<string> {
-  const r = await one<{ id: string }>(exec, `replaying dead letter ${id} of queue "${queue}"`,
-    "select pgque.dlq_replay($1::pg_catalog.text, $2::int8)::pg_catalog.text as id", [queue, String(id)]);
-  return r.id;
+  return (await replayDeadLetterReport(exec, queue, id)).eventId;
+}
+
+/** replayDeadLetter, reporting the later events of the key the replay comes after. */
+export async function replayDeadLetterReport(exec: Executor, queue: string, id: string | bigint): Promise<ReplayReport> {
+  return one<ReplayReport>(exec, `replaying dead letter ${id} of queue "${queue}"`,
+    `select ev_id::pg_catalog.text as "eventId", later_delivered::pg_catalog.float8 as "laterDelivered",
+            history_complete as "historyComplete", consumer, key
+       from pgque.dlq_replay_report($1::pg_catalog.text, $2::int8)`, [queue, String(id)]);
 }
 
 /**

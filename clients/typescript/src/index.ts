@@ -16,9 +16,9 @@ export type { TickerOptions, TickerStats } from "./ticker.js";
 export { Ticker, checkTickerRights, TICKER_FUNCTIONS } from "./ticker.js";
 export { defaultWorkerId } from "./workerid.js";
 export { withTransaction } from "./executor.js";
-export type { FailurePolicy, BlockedKey, DeadLetter, QueueStatus, SlotStatus } from "./admin.js";
+export type { FailurePolicy, BlockedKey, DeadLetter, ReplayReport, QueueStatus, SlotStatus } from "./admin.js";
 export {
   createQueue, dropQueue, setQueueConfig, subscribeSlots, unsubscribeSlots, setFailurePolicy,
-  blockedKeys, unblockKey, retryKeyNow, deadLetters, replayDeadLetter, purgeDeadLetters, queues, slots,
+  blockedKeys, unblockKey, retryKeyNow, deadLetters, replayDeadLetter, replayDeadLetterReport, purgeDeadLetters, queues, slots,
 } from "./admin.js";
 export * from "./worker/index.js";

@@ -4,8 +4,9 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { deadLetter, HandlerTimeoutError, retryAfter, work, type FailurePolicy, type Message, type WorkOptions } from "../src/index.js";
+import { deadLetter, deadLetters, HandlerTimeoutError, replayDeadLetterReport, retryAfter, work, type FailurePolicy, type Message, type WorkOptions } from "../src/index.js";
 import { gate, sendKeyed, setup } from "./worker_helpers.js";
+import { waitFor } from "./harness.js";
 
 const fast: Partial<WorkOptions> = { claimIntervalMs: 100, pollIntervalMs: 50, retryDelayMs: () => 20, listen: false };
 
@@ -119,4 +120,34 @@ test("a handler past handlerTimeoutMs sees its signal aborted, and the event is 
   assert.ok(reason instanceof HandlerTimeoutError, `aborted with ${String(reason)}`);
   const { rows } = await db.pool.query("select count(*)::int as n from pgque.dead_letter");
   assert.deepEqual(rows, [{ n: 0 }]);
+});
+
+test("a replayed dead letter arrives marked, keeps its retries, and the report says what it overtook", async (t) => {
+  const db = await setup(t, "rp");
+  const seen: { id: string; replay: boolean; retry: number }[] = [];
+  const three = gate();
+  const replayed = gate();
+  const w = db.track(await work(db.pool, { ...fast, queue: "rp", consumer: "c", slots: 1, failurePolicy: "skip" }, async (m: Message) => {
+    seen.push({ id: m.id, replay: m.replay, retry: m.retryCount });
+    if (m.replay) replayed.open();
+    if (seen.length === 3) three.open();
+    if ((m.payload as { i: number }).i === 0 && !m.replay) throw deadLetter(new Error("first event refused"));
+  }));
+  const ids = await sendKeyed(db.pool, "rp", ["k"], 3);
+  await three.wait;
+  // The dead letter is written when the chunk settles, after the handlers.
+  await waitFor("the dead letter", async () => (await deadLetters(db.pool, "rp", { consumer: "c" })).length === 1);
+  const [dl] = await deadLetters(db.pool, "rp", { consumer: "c" });
+  assert.ok(dl, "the first event is a dead letter");
+  assert.equal(dl.replayed, false);
+  const report = await replayDeadLetterReport(db.pool, "rp", dl.id);
+  assert.equal(report.eventId, ids[0]);
+  assert.equal(report.key, "k");
+  // Both later events of k were handled before the replay: it overtakes them.
+  assert.equal(report.laterDelivered, 2);
+  assert.equal(report.historyComplete, true);
+  await replayed.wait;
+  await w.stop();
+  assert.deepEqual(seen.map((s) => [s.id, s.replay]), [[ids[0], false], [ids[1], false], [ids[2], false], [ids[0], true]]);
+  assert.equal(seen[3]!.retry, 0, "deadLetter() at the first attempt: no retries to keep");
 });

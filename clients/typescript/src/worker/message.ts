@@ -16,6 +16,13 @@ export interface Message<P = unknown> {
   readonly retryCount: number;
   /** True when this is a retry of an event that failed before. */
   readonly redelivered: boolean;
+  /**
+   * True when the event is a dead letter an operator put back (`dlq
+   * replay`): it comes after the events of its key that were delivered
+   * meanwhile, so a handler that applies state in order should check it.
+   * `id` is the original event's id; `retryCount` the retries it had.
+   */
+  readonly replay: boolean;
   /** When the event was sent. */
   readonly createdAt: Date;
   /** The lease epoch of the slot the event was received under (fencing). */
@@ -54,8 +61,18 @@ export function parsePayload(raw: string | null): unknown {
   }
 }
 
+/**
+ * Splits the stored retry count: a replayed dead letter is stored with
+ * retry_count -1 - n, n the retries it had (pgque.dlq_replay_report), so
+ * ordinary events carry nothing extra.
+ */
+export function decodeRetry(stored: number | null): { retryCount: number; replay: boolean } {
+  const n = stored ?? 0;
+  return n < 0 ? { retryCount: -1 - n, replay: true } : { retryCount: n, replay: false };
+}
+
 export function toMessage(r: ChunkRow, queue: string, consumer: string, slot: number, nslots: number): Message {
-  const retryCount = r.retry_count ?? 0;
+  const { retryCount, replay } = decodeRetry(r.retry_count);
   return {
     id: String(r.msg_id),
     key: r.partition_key,
@@ -63,7 +80,8 @@ export function toMessage(r: ChunkRow, queue: string, consumer: string, slot: nu
     payload: parsePayload(r.payload),
     rawPayload: r.payload,
     retryCount,
-    redelivered: retryCount > 0,
+    redelivered: retryCount > 0 || replay,
+    replay,
     createdAt: r.created_at instanceof Date ? r.created_at : new Date(r.created_at),
     epoch: BigInt(r.epoch),
     slot,
