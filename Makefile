@@ -12,10 +12,10 @@ FUZZTIME ?= 30s
 # so each module is named.
 PKGS     := ./... ./cmd/pgque/... ./pgqueotel/... ./pgqueprom/...
 
-.PHONY: help deps test lint demo bench fuzz
+.PHONY: help deps test test-versions lint demo bench fuzz
 
 help: ## List the targets.
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-6s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 deps: ## Install the system packages the tests and demo need (PostgreSQL 15, PgQ, pg_cron, PgBouncer) when missing.
 	@scripts/install-deps
@@ -23,6 +23,13 @@ deps: ## Install the system packages the tests and demo need (PostgreSQL 15, PgQ
 test: deps ## Vet, then run every test with the race detector.
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 25m $(PKGS)
+
+# The PostgreSQL majors test-versions runs on; CI leaves out 15, which
+# `make test` covers in full.
+VERSIONS ?= 14 15 16 17 18
+
+test-versions: deps ## Run the SQL suites and the Go library's tests on each PostgreSQL major in VERSIONS (default 14 to 18).
+	@scripts/test-versions $(VERSIONS)
 
 lint: ## Check formatting (gofmt), go vet, that every go.mod/go.sum is tidy, and that importers get no tool dependencies.
 	@unformatted="$$(gofmt -l .)"; \
