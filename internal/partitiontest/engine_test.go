@@ -72,7 +72,7 @@ func catalog(t *testing.T, conn *pgx.Conn) map[string]string {
 		                                    where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped), '')
 		       || E'\nconstraints: ' || coalesce((select string_agg(pg_catalog.pg_get_constraintdef(k.oid), '; ' order by k.conname)
 		                                         from pg_catalog.pg_constraint k where k.conrelid = c.oid and k.contype <> 'n'), '')
-		       || E'\nindexes: ' || coalesce((select string_agg(pg_catalog.pg_get_indexdef(i.indexrelid), '; ' order by 1)
+		       || E'\nindexes: ' || coalesce((select string_agg(pg_catalog.pg_get_indexdef(i.indexrelid), '; ' order by pg_catalog.pg_get_indexdef(i.indexrelid))
 		                                     from pg_catalog.pg_index i where i.indrelid = c.oid), '')
 		       || E'\ntriggers: ' || coalesce((select string_agg(pg_catalog.pg_get_triggerdef(g.oid), '; ' order by g.tgname)
 		                                      from pg_catalog.pg_trigger g where g.tgrelid = c.oid and not g.tgisinternal), '')
