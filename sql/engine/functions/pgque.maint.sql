@@ -52,11 +52,15 @@ begin
         return 0;
     end;
 
-    select min(pg_snapshot_xmin(t.tick_snapshot)) into v_xmin
+    -- The oldest xmin, by order rather than min(): PostgreSQL 14 has no
+    -- min(xid8).
+    select pg_snapshot_xmin(t.tick_snapshot) into v_xmin
       from pgque.subscription s
       cross join lateral pgque._sub_state(s.sub_id) st
       join pgque.tick t on t.tick_queue = s.sub_queue and t.tick_id = st.st_last_tick
-     where s.sub_queue = q.queue_id;
+     where s.sub_queue = q.queue_id
+     order by 1
+     limit 1;
     if v_xmin is not null then
         execute format(
             'select exists (select 1 from %s e
