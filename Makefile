@@ -12,10 +12,10 @@ FUZZTIME ?= 30s
 # so each module is named.
 PKGS     := ./... ./cmd/pgque/... ./pgqueotel/... ./pgqueprom/...
 
-.PHONY: help deps test test-ts lint demo bench fuzz
+.PHONY: help deps test test-ts test-versions lint demo bench fuzz
 
 help: ## List the targets.
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-7s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 deps: ## Install the system packages the tests and demo need (PostgreSQL 15, PgQ, pg_cron, PgBouncer) when missing.
 	@scripts/install-deps
@@ -27,6 +27,13 @@ test: deps ## Vet, then run every test with the race detector, then the TypeScri
 
 test-ts: deps ## Build the TypeScript package (clients/typescript) and run its tests.
 	cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test
+
+# The PostgreSQL majors test-versions runs on; CI leaves out 15, which
+# `make test` covers in full.
+VERSIONS ?= 14 15 16 17 18
+
+test-versions: deps ## Run the SQL suites and the Go library's tests on each PostgreSQL major in VERSIONS (default 14 to 18).
+	@scripts/test-versions $(VERSIONS)
 
 lint: ## Check formatting (gofmt), go vet, that every go.mod/go.sum is tidy, that importers get no tool dependencies, and that the TypeScript package's SQL is current.
 	@unformatted="$$(gofmt -l .)"; \
@@ -52,4 +59,4 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
 
 .PHONY: screenshots
 screenshots: deps ## Regenerate the web console's screenshots in docs/console (needs chromium).
-	PGQUE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run TestConsoleInBrowser ./internal/web/
+	cd cmd/pgque && PGQUE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run TestConsoleInBrowser ./internal/web/

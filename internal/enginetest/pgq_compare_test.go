@@ -20,6 +20,7 @@ import (
 // real PgQ extension, each with queue "cmp" and consumer "c".
 func setupPgq(t *testing.T) *pgxpool.Pool {
 	t.Helper()
+	pgtest.SkipWithoutExtension(t, "pgq")
 	ctx := context.Background()
 	dsn := pgtest.NewInstalledDB(t)
 	cfg, err := pgxpool.ParseConfig(dsn)

@@ -21,8 +21,11 @@ const sqlstateDependentObjects = "2BP01"
 // With dropRoles it also drops each of Roles that nothing else uses: a role
 // is kept while a role outside Roles is a member of it (an application's
 // login role), or while it still holds privileges or owns objects anywhere
-// in the cluster (pgque installed in another database). Uninstalling where
-// pgque is not installed is not an error.
+// in the cluster (pgque installed in another database). A membership that
+// grants only ADMIN OPTION (PostgreSQL 16 and later) is no use: it is what
+// a role with CREATEROLE receives on every role it creates, the installing
+// owner on pgque's roles. Uninstalling where pgque is not installed is not
+// an error.
 func Uninstall(ctx context.Context, conn Conn, dropRoles bool) error {
 	err := inTx(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "drop schema if exists pgque cascade"); err != nil {
@@ -52,7 +55,12 @@ func dropRoleIfUnused(ctx context.Context, tx pgx.Tx, role string) error {
 		exists (select 1 from pg_catalog.pg_auth_members m
 			join pg_catalog.pg_roles g on g.oid = m.roleid
 			join pg_catalog.pg_roles r on r.oid = m.member
-			where g.rolname = $1 and r.rolname <> all ($2))`, role, Roles).
+			where g.rolname = $1 and r.rolname <> all ($2)
+			  -- inherit_option and set_option exist from 16 on; before,
+			  -- every membership confers the role's privileges.
+			  and not (m.admin_option
+			           and not coalesce((pg_catalog.to_jsonb(m) ->> 'inherit_option')::boolean, true)
+			           and not coalesce((pg_catalog.to_jsonb(m) ->> 'set_option')::boolean, true)))`, role, Roles).
 		Scan(&exists, &hasOutsideMembers)
 	if err != nil || !exists || hasOutsideMembers {
 		return err

@@ -64,6 +64,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	if u.cred != nil && !reachableByOthers(binDir) {
+		return nil, fmt.Errorf("the server runs as user %s, who cannot reach %s: "+
+			"put the binaries under a directory every user can enter", u.name, binDir)
+	}
 	dir, err := makeClusterDir(u)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,5 +158,60 @@ func TestRestartRejectsUnknownMode(t *testing.T) {
 	}
 	if err := c.Restart(ctx, pgcluster.ModeFast); err == nil {
 		t.Fatal("Restart after Stop: want an error")
+	}
+}
+
+// TestFindBinDirChosenBuild checks that PGQUE_PG_BINDIR and PGQUE_PG_VERSION
+// choose the build, and that a choice that names no build is an error
+// saying what to do, never a silent fallback to another version.
+func TestFindBinDirChosenBuild(t *testing.T) {
+	cache := t.TempDir()
+	fake := filepath.Join(cache, "42", "bin")
+	if err := os.MkdirAll(fake, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"initdb", "pg_ctl", "postgres"} {
+		if err := os.WriteFile(filepath.Join(fake, name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		bindir, version string
+		want            string // the directory, or a part of the error
+		wantErr         bool
+	}{
+		{bindir: fake, version: "14", want: fake},
+		{bindir: t.TempDir(), want: pgcluster.EnvBinDir, wantErr: true},
+		{version: "42", want: fake},
+		{version: "43", want: "scripts/fetch-postgres 43", wantErr: true},
+		{version: "latest", want: "not a PostgreSQL major version", wantErr: true},
+	} {
+		t.Setenv(pgcluster.EnvBinDir, tc.bindir)
+		t.Setenv(pgcluster.EnvVersion, tc.version)
+		t.Setenv(pgcluster.EnvCache, cache)
+		dir, err := pgcluster.FindBinDir()
+		switch {
+		case tc.wantErr && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("bindir %q, version %q: FindBinDir() = %q, %v; want an error saying %q",
+				tc.bindir, tc.version, dir, err, tc.want)
+		case !tc.wantErr && (err != nil || dir != tc.want):
+			t.Errorf("bindir %q, version %q: FindBinDir() = %q, %v; want %q",
+				tc.bindir, tc.version, dir, err, tc.want)
+		}
+	}
+}
+
+// TestClusterRunsTheChosenVersion checks that a cluster runs the major that
+// PGQUE_PG_VERSION names, when it names one.
+func TestClusterRunsTheChosenVersion(t *testing.T) {
+	t.Parallel()
+	major := os.Getenv(pgcluster.EnvVersion)
+	if major == "" || os.Getenv(pgcluster.EnvBinDir) != "" {
+		t.Skipf("%s is not set (alone): the default build runs", pgcluster.EnvVersion)
+	}
+	c, ctx := setup(t, pgcluster.Options{})
+	conn := connect(t, ctx, c.DSN("postgres"))
+	if got := queryInt(t, ctx, conn, "select current_setting('server_version_num')::int / 10000"); strconv.Itoa(got) != major {
+		t.Fatalf("%s=%s, but the cluster runs PostgreSQL %d", pgcluster.EnvVersion, major, got)
 	}
 }

@@ -1,6 +1,13 @@
 // Package pgcluster starts throwaway PostgreSQL clusters from the server
 // binaries installed on the machine.
 //
+// Which build runs: PGQUE_PG_BINDIR names a bin directory; else
+// PGQUE_PG_VERSION names a major, looked up in the build cache that
+// scripts/fetch-postgres fills (PGQUE_PG_CACHE, default .cache/postgres in
+// the repository) and then in Debian's /usr/lib/postgresql/<major>/bin; else
+// pg_config's bin directory or the newest Debian one (15 in CI). A variable
+// that names no build is an error, never a fallback to another version.
+//
 // A cluster lives in a fresh temporary directory: initdb creates the data
 // directory inside it and the server listens only on a Unix socket in that
 // same directory (no TCP), so any number of clusters can run side by side

@@ -18,6 +18,10 @@
 // for every test. Settings made with ALTER DATABASE ... SET are not copied by
 // CREATE DATABASE, so the install script must not rely on them.
 //
+// The cluster runs the build that PGQUE_PG_VERSION or PGQUE_PG_BINDIR
+// chooses (see package pgcluster). Tests that need an extension some builds
+// lack call SkipWithoutExtension, which skips them naming the version.
+//
 // Tests that crash or restart the server get a private cluster from
 // NewCluster, so they never disturb the tests running beside them.
 package pgtest

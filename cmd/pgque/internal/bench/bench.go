@@ -86,7 +86,7 @@ type Report struct {
 // Environment describes the machine and server a Report was measured on.
 type Environment struct {
 	Server     string `json:"server"`     // version() of the server
-	Cluster    string `json:"cluster"`    // "throwaway (pgcluster)" or "external DSN"
+	Cluster    string `json:"cluster"`    // "throwaway (internal/pgcluster, <bin dir>)" or "external DSN"
 	CPUs       int    `json:"cpus"`       // runtime.NumCPU of the bench process
 	GoVersion  string `json:"go_version"` // runtime.Version
 	OS         string `json:"os"`         // GOOS/GOARCH

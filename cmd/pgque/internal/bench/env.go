@@ -178,7 +178,9 @@ func (e *env) describe(ctx context.Context) Environment {
 	env := hostEnvironment()
 	env.Cluster = "external DSN"
 	if e.cluster != nil {
-		env.Cluster = "throwaway (internal/pgcluster)"
+		// The bin directory says which build ran: Debian's, or one that
+		// PGQUE_PG_VERSION / PGQUE_PG_BINDIR chose.
+		env.Cluster = "throwaway (internal/pgcluster, " + e.cluster.BinDir() + ")"
 	}
 	conn, err := pgx.Connect(ctx, e.adminDSN)
 	if err != nil {

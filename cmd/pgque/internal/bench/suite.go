@@ -96,8 +96,16 @@ func (r *recorder) add(cse string, m measurement, unit string, t *target, note s
 }
 
 // compare records cse against reference ref (both in unit); the ratio is
-// cse / ref.
+// cse / ref. A reference that was not measured (PgQ on a server without
+// it) records no comparison: cse alone, without target, unless it already
+// has a row.
 func (r *recorder) compare(cse string, m measurement, ref string, rm measurement, unit string, t *target, note string) {
+	if len(rm.samples) == 0 {
+		if !slices.ContainsFunc(r.results, func(res Result) bool { return res.Case == cse }) {
+			r.add(cse, m, unit, nil, strings.TrimPrefix(note+"; "+ref+" was not run on this server", "; "))
+		}
+		return
+	}
 	res := Result{Case: cse, Value: m.value, Unit: unit, Samples: m.samples,
 		Reference: ref, RefValue: rm.value, Note: note}
 	if rm.value != 0 {

@@ -33,7 +33,7 @@ func runConsume(ctx context.Context, e *env, r *recorder) error {
 	if err != nil {
 		return err
 	}
-	q, err := newPgQ(ctx, e)
+	q, err := optionalPgQ(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -45,7 +45,7 @@ func runConsume(ctx context.Context, e *env, r *recorder) error {
 
 	n := pick(e, 3, 5)
 	batches := pick(e, 30, 100)
-	m, err := e.rounds(ctx, n,
+	m, err := e.rounds(ctx, n, withPgQ(q,
 		trial{"receive_ack", func(ctx context.Context) (float64, error) { return p.plainReadRate(ctx, batches, drainPlainRaw) }},
 		trial{"receive_jsonb_ack", func(ctx context.Context) (float64, error) { return p.plainReadRate(ctx, batches, drainPlain) }},
 		trial{"pgq_read_path", func(ctx context.Context) (float64, error) { return q.readRate(ctx, batches) }},
@@ -58,7 +58,7 @@ func runConsume(ctx context.Context, e *env, r *recorder) error {
 		trial{"go_partitioned_N1", func(ctx context.Context) (float64, error) {
 			return p.partitionedRate(ctx, client, 1, batches*batchSize, 0)
 		}},
-	)
+	)...)
 	if err != nil {
 		return err
 	}

@@ -2,8 +2,11 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +66,28 @@ func newPgQ(ctx context.Context, e *env) (*pgqRef, error) {
 		return nil, fmt.Errorf("setting up PgQ: %w", err)
 	}
 	return &pgqRef{pool: pool}, nil
+}
+
+// optionalPgQ is newPgQ for the suites where PgQ is one reference among
+// others: on a server without the extension (Debian packages it for 15
+// only) it returns nil, logs that the PgQ cases are left out, and the
+// suite measures the rest; withPgQ then drops the PgQ trials and the
+// recorder the comparisons with them.
+func optionalPgQ(ctx context.Context, e *env) (*pgqRef, error) {
+	q, err := newPgQ(ctx, e)
+	if errors.Is(err, errSkipped) {
+		e.logf("   PgQ cases left out: %v", err)
+		return nil, nil
+	}
+	return q, err
+}
+
+// withPgQ returns trials without those named pgq_* when q is nil.
+func withPgQ(q *pgqRef, trials ...trial) []trial {
+	if q != nil {
+		return trials
+	}
+	return slices.DeleteFunc(trials, func(t trial) bool { return strings.HasPrefix(t.name, "pgq_") })
 }
 
 // insertRate measures pgq.insert_event, one per transaction, on conns

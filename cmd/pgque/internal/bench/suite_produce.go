@@ -42,7 +42,7 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 		"select pgque.subscribe_slot('routed', 'workers', k, 16) from generate_series(0, 15) k"); err != nil {
 		return err
 	}
-	q, err := newPgQ(ctx, e)
+	q, err := optionalPgQ(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -62,13 +62,15 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 			if _, err := p.pool.Exec(ctx, "truncate pgque.event"); err != nil {
 				return 0, err
 			}
-			if _, err := q.pool.Exec(ctx, "truncate pgq.event_template"); err != nil {
-				return 0, err
+			if q != nil {
+				if _, err := q.pool.Exec(ctx, "truncate pgq.event_template"); err != nil {
+					return 0, err
+				}
 			}
 			return f(ctx)
 		}
 	}
-	m, err := e.rounds(ctx, n,
+	m, err := e.rounds(ctx, n, withPgQ(q,
 		trial{"send_1conn", empty(func(ctx context.Context) (float64, error) { return p.sendRate(ctx, 1, d) })},
 		trial{"floor_insert_1conn", func(ctx context.Context) (float64, error) { return f.insertRate(ctx, 1, d) }},
 		trial{"pgq_insert_event_1conn", empty(func(ctx context.Context) (float64, error) { return q.insertRate(ctx, 1, d) })},
@@ -86,7 +88,7 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 		trial{"floor_insert_select_1000", func(ctx context.Context) (float64, error) { return f.insertSelectRate(ctx, d) }},
 		trial{"pgq_insert_event_batch_1000", empty(func(ctx context.Context) (float64, error) { return q.batchRate(ctx, d) })},
 		trial{"go_send_batch_1000", empty(func(ctx context.Context) (float64, error) { return gc.sendBatchRate(ctx, d) })},
-	)
+	)...)
 	if err != nil {
 		return err
 	}

@@ -19,8 +19,9 @@ func (a *app) benchCommand() *cobra.Command {
 		Short: "Run the benchmarks and print their ratios",
 		Long: `Bench runs the benchmark suites (` + strings.Join(bench.SuiteNames(), ", ") + `) and prints
 each figure with its reference and ratio, measured in one run on one cluster.
-Without --dsn it starts a throwaway PostgreSQL from the local server binaries;
-with --dsn every suite works in its own fresh database on that server (the
+Without --dsn it starts a throwaway PostgreSQL from the local server binaries
+(PGQUE_PG_VERSION=<major> or PGQUE_PG_BINDIR=<dir> choose another build, see
+scripts/fetch-postgres; the report names the server version); with --dsn every suite works in its own fresh database on that server (the
 role needs CREATEDB; $PGQUE_DSN and $DATABASE_URL are not used). report.json
 and SVG charts go to --out ("-": none).`,
 		Args: exactArgs(),
