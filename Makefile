@@ -41,7 +41,7 @@ lint: ## Check formatting (gofmt), go vet, that every go.mod/go.sum is tidy, tha
 	$(GO) vet $(PKGS)
 	@scripts/tidy -check
 	@scripts/importcheck
-	@scripts/tssql -check
+	@scripts/tssql
 
 demo: deps ## Start a throwaway Postgres and run the multi-tenant workload end to end.
 	$(GO) run ./cmd/pgque demo

@@ -1,7 +1,8 @@
 // Installing and upgrading pgque's schema from the package.
 //
-// sql/pgque.sql is the Go installer's script, byte for byte (`pgque sql`
-// prints it; `make lint` fails when the copy is stale), so a database
+// sql/pgque.sql, written by the build from the repository's sql/
+// (scripts/bundle-sql.mjs), is the Go installer's script byte for byte
+// (`pgque sql` prints it; `make lint` fails when they differ), so a database
 // migrated from TypeScript is the same as one installed by `pgque install`
 // or pgquemigrate.Install, and either side can upgrade what the other
 // installed. migrate() applies it the way the Go installer does: in one
