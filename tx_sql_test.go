@@ -1,0 +1,154 @@
+package pgque_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgque/pgque"
+)
+
+// txTick sends nothing itself: it forces a tick so that what was sent
+// becomes a batch.
+func txTick(t *testing.T, env *testEnv) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "select pgque.force_next_tick($1)", env.queue); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "select pgque.ticker($1)", env.queue)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sqlState is err's SQLSTATE, or "" when it has none.
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// TestTxCompleteSQL runs the documented SQL call sequence: an effect and
+// complete_in_tx commit together; after a simulated crash before the ack the
+// chunk comes back, and completing a done event again is refused (PQ038)
+// and rolls its second effect back; a done event cannot be nacked; after the
+// ack the chunk's events are no longer completable (PQ039).
+func TestTxCompleteSQL(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	if _, err := env.pool.Exec(ctx, `create table effects (consumer text, ev_id bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.client.Subscribe(ctx, env.queue, "c"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	txTick(t, env)
+	receive := func() (int64, []int64) {
+		rows, err := env.pool.Query(ctx, `select batch_id, msg_id from pgque.receive_raw($1, 'c', 10, null)`, env.queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var batch int64
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&batch, &id); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return batch, ids
+	}
+	complete := func(batch, id int64) error {
+		return pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `insert into effects values ('c', $1)`, id); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `select pgque.complete_in_tx($1, 'c', $2, $3)`, env.queue, batch, id)
+			return err
+		})
+	}
+	effects := func(id int64) int {
+		var n int
+		if err := env.pool.QueryRow(ctx, `select count(*) from effects where ev_id = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	batch, ids := receive()
+	if len(ids) != 3 {
+		t.Fatalf("received %v, want 3 events", ids)
+	}
+	if err := complete(batch, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	// A crash here: the chunk was never acknowledged, so it comes back.
+	batch2, ids2 := receive()
+	if batch2 != batch || len(ids2) != 3 {
+		t.Fatalf("redelivery: batch %d %v, want batch %d and the same 3 events", batch2, ids2, batch)
+	}
+	if err := complete(batch, ids[0]); sqlState(err) != "PQ038" {
+		t.Fatalf("completing a done event again: %v, want PQ038", err)
+	}
+	if n := effects(ids[0]); n != 1 {
+		t.Fatalf("event %d has %d effects, want 1", ids[0], n)
+	}
+	if _, err := env.pool.Exec(ctx, `select pgque.nack($1, $2, '1 second')`, batch, ids[0]); sqlState(err) != "PQ038" {
+		t.Fatalf("nacking a done event: %v, want PQ038", err)
+	}
+	// REPEATABLE READ could see a stale chunk: refused.
+	err := pgx.BeginTxFunc(ctx, env.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `select pgque.complete_in_tx($1, 'c', $2, $3)`, env.queue, batch, ids[1])
+		return err
+	})
+	if sqlState(err) != "PQ011" {
+		t.Fatalf("completing in REPEATABLE READ: %v, want PQ011", err)
+	}
+	if err := complete(batch, ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.pool.Exec(ctx, `select pgque.ack($1)`, batch); err != nil {
+		t.Fatal(err)
+	}
+	if err := complete(batch, ids[2]); sqlState(err) != "PQ039" {
+		t.Fatalf("completing an event of an acknowledged chunk: %v, want PQ039", err)
+	}
+	for i, id := range ids {
+		want := 1
+		if i == 2 {
+			want = 0
+		}
+		if n := effects(id); n != want {
+			t.Errorf("event %d has %d effects, want %d", id, n, want)
+		}
+	}
+	// maint() flips the records of the finished batch away.
+	if _, err := env.pool.Exec(ctx, `select pgque.maint()`); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := env.pool.QueryRow(ctx, `select count(*) from pgque.event_done`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d completion records left after maint, want 0 (their batch is finished)", left)
+	}
+}
