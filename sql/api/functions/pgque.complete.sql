@@ -24,8 +24,8 @@ end;
 $$;
 
 -- _done_record(sub, batch, ev_id): appends the completion record, or raises
--- PQ038 when the event already has one for this batch (a redelivery of an
--- event whose handler committed). The whole table is locked (ROW EXCLUSIVE,
+-- PQ038 when the event already has one (a redelivery of an event whose
+-- handler committed). The whole table is locked (ROW EXCLUSIVE,
 -- which only a flip's ACCESS EXCLUSIVE conflicts with) before the
 -- generation is read, so a flip either waits for this transaction or has
 -- committed before it reads the generation: every record of an open batch
@@ -45,25 +45,26 @@ begin
     get diagnostics v_n = row_count;
     if v_n = 0 then
         raise exception using errcode = 'PQ038',
-            message = format('event %s of batch %s was already completed', i_ev_id, i_batch),
+            message = format('event %s was already completed', i_ev_id),
             hint = 'roll back: the event''s effects are committed already';
     end if;
 end;
 $$;
 
--- _refuse_done(sub, batch, ev_id): PQ038 when the event was completed in a
--- transaction in this batch. A nack of it must not schedule a retry: the
+-- _refuse_done(sub, ev_id): PQ038 when the event was completed in a
+-- transaction. A nack of it must not schedule a retry: the
 -- retry, in a later batch, would apply its effects a second time. The nack
 -- paths call it (one index probe, on failures only).
-create or replace function pgque._refuse_done(i_sub integer, i_batch bigint, i_ev_id bigint)
+drop function if exists pgque._refuse_done(integer, bigint, bigint);
+create or replace function pgque._refuse_done(i_sub integer, i_ev_id bigint)
 returns void language plpgsql volatile
 set search_path = pg_catalog, pg_temp
 as $$
 begin
     if exists (select 1 from pgque.event_done
-                where dn_sub = i_sub and dn_batch = i_batch and dn_ev_id = i_ev_id) then
+                where dn_sub = i_sub and dn_ev_id = i_ev_id) then
         raise exception using errcode = 'PQ038',
-            message = format('event %s of batch %s was completed in a transaction; it cannot be nacked', i_ev_id, i_batch);
+            message = format('event %s was completed in a transaction; it cannot be nacked', i_ev_id);
     end if;
 end;
 $$;
@@ -109,8 +110,12 @@ end;
 $$;
 
 -- _done_keep(gen): the completion records in generation gen still needed:
--- those of their subscription's open batch. A finished batch is never
--- delivered again, so its records are never consulted again.
+-- those of their subscription's open batch (which may be delivered again),
+-- and those of events with a held copy in deferred (a lane's key held
+-- across the chunk's ack: after a crash the copy is released, and the
+-- release drops copies of completed events, _resolve_block). A finished
+-- batch is never delivered again, and a completed event is never retried
+-- (nacks refuse it), so no other record is consulted again.
 create or replace function pgque._done_keep(i_gen integer)
 returns setof pgque.event_done language sql volatile
 set search_path = pg_catalog, pg_temp
@@ -118,8 +123,9 @@ as $$
     select d.*
       from pgque.event_done d
      where d.dn_gen = i_gen
-       and d.dn_batch = (select st.st_batch from pgque.sub_state st where st.st_sub = d.dn_sub
-                          order by st.st_seq desc limit 1)
+       and (d.dn_batch = (select st.st_batch from pgque.sub_state st where st.st_sub = d.dn_sub
+                           order by st.st_seq desc limit 1)
+            or exists (select 1 from pgque.deferred x where x.ev_owner = d.dn_sub and x.ev_id = d.dn_ev_id))
 $$;
 
 -- _done_flip(): retires the current completion generation, keeping the

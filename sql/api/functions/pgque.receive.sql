@@ -74,7 +74,7 @@ as $$
 begin
     perform pgque._authorize_batch(i_batch_id, 'consume'); -- access check
     perform pgque._refuse_slot((pgque._batch(i_batch_id)).sub_name);
-    perform pgque._refuse_done((i_batch_id % 1048576)::integer, i_batch_id, i_msg_id);
+    perform pgque._refuse_done((i_batch_id % 1048576)::integer, i_msg_id);
     return pgque._event_retry(i_batch_id, i_msg_id, i_retry_after, i_reason);
 end;
 $$;

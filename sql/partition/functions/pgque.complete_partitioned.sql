@@ -8,13 +8,15 @@
 -- caller's transaction. It proves the lease as ack_partitioned does
 -- (PQ085: the token does not prove the lease; PQ032: the chunk was
 -- received under an older epoch; PQ035: the chunk was acknowledged
--- already) and then keeps a share lock on the lease row until the
+-- already, unless the event's key is held by this epoch: a key lane's
+-- event that runs on after the chunk's ack) and then keeps a share lock on the lease row until the
 -- transaction ends: a takeover, which updates that row, waits for it, so
 -- a worker that lost its lease cannot commit and one that commits still
 -- held it. PQ038 when the event was completed already. Call it last, just
 -- before COMMIT (the lease's receives, acks and renewals wait for the
 -- lock); roll back on any error. READ COMMITTED only (PQ011). Tables:
--- slot_lease (share lock), sub_state (read), event_done (insert).
+-- slot_lease (share lock), sub_state, deferred, key_block (read),
+-- event_done (insert).
 create or replace function pgque.complete_partitioned_in_tx(i_queue text, i_consumer text, i_slot integer,
                                                             i_nslots integer, i_worker text, i_token uuid,
                                                             i_epoch bigint, i_batch_id bigint, i_msg_id bigint)
@@ -41,7 +43,15 @@ begin
         l := pgque._lease(i_queue, i_consumer, i_slot); -- raises the error that says why
     end if;
     perform pgque._refuse_unproved(l, i_worker, i_token);
-    perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
+    -- A held key's event (its lane runs on after the chunk's ack) is
+    -- proved by the hold its epoch took; any other by the chunk.
+    if i_epoch is distinct from l.sl_epoch
+       or not exists (select 1 from pgque.deferred d
+                        join pgque.key_block b on b.kb_sub = d.ev_owner and b.kb_kid = d.ev_group
+                       where d.ev_owner = l.sl_sub and d.ev_id = i_msg_id
+                         and b.kb_state = 'inflight' and b.kb_epoch = i_epoch) then
+        perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
+    end if;
     perform pgque._done_record(l.sl_sub, i_batch_id, i_msg_id);
 end;
 $$;

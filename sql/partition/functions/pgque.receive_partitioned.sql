@@ -381,7 +381,7 @@ begin
             message = format('event %s is not in the chunk slot %s handed out last of batch %s', i_msg_id, i_slot, v_batch);
     end if;
     close c;
-    perform pgque._refuse_done(l.sl_sub, v_batch, i_msg_id);
+    perform pgque._refuse_done(l.sl_sub, i_msg_id);
     v_retried := pgque._event_retry(v_batch, i_msg_id, i_retry_after, i_reason);
     if v_pause then
         perform pgque._pause_on_nack(l, i_nslots, v_batch, i_msg_id, v_key, v_retried = 1, i_reason);
