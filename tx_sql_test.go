@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // txTick sends nothing itself: it forces a tick so that what was sent
@@ -151,4 +152,115 @@ func TestTxCompleteSQL(t *testing.T) {
 	if left != 0 {
 		t.Errorf("%d completion records left after maint, want 0 (their batch is finished)", left)
 	}
+}
+
+// TestTxExactlyOnceHeldHorizon completes 10 000 events in their handlers'
+// transactions while a REPEATABLE READ snapshot holds the xmin horizon:
+// the dead tuples in pgque's tables are the same after 1 000 events as
+// after 10 000 (completion records are only inserted, and maint() reclaims
+// them by TRUNCATE), and every event has its effect once.
+func TestTxExactlyOnceHeldHorizon(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	conn := pgtest.Conn(t, env.dsn)
+	if _, err := conn.Exec(ctx, `create table effects (ev_id bigint primary key)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `select pgque.subscribe($1, 'c')`, env.queue); err != nil {
+		t.Fatal(err)
+	}
+	holder := pgtest.Conn(t, env.dsn)
+	htx, err := holder.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer htx.Rollback(ctx)
+	if _, err := htx.Exec(ctx, "select pg_catalog.txid_current()"); err != nil {
+		t.Fatal(err)
+	}
+	events := 0
+	run := func(upto int) int64 {
+		for events < upto {
+			if _, err := conn.Exec(ctx, `select pgque.send_batch($1, 'n', array_fill('{}'::jsonb, array[100]), null)`, env.queue); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(ctx, `select pgque.force_next_tick($1)`, env.queue); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(ctx, `select pgque.ticker($1)`, env.queue); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := conn.Query(ctx, `select batch_id, msg_id from pgque.receive_raw($1, 'c', 1000, null)`, env.queue)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var batch int64
+			var ids []int64
+			for rows.Next() {
+				var id int64
+				if err := rows.Scan(&batch, &id); err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, id)
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if len(ids) != 100 {
+				t.Fatalf("received %d events, want 100", len(ids))
+			}
+			for _, id := range ids {
+				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `insert into effects values ($1)`, id); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, `select pgque.complete_in_tx($1, 'c', $2, $3)`, env.queue, batch, id)
+					return err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := conn.Exec(ctx, `select pgque.ack($1)`, batch); err != nil {
+				t.Fatal(err)
+			}
+			events += len(ids)
+		}
+		if _, err := conn.Exec(ctx, "select pgque.maint()"); err != nil {
+			t.Fatal(err)
+		}
+		return pgqueDeadTuples(t, conn)
+	}
+	dead1 := run(1000)
+	dead2 := run(10000)
+	var live int
+	if err := conn.QueryRow(ctx, `select count(*) from pgque.event_done`).Scan(&live); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dead tuples in pgque tables under a held horizon: %d after 1000 events, %d after 10000; %d completion records live after maint",
+		dead1, dead2, live)
+	if dead2 > dead1+20 {
+		t.Errorf("dead tuples grew with the events completed: %d after 1000, %d after 10000", dead1, dead2)
+	}
+	if live != 0 {
+		t.Errorf("%d completion records of finished batches survived maint()", live)
+	}
+}
+
+// pgqueDeadTuples sums the dead tuples of schema pgque's tables; conn must
+// be the connection that did the work (its statistics are flushed first).
+func pgqueDeadTuples(t *testing.T, conn *pgx.Conn) int64 {
+	t.Helper()
+	ctx := context.Background()
+	var n int64
+	err := conn.QueryRow(ctx, `select pg_catalog.pg_stat_force_next_flush(), pg_catalog.pg_stat_clear_snapshot()`).Scan(nil, nil)
+	if err == nil {
+		err = conn.QueryRow(ctx, `select coalesce(sum(pg_catalog.pg_stat_get_dead_tuples(c.oid)), 0)::bigint
+			from pg_catalog.pg_class c where c.relnamespace = 'pgque'::regnamespace and c.relkind = 'r'`).Scan(&n)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
