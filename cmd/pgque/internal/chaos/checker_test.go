@@ -290,3 +290,35 @@ func TestCheckAcrossResize(t *testing.T) {
 	b.h.Attempts[3].EvID, b.h.Attempts[2].EvID = 12, 14 // a's order broken across the change
 	mustFlag(t, &b.h, GG1, "out of ev_id order")
 }
+
+// A Tx run's effects: exactly one per committed event, none for a dead
+// letter; a duplicate, a missing effect and a dead letter's effect are
+// each a violation of GuaranteeEffects.
+func TestCheckEffects(t *testing.T) {
+	h := cleanHistory("pause").h
+	h.Tx = true
+	h.Effects = map[int64]int{}
+	dead := map[int64]bool{}
+	for _, d := range h.DeadLetters {
+		dead[d.EvID] = true
+	}
+	for _, c := range h.Committed {
+		if !dead[c.EvID] {
+			h.Effects[c.EvID] = 1
+		}
+	}
+	if r := Check(&h); r.ByGuarantee[GuaranteeEffects] != 0 {
+		t.Fatalf("clean effects: %v", r.Violations)
+	}
+	h.Effects[10] = 2
+	h.Effects[11] = 0
+	for ev := range dead {
+		h.Effects[ev] = 1
+	}
+	r := Check(&h)
+	want := 2 + len(dead)
+	if got := r.ByGuarantee[GuaranteeEffects]; got != want || r.EffectDuplicates != 1 || r.EffectsMissing != 1 {
+		t.Fatalf("%d effect violations (%d duplicates, %d missing), want %d (1, 1): %v",
+			got, r.EffectDuplicates, r.EffectsMissing, want, r.Violations)
+	}
+}
