@@ -29,6 +29,31 @@ func txTick(t *testing.T, env *testEnv) {
 	}
 }
 
+// receiveIDs receives consumer c's next chunk of queue through
+// receive_raw and returns its batch and event ids.
+func receiveIDs(t *testing.T, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, queue string) (int64, []int64) {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `select batch_id, msg_id from pgque.receive_raw($1, 'c', 1000, null)`, queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch int64
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&batch, &id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return batch, ids
+}
+
 // sqlState is err's SQLSTATE, or "" when it has none.
 func sqlState(err error) string {
 	var pgErr *pgconn.PgError
@@ -59,25 +84,7 @@ func TestTxCompleteSQL(t *testing.T) {
 		}
 	}
 	txTick(t, env)
-	receive := func() (int64, []int64) {
-		rows, err := env.pool.Query(ctx, `select batch_id, msg_id from pgque.receive_raw($1, 'c', 10, null)`, env.queue)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var batch int64
-		var ids []int64
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&batch, &id); err != nil {
-				t.Fatal(err)
-			}
-			ids = append(ids, id)
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return batch, ids
-	}
+	receive := func() (int64, []int64) { return receiveIDs(t, env.pool, env.queue) }
 	complete := func(batch, id int64) error {
 		return pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `insert into effects values ('c', $1)`, id); err != nil {
@@ -191,22 +198,7 @@ func TestTxExactlyOnceHeldHorizon(t *testing.T) {
 			if _, err := conn.Exec(ctx, `select pgque.ticker($1)`, env.queue); err != nil {
 				t.Fatal(err)
 			}
-			rows, err := conn.Query(ctx, `select batch_id, msg_id from pgque.receive_raw($1, 'c', 1000, null)`, env.queue)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var batch int64
-			var ids []int64
-			for rows.Next() {
-				var id int64
-				if err := rows.Scan(&batch, &id); err != nil {
-					t.Fatal(err)
-				}
-				ids = append(ids, id)
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
+			batch, ids := receiveIDs(t, conn, env.queue)
 			if len(ids) != 100 {
 				t.Fatalf("received %d events, want 100", len(ids))
 			}
