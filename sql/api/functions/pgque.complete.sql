@@ -25,13 +25,16 @@ $$;
 
 -- _done_record(sub, batch, ev_id): appends the completion record, or raises
 -- PQ038 when the event already has one (a redelivery of an event whose
--- handler committed). The whole table is locked (ROW EXCLUSIVE,
--- which only a flip's ACCESS EXCLUSIVE conflicts with) before the
--- generation is read, so a flip either waits for this transaction or has
--- committed before it reads the generation: every record of an open batch
--- is in one generation, and its unique index sees any duplicate. A
--- concurrent duplicate waits for the first writer and is refused once that
--- one commits. Tables: event_done (insert).
+-- handler committed). The record is looked for in both generations: a
+-- crash can move the generation without a flip (a sequence is WAL-logged
+-- ahead, so its value after recovery may have the other parity). The
+-- whole table is locked (ROW EXCLUSIVE, which only a flip's ACCESS
+-- EXCLUSIVE conflicts with) before that, so a flip either waits for this
+-- transaction or committed before the lookup. A concurrent duplicate
+-- (same generation: the generation changes only at a flip, which waits
+-- for both, or at a crash, which ends both) waits on the unique index for
+-- the first writer and is refused once that one commits. Tables:
+-- event_done (read, insert).
 create or replace function pgque._done_record(i_sub integer, i_batch bigint, i_ev_id bigint)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -40,9 +43,13 @@ declare
     v_n integer;
 begin
     lock table pgque.event_done in row exclusive mode;
-    insert into pgque.event_done (dn_sub, dn_batch, dn_ev_id) values (i_sub, i_batch, i_ev_id)
-    on conflict do nothing;
-    get diagnostics v_n = row_count;
+    if exists (select 1 from pgque.event_done where dn_sub = i_sub and dn_ev_id = i_ev_id) then
+        v_n := 0;
+    else
+        insert into pgque.event_done (dn_sub, dn_batch, dn_ev_id) values (i_sub, i_batch, i_ev_id)
+        on conflict do nothing;
+        get diagnostics v_n = row_count;
+    end if;
     if v_n = 0 then
         raise exception using errcode = 'PQ038',
             message = format('event %s was already completed', i_ev_id),

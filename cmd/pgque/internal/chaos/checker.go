@@ -156,13 +156,13 @@ func (c *check) checkEffects(r *Report) {
 		_, dead := c.dead[e.EvID]
 		switch {
 		case dead && n != 0:
-			r.flag(GuaranteeEffects, e.Key, e.EvID, "dead-lettered, yet %d effects committed", n)
+			r.flag(GuaranteeEffects, e.Key, e.EvID, "effect of a dead letter: %d", n)
 		case !dead && n == 0:
 			r.EffectsMissing++
 			r.flag(GuaranteeEffects, e.Key, e.EvID, "no effect committed")
 		case n > 1:
 			r.EffectDuplicates++
-			r.flag(GuaranteeEffects, e.Key, e.EvID, "%d effects committed", n)
+			r.flag(GuaranteeEffects, e.Key, e.EvID, "effect applied more than once: %d", n)
 		}
 	}
 }
