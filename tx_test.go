@@ -343,3 +343,74 @@ func (o *resultObserver) HandleEnd(_ context.Context, _ *pgque.Message, r pgque.
 	default:
 	}
 }
+
+// TestTxLanesHeldKeyCompletes holds a slow key's lane across its chunk's
+// acknowledgement (the slot moves on with the other keys) and then lets
+// it finish: its transactional completion, made after the ack, is proved
+// by the hold and commits once; nothing is retried or applied twice.
+func TestTxLanesHeldKeyCompletes(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	effectsTable(t, env)
+	startFastTicker(t, env.client)
+	gate := make(chan struct{})
+	stuck := make(chan struct{})
+	var mu sync.Mutex
+	slowRuns := 0
+	startProcess(t, env, pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "w", BatchSize: 50,
+		PollInterval: 50 * time.Millisecond,
+		HandlerTx: func(ctx context.Context, tx pgx.Tx, m *pgque.Message) error {
+			if _, err := tx.Exec(ctx, `insert into effects values ($1, 'w')`, m.ID); err != nil {
+				return err
+			}
+			if m.PartitionKey == "slow" {
+				mu.Lock()
+				slowRuns++
+				first := slowRuns == 1
+				mu.Unlock()
+				if first {
+					close(stuck)
+					select {
+					case <-gate:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+			}
+			return nil
+		},
+	})
+	sent := sendSeq(t, env, []string{"slow"}, 3)
+	select {
+	case <-stuck:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the slow key was not delivered")
+	}
+	others := make([]string, 20)
+	for i := range others {
+		others[i] = fmt.Sprintf("k%d", i)
+	}
+	for range 3 {
+		sent = merge(sent, sendSeq(t, env, others, 2))
+	}
+	ctx := context.Background()
+	waitFor(t, 60*time.Second, "the other keys' effects while the slow key is held", func() bool {
+		var n int
+		if err := env.pool.QueryRow(ctx, `select count(*) from effects`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == len(sent)-3
+	})
+	close(gate)
+	var ids []int64
+	for id := range sent {
+		ids = append(ids, id)
+	}
+	checkExactlyOnce(t, env, ids)
+	mu.Lock()
+	defer mu.Unlock()
+	if slowRuns != 3 {
+		t.Errorf("the slow key's handler ran %d times for its 3 events (a held completion failed and was retried?)", slowRuns)
+	}
+}
