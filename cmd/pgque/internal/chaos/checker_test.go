@@ -322,3 +322,22 @@ func TestCheckEffects(t *testing.T) {
 			got, r.EffectDuplicates, r.EffectsMissing, want, r.Violations)
 	}
 }
+
+// In a Tx run an event's first delivery can fail before the handler body
+// records it; its first recorded run then has a retry count and comes after
+// later events of the key. That is not a G1 violation there, and still is
+// in a run without Tx.
+func TestCheckG1TxUnrecordedFirstDelivery(t *testing.T) {
+	b := newHB("skip")
+	b.try("w1", 1, "a", 10, 0, OutcomeOK, 0, 1).
+		try("w1", 1, "a", 14, 0, OutcomeOK, 10, 11).
+		try("w1", 1, "a", 12, 1, OutcomeOK, 20, 21).
+		try("w2", 1, "b", 11, 0, OutcomeOK, 0, 1).
+		try("w2", 1, "b", 13, 0, OutcomeOK, 2, 3)
+	if r := Check(&b.h); r.ByGuarantee[GG1] != 1 {
+		t.Fatalf("without Tx: %d G1 violations, want 1: %v", r.ByGuarantee[GG1], r.Violations)
+	}
+	b.h.Tx = true
+	b.h.Effects = map[int64]int{10: 1, 11: 1, 12: 1, 13: 1, 14: 1}
+	mustPass(t, &b.h)
+}
