@@ -35,7 +35,10 @@ func (c *Client) NewConsumer(config *ConsumerConfig) (*Consumer, error) {
 	}
 	cfg := config.withDefaults()
 	con := &Consumer{client: c, config: cfg}
-	con.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics,
+	complete := func(ctx context.Context, q *dbq.Queries, m *Message) error {
+		return q.CompleteInTx(ctx, cfg.Queue, cfg.Consumer, m.BatchID, m.ID)
+	}
+	con.invoker = invoker{handler: handlerOf(cfg.Handler, cfg.HandlerTx, c.pool, complete), queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics,
 		observer: c.config.Observer, timeout: cfg.HandlerTimeout, inFlight: &inFlight{}}
 	con.service.Running = con.invoker.inFlight.list
 	con.settler = settler{

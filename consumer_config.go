@@ -24,8 +24,13 @@ type ConsumerConfig struct {
 	// Consumer is the subscription name. Required; Start subscribes it if
 	// needed (a new subscription starts at the queue's latest tick).
 	Consumer string
-	// Handler processes each message. Required.
+	// Handler processes each message. Exactly one of Handler and HandlerTx
+	// is required.
 	Handler HandlerFunc
+	// HandlerTx processes each message in a transaction whose writes commit
+	// together with the event's completion (exactly-once effects, see
+	// HandlerTxFunc). Exactly one of Handler and HandlerTx is required.
+	HandlerTx HandlerTxFunc
 	// BatchSize is the maximum number of events per chunk. Default
 	// BatchSizeDefault.
 	BatchSize int
@@ -64,8 +69,10 @@ func (c *ConsumerConfig) validate() error {
 		return invalidConfig("ConsumerConfig.Queue is empty")
 	case c.Consumer == "":
 		return invalidConfig("ConsumerConfig.Consumer is empty")
-	case c.Handler == nil:
-		return invalidConfig("ConsumerConfig.Handler is nil")
+	case c.Handler == nil && c.HandlerTx == nil:
+		return invalidConfig("ConsumerConfig.Handler and HandlerTx are nil: set one")
+	case c.Handler != nil && c.HandlerTx != nil:
+		return invalidConfig("ConsumerConfig.Handler and HandlerTx are both set: set one")
 	case checkText(c.Queue, NameMaxBytes) != "":
 		return invalidConfig("ConsumerConfig.Queue %s", checkText(c.Queue, NameMaxBytes))
 	case checkText(c.Consumer, NameMaxBytes) != "":

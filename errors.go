@@ -123,6 +123,8 @@ var sqlstates = map[string]error{
 	"PQ085": ErrLeaseLost,
 	"PQ036": ErrKeyNotBlocked,
 	"PQ037": ErrKeyBusy,
+	"PQ038": ErrAlreadyCompleted,
+	"PQ039": ErrAlreadyCompleted,
 	"PQ040": ErrDeadLetterNotFound,
 	"PQ070": ErrResizeInProgress,
 	"PQ071": ErrSlotNotSubscribed,

@@ -288,6 +288,7 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
 	for _, m := range msgs {
 		m.NSlots = lease.NSlots
+		m.token = lease.Token
 	}
 	// The chunk's nacks, ack and holds prove which chunk they settle.
 	delivery := dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}

@@ -3,6 +3,8 @@ package pgque
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/pgque/pgque/internal/dbq"
 )
 
 // Message is one delivered event, as a handler sees it.
@@ -57,6 +59,9 @@ type Message struct {
 	// keyed is set when the event has a key, even an empty one (only SQL
 	// can send the empty key; Go sends "" as the NULL key).
 	keyed bool
+	// token is the slot lease's token the event was received under
+	// (partitioned consumers only): a HandlerTx's completion presents it.
+	token dbq.LeaseToken
 }
 
 // Key returns the event's partition key, the NULL key when it was sent

@@ -151,8 +151,14 @@ type PartitionedConsumerConfig struct {
 	// be exceeded, the slot does not fetch. Default MaxEventsPerSlotFactor
 	// × BatchSize; at least BatchSize.
 	MaxEventsPerSlot int
-	// Handler processes each message. Required.
+	// Handler processes each message. Exactly one of Handler and HandlerTx
+	// is required.
 	Handler HandlerFunc
+	// HandlerTx processes each message in a transaction whose writes commit
+	// together with the event's completion, fenced by the slot's lease
+	// (exactly-once effects, see HandlerTxFunc): a worker that lost the
+	// lease cannot commit. Exactly one of Handler and HandlerTx is required.
+	HandlerTx HandlerTxFunc
 	// HandlerTimeout, when positive, bounds each handler call as in
 	// ConsumerConfig.HandlerTimeout. Zero means no timeout.
 	HandlerTimeout time.Duration
@@ -225,8 +231,10 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig.Queue is empty")
 	case c.Consumer == "":
 		return invalidConfig("PartitionedConsumerConfig.Consumer is empty")
-	case c.Handler == nil:
-		return invalidConfig("PartitionedConsumerConfig.Handler is nil")
+	case c.Handler == nil && c.HandlerTx == nil:
+		return invalidConfig("PartitionedConsumerConfig.Handler and HandlerTx are nil: set one")
+	case c.Handler != nil && c.HandlerTx != nil:
+		return invalidConfig("PartitionedConsumerConfig.Handler and HandlerTx are both set: set one")
 	case checkText(c.Queue, NameMaxBytes) != "":
 		return invalidConfig("PartitionedConsumerConfig.Queue %s", checkText(c.Queue, NameMaxBytes))
 	case checkText(c.Consumer, NameMaxBytes) != "":

@@ -73,7 +73,11 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	if cfg.MaxWorkersPerSlot > 1 {
 		work = pc.workLanes
 	}
-	pc.invoker = invoker{handler: cfg.Handler, queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics,
+	complete := func(ctx context.Context, q *dbq.Queries, m *Message) error {
+		d := dbq.Delivery{Epoch: m.Epoch, BatchID: m.BatchID, MsgID: m.ID}
+		return q.CompleteDelivery(ctx, cfg.Queue, cfg.Consumer, m.Slot, m.NSlots, cfg.WorkerID, m.token, d, m.ID)
+	}
+	pc.invoker = invoker{handler: handlerOf(cfg.Handler, cfg.HandlerTx, c.pool, complete), queue: cfg.Queue, consumer: cfg.Consumer, logger: c.logger, metrics: c.metrics,
 		observer: c.config.Observer, timeout: cfg.HandlerTimeout, inFlight: &inFlight{}}
 	pc.service.Running = pc.invoker.inFlight.list
 	pc.pool = workerpool.New(workerpool.Config{
@@ -204,6 +208,7 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
 	for _, m := range msgs {
 		m.NSlots = lease.NSlots
+		m.token = lease.Token
 	}
 	// The settling calls prove which chunk they settle (fencing at the SQL
 	// level, not only in this process).

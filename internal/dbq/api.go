@@ -186,3 +186,11 @@ func jsonbPayload(b []byte) []byte {
 	}
 	return b
 }
+
+// CompleteInTx calls pgque.complete_in_tx(queue, consumer, batch_id,
+// msg_id): q must run over the handler's transaction.
+func (q *Queries) CompleteInTx(ctx context.Context, queue, consumer string, batchID, msgID int64) error {
+	_, err := q.db.Exec(ctx, `select pgque.complete_in_tx($1::pg_catalog.text, $2::pg_catalog.text, $3::bigint, $4::bigint)`,
+		queue, consumer, batchID, msgID)
+	return err
+}

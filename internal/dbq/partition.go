@@ -303,3 +303,13 @@ func (q *Queries) AnnounceWorker(ctx context.Context, queue, consumer, worker st
 		return p, err
 	})
 }
+
+// CompleteDelivery calls the fenced pgque.complete_partitioned_in_tx(queue,
+// consumer, slot, nslots, worker, token, epoch, batch_id, msg_id): msgID is
+// the event completed, d the chunk it was received in. q must run over the
+// handler's transaction.
+func (q *Queries) CompleteDelivery(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, d Delivery, msgID int64) error {
+	_, err := q.db.Exec(ctx, `select pgque.complete_partitioned_in_tx($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::bigint, $8::bigint, $9::bigint)`,
+		queue, consumer, slot, nslots, worker, token, d.Epoch, d.BatchID, msgID)
+	return err
+}

@@ -20,7 +20,8 @@ grant execute on function
     pgque.receive(text, text, integer),
     pgque.receive_raw(text, text, integer, bigint),
     pgque.ack(bigint),
-    pgque.nack(bigint, bigint, interval, text)
+    pgque.nack(bigint, bigint, interval, text),
+    pgque.complete_in_tx(text, text, bigint, bigint)
     to pgque_reader, pgque_admin;
 
 -- Table attachment: attach_table/detach_table run as their caller (who

@@ -15,6 +15,7 @@ grant execute on function
     pgque.ack_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, bigint),
     pgque.nack_partitioned(text, text, integer, integer, text, uuid, bigint, interval, text),
     pgque.nack_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, bigint, interval, text),
+    pgque.complete_partitioned_in_tx(text, text, integer, integer, text, uuid, bigint, bigint, bigint),
     pgque.slot_of(text, integer),
     pgque.announce_worker(text, text, text, boolean, integer[], interval),
     pgque.hold_key_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, text, bigint),

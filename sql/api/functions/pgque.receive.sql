@@ -65,6 +65,7 @@ $$;
 -- to this consumer only after retry_after, or dead-letter it once it has
 -- been retried max_retries times (the reason is kept with it). Returns 1
 -- when retried, 0 when dead-lettered. The chunk must still be acked.
+-- PQ038 when the event was completed in a transaction (complete_in_tx).
 create or replace function pgque.nack(i_batch_id bigint, i_msg_id bigint, i_retry_after interval,
                                       i_reason text default null)
 returns integer language plpgsql security definer
@@ -73,6 +74,7 @@ as $$
 begin
     perform pgque._authorize_batch(i_batch_id, 'consume'); -- access check
     perform pgque._refuse_slot((pgque._batch(i_batch_id)).sub_name);
+    perform pgque._refuse_done((i_batch_id % 1048576)::integer, i_msg_id);
     return pgque._event_retry(i_batch_id, i_msg_id, i_retry_after, i_reason);
 end;
 $$;

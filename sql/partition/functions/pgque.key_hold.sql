@@ -151,6 +151,11 @@ begin
             raise exception using errcode = 'PQ022',
                 message = format('event %s is not held for key %s', i_failed[i], coalesce(quote_literal(i_key), 'NULL'));
         end if;
+        if exists (select 1 from pgque.event_done dn where dn.dn_sub = l.sl_sub and dn.dn_ev_id = d.ev_id) then
+            -- Completed in a transaction (complete_partitioned_in_tx) whose
+            -- COMMIT the worker saw fail: the event is done, not retried.
+            continue;
+        end if;
         if i_retry_after[i] is null or pgque._retries(d.ev_retry) >= q.queue_max_retries then
             insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_retry,
                                            ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)

@@ -62,6 +62,9 @@ begin
         select m.ev_id, m.ev_time, q.queue_id * 16 + q.queue_cur_table, m.ev_owner, m.ev_retry,
                m.ev_type, m.ev_data, m.ev_extra1, m.ev_extra2, m.ev_extra3, m.ev_extra4
           from moved m join pgque.queue q on q.queue_id = m.ev_queue
+         -- A held event its lane completed in a transaction is done: its
+         -- copy is dropped, not delivered again.
+         where not exists (select 1 from pgque.event_done dn where dn.dn_sub = m.ev_owner and dn.dn_ev_id = m.ev_id)
         returning ev_id
     )
     select count(*), max(ins.ev_id) into v_count, v_max from ins;

@@ -347,7 +347,7 @@ end;
 $$;
 
 -- _nack_slot(lease, slot, nslots, msg_id, retry_after, reason): the nack of
--- both forms.
+-- both forms. PQ038 when the event was completed in a transaction.
 create or replace function pgque._nack_slot(l pgque.slot_lease, i_slot integer, i_nslots integer,
                                             i_msg_id bigint, i_retry_after interval, i_reason text)
 returns integer language plpgsql
@@ -381,6 +381,7 @@ begin
             message = format('event %s is not in the chunk slot %s handed out last of batch %s', i_msg_id, i_slot, v_batch);
     end if;
     close c;
+    perform pgque._refuse_done(l.sl_sub, i_msg_id);
     v_retried := pgque._event_retry(v_batch, i_msg_id, i_retry_after, i_reason);
     if v_pause then
         perform pgque._pause_on_nack(l, i_nslots, v_batch, i_msg_id, v_key, v_retried = 1, i_reason);

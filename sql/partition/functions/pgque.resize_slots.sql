@@ -223,6 +223,9 @@ begin
     select v_new[pgque.slot_of(m.ev_extra1, v_m) + 1], m.ev_id, m.ev_queue, m.ev_retry_after, m.ev_time, m.ev_retry,
            m.ev_type, m.ev_data, m.ev_extra1, m.ev_extra2, m.ev_extra3, m.ev_extra4
       from moved m
+     -- A held copy of an event completed in a transaction (complete_in_tx)
+     -- is done: it is dropped, not handed to the new slot.
+     where not exists (select 1 from pgque.event_done dn where dn.dn_sub = m.ev_owner and dn.dn_ev_id = m.ev_id)
     on conflict (ev_owner, ev_id) do nothing;
 
     with moved as (

@@ -31,17 +31,22 @@ func (v Violation) String() string {
 
 // Report is the checker's verdict with the figures of the run.
 type Report struct {
-	Committed    int `json:"committed"`
-	DeadLettered int `json:"dead_lettered"`
-	Keys         int `json:"keys"`
-	Attempts     int `json:"attempts"`  // handler bodies run (skipped records excluded)
-	Successes    int `json:"successes"` // attempts with outcome ok
-	Skipped      int `json:"skipped"`   // pause: bodies not run behind a failed head in the chunk
-	Errors       int `json:"errors"`    // injected handler errors
-	Panics       int `json:"panics"`    // injected handler panics
-	Cancelled    int `json:"cancelled"` // handlers whose context ended (lease lost, shutdown)
-	Unfinished   int `json:"unfinished"`
-	Retries      int `json:"retries"` // attempts with retry_count > 0
+	Committed int `json:"committed"`
+	// Effects, EffectDuplicates and EffectsMissing: Tx runs only (see
+	// GuaranteeEffects).
+	Effects          int `json:"effects,omitempty"`
+	EffectDuplicates int `json:"effect_duplicates,omitempty"`
+	EffectsMissing   int `json:"effects_missing,omitempty"`
+	DeadLettered     int `json:"dead_lettered"`
+	Keys             int `json:"keys"`
+	Attempts         int `json:"attempts"`  // handler bodies run (skipped records excluded)
+	Successes        int `json:"successes"` // attempts with outcome ok
+	Skipped          int `json:"skipped"`   // pause: bodies not run behind a failed head in the chunk
+	Errors           int `json:"errors"`    // injected handler errors
+	Panics           int `json:"panics"`    // injected handler panics
+	Cancelled        int `json:"cancelled"` // handlers whose context ended (lease lost, shutdown)
+	Unfinished       int `json:"unfinished"`
+	Retries          int `json:"retries"` // attempts with retry_count > 0
 	// Redeliveries are attempts that repeat an (ev_id, retry_count) already
 	// attempted: the earlier chunk was never acknowledged (crash, fencing,
 	// connection lost before the ack committed).
@@ -128,10 +133,38 @@ func Check(h *History) *Report {
 	if h.Policy == "pause" {
 		c.checkG3(r)
 	}
+	if h.Tx {
+		c.checkEffects(r)
+	}
 	slices.SortStableFunc(r.Violations, func(a, b Violation) int {
 		return cmp.Or(cmp.Compare(a.Guarantee, b.Guarantee), cmp.Compare(a.Key, b.Key), cmp.Compare(a.EvID, b.EvID))
 	})
 	return r
+}
+
+// GuaranteeEffects is the transactional handlers' guarantee: every
+// committed event's effect exists exactly once per consumer (none for a
+// dead-lettered event, whose every attempt failed and rolled back).
+const GuaranteeEffects = "exactly-once effects"
+
+// checkEffects checks GuaranteeEffects against the effect rows counted at
+// the end of a Tx run.
+func (c *check) checkEffects(r *Report) {
+	for _, e := range c.h.Committed {
+		n := c.h.Effects[e.EvID]
+		r.Effects += n
+		_, dead := c.dead[e.EvID]
+		switch {
+		case dead && n != 0:
+			r.flag(GuaranteeEffects, e.Key, e.EvID, "effect of a dead letter: %d", n)
+		case !dead && n == 0:
+			r.EffectsMissing++
+			r.flag(GuaranteeEffects, e.Key, e.EvID, "no effect committed")
+		case n > 1:
+			r.EffectDuplicates++
+			r.flag(GuaranteeEffects, e.Key, e.EvID, "effect applied more than once: %d", n)
+		}
+	}
 }
 
 type check struct {
@@ -340,6 +373,13 @@ func (c *check) checkG1(r *Report) {
 				continue
 			}
 			first[iv.EvID] = true
+			// In a Tx run a delivery can fail before the handler body runs
+			// and records it (BEGIN or the effect's insert lost its
+			// connection): a first recorded run with a retry count is not
+			// the first delivery, which was in order, and is not checked.
+			if c.h.Tx && iv.Retry > 0 {
+				continue
+			}
 			if iv.EvID < last {
 				r.flag(GG1, key, iv.EvID, "first delivered at %s after ev %d was first delivered (out of ev_id order)",
 					iv.Start.Format(time.RFC3339Nano), last)

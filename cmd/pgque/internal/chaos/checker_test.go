@@ -290,3 +290,54 @@ func TestCheckAcrossResize(t *testing.T) {
 	b.h.Attempts[3].EvID, b.h.Attempts[2].EvID = 12, 14 // a's order broken across the change
 	mustFlag(t, &b.h, GG1, "out of ev_id order")
 }
+
+// A Tx run's effects: exactly one per committed event, none for a dead
+// letter; a duplicate, a missing effect and a dead letter's effect are
+// each a violation of GuaranteeEffects.
+func TestCheckEffects(t *testing.T) {
+	h := cleanHistory("pause").h
+	h.Tx = true
+	h.Effects = map[int64]int{}
+	dead := map[int64]bool{}
+	for _, d := range h.DeadLetters {
+		dead[d.EvID] = true
+	}
+	for _, c := range h.Committed {
+		if !dead[c.EvID] {
+			h.Effects[c.EvID] = 1
+		}
+	}
+	if r := Check(&h); r.ByGuarantee[GuaranteeEffects] != 0 {
+		t.Fatalf("clean effects: %v", r.Violations)
+	}
+	h.Effects[10] = 2
+	h.Effects[11] = 0
+	for ev := range dead {
+		h.Effects[ev] = 1
+	}
+	r := Check(&h)
+	want := 2 + len(dead)
+	if got := r.ByGuarantee[GuaranteeEffects]; got != want || r.EffectDuplicates != 1 || r.EffectsMissing != 1 {
+		t.Fatalf("%d effect violations (%d duplicates, %d missing), want %d (1, 1): %v",
+			got, r.EffectDuplicates, r.EffectsMissing, want, r.Violations)
+	}
+}
+
+// In a Tx run an event's first delivery can fail before the handler body
+// records it; its first recorded run then has a retry count and comes after
+// later events of the key. That is not a G1 violation there, and still is
+// in a run without Tx.
+func TestCheckG1TxUnrecordedFirstDelivery(t *testing.T) {
+	b := newHB("skip")
+	b.try("w1", 1, "a", 10, 0, OutcomeOK, 0, 1).
+		try("w1", 1, "a", 14, 0, OutcomeOK, 10, 11).
+		try("w1", 1, "a", 12, 1, OutcomeOK, 20, 21).
+		try("w2", 1, "b", 11, 0, OutcomeOK, 0, 1).
+		try("w2", 1, "b", 13, 0, OutcomeOK, 2, 3)
+	if r := Check(&b.h); r.ByGuarantee[GG1] != 1 {
+		t.Fatalf("without Tx: %d G1 violations, want 1: %v", r.ByGuarantee[GG1], r.Violations)
+	}
+	b.h.Tx = true
+	b.h.Effects = map[int64]int{10: 1, 11: 1, 12: 1, 13: 1, 14: 1}
+	mustPass(t, &b.h)
+}

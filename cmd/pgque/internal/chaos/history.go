@@ -123,4 +123,10 @@ type History struct {
 	Committed   []Committed
 	DeadLetters []DeadLetter
 	Faults      []Fault
+
+	// Tx is set when the handlers ran as HandlerTx, each writing one row
+	// to chaos_effects in its transaction; Effects counts those rows per
+	// ev_id at the end of the run.
+	Tx      bool
+	Effects map[int64]int
 }

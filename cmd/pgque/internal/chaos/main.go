@@ -66,6 +66,7 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.SlowRate, "slow-rate", d.SlowRate, "share of handler runs outliving the lease TTL")
 	fs.DurationVar(&o.SleepMax, "sleep-max", d.SleepMax, "longest ordinary handler run")
 	fs.Float64Var(&o.PoisonPct, "poison-pct", d.PoisonPct, "percent of events that always fail")
+	fs.BoolVar(&o.Tx, "tx", d.Tx, "handlers run as HandlerTx, writing one effect row each in their transaction; check exactly-once effects")
 	fs.DurationVar(&o.FaultInterval, "fault-interval", d.FaultInterval, "mean time between faults")
 	faults := fs.String("faults", strings.Join(AllFaults, ","), "fault kinds to inject, comma-separated (empty: none)")
 	bouncer := fs.Bool("pgbouncer", true, "put half of the workers behind PgBouncer (when installed)")
@@ -96,7 +97,7 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "chaos: %s has no %s: timelines only, no verdict\n", *recheck, truthFile)
 			return 1
 		}
-		PrintSummary(stdout, &Summary{Policy: h.Policy, Report: rep, RunDir: *recheck, Faults: map[string]int{}})
+		PrintSummary(stdout, &Summary{Policy: h.Policy, Report: rep, RunDir: *recheck, Faults: map[string]int{}, Tx: h.Tx})
 		if !rep.OK() {
 			return 1
 		}

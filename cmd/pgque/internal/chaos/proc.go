@@ -64,6 +64,10 @@ type ProcConfig struct {
 	Keys      []string `json:"keys"`       // producer: the keys it owns
 	Rate      float64  `json:"rate"`       // producer: events per second
 	PoisonPct float64  `json:"poison_pct"` // producer: share of events that always fail
+
+	// Tx: the worker's handler is a HandlerTx that writes one chaos_effects
+	// row in its transaction before the usual handler body.
+	Tx bool `json:"tx"`
 }
 
 // payload is the body of every chaos event.
@@ -323,7 +327,7 @@ func runWorker(ctx context.Context, cfg ProcConfig, logger *slog.Logger) error {
 	if cfg.Policy == "pause" {
 		policy = pgque.FailurePolicyPause
 	}
-	pc, err := c.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
+	pcfg := &pgque.PartitionedConsumerConfig{
 		Queue:         cfg.Queue,
 		Consumer:      cfg.Consumer,
 		Slots:         cfg.Slots,
@@ -338,7 +342,17 @@ func runWorker(ctx context.Context, cfg ProcConfig, logger *slog.Logger) error {
 		MaxWorkersPerSlot: cfg.Lanes,
 		Handler:           handler,
 		RetryDelay:        func(n int) time.Duration { return retry * time.Duration(n+1) },
-	})
+	}
+	if cfg.Tx {
+		pcfg.Handler = nil
+		pcfg.HandlerTx = func(hctx context.Context, tx pgx.Tx, m *pgque.Message) error {
+			if _, err := tx.Exec(hctx, `insert into chaos_effects values ($1, $2, $3)`, m.ID, cfg.ID, m.Epoch); err != nil {
+				return err
+			}
+			return handler(hctx, m)
+		}
+	}
+	pc, err := c.NewPartitionedConsumer(pcfg)
 	if err != nil {
 		return err
 	}

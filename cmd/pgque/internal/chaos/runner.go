@@ -53,7 +53,11 @@ type Options struct {
 	// Lanes is how many handlers a worker runs at once per slot (key
 	// lanes, PartitionedConsumerConfig.MaxWorkersPerSlot); 1 is one event
 	// at a time per slot.
-	Lanes     int
+	Lanes int
+	// Tx runs the handlers as HandlerTx, each writing one effect row in its
+	// transaction, and checks that every committed event's effect exists
+	// exactly once (GuaranteeEffects).
+	Tx        bool
 	ErrorRate float64 // share of handler runs that return an error
 	PanicRate float64 // share that panic
 	SlowRate  float64 // share that outlive the lease TTL (renewal in the background)
@@ -156,7 +160,9 @@ type Summary struct {
 	// and cancelled the slot's handlers.
 	Fencings int     `json:"fencings"`
 	Report   *Report `json:"report"`
-	RunDir   string  `json:"run_dir"`
+	// Tx: the handlers ran in transactions (Options.Tx).
+	Tx     bool   `json:"tx,omitempty"`
+	RunDir string `json:"run_dir"`
 }
 
 // OK reports whether the run violated nothing.
@@ -282,6 +288,10 @@ func (r *runner) setupDB(ctx context.Context) error {
 		`drop table if exists chaos_sent`,
 		`create table chaos_sent (key text not null, seq bigint not null, ev_id bigint primary key)`,
 		`create index on chaos_sent (key, seq)`,
+		// Tx runs: one row per committed handler transaction, no unique
+		// constraint, so that a second application would show.
+		`drop table if exists chaos_effects`,
+		`create table chaos_effects (ev_id bigint not null, proc text not null, epoch bigint not null)`,
 		fmt.Sprintf(`select pgque.drop_queue('%s', true) from pgque.queue where queue_name = '%s'`, queueName, queueName),
 		fmt.Sprintf(`select pgque.create_queue('%s')`, queueName),
 		fmt.Sprintf(`select pgque.set_queue_config('%s', 'max_retries', '%d')`, queueName, r.o.MaxRetries),
@@ -355,7 +365,7 @@ func (r *runner) procConfig(role, slot string, idx int) ProcConfig {
 		Role: role, DSN: r.dsn, Queue: queueName, Consumer: consumerName, Slots: r.o.Slots,
 		Policy: r.o.Policy, LeaseTTL: r.o.LeaseTTL, RetryDelay: r.o.RetryDelay, BatchSize: r.o.BatchSize, Lanes: r.o.Lanes,
 		ErrorRate: r.o.ErrorRate, PanicRate: r.o.PanicRate, SlowRate: r.o.SlowRate, SleepMax: r.o.SleepMax,
-		Rate: r.o.Rate / float64(r.o.Producers), PoisonPct: r.o.PoisonPct,
+		Rate: r.o.Rate / float64(r.o.Producers), PoisonPct: r.o.PoisonPct, Tx: r.o.Tx,
 	}
 	switch role {
 	case RoleWorker:
@@ -528,7 +538,7 @@ func (r *runner) run(ctx context.Context) (*Summary, error) {
 	}
 	rep := Check(h)
 	sum := &Summary{Policy: o.Policy, Duration: end.Sub(start), Drained: drained, Faults: map[string]int{},
-		SlotEpochs: slotEpochs, Report: rep}
+		SlotEpochs: slotEpochs, Report: rep, Tx: o.Tx}
 	for _, f := range h.Faults {
 		switch f.Kind {
 		case FaultShutdown, FaultFence, FaultWorkError:
@@ -728,6 +738,15 @@ func (r *runner) history(ctx context.Context, end time.Time) (*History, int64, e
 		h.KeySlotsByN[n] = m
 	}
 	h.KeySlots = h.KeySlotsByN[r.o.Slots]
+	if r.o.Tx {
+		h.Tx, h.Effects = true, map[int64]int{}
+		rows, _ = conn.Query(ctx, `select ev_id, count(*)::int from chaos_effects group by ev_id`)
+		var ev int64
+		var n int
+		if _, err := pgx.ForEachRow(rows, []any{&ev, &n}, func() error { h.Effects[ev] = n; return nil }); err != nil {
+			return nil, 0, fmt.Errorf("reading chaos_effects: %w", err)
+		}
+	}
 	var epochs int64
 	if err := conn.QueryRow(ctx, `select coalesce(sum(sl_epoch), 0)::bigint from pgque.slot_lease`).Scan(&epochs); err != nil {
 		return nil, 0, fmt.Errorf("reading slot epochs: %w", err)
@@ -741,6 +760,9 @@ func PrintSummary(w io.Writer, s *Summary) {
 	fmt.Fprintf(w, "\n== pgque chaos summary (policy %s, %v, drained %v)\n", s.Policy, s.Duration.Round(time.Second), s.Drained)
 	row := func(k string, v any) { fmt.Fprintf(w, "  %-34s %v\n", k, v) }
 	row("events committed", rep.Committed)
+	if s.Tx {
+		row("effects (duplicates, missing)", fmt.Sprintf("%d (%d, %d)", rep.Effects, rep.EffectDuplicates, rep.EffectsMissing))
+	}
 	row("keys", rep.Keys)
 	row("dead-lettered", rep.DeadLettered)
 	row("handler runs", rep.Attempts)

@@ -1,0 +1,77 @@
+package pgque
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque/internal/dbq"
+)
+
+// HandlerTxFunc processes one message inside a transaction on the
+// consumer's database (READ COMMITTED, begun on the Client's pool). What it
+// writes through tx commits together with the record that marks the event
+// done for its consumer, so each event's writes are applied exactly once
+// per consumer, across crashes, lease takeovers, restarts and retries.
+// Returning an error, or panicking, rolls tx back (no writes, no record)
+// and then nacks the event as a HandlerFunc's error does (RetryAfter and
+// DeadLetter work the same). It must not commit or roll tx back itself.
+//
+// After a crash between the commit and the chunk's acknowledgement, the
+// chunk is redelivered and the handler runs again for an event already
+// done: its transaction is then rolled back by the completion (which finds
+// the record) and the event counts as handled. So the handler's writes to
+// the database are applied once; anything else it does (calls to other
+// systems) may still happen twice.
+type HandlerTxFunc func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// ErrAlreadyCompleted: the event was completed in a transaction already
+// (PQ038), or its chunk was acknowledged by another process (PQ039); the
+// transaction that tried to complete it must roll back. A HandlerTxFunc's
+// consumer treats it as handled. Nacking a completed event also fails with
+// it (PQ038).
+var ErrAlreadyCompleted = errors.New("pgque: event already completed")
+
+// txBeginner begins a transaction with options (the Client's pool).
+type txBeginner interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
+// completer writes an event's completion record through q, in the
+// handler's transaction.
+type completer func(ctx context.Context, q *dbq.Queries, m *Message) error
+
+// txHandler makes a HandlerFunc that runs h and then complete in one
+// transaction over db. An event found completed already is a success: its
+// writes are committed, and this attempt's are rolled back.
+func txHandler(db txBeginner, h HandlerTxFunc, complete completer) HandlerFunc {
+	return func(ctx context.Context, m *Message) error {
+		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			if err := h(ctx, tx, m); err != nil {
+				return err
+			}
+			// Last, just before the commit: the completion's share lock on
+			// the subscription or lease row holds back the slot's receives
+			// and a takeover until the transaction ends.
+			if err := complete(ctx, dbq.New(tx), m); err != nil {
+				return mapError(fmt.Sprintf("completing event %d", m.ID), err)
+			}
+			return nil
+		})
+		if errors.Is(err, ErrAlreadyCompleted) {
+			return nil
+		}
+		return err
+	}
+}
+
+// handlerOf is the HandlerFunc a consumer calls: handler, or handlerTx
+// wrapped in its transaction.
+func handlerOf(handler HandlerFunc, handlerTx HandlerTxFunc, db txBeginner, complete completer) HandlerFunc {
+	if handlerTx != nil {
+		return txHandler(db, handlerTx, complete)
+	}
+	return handler
+}
