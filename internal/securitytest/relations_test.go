@@ -61,6 +61,11 @@ var relations = map[string]string{
 	"worker_presence_1":     "",
 	"presence_gen_seq":      "",
 	"presence_rotation":     "",
+	"event_done":            "", // through complete_in_tx and complete_partitioned_in_tx only
+	"event_done_0":          "",
+	"event_done_1":          "",
+	"done_gen_seq":          "",
+	"done_rotation":         "",
 }
 
 var (
