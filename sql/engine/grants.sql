@@ -23,10 +23,6 @@ grant execute on function
     pgque.event_undefer(text, text, text)
     to pgque_admin;
 
-grant execute on function
-    pgque.dlq_list(text, text, integer)
-    to pgque_reader, pgque_admin;
-
 -- The slot views (partition layer) call _may_read with the caller's
 -- rights to leave out the queues the caller may not read.
 grant execute on function pgque._may_read(integer) to pgque_reader, pgque_writer, pgque_admin;
@@ -51,9 +47,6 @@ grant execute on function
     pgque.maint_retry_events(),
     pgque.maint(),
     pgque.set_queue_config(text, text, text),
-    pgque.dlq_replay(text, bigint),
-    pgque.dlq_replay_report(text, bigint),
-    pgque.dlq_purge(text, text, interval),
     pgque.start(),
     pgque.stop(),
     pgque.grant_queue(text, text, text),

@@ -56,3 +56,14 @@ select pgque._make_reader(x.queue_id, x.nslots, false)
   from (select sg_queue as queue_id, sg_nslots as nslots from pgque.slot_group
         union
         select sg_queue, sg_resize_to from pgque.slot_group where sg_resize_to is not null) x;
+
+-- Dead letters: listed by consumer name (a slot consumer's covers its
+-- slots), replayed with a report of the later events of the key.
+grant execute on function
+    pgque.dlq_list(text, text, integer)
+    to pgque_reader, pgque_admin;
+grant execute on function
+    pgque.dlq_replay(text, bigint),
+    pgque.dlq_replay_report(text, bigint),
+    pgque.dlq_purge(text, text, interval)
+    to pgque_admin;
