@@ -1,5 +1,6 @@
 // The worker pool: work() and what its handlers use.
 export { work } from "./pool.js";
+export { workTx, type TxHandler } from "./tx.js";
 export type { WorkOptions, StopOptions, Worker } from "./pool.js";
 export type { Handler, HandlerContext } from "./slot.js";
 export type { Message } from "./message.js";

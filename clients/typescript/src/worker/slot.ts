@@ -34,6 +34,13 @@ export interface HandlerContext {
    * the worker was killed.
    */
   signal: AbortSignal;
+  /**
+   * Marks the event done for its slot inside the transaction open on conn,
+   * fenced by the slot's lease (workTx calls it as the last statement
+   * before COMMIT). Fails with code PQ038 when the event was completed
+   * before, and with a lease error when the lease was lost.
+   */
+  completeIn(conn: Executor): Promise<void>;
 }
 
 export type Handler<P = unknown> = (msg: Message<P>, ctx: HandlerContext) => unknown | Promise<unknown>;
@@ -421,7 +428,10 @@ export class SlotRunner {
     }
     const signal = signals.length === 1 ? signals[0]! : AbortSignal.any(signals);
     try {
-      await env.handler(m, { signal });
+      const token = this.lease.token;
+      const completeIn = (conn: Executor) =>
+        q.completeInTx(conn, env.queue, env.consumer, this.slot, env.nslots, env.worker, token, m.epoch, m.batchId, m.id);
+      await env.handler(m, { signal, completeIn });
       return { ok: true };
     } catch (err) {
       let e = err;

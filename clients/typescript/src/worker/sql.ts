@@ -104,6 +104,17 @@ export async function nack(db: Executor, queue: string, consumer: string, slot: 
   return rows[0]?.n === 1;
 }
 
+/**
+ * complete_partitioned_in_tx: marks event msgId done for the slot inside
+ * the caller's open transaction (db is that transaction's connection),
+ * fenced by the lease; PQ038 when it was completed before.
+ */
+export async function completeInTx(db: Executor, queue: string, consumer: string, slot: number, nslots: number, worker: string, token: string,
+  epoch: bigint, batchId: string, msgId: string): Promise<void> {
+  await db.query(`select pgque.complete_partitioned_in_tx($1::text, $2::text, $3::int, $4::int, $5::text, $6::uuid, $7::bigint, $8::bigint, $9::bigint)`,
+    [queue, consumer, slot, nslots, worker, token, epoch.toString(), batchId, msgId]);
+}
+
 /** hold_key_partitioned: defers key's unfinished events of the chunk from head on. */
 export async function holdKey(db: Executor, queue: string, consumer: string, slot: number, nslots: number, worker: string, token: string, d: Delivery, key: string | null, head: string): Promise<void> {
   await db.query(`select pgque.hold_key_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::uuid, $7::bigint, $8::bigint, $9::text, $10::bigint)`,

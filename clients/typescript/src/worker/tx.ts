@@ -1,0 +1,57 @@
+// Transactional handlers: the handler's writes and the event's completion
+// commit in one transaction on the consumer's own database, so each event's
+// effects are applied exactly once across crashes, takeovers and retries.
+//
+// The design is the SQL one (docs/design.md, "Transactional handlers"):
+// complete_partitioned_in_tx appends a done record for (slot, event) in the
+// handler's transaction, fenced by the slot's lease. A chunk whose
+// acknowledgement was lost is delivered again; its completed events run
+// their handler again, the completion finds the record (PQ038), the
+// transaction rolls back, and the event counts as handled. A failed attempt
+// rolls back with its writes, then retries or dead-letters as usual.
+
+import type { ConnectionSource, PooledConnection } from "../executor.js";
+import { sqlstateOf } from "../errors.js";
+import type { Message } from "./message.js";
+import { work, type WorkOptions, type Worker } from "./pool.js";
+import type { HandlerContext } from "./slot.js";
+
+/**
+ * A transactional handler: tx is a connection inside an open transaction
+ * (BEGIN has run); write the event's effects through it and return. The
+ * library completes the event in the same transaction and commits; a throw
+ * rolls everything back.
+ */
+export type TxHandler<P = unknown> = (msg: Message<P>, tx: PooledConnection, ctx: { signal: AbortSignal }) => unknown | Promise<unknown>;
+
+/** The SQLSTATE of a completion that finds its event completed before. */
+const ALREADY_COMPLETED = "PQ038";
+
+/**
+ * work() with a transactional handler: for each event the worker checks a
+ * connection out of db, begins a transaction, runs handler on it, completes
+ * the event in it (complete_partitioned_in_tx) and commits. db must be a
+ * pool on the database pgque is installed in.
+ */
+export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions, handler: TxHandler<P>): Promise<Worker> {
+  return work<P>(db, opts, async (msg: Message<P>, ctx: HandlerContext) => {
+    const tx = await db.connect();
+    let broken = false;
+    try {
+      await tx.query("begin");
+      await handler(msg, tx, { signal: ctx.signal });
+      await ctx.completeIn(tx);
+      await tx.query("commit");
+    } catch (err) {
+      // A connection whose COMMIT failed is not reused: the outcome of
+      // the transaction is unknown to it.
+      await tx.query("rollback").catch(() => {
+        broken = true;
+      });
+      if (sqlstateOf(err) === ALREADY_COMPLETED) return; // done before: handled
+      throw err;
+    } finally {
+      tx.release(broken);
+    }
+  });
+}

@@ -1,0 +1,93 @@
+// Transactional handlers (workTx): an event's effects commit with its
+// completion, so a chunk delivered again after a crash applies nothing twice,
+// a failed attempt's writes roll back, and a worker whose lease was taken
+// cannot commit.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import type { PooledConnection } from "../src/executor.js";
+import { work, workTx, type Message, type WorkOptions } from "../src/index.js";
+import { gate, sendKeyed, setup } from "./worker_helpers.js";
+import { waitFor } from "./harness.js";
+
+const fast: Partial<WorkOptions> = { claimIntervalMs: 100, pollIntervalMs: 50, retryDelayMs: () => 20, listen: false };
+
+async function effects(pool: import("pg").Pool): Promise<Map<string, number>> {
+  const { rows } = await pool.query<{ ev: string; n: number }>("select ev::text, count(*)::int as n from effect group by ev");
+  return new Map(rows.map((r) => [r.ev, r.n]));
+}
+
+function insertEffect(tx: PooledConnection, m: Message): Promise<unknown> {
+  return tx.query("insert into effect (ev) values ($1::bigint)", [m.id]);
+}
+
+// The first worker commits event 0's effect, then blocks in event 1's
+// handler (same key, so the chunk is not acknowledged) and is killed. The
+// second takes the slot over, gets both again: event 0's handler runs once
+// more, but its completion finds the record and its effect rolls back.
+for (const tx of [true, false]) {
+  test(`${tx ? "workTx" : "work (plain, the control)"}: a chunk delivered again after a kill applies ${tx ? "each effect once" : "the completed effect twice"}`, async (t) => {
+    const db = await setup(t, "tx");
+    await db.pool.query("create table effect (ev bigint not null)");
+    let ids: string[] = []; // sent once the first worker has subscribed
+    const blocked = gate();
+    const opts = { ...fast, queue: "tx", consumer: "c", slots: 1, leaseTtlMs: 1500 } as WorkOptions;
+    const first = async (m: Message, c: PooledConnection, signal: AbortSignal) => {
+      if ((m.payload as { i: number }).i === 1) {
+        blocked.open();
+        await new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason), { once: true }));
+      }
+      await insertEffect(c, m);
+    };
+    const w1 = tx
+      ? db.track(await workTx(db.pool, opts, (m, c, { signal }) => first(m, c, signal)))
+      : db.track(await work(db.pool, opts, async (m, { signal }) => {
+        const c = await db.pool.connect();
+        try {
+          await first(m, c, signal);
+        } finally {
+          c.release();
+        }
+      }));
+    ids = await sendKeyed(db.pool, "tx", ["k"], 2);
+    await blocked.wait;
+    assert.deepEqual([...(await effects(db.pool))], [[ids[0], 1]], "event 0 committed before the kill");
+    await w1.kill();
+
+    const handled: string[] = [];
+    const second = (m: Message) => handled.push(m.id);
+    if (tx) {
+      db.track(await workTx(db.pool, opts, async (m, c) => {
+        second(m);
+        await insertEffect(c, m);
+      }));
+    } else {
+      db.track(await work(db.pool, opts, async (m) => {
+        second(m);
+        await db.pool.query("insert into effect (ev) values ($1::bigint)", [m.id]);
+      }));
+    }
+    await waitFor("the second worker to handle both events", () => handled.includes(ids[1]!), 20_000);
+    assert.deepEqual(handled, [ids[0], ids[1]], "both delivered again, in order");
+    const got = await effects(db.pool);
+    assert.equal(got.get(ids[1]!), 1);
+    assert.equal(got.get(ids[0]!), tx ? 1 : 2);
+  });
+}
+
+test("workTx: a failed attempt's writes roll back with it, and the retry applies them once", async (t) => {
+  const db = await setup(t, "txr");
+  await db.pool.query("create table effect (ev bigint not null)");
+  let attempts = 0;
+  const done = gate();
+  db.track(await workTx(db.pool, { ...fast, queue: "txr", consumer: "c", slots: 1 }, async (m, c) => {
+    await insertEffect(c, m);
+    if (++attempts === 1) throw new Error("fails after writing");
+    done.open();
+  }));
+  const [id] = await sendKeyed(db.pool, "txr", ["k"], 1);
+  await done.wait;
+  await waitFor("the event's effect", async () => (await effects(db.pool)).get(id!) === 1);
+  assert.equal(attempts, 2);
+  assert.deepEqual([...(await effects(db.pool))], [[id, 1]]);
+});
