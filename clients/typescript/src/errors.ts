@@ -24,6 +24,8 @@ export type ErrorKind =
   | "slot_not_subscribed"
   | "key_not_blocked"
   | "key_busy"
+  /** The event was completed in a transaction before (complete_in_tx): a redelivery to skip. */
+  | "already_completed"
   | "resize_in_progress"
   | "dead_letter_not_found"
   | "table_attached"
@@ -59,6 +61,8 @@ const sqlstates: Readonly<Record<string, ErrorKind>> = {
   PQ035: "lease_lost",
   PQ036: "key_not_blocked",
   PQ037: "key_busy",
+  PQ038: "already_completed",
+  PQ039: "already_completed",
   PQ040: "dead_letter_not_found",
   PQ060: "table_attached",
   PQ061: "table_not_attached",
