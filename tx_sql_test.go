@@ -177,6 +177,7 @@ func TestTxCompleteSQL(t *testing.T) {
 func TestTxExactlyOnceHeldHorizon(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
+	pgtest.SkipWithoutStatsFlush(t)
 	ctx := context.Background()
 	conn := pgtest.Conn(t, env.dsn)
 	if _, err := conn.Exec(ctx, `create table effects (ev_id bigint primary key)`); err != nil {
