@@ -292,15 +292,7 @@ func (rig *steadyRig) run(ctx context.Context, cfg steadyConfig, d time.Duration
 	if err := rig.pgss.reset(ctx); err != nil {
 		return res, err
 	}
-	cpu0, err := rig.proc.snapshot(ctx, steadyGroups)
-	if err != nil {
-		return res, err
-	}
-	wal0, err := walLSN(ctx, rig.probe)
-	if err != nil {
-		return res, err
-	}
-	tick0, err := lastTick(ctx, rig.probe)
+	m0, err := rig.mark(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -330,17 +322,7 @@ func (rig *steadyRig) run(ctx context.Context, cfg steadyConfig, d time.Duration
 		time.Sleep(5 * time.Millisecond)
 	}
 
-	wal1, err := walLSN(ctx, rig.probe)
-	if err != nil {
-		return res, err
-	}
-	tick1, err := lastTick(ctx, rig.probe)
-	if err != nil {
-		return res, err
-	}
-	res.ticks = tick1 - tick0
-	res.load = loadAverage()
-	cpu1, err := rig.proc.snapshot(ctx, steadyGroups)
+	m1, err := rig.mark(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -349,10 +331,10 @@ func (rig *steadyRig) run(ctx context.Context, cfg steadyConfig, d time.Duration
 		return res, err
 	}
 	if rig.proc != nil {
-		res.cpu = cpuDelta(cpu0, cpu1)
+		res.cpu = cpuDelta(m0.cpu, m1.cpu)
 	}
+	res.ticks, res.walBytes, res.load = m1.tick-m0.tick, m1.wal-m0.wal, loadAverage()
 	res.events, res.took, res.achieved = sent, took, float64(sent)/took.Seconds()
-	res.walBytes = wal1 - wal0
 	lat.mu.Lock()
 	res.ms = slices.Clone(lat.ms)
 	lat.mu.Unlock()
@@ -362,6 +344,26 @@ func (rig *steadyRig) run(ctx context.Context, cfg steadyConfig, d time.Duration
 	}
 	rig.e.logf("   %-22s %s", cfg.name(), res.line())
 	return res, nil
+}
+
+// steadyMark is what the server's counters say at one end of a window.
+type steadyMark struct {
+	cpu  cpuSnapshot
+	wal  int64
+	tick int64
+}
+
+func (rig *steadyRig) mark(ctx context.Context) (steadyMark, error) {
+	var m steadyMark
+	var err error
+	if m.cpu, err = rig.proc.snapshot(ctx, steadyGroups); err != nil {
+		return m, err
+	}
+	if m.wal, err = walLSN(ctx, rig.probe); err != nil {
+		return m, err
+	}
+	m.tick, err = lastTick(ctx, rig.probe)
+	return m, err
 }
 
 // lastTick returns the last tick id handed out (the sequence is shared by
