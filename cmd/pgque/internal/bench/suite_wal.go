@@ -113,7 +113,175 @@ func runWAL(ctx context.Context, e *env, r *recorder) error {
 		r.add(wc.name+"_total", single(total), "bytes/event", nil,
 			fmt.Sprintf("%s; mean of %d transactions, full-page images %.1f bytes/event", wc.about, reps, fpi))
 	}
-	return walRowWidth(ctx, e, r, c)
+	if err := walRowWidth(ctx, e, r, c); err != nil {
+		return err
+	}
+	return walConsume(ctx, e, r, c, slots, pick(e, 20, 100), inspect)
+}
+
+// walConsume measures the WAL of a tick holding one keyed event and of the
+// calls a 16-slot consumer makes for it, each slot calling
+// receive_partitioned_raw once as the tick's notification wakes it: the
+// touched slot's call (opens the batch, hands out the chunk), its next call
+// with the chunk's acknowledgement folded in (finds nothing more), and each
+// untouched slot's call (opens the batch, finds nothing for the slot,
+// finishes it).
+func walConsume(ctx context.Context, e *env, r *recorder, c *pgx.Conn, slots, reps int, inspect bool) error {
+	tokens := make([]string, slots)
+	for k := range slots {
+		var token *string
+		if err := c.QueryRow(ctx, "select token::text from pgque.claim_slot($1, 'c', $2, 'wal', '10 minutes')", pgqueQueue, k).Scan(&token); err != nil {
+			return fmt.Errorf("claim_slot %d: %w", k, err)
+		}
+		if token == nil {
+			return fmt.Errorf("claim_slot %d: held by another worker", k)
+		}
+		tokens[k] = *token
+	}
+	acks := make([][3]*int64, slots)
+	// receive runs one call for slot k in a transaction of its own and
+	// returns the rows it got and its xid (0 when it wrote nothing).
+	receive := func(k int) (int, int64, error) {
+		got := 0
+		var xid *int64
+		err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `select msg_id, batch_id, epoch from pgque.receive_partitioned_raw($1, 'c', $2, $3, 'wal', $4::uuid, 100, $5, $6, $7)`,
+				pgqueQueue, k, slots, tokens[k], acks[k][0], acks[k][1], acks[k][2])
+			if err != nil {
+				return err
+			}
+			var next [3]*int64
+			for rows.Next() {
+				var msgID, batchID, epoch int64
+				if err := rows.Scan(&msgID, &batchID, &epoch); err != nil {
+					rows.Close()
+					return err
+				}
+				if got == 0 {
+					next = [3]*int64{&epoch, &batchID, &msgID}
+				}
+				got++
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			acks[k] = next
+			return tx.QueryRow(ctx, "select pg_current_xact_id_if_assigned()::text::bigint").Scan(&xid)
+		})
+		if err != nil {
+			return 0, 0, fmt.Errorf("receive_partitioned_raw slot %d: %w", k, err)
+		}
+		if xid == nil {
+			return got, 0, nil
+		}
+		return got, *xid, nil
+	}
+	// Drain what the send cases left (nobody ticked since they sent).
+	if err := tick(ctx, c, pgqueQueue); err != nil {
+		return err
+	}
+	for k := range slots {
+		for {
+			got, _, err := receive(k)
+			if err != nil {
+				return err
+			}
+			if got == 0 {
+				break
+			}
+		}
+	}
+	const key = "tenant-wal"
+	var touched int
+	if err := c.QueryRow(ctx, "select ((hashtextextended($1, 0) % $2 + $2) % $2)::int", key, slots).Scan(&touched); err != nil {
+		return err
+	}
+	var start string
+	if err := c.QueryRow(ctx, "select pg_current_wal_insert_lsn()::text").Scan(&start); err != nil {
+		return err
+	}
+	var tickXids, chunkXids, ackXids, emptyXids []int64
+	silent := 0 // untouched calls that wrote nothing
+	for i := range reps {
+		if _, err := c.Exec(ctx, "select pgque.send($1, $2, $3::jsonb, $4)", pgqueQueue, eventType, payload(i), key); err != nil {
+			return fmt.Errorf("send: %w", err)
+		}
+		var xid int64
+		err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "select pgque.force_next_tick($1)", pgqueQueue); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "select pgque.ticker($1)", pgqueQueue); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid)
+		})
+		if err != nil {
+			return fmt.Errorf("tick: %w", err)
+		}
+		tickXids = append(tickXids, xid)
+		for k := range slots {
+			got, xid, err := receive(k)
+			if err != nil {
+				return err
+			}
+			switch {
+			case k == touched && got != 1:
+				return fmt.Errorf("slot %d received %d events of a tick holding one event for it", k, got)
+			case k == touched:
+				chunkXids = append(chunkXids, xid)
+				got, xid, err := receive(k)
+				if err != nil {
+					return err
+				}
+				if got != 0 {
+					return fmt.Errorf("slot %d received %d more events after its one", k, got)
+				}
+				ackXids = append(ackXids, xid)
+			case got != 0:
+				return fmt.Errorf("slot %d received %d events of a tick holding none for it", k, got)
+			case xid == 0:
+				silent++
+			default:
+				emptyXids = append(emptyXids, xid)
+			}
+		}
+	}
+	classes := []struct {
+		name, about string
+		xids        []int64
+		per         int
+	}{
+		{"tick", "a tick of one event (force_next_tick + ticker)", tickXids, reps},
+		{"slot_chunk", "the touched slot's receive, handing out the event", chunkXids, reps},
+		{"slot_ack", "the touched slot's next receive, acknowledging the chunk, finding nothing", ackXids, reps},
+		{"slot_untouched", "an untouched slot's receive, finishing a batch with nothing for it", emptyXids, reps * (slots - 1)},
+	}
+	for _, cl := range classes {
+		recs, advance, err := walRecordsSince(ctx, c, start, cl.xids, float64(cl.per), inspect)
+		if err != nil {
+			return fmt.Errorf("%s: %w", cl.name, err)
+		}
+		e.logf("   %s (%s), per call over %d:", cl.name, cl.about, cl.per)
+		if !inspect {
+			continue
+		}
+		var total float64
+		e.logf("   | record | relation | records/call | bytes/call |")
+		e.logf("   | --- | --- | ---: | ---: |")
+		for _, rec := range recs {
+			total += rec.bytes
+			e.logf("   | %s/%s | %s | %.2f | %.1f |", rec.rmgr, rec.kind, rec.rel, rec.count, rec.bytes)
+		}
+		e.logf("   | total | | | %.1f |", total)
+		_ = advance // the position's advance spans every class at once
+		r.add(cl.name+"_total", single(total), "bytes/call", nil, cl.about)
+	}
+	if silent > 0 {
+		e.logf("   %d of %d untouched slots' calls wrote nothing", silent, reps*(slots-1))
+	}
+	return nil
 }
 
 // walCaseName is the report case of one record kind, e.g.
@@ -151,11 +319,8 @@ func walSend(ctx context.Context, c *pgx.Conn, wc walCase, seq *int) (int64, err
 // <tablespace>/<database>/<relfilenode>".
 var walBlockRel = regexp.MustCompile(`rel \d+/\d+/(\d+)`)
 
-// walMeasure runs reps transactions of wc and returns their records, per
-// event, grouped by kind and relation, largest first.
-// The second result is the advance of the WAL insert position per event
-// over the same transactions: the records plus their alignment to 8 bytes
-// and the page headers, and whatever another session wrote meanwhile.
+// walMeasure runs reps transactions of wc and returns their records and
+// the WAL position's advance per event (see walRecordsSince).
 func walMeasure(ctx context.Context, c *pgx.Conn, wc walCase, reps int, seq *int, inspect bool) ([]walRecord, float64, error) {
 	var start string
 	if err := c.QueryRow(ctx, "select pg_current_wal_insert_lsn()::text").Scan(&start); err != nil {
@@ -169,6 +334,16 @@ func walMeasure(ctx context.Context, c *pgx.Conn, wc walCase, reps int, seq *int
 		}
 		xids = append(xids, xid)
 	}
+	return walRecordsSince(ctx, c, start, xids, float64(reps*wc.events), inspect)
+}
+
+// walRecordsSince returns the records that transactions xids wrote since
+// WAL position start, per unit (n units in all), grouped by kind and
+// relation, largest first, and the advance of the WAL insert position per
+// unit: the records plus their alignment to 8 bytes and the page headers,
+// and whatever another session wrote meanwhile. Without inspect only the
+// advance is measured.
+func walRecordsSince(ctx context.Context, c *pgx.Conn, start string, xids []int64, n float64, inspect bool) ([]walRecord, float64, error) {
 	// The commit record of the last transaction must be flushed for
 	// pg_get_wal_records_info to read it.
 	var end string
@@ -182,7 +357,6 @@ func walMeasure(ctx context.Context, c *pgx.Conn, wc walCase, reps int, seq *int
 	for i, x := range xids {
 		low[i] = x & 0xffffffff
 	}
-	n := float64(reps * wc.events)
 	if !inspect {
 		return nil, advance / n, nil
 	}
