@@ -146,7 +146,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	for _, s := range suites {
 		rep.Suites = append(rep.Suites, s.name)
 	}
-	e, err := newEnv(ctx, opts.DSN, opts.Quick, opts.tiny, out)
+	var libs []string
+	for _, s := range suites {
+		libs = append(libs, s.preload...)
+	}
+	e, err := newEnv(ctx, opts.DSN, opts.Quick, opts.tiny, libs, out)
 	if err != nil {
 		return nil, err
 	}

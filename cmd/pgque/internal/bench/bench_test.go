@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgque/pgque/internal/pgcluster"
 	"github.com/pgque/pgque/internal/pgtest"
 )
 
@@ -155,5 +156,49 @@ func TestWithDatabase(t *testing.T) {
 	}
 	if got := withDatabase("host=/tmp port=5 dbname=a", "b"); got != "host=/tmp port=5 dbname=a dbname='b'" {
 		t.Errorf("keyword/value: %s", got)
+	}
+}
+
+// TestSteadyServerFigures runs the steady suite on the bench's own cluster,
+// which preloads pg_stat_statements, and checks that every configuration
+// gets its server-side figures: time, calls and buffers of the receive and
+// ack statements, the CPU of the consumer's backends (a part of every
+// server process's), WAL and latency.
+func TestSteadyServerFigures(t *testing.T) {
+	binDir, err := pgcluster.FindBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if preloadSettings(binDir, []string{pgssLibrary}) == nil {
+		t.Skipf("the PostgreSQL build in %s ships no pg_stat_statements (contrib)", binDir)
+	}
+	var progress bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{Suites: []string{"steady"}, OutDir: "-", Progress: &progress, tiny: true})
+	if err != nil {
+		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
+	}
+	checkReport(t, rep, "steady")
+	got := map[string]float64{}
+	for _, r := range rep.Results {
+		got[r.Case] = r.Value
+	}
+	configs := steadyConfigs(&env{quick: true, tiny: true})
+	if len(configs) == 0 {
+		t.Fatal("no configurations in tiny mode")
+	}
+	for _, cfg := range configs {
+		n := cfg.name()
+		for _, fig := range []string{"_recv_ack_time", "_recv_ack_calls", "_recv_ack_buffers", "_send_time",
+			"_cpu_consumer", "_cpu_server", "_wal", "_latency_p50", "_latency_p99"} {
+			if _, ok := got[n+fig]; !ok {
+				t.Errorf("no figure %s%s\nprogress:\n%s", n, fig, progress.String())
+			}
+		}
+		if got[n+"_cpu_consumer"] > got[n+"_cpu_server"] {
+			t.Errorf("%s: the consumer's backends used %v µs/event, more than every server process together (%v)",
+				n, got[n+"_cpu_consumer"], got[n+"_cpu_server"])
+		}
 	}
 }

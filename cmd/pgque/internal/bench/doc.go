@@ -17,6 +17,11 @@
 //     policy (a Node script under pgboss/, driven with exec) and River
 //     (suite peers).
 //
+// Two suites measure costs per event rather than ratios: steady (server
+// time, calls and buffers from pg_stat_statements, CPU of the server's
+// processes from /proc, WAL and latency at a fixed send rate) and wal (every
+// WAL record of a keyed send, from pg_walinspect).
+//
 // A suite is one named function that measures its cases together with the
 // references it compares them to, so each suite can run alone. Throughput
 // cases run in interleaved rounds (A, B, A, B, ...) and report the median

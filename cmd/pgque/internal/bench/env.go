@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"strings"
 	"sync"
@@ -48,12 +49,18 @@ var clusterSettings = map[string]string{
 	"log_min_messages": "warning",
 }
 
-// newEnv connects to dsn, or starts a throwaway cluster when dsn is empty.
-func newEnv(ctx context.Context, dsn string, quick, tiny bool, out io.Writer) (*env, error) {
+// newEnv connects to dsn, or starts a throwaway cluster when dsn is empty;
+// that cluster preloads those of libs its build ships (only the suites that
+// need a library get it, so the others' figures carry no cost of it).
+func newEnv(ctx context.Context, dsn string, quick, tiny bool, libs []string, out io.Writer) (*env, error) {
 	e := &env{quick: quick || tiny, tiny: tiny, out: out, start: time.Now()}
 	if dsn == "" {
 		e.logf("starting a throwaway PostgreSQL cluster")
-		c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: clusterSettings})
+		settings := maps.Clone(clusterSettings)
+		if binDir, err := pgcluster.FindBinDir(); err == nil {
+			maps.Copy(settings, preloadSettings(binDir, libs))
+		}
+		c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: settings})
 		if err != nil {
 			return nil, fmt.Errorf("starting a throwaway cluster: %w", err)
 		}

@@ -14,6 +14,9 @@ type suite struct {
 	name  string
 	about string
 	run   func(ctx context.Context, e *env, r *recorder) error
+	// preload lists the libraries the suite needs in
+	// shared_preload_libraries; the bench's own cluster loads them.
+	preload []string
 }
 
 // registry lists the suites in run order. It is filled by the suite files'
