@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // TestConsumerWakesUpAfterListenSessionDies kills the LISTEN session: the
@@ -83,7 +84,7 @@ func TestNotifierSessionHonoursPoolHooks(t *testing.T) {
 	}
 	defer con.Stop(ctx)
 	var app string
-	waitFor(t, 10*time.Second, "the LISTEN session", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the LISTEN session", func() bool {
 		err := env.pool.QueryRow(ctx, `select application_name from pg_stat_activity
 			where datname = current_database() and query ilike 'listen%'`).Scan(&app)
 		return err == nil

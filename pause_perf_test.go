@@ -143,7 +143,7 @@ func (d *drain) start() { forceTick(d.t, d.env.pool, d.queue) }
 
 // wait waits for the drain to end and stops the consumer.
 func (d *drain) wait() {
-	waitFor(d.t, 60*time.Second, "the drain", func() bool {
+	pgtest.WaitFor(d.t, 60*time.Second, "the drain", func() bool {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		return len(d.at) == d.n
@@ -508,7 +508,7 @@ func TestPauseHotBlockedKey(t *testing.T) {
 			from := time.Now()
 			ids, _ := send(healthy, 0)
 			var atC, atT []time.Time
-			waitFor(t, 60*time.Second, phase+": healthy events", func() bool {
+			pgtest.WaitFor(t, 60*time.Second, phase+": healthy events", func() bool {
 				var okC, okT bool
 				atC, okC = times("c", ids)
 				atT, okT = times("twin", ids)
@@ -545,7 +545,7 @@ func TestPauseHotBlockedKey(t *testing.T) {
 	// 2. Block the hot key: its head fails, with an hour's retry delay.
 	failK.Store(true)
 	_, head := send(1, 1)
-	waitFor(t, 20*time.Second, "the hot key to be blocked", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the hot key to be blocked", func() bool {
 		b, ok := blockedKey(t, env, "c", pgque.KeyOf(k))
 		return ok && b.State == pgque.BlockStateBlocked
 	})
@@ -560,7 +560,7 @@ func TestPauseHotBlockedKey(t *testing.T) {
 		held = append(held, ids...)
 		mixed = append(mixed, h...)
 	}
-	waitFor(t, 120*time.Second, "10k held events", func() bool {
+	pgtest.WaitFor(t, 120*time.Second, "10k held events", func() bool {
 		b, _ := blockedKey(t, env, "c", pgque.KeyOf(k))
 		_, ok := times("c", mixed)
 		return ok && b.Deferred == hot
@@ -610,7 +610,7 @@ func TestPauseHotBlockedKey(t *testing.T) {
 	// held events) and, with a short rotation period, maint() rotates
 	// through every event table, truncating the ones that held the 10k.
 	q := dbq.New(env.pool)
-	waitFor(t, 20*time.Second, "the slot's cursor to pass every event", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the slot's cursor to pass every event", func() bool {
 		st, err := q.PartitionSlotStatus(ctx, env.queue, "c")
 		if err != nil {
 			t.Fatal(err)
@@ -639,7 +639,7 @@ func TestPauseHotBlockedKey(t *testing.T) {
 	}
 	prev, ntables := curTable()
 	switches := 0
-	waitFor(t, 30*time.Second, "the event tables to rotate", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "the event tables to rotate", func() bool {
 		send(5, 0)
 		time.Sleep(50 * time.Millisecond)
 		if _, err := q.Maint(ctx); err != nil {
@@ -668,13 +668,13 @@ func TestPauseHotBlockedKey(t *testing.T) {
 	}
 	releaseFrom := time.Now()
 	want := append(slices.Clone(head), held...)
-	waitFor(t, 120*time.Second, "the held events", func() bool {
+	pgtest.WaitFor(t, 120*time.Second, "the held events", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(kOK) >= len(want)
 	})
 	t.Logf("released and handled %d held events in %v", hot, time.Since(releaseFrom).Round(time.Millisecond))
-	waitFor(t, 20*time.Second, "the block to clear", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
+	pgtest.WaitFor(t, 20*time.Second, "the block to clear", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	got := make([]int64, len(kOK))

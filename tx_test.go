@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // effectsTable creates the table the transactional handlers of these tests
@@ -395,7 +396,7 @@ func TestTxLanesHeldKeyCompletes(t *testing.T) {
 		sent = merge(sent, sendSeq(t, env, others, 2))
 	}
 	ctx := context.Background()
-	waitFor(t, 60*time.Second, "the other keys' effects while the slow key is held", func() bool {
+	pgtest.WaitFor(t, 60*time.Second, "the other keys' effects while the slow key is held", func() bool {
 		var n int
 		if err := env.pool.QueryRow(ctx, `select count(*) from effects`).Scan(&n); err != nil {
 			t.Fatal(err)

@@ -117,7 +117,7 @@ func TestHostileNeighbours(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Stop(ctx)
-	waitUntil(t, 20*time.Second, "the pool to hold its 4 slots", func() bool { return len(pool.OwnedSlots()) == 4 })
+	pgtest.WaitFor(t, 20*time.Second, "the pool to hold its 4 slots", func() bool { return len(pool.OwnedSlots()) == 4 })
 
 	runCtx, stopRun := context.WithTimeout(ctx, 4*time.Second)
 	defer stopRun()
@@ -311,7 +311,7 @@ func TestHostileNeighbours(t *testing.T) {
 	default:
 	}
 	total := sent.Load()
-	waitUntil(t, 30*time.Second, "every event to be handled", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "every event to be handled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return int64(len(handled)) >= total
@@ -355,17 +355,5 @@ func TestHostileNeighbours(t *testing.T) {
 }
 
 func super2(t *testing.T, dsn string) *pgx.Conn { return pgtest.Conn(t, dsn) }
-
-// waitUntil polls cond until it holds or timeout passes.
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 var _ = pgconn.PgError{}

@@ -217,7 +217,7 @@ func TestEndToEnd(t *testing.T) {
 
 	// A temporary subscription: tail starts it; wait until it exists.
 	tail := c.background("tail", "files", "--json", "--max", "3")
-	waitFor(t, "tail's temporary subscription", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "tail's temporary subscription", func() bool {
 		var st statusReport
 		c.okJSON(&st, "status", "--json")
 		for _, cons := range st.Consumers {
@@ -407,7 +407,7 @@ func nackAll(t *testing.T, conn *pgx.Conn, queue, consumer string, n int) {
 	ctx := context.Background()
 	var batch int64
 	var msgs []int64
-	waitFor(t, "the events to be ticked", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the events to be ticked", func() bool {
 		rows, err := conn.Query(ctx, `select batch_id, msg_id from pgque.receive($1, $2, 100)`, queue, consumer)
 		if err != nil {
 			t.Fatal(err)
@@ -426,18 +426,6 @@ func nackAll(t *testing.T, conn *pgx.Conn, queue, consumer string, n int) {
 	}
 	if _, err := conn.Exec(ctx, `select pgque.ack($1)`, batch); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// waitFor polls cond for up to 20 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -177,19 +177,6 @@ func (w *workload) serve(t *testing.T, actions bool) *httptest.Server {
 	return hs
 }
 
-// waitFor polls cond (reading server state, not sleeping blindly) until it
-// holds or the deadline passes.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // blockedKey reports whether key is blocked for indexer.
 func (w *workload) blockedKey(t *testing.T, key string) bool {
 	t.Helper()
