@@ -115,7 +115,8 @@ func TestTickerStopHandsOverAtOnce(t *testing.T) {
 	}
 	defer first.Stop(ctx)
 	pgtest.WaitFor(t, 5*time.Second, "the first ticker to lead", first.IsLeader)
-	second, err := newClient(t, env.pool).NewTicker(&pgque.TickerConfig{WorkerID: "second", LeaseTTL: ttl})
+	secondClient := newClient(t, env.pool)
+	second, err := secondClient.NewTicker(&pgque.TickerConfig{WorkerID: "second", LeaseTTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,18 +124,21 @@ func TestTickerStopHandsOverAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer second.Stop(ctx)
-	// The second ticker has asked for the lease and been refused: it now
-	// stands by until its next check, a quarter of the TTL away.
-	pgtest.WaitFor(t, 5*time.Second, "the second ticker to stand by", func() bool {
-		var owner string
-		err := env.pool.QueryRow(ctx, `select coalesce(owner, '') from pgque.ticker_lease`).Scan(&owner)
-		return err == nil && owner == "first" && !second.IsLeader()
+	// The second ticker has asked for the lease and been refused, and its
+	// session listens for the resignation: it now stands by until its next
+	// check, a quarter of the TTL away, unless the notice wakes it.
+	pgtest.WaitFor(t, 5*time.Second, "the second ticker to be refused and listen", func() bool {
+		return pgque.TickerRefused(second) > 0 && pgque.NotifierSessions(secondClient) > 0
 	})
-	time.Sleep(100 * time.Millisecond) // let its refused ticker_lead return
+	if second.IsLeader() {
+		t.Fatal("the second ticker leads beside the first")
+	}
+	stopped := time.Now()
 	if err := first.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
 	pgtest.WaitFor(t, ttl/8, "the second ticker to take over", second.IsLeader)
+	t.Logf("the second ticker took over %v after the first stopped", time.Since(stopped))
 }
 
 // roundCounter counts the ticker's rounds (MetricTickerRounds).
