@@ -99,8 +99,8 @@ func TestLanesOffIsSequential(t *testing.T) {
 		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "w", MaxWorkersPerSlot: 1,
 		Handler: func(ctx context.Context, m *pgque.Message) error {
 			defer chk.begin("w", m)()
-			time.Sleep(10 * time.Millisecond)
-			return nil
+			// Calls that take time: two running at once would overlap.
+			return pgtest.Work(ctx, 10*time.Millisecond)
 		},
 	})
 	sent := sendSeq(t, env, []string{"a", "b", "c"}, 4)
@@ -200,9 +200,9 @@ func TestLanesOrderOverManyChunks(t *testing.T) {
 			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 			}
 			if m.ID%17 == 0 {
-				time.Sleep(80 * time.Millisecond) // long enough to be held
+				_ = pgtest.Work(ctx, 80*time.Millisecond) // long enough to be held
 			} else {
-				time.Sleep(time.Duration(m.ID%3) * time.Millisecond)
+				_ = pgtest.Work(ctx, time.Duration(m.ID%3)*time.Millisecond)
 			}
 			return nil
 		},
@@ -252,8 +252,7 @@ func TestLanesSlowKeyDoesNotStallSlot(t *testing.T) {
 				}
 				return nil
 			}
-			time.Sleep(time.Millisecond)
-			return nil
+			return pgtest.Work(ctx, time.Millisecond)
 		},
 	})
 	others := make([]string, 50)

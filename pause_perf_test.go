@@ -28,7 +28,7 @@ import (
 )
 
 // forceTick makes a tick of queue now, covering every committed event.
-func forceTick(t *testing.T, pool *pgxpool.Pool, queue string) {
+func forceTick(t testing.TB, pool *pgxpool.Pool, queue string) {
 	t.Helper()
 	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(context.Background(), `select pgque.force_next_tick($1)`, queue); err != nil {

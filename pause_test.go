@@ -798,7 +798,9 @@ func runPauseRandomized(t *testing.T, poison bool) {
 			byKey[evs[i].k] = append(byKey[evs[i].k], id)
 		}
 		all = append(all, ids...)
-		time.Sleep(15 * time.Millisecond)
+		// Each send is a batch of its own, arriving while the earlier
+		// ones are handled, failed and retried.
+		forceTick(t, env.pool, env.queue)
 	}
 	// Every event ends acknowledged or dead-lettered.
 	var dead map[int64]int

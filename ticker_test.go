@@ -39,13 +39,15 @@ func TestTickerExactlyOneLeads(t *testing.T) {
 	}
 	pgtest.WaitFor(t, 5*time.Second, "a leader", func() bool { n, _ := leaders(); return n == 1 })
 	for range 3 {
-		deadline := time.Now().Add(500 * time.Millisecond)
-		for time.Now().Before(deadline) {
+		// Half a second of lease renewals (LeaseTTL/4 apart) with never
+		// two leaders: the window is what is checked, not a wait.
+		from := time.Now()
+		pgtest.WaitFor(t, 5*time.Second, "half a second of leadership", func() bool {
 			if n, _ := leaders(); n > 1 {
 				t.Fatalf("%d tickers lead at once", n)
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return time.Since(from) >= 500*time.Millisecond
+		})
 		_, leader := leaders()
 		if err := leader.Stop(ctx); err != nil {
 			t.Fatal(err)
