@@ -274,9 +274,23 @@ func TestEndToEnd(t *testing.T) {
 
 	// --from-now skips (and consumes) the backlog: only the event sent
 	// after tail started is printed.
+	auditPending := func() int64 {
+		var st statusReport
+		c.okJSON(&st, "status", "--json")
+		for _, cons := range st.Consumers {
+			if cons.Consumer == "audit" {
+				return cons.Pending
+			}
+		}
+		t.Fatalf("status --json has no consumer audit: %+v", st.Consumers)
+		return 0
+	}
 	before := evIDs(t, c.ok("", "send", "files", `{"when":"before"}`, "--key", "tenant-4"))
+	pgtest.WaitFor(t, 20*time.Second, "the event sent before tail to be ticked", func() bool { return auditPending() > 0 })
 	tail = c.background("tail", "files", "--consumer", "audit", "--from-now", "--json", "--max", "1", "--timeout", "30s")
-	time.Sleep(500 * time.Millisecond)
+	// Tail has taken its start from the server's clock once it consumed
+	// (and skipped) that backlog: only then is the next event "after".
+	pgtest.WaitFor(t, 20*time.Second, "tail to skip the backlog", func() bool { return auditPending() == 0 })
 	after := evIDs(t, c.ok("", "send", "files", `{"when":"after"}`, "--key", "tenant-4"))
 	if r := tail.wait(); len(tailEvents(t, r.stdout)) != 1 || tailEvents(t, r.stdout)[0].EvID != after[0] {
 		t.Errorf("tail --from-now (events %v before, %v after): %v", before, after, r)
@@ -322,6 +336,9 @@ func TestEndToEnd(t *testing.T) {
 
 	// status --watch refreshes until interrupted, one JSON document a line.
 	watch := c.background("status", "--watch", "--json")
+	// The refresh period (a second) is what is checked: in 1.5 s the
+	// command prints at once and once more. Not a race: a slower machine
+	// prints fewer lines and fails, it never passes wrongly.
 	time.Sleep(1500 * time.Millisecond)
 	if r := watch.stop(); r.code != 0 || strings.Count(r.stdout, "\n") < 2 || !strings.HasPrefix(r.stdout, `{"time":`) {
 		t.Errorf("status --watch --json: %v", r)

@@ -232,7 +232,9 @@ func serveOn(t *testing.T, ln net.Listener, h http.Handler) {
 // attemptsIn counts how much count grows over d.
 func attemptsIn(d time.Duration, count func() float64) float64 {
 	before := count()
-	time.Sleep(d) // a measuring window, not a synchronisation
+	// A measuring window, not a synchronisation: the callers compare the
+	// rate of attempts in it with bounds, whatever the machine's speed.
+	time.Sleep(d)
 	return count() - before
 }
 
