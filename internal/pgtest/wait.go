@@ -49,10 +49,12 @@ func Eventually(ctx context.Context, timeout time.Duration, cond func() bool) bo
 }
 
 // Work takes d, as a handler doing real work would, or returns ctx's error
-// when ctx ends first. Tests whose subject is a handler that takes time
-// (throughput under a handler cost, a key held while its handler runs, a
-// worker that stalls) call it instead of sleeping: the duration is part of
-// the workload under test, not a guess at how long something else takes.
+// when ctx ends first. It is workload, never synchronisation: a handler
+// that takes time (throughput under a handler cost, a key held while its
+// handler runs), a transaction a stress test holds open across ticks, the
+// pace of a load generator. The duration is part of what is under test,
+// not a guess at how long something else takes; a test that must know
+// that a step happened waits for it with WaitFor or a signal instead.
 func Work(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
