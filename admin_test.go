@@ -163,7 +163,7 @@ func TestAdminDeadLetterFiltersAndPurge(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 20*time.Second, "6 dead letters", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "6 dead letters", func() bool {
 		dls, err := env.client.DeadLetters(ctx, env.queue, nil)
 		return err == nil && len(dls) == 6
 	})
@@ -249,7 +249,7 @@ func TestReceiver(t *testing.T) {
 		t.Fatal(err)
 	}
 	var msgs []*pgque.Message
-	waitFor(t, 20*time.Second, "the event", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the event", func() bool {
 		msgs, err = r.Receive(ctx, env.queue, "r", 10)
 		return err == nil && len(msgs) == 1
 	})
@@ -292,7 +292,7 @@ func TestDeadLettersOfSlotConsumerByItsName(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 20*time.Second, "16 dead letters", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "16 dead letters", func() bool {
 		dls, err := env.client.DeadLetters(ctx, env.queue, nil)
 		return err == nil && len(dls) == 2*keys
 	})

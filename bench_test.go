@@ -115,7 +115,7 @@ func benchLatency(b *testing.B, start func(*pgque.Client, string, pgque.HandlerF
 				mu.Unlock()
 				break
 			}
-			time.Sleep(50 * time.Microsecond)
+			runtime.Gosched()
 		}
 		wg.Done()
 		return nil
@@ -124,7 +124,7 @@ func benchLatency(b *testing.B, start func(*pgque.Client, string, pgque.HandlerF
 		b.Fatal(err)
 	}
 	defer stop(context.Background())
-	time.Sleep(300 * time.Millisecond) // LISTEN session up
+	pgtest.WaitFor(b, 10*time.Second, "the LISTEN session", func() bool { return pgque.NotifierSessions(client) > 0 })
 
 	ctx := context.Background()
 	b.ResetTimer()
@@ -175,10 +175,10 @@ func drainRate(b *testing.B, n, events int) float64 {
 	perSlot := make([]atomic.Int64, n)
 	all := make(chan struct{})
 	cfg := &pgque.PartitionedConsumerConfig{Queue: queue, Consumer: "c", Slots: n,
-		Handler: func(_ context.Context, m *pgque.Message) error {
+		Handler: func(ctx context.Context, m *pgque.Message) error {
 			first.CompareAndSwap(0, time.Now().UnixNano())
 			perSlot[m.Slot].Add(1)
-			time.Sleep(2 * time.Millisecond)
+			_ = pgtest.Work(ctx, 2*time.Millisecond) // the handler cost the benchmark measures
 			if done.Add(1) == int64(events) {
 				close(all)
 			}
@@ -205,8 +205,7 @@ func drainRate(b *testing.B, n, events int) float64 {
 			batch = batch[:0]
 		}
 	}
-	time.Sleep(200 * time.Millisecond) // ticked
-	_ = pool
+	forceTick(b, pool, queue)
 	pc, err = client.NewPartitionedConsumer(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -243,7 +242,7 @@ func BenchmarkDrainBacklog(b *testing.B) {
 	}
 	for range b.N {
 		b.StopTimer()
-		_, client, queue := benchEnv(b)
+		pool, client, queue := benchEnv(b)
 		ctx := context.Background()
 		startBenchTicker(b, client)
 		var done atomic.Int64
@@ -263,7 +262,7 @@ func BenchmarkDrainBacklog(b *testing.B) {
 		loadStart := time.Now()
 		loadBacklog(b, client, queue, total)
 		b.Logf("loaded %d events in %v", total, time.Since(loadStart))
-		time.Sleep(200 * time.Millisecond)
+		forceTick(b, pool, queue)
 
 		runtime.GC()
 		baseRSS := rssBytes()

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // The Consumer acknowledges a chunk handled without failures with its next
@@ -63,7 +64,7 @@ func TestConsumerAcksWithTheNextReceive(t *testing.T) {
 	startConsumer(t, env, &pgque.ConsumerConfig{Queue: env.queue, Consumer: "c", Handler: c.handle,
 		BatchSize: perBatch, PollInterval: 50 * time.Millisecond})
 	got := c.wait(t, batches*perBatch)
-	waitFor(t, 20*time.Second, "the last batch acknowledged", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the last batch acknowledged", func() bool {
 		subs, err := env.client.Consumers(ctx, env.queue)
 		return err == nil && len(subs) == 1 && subs[0].OpenBatch == nil
 	})

@@ -28,14 +28,14 @@ func BenchmarkConsumerDrain(b *testing.B) {
 	}
 	for range b.N {
 		b.StopTimer()
-		_, client, queue := benchEnv(b)
+		pool, client, queue := benchEnv(b)
 		ctx := context.Background()
 		if _, err := client.Subscribe(ctx, queue, "c"); err != nil {
 			b.Fatal(err)
 		}
 		startBenchTicker(b, client)
 		loadBacklog(b, client, queue, total)
-		time.Sleep(200 * time.Millisecond)
+		forceTick(b, pool, queue)
 		var done atomic.Int64
 		all := make(chan struct{})
 		con, err := client.NewConsumer(&pgque.ConsumerConfig{Queue: queue, Consumer: "c",

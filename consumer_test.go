@@ -10,6 +10,7 @@ import (
 	"github.com/pgque/pgque/internal/leakcheck"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // collector records what a consumer's handler saw.
@@ -34,7 +35,7 @@ func (c *collector) snapshot() []pgque.Message {
 // wait returns the messages once at least n arrived.
 func (c *collector) wait(t *testing.T, n int) []pgque.Message {
 	t.Helper()
-	waitFor(t, 20*time.Second, "messages", func() bool { return len(c.snapshot()) >= n })
+	pgtest.WaitFor(t, 20*time.Second, "messages", func() bool { return len(c.snapshot()) >= n })
 	return c.snapshot()
 }
 
@@ -156,7 +157,7 @@ func TestConsumerHandlerErrorIsRetriedThenDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "three deliveries", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "three deliveries", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(retries) >= 3
@@ -164,7 +165,7 @@ func TestConsumerHandlerErrorIsRetriedThenDeadLettered(t *testing.T) {
 	// The third failure (retry count 2 = max_retries) dead-letters the
 	// event; a dead letter is never delivered again.
 	var dls []pgque.DeadLetterEntry
-	waitFor(t, 20*time.Second, "the dead letter", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the dead letter", func() bool {
 		var err error
 		dls, err = env.client.DeadLetters(ctx, env.queue, nil)
 		return err == nil && len(dls) == 1

@@ -37,3 +37,16 @@ func SendsWaiting(client *Client) int {
 	defer client.sends.mu.Unlock()
 	return len(client.sends.pending)
 }
+
+// TickerRefused returns how many of tk's lease requests another ticker's
+// lease refused.
+func TickerRefused(tk *Ticker) int64 { return tk.ticker.Refused() }
+
+// NotifierSessions returns how many LISTEN sessions client's notifier has
+// opened so far (0 without a notifier).
+func NotifierSessions(client *Client) int64 {
+	if client.notifier == nil {
+		return 0
+	}
+	return client.notifier.Sessions()
+}

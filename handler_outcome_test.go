@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // TestHandlerDeadLetterNow: a handler returning DeadLetter(err) sends the
@@ -41,7 +42,7 @@ func TestHandlerDeadLetterNow(t *testing.T) {
 		t.Fatal(err)
 	}
 	var dls []pgque.DeadLetterEntry
-	waitFor(t, 20*time.Second, "the dead letter", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the dead letter", func() bool {
 		dls, err = client.DeadLetters(ctx, env.queue, nil)
 		return err == nil && len(dls) == 1
 	})
@@ -50,7 +51,7 @@ func TestHandlerDeadLetterNow(t *testing.T) {
 	}
 	// The counters move once the settling transaction has committed, just
 	// after the dead letter became visible: wait for that, then check.
-	waitFor(t, 20*time.Second, "the dead-lettered counter", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the dead-lettered counter", func() bool {
 		return obs.total(pgque.MetricEventsDeadLettered) >= 1
 	})
 	if n := obs.total(pgque.MetricEventsDeadLettered); n != 1 {
@@ -102,7 +103,7 @@ func TestPartitionedDeadLetterReleasesPausedKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the held events", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the held events", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(order) >= 3
@@ -120,7 +121,7 @@ func TestPartitionedDeadLetterReleasesPausedKey(t *testing.T) {
 	// The block ends when the chunk holding the last released event is
 	// acknowledged, just after its handler returned.
 	var keys []pgque.BlockedKey
-	waitFor(t, 20*time.Second, "the key's block to end", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the key's block to end", func() bool {
 		keys, err = env.client.BlockedKeys(ctx, env.queue, "c")
 		return err == nil && len(keys) == 0
 	})
@@ -168,7 +169,7 @@ func TestHandlerTimeout(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the handler was never timed out")
 	}
-	waitFor(t, 20*time.Second, "the retry to succeed", func() bool { return obs.total(pgque.MetricEventsProcessed) == 1 })
+	pgtest.WaitFor(t, 20*time.Second, "the retry to succeed", func() bool { return obs.total(pgque.MetricEventsProcessed) == 1 })
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
 	if len(obs.results) != 2 || !errors.Is(obs.results[0].Err, pgque.ErrHandlerTimeout) || obs.results[1].Err != nil {

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // errorTexts are handler error texts PostgreSQL text cannot hold as they
@@ -87,7 +88,7 @@ func TestHandlerErrorTextsNeverWedgeSettle(t *testing.T) {
 					t.Fatal(err)
 				}
 				var reason string
-				waitFor(t, 20*time.Second, "the dead letter", func() bool {
+				pgtest.WaitFor(t, 20*time.Second, "the dead letter", func() bool {
 					err := env.pool.QueryRow(ctx, `select d.dl_reason from pgque.dead_letter d join pgque.queue q on q.queue_id = d.dl_queue
 						where q.queue_name = $1`, queue).Scan(&reason)
 					return err == nil
@@ -98,7 +99,7 @@ func TestHandlerErrorTextsNeverWedgeSettle(t *testing.T) {
 				if _, err := env.client.Send(ctx, queue, pgque.Event{Type: "ok", Payload: 2, PartitionKey: "k"}); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, 20*time.Second, "the next event", func() bool { return after.Load() == 1 })
+				pgtest.WaitFor(t, 20*time.Second, "the next event", func() bool { return after.Load() == 1 })
 			})
 		}
 	}
@@ -142,11 +143,11 @@ func TestRetryDelaysAreClampedNotFatal(t *testing.T) {
 					t.Fatal(err)
 				}
 				if d.comes {
-					waitFor(t, 20*time.Second, "the retry", func() bool { return retried.Load() == 1 })
+					pgtest.WaitFor(t, 20*time.Second, "the retry", func() bool { return retried.Load() == 1 })
 					return
 				}
 				var until time.Duration
-				waitFor(t, 20*time.Second, "the retry row", func() bool {
+				pgtest.WaitFor(t, 20*time.Second, "the retry row", func() bool {
 					err := env.pool.QueryRow(ctx, `select extract(epoch from r.ev_retry_after - now())::float8 * 1e9
 						from pgque.retry_queue r join pgque.queue q on q.queue_id = r.ev_queue where q.queue_name = $1`, queue).
 						Scan(&until)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // TestStopIsBoundedWhenAHandlerIgnoresCtx: a handler that never looks at
@@ -59,7 +60,7 @@ func TestStopIsBoundedWhenAHandlerIgnoresCtx(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 20*time.Second, "the handler to start", func() bool { return started.Load() == id })
+			pgtest.WaitFor(t, 20*time.Second, "the handler to start", func() bool { return started.Load() == id })
 			sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 			defer cancel()
 			begin := time.Now()
@@ -118,7 +119,7 @@ func TestHungRenewalDelaysNoOtherSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pc.Stop(ctx)
-	waitFor(t, 20*time.Second, "both slots", func() bool { return len(pc.OwnedSlots()) == 2 })
+	pgtest.WaitFor(t, 20*time.Second, "both slots", func() bool { return len(pc.OwnedSlots()) == 2 })
 	locker, err := env.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

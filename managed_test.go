@@ -121,7 +121,7 @@ func (m *managedService) roundTrip(t *testing.T, wait time.Duration) {
 		}
 		sent[id] = key
 	}
-	waitFor(t, wait, "the reader to receive all 40 events", func() bool { return chk.distinct() == len(sent) })
+	pgtest.WaitFor(t, wait, "the reader to receive all 40 events", func() bool { return chk.distinct() == len(sent) })
 	if _, err := chk.verify(sent); err != nil {
 		t.Fatal(err)
 	}

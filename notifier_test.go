@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // TestConsumerWakesUpAfterListenSessionDies kills the LISTEN session: the
@@ -30,9 +31,9 @@ func TestConsumerWakesUpAfterListenSessionDies(t *testing.T) {
 		c.wait(t, n)
 		return time.Since(start)
 	}
-	// The consumer's first receive subscribes before LISTEN may be up: give
-	// the session a moment, then measure.
-	time.Sleep(200 * time.Millisecond)
+	// The consumer subscribes before LISTEN is up: measure once its
+	// session listens.
+	pgtest.WaitFor(t, 10*time.Second, "the LISTEN session", func() bool { return pgque.NotifierSessions(env.client) == 1 })
 	t.Logf("first event consumed after %v", send(1))
 	var killed int
 	err := env.pool.QueryRow(ctx, `select count(pg_terminate_backend(pid)) from pg_stat_activity
@@ -40,7 +41,10 @@ func TestConsumerWakesUpAfterListenSessionDies(t *testing.T) {
 	if err != nil || killed != 1 {
 		t.Fatalf("terminated %d LISTEN sessions (%v), want 1", killed, err)
 	}
-	time.Sleep(500 * time.Millisecond) // reconnect backoff
+	// The notifier reconnects after a backoff; a wake-up sent before its
+	// new session listens would be lost (the consumer then re-checks once,
+	// which this test must not count as a wake-up).
+	pgtest.WaitFor(t, 10*time.Second, "the notifier to reconnect", func() bool { return pgque.NotifierSessions(env.client) == 2 })
 	if d := send(2); d > 5*time.Second {
 		t.Fatalf("after the LISTEN session died the event took %v", d)
 	} else {
@@ -83,7 +87,7 @@ func TestNotifierSessionHonoursPoolHooks(t *testing.T) {
 	}
 	defer con.Stop(ctx)
 	var app string
-	waitFor(t, 10*time.Second, "the LISTEN session", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the LISTEN session", func() bool {
 		err := env.pool.QueryRow(ctx, `select application_name from pg_stat_activity
 			where datname = current_database() and query ilike 'listen%'`).Scan(&app)
 		return err == nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // recorder is an Observer that keeps everything it is told.
@@ -130,11 +131,11 @@ func TestObserver(t *testing.T) {
 	if _, err := client.Send(ctx, "no_such_queue", pgque.Event{Payload: 5}); !errors.Is(err, pgque.ErrQueueNotFound) {
 		t.Fatalf("send to a missing queue = %v", err)
 	}
-	waitFor(t, 30*time.Second, "all events and the retry", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "all events and the retry", func() bool {
 		return chk.distinct() == 4 && obs.total(pgque.MetricEventsProcessed) == 4
 	})
 	slot0 := pgque.Measurement{Name: pgque.MetricSlotLag, Kind: pgque.MetricGauge, Queue: env.queue, Consumer: "c", Slot: "0"}
-	waitFor(t, 20*time.Second, "the slot gauges and ticker leadership", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the slot gauges and ticker leadership", func() bool {
 		return obs.hasSeries(slot0) && obs.total(pgque.MetricTickerLeader) == 1
 	})
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/dbq"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // process is one simulated process of a worker pool: its own Client (and so
@@ -174,7 +175,7 @@ func TestPartitionedDeliversEveryKeyInOrder(t *testing.T) {
 		},
 	})
 	sent := sendKeyed(t, env, 2000, 50)
-	waitFor(t, 30*time.Second, "all events", func() bool { return chk.distinct() == len(sent) })
+	pgtest.WaitFor(t, 30*time.Second, "all events", func() bool { return chk.distinct() == len(sent) })
 	r, err := chk.verify(sent)
 	if err != nil {
 		t.Fatal(err)
@@ -241,7 +242,7 @@ func TestPartitionedFencing(t *testing.T) {
 	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 1}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the handler to start", func() bool { return calls.Load() == 1 })
+	pgtest.WaitFor(t, 20*time.Second, "the handler to start", func() bool { return calls.Load() == 1 })
 	q := dbq.New(env.pool)
 	// Only the victim's token could release its lease: the test frees it
 	// behind its back as the owner of the tables.
@@ -293,7 +294,7 @@ func TestPartitionedStopLeavesNoGoroutinesAndReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	sent := sendKeyed(t, env, 200, 20)
-	waitFor(t, 20*time.Second, "all events", func() bool { return chk.distinct() == len(sent) })
+	pgtest.WaitFor(t, 20*time.Second, "all events", func() bool { return chk.distinct() == len(sent) })
 	for range 2 {
 		if err := pc.Stop(ctx); err != nil {
 			t.Fatal(err)
@@ -391,7 +392,7 @@ func (r *poolRun) stop(worker string) {
 func (r *poolRun) waitSpread(workers int) {
 	r.t.Helper()
 	var owners map[string]int
-	waitFor(r.t, 30*time.Second, fmt.Sprintf("an even spread over %d workers", workers), func() bool {
+	pgtest.WaitFor(r.t, 30*time.Second, fmt.Sprintf("an even spread over %d workers", workers), func() bool {
 		owners = slotOwners(r.t, r.env, "pool")
 		return evenSpread(owners, r.slots, workers)
 	})
@@ -405,7 +406,7 @@ func TestPartitionedThreeProcesses(t *testing.T) {
 		r.start(w)
 	}
 	sent := sendKeyed(t, r.env, 20000, 500)
-	waitFor(t, 90*time.Second, "all events", func() bool { return r.chk.distinct() == len(sent) })
+	pgtest.WaitFor(t, 90*time.Second, "all events", func() bool { return r.chk.distinct() == len(sent) })
 	rep, err := r.chk.verify(sent)
 	if err != nil {
 		t.Fatal(err)
@@ -427,11 +428,11 @@ func TestPartitionedCrashIsTakenOver(t *testing.T) {
 	}
 	r.waitSpread(3)
 	sent := sendKeyed(t, r.env, 20000, 500)
-	waitFor(t, 60*time.Second, "a third of the events", func() bool { return r.chk.distinct() > len(sent)/3 })
+	pgtest.WaitFor(t, 60*time.Second, "a third of the events", func() bool { return r.chk.distinct() > len(sent)/3 })
 	crashedSlots := len(r.procs["p2"].pc.OwnedSlots())
 	r.procs["p2"].cancel() // crash: no Stop, no ack, no release
 	crashedAt := time.Now()
-	waitFor(t, 90*time.Second, "all events", func() bool { return r.chk.distinct() == len(sent) })
+	pgtest.WaitFor(t, 90*time.Second, "all events", func() bool { return r.chk.distinct() == len(sent) })
 	rep, err := r.chk.verify(sent)
 	if err != nil {
 		t.Fatal(err)
@@ -476,7 +477,7 @@ func TestPartitionedScaleUpAndDown(t *testing.T) {
 	r.waitSpread(2)
 	close(stop)
 	sent := <-produced
-	waitFor(t, 60*time.Second, "all events", func() bool { return r.chk.distinct() == len(sent) })
+	pgtest.WaitFor(t, 60*time.Second, "all events", func() bool { return r.chk.distinct() == len(sent) })
 	rep, err := r.chk.verify(sent)
 	if err != nil {
 		t.Fatal(err)

@@ -313,13 +313,13 @@ func TestPauseG3(t *testing.T) {
 	}
 	failedAt := time.Now()
 	later := sendKevs(t, env, kev{b, 4}, kev{b, 5}, kev{b, 6}, kev{a, 5})
-	waitFor(t, 20*time.Second, "B#4..B#6", func() bool { return log.done(later[:3]) })
+	pgtest.WaitFor(t, 20*time.Second, "B#4..B#6", func() bool { return log.done(later[:3]) })
 	bDone := time.Since(failedAt)
 	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf(a)); !ok || bk.State != pgque.BlockStateBlocked ||
 		bk.HeadID != ids[2] || bk.Failures != 1 || bk.Slot != 1 || !strings.Contains(bk.Reason, "first attempt") {
 		t.Errorf("while A#2 awaits its retry, blocked_keys shows %+v (found %v)", bk, ok)
 	}
-	waitFor(t, 20*time.Second, "every event", func() bool { return log.done(append(ids, later...)) })
+	pgtest.WaitFor(t, 20*time.Second, "every event", func() bool { return log.done(append(ids, later...)) })
 
 	wantCalls(t, &log, a, "#1 ok r0", "#2 FAIL r0", "#2 ok r1", "#3 ok r0", "#4 ok r0", "#5 ok r0")
 	wantCalls(t, &log, b, "#1 ok r0", "#2 ok r0", "#3 ok r0", "#4 ok r0", "#5 ok r0", "#6 ok r0")
@@ -335,7 +335,7 @@ func TestPauseG3(t *testing.T) {
 		t.Errorf("A#2's retry came %v after its failure, before the 1 s retry delay", d)
 	}
 	t.Logf("B#4..B#6 handled %v after A#2 failed; A#2 retried after %v", bDone, retryOK.start.Sub(ac[1].end))
-	waitFor(t, 10*time.Second, "the block to clear", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
+	pgtest.WaitFor(t, 10*time.Second, "the block to clear", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
 }
 
 // T-DLQ-unblock: with max_retries 1, A#2 always fails: it is dead-lettered,
@@ -378,7 +378,7 @@ func TestPauseDLQUnblock(t *testing.T) {
 		}),
 	})
 	ids := sendKevs(t, env, seq(a, 1, 4)...)
-	waitFor(t, 20*time.Second, "A#1, A#3, A#4", func() bool { return log.done([]int64{ids[0], ids[2], ids[3]}) })
+	pgtest.WaitFor(t, 20*time.Second, "A#1, A#3, A#4", func() bool { return log.done([]int64{ids[0], ids[2], ids[3]}) })
 	wantCalls(t, &log, a, "#1 ok r0", "#2 FAIL r0", "#2 FAIL r1", "#3 ok r0", "#4 ok r0")
 	if dead := deadLetters(t, env); len(dead) != 1 || dead[ids[1]] != 1 {
 		t.Fatalf("dead letters %v, want A#2 (%d) after 1 retry", dead, ids[1])
@@ -389,7 +389,7 @@ func TestPauseDLQUnblock(t *testing.T) {
 		t.Errorf("while A#3 ran, blocked_keys showed %v, want [%s]", stateAtA3, want)
 	}
 	mu.Unlock()
-	waitFor(t, 10*time.Second, "the block to clear", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
+	pgtest.WaitFor(t, 10*time.Second, "the block to clear", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
 }
 
 // TestPauseNullAndEmptyKeys: the NULL key and the empty key are different
@@ -447,8 +447,8 @@ func TestPauseNullAndEmptyKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	// ids: null#1 empty#1 a#1 null#2 empty#2 a#2 null#3 empty#3 a#3
-	waitFor(t, 20*time.Second, "the empty key's events", func() bool { return log.done([]int64{ids[1], ids[4], ids[7]}) })
-	waitFor(t, 10*time.Second, "two blocked keys", func() bool { return len(blockedKeys(t, env, "c")) == 2 })
+	pgtest.WaitFor(t, 20*time.Second, "the empty key's events", func() bool { return log.done([]int64{ids[1], ids[4], ids[7]}) })
+	pgtest.WaitFor(t, 10*time.Second, "two blocked keys", func() bool { return len(blockedKeys(t, env, "c")) == 2 })
 	wantCalls(t, &log, "null", "#1 ok r0", "#2 FAIL r0")
 	wantCalls(t, &log, "empty", "#1 ok r0", "#2 ok r0", "#3 ok r0")
 	wantCalls(t, &log, "a", "#1 ok r0", "#2 FAIL r0")
@@ -463,7 +463,7 @@ func TestPauseNullAndEmptyKeys(t *testing.T) {
 	// failed heads (waiting for their retry) and the two events deferred
 	// behind them, though its cursor has moved past all four.
 	var slot pgque.SlotStatus
-	waitFor(t, 10*time.Second, "the slot's lag to count the held events", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the slot's lag to count the held events", func() bool {
 		slots, err := env.client.Slots(ctx, env.queue, "c")
 		if err != nil || len(slots) != 1 {
 			t.Fatalf("Slots: %+v, %v", slots, err)
@@ -494,7 +494,7 @@ func TestPauseNullAndEmptyKeys(t *testing.T) {
 	if ok, err := env.client.RetryKeyNow(ctx, env.queue, "c", pgque.NullKey); err != nil || !ok {
 		t.Fatalf("RetryKeyNow(NULL) = %v, %v", ok, err)
 	}
-	waitFor(t, 20*time.Second, "null#2 and null#3", func() bool { return log.done([]int64{ids[3], ids[6]}) })
+	pgtest.WaitFor(t, 20*time.Second, "null#2 and null#3", func() bool { return log.done([]int64{ids[3], ids[6]}) })
 	wantCalls(t, &log, "null", "#1 ok r0", "#2 FAIL r0", "#2 ok r1", "#3 ok r0")
 
 	// UnblockKey: a#2 is dead-lettered by the operator, a#3 follows.
@@ -502,12 +502,12 @@ func TestPauseNullAndEmptyKeys(t *testing.T) {
 	if err != nil || id != ids[5] {
 		t.Fatalf("UnblockKey(a) = %d, %v; want %d", id, err, ids[5])
 	}
-	waitFor(t, 20*time.Second, "a#3", func() bool { return log.done([]int64{ids[8]}) })
+	pgtest.WaitFor(t, 20*time.Second, "a#3", func() bool { return log.done([]int64{ids[8]}) })
 	wantCalls(t, &log, "a", "#1 ok r0", "#2 FAIL r0", "#3 ok r0")
 	if dead := deadLetters(t, env); len(dead) != 1 || dead[ids[5]] != 1 {
 		t.Fatalf("dead letters %v, want a#2 (%d)", dead, ids[5])
 	}
-	waitFor(t, 10*time.Second, "no blocked key", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
+	pgtest.WaitFor(t, 10*time.Second, "no blocked key", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
 }
 
 // TestPausePolicyMismatch: a persisted policy is kept unless changed with
@@ -597,7 +597,7 @@ func TestPausePolicySwitchedWhileRunning(t *testing.T) {
 		}),
 	})
 	ids := sendKevs(t, env, seq("a", 1, 4)...)
-	waitFor(t, 20*time.Second, "every event", func() bool { return log.done(ids) })
+	pgtest.WaitFor(t, 20*time.Second, "every event", func() bool { return log.done(ids) })
 	if p.pc.Policy() != pgque.FailurePolicySkip {
 		t.Fatalf("Policy() = %v after the switch", p.pc.Policy())
 	}
@@ -665,7 +665,7 @@ func runSlotCrash(t *testing.T, env *testEnv, between func()) {
 	}
 	p1 := startProcess(t, env, cfg("p1"))
 	ids := sendKevs(t, env, append(seq(a, 1, 4), seq(others[0], 1, 3)...)...)
-	waitFor(t, 20*time.Second, "A to be blocked", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "A to be blocked", func() bool {
 		b, ok := blockedKey(t, env, "c", pgque.KeyOf(a))
 		return ok && b.State == pgque.BlockStateBlocked
 	})
@@ -676,7 +676,7 @@ func runSlotCrash(t *testing.T, env *testEnv, between func()) {
 	}
 	// The block survives the crash (and the restart).
 	var bk pgque.BlockedKey
-	waitFor(t, 30*time.Second, "blocked_keys after the crash", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "blocked_keys after the crash", func() bool {
 		bks, err := env.client.BlockedKeys(context.Background(), env.queue, "c")
 		if err != nil {
 			return false // reconnecting after a restart
@@ -691,7 +691,7 @@ func runSlotCrash(t *testing.T, env *testEnv, between func()) {
 		t.Fatalf("after the crash blocked_keys shows %+v; want A blocked on slot %d, head %d, 2 deferred", bk, slot, ids[1])
 	}
 	startProcess(t, env, cfg("p2"))
-	waitFor(t, 60*time.Second, "every event", func() bool { return log.done(ids) })
+	pgtest.WaitFor(t, 60*time.Second, "every event", func() bool { return log.done(ids) })
 	t.Logf("the head's retry ran %v after the crash", log.keyCalls(a)[2].start.Sub(crashedAt))
 	wantCalls(t, &log, a, "#1 ok r0", "#2 FAIL r0", "#2 ok r1", "#3 ok r0", "#4 ok r0")
 	for i, c := range log.keyCalls(a) {
@@ -703,7 +703,7 @@ func runSlotCrash(t *testing.T, env *testEnv, between func()) {
 			t.Errorf("%v ran on %s slot %d, want %s slot %d", c, c.worker, c.slot, want, slot)
 		}
 	}
-	waitFor(t, 10*time.Second, "the block to clear", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
+	pgtest.WaitFor(t, 10*time.Second, "the block to clear", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
 }
 
 // TestPauseRandomized: 2 processes over 4 slots, several keys, random
@@ -798,11 +798,13 @@ func runPauseRandomized(t *testing.T, poison bool) {
 			byKey[evs[i].k] = append(byKey[evs[i].k], id)
 		}
 		all = append(all, ids...)
-		time.Sleep(15 * time.Millisecond)
+		// Each send is a batch of its own, arriving while the earlier
+		// ones are handled, failed and retried.
+		forceTick(t, env.pool, env.queue)
 	}
 	// Every event ends acknowledged or dead-lettered.
 	var dead map[int64]int
-	waitFor(t, 60*time.Second, "every event to succeed or be dead-lettered", func() bool {
+	pgtest.WaitFor(t, 60*time.Second, "every event to succeed or be dead-lettered", func() bool {
 		dead = deadLetters(t, env)
 		n := 0
 		for _, id := range all {
@@ -818,7 +820,7 @@ func runPauseRandomized(t *testing.T, poison bool) {
 	if !poison && len(dead) != 0 {
 		t.Fatalf("%d events dead-lettered", len(dead))
 	}
-	waitFor(t, 10*time.Second, "no blocked key", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
+	pgtest.WaitFor(t, 10*time.Second, "no blocked key", func() bool { return len(blockedKeys(t, env, "c")) == 0 })
 	failures := 0
 	for _, k := range keys {
 		var want []int64

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // replayed is one handler call, as a replay test records it.
@@ -101,7 +102,7 @@ func TestReplayDeadLetterMarksAndReports(t *testing.T) {
 	hFatal := send("h", "fatal")
 
 	var fDL, gDL, hDL pgque.DeadLetterEntry
-	waitFor(t, 30*time.Second, "the dead letters of f, g and h and f's later event", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "the dead letters of f, g and h and f's later event", func() bool {
 		var okF, okG, okH bool
 		fDL, okF = deadLetterOf(t, env, "f")
 		gDL, okG = deadLetterOf(t, env, "g")
@@ -130,7 +131,7 @@ func TestReplayDeadLetterMarksAndReports(t *testing.T) {
 		t.Fatalf("replaying h = %d, %v; want %d", id, err, hFatal)
 	}
 
-	waitFor(t, 30*time.Second, "the replays of f and g handled and h dead again", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "the replays of f and g handled and h dead again", func() bool {
 		_, dead := deadLetterOf(t, env, "h")
 		return len(rec.of("f")) == 4 && len(rec.of("g")) == 3 && len(rec.of("h")) == 3 && dead
 	})

@@ -183,7 +183,7 @@ func (r *resizeRun) resize(n int, live ...string) time.Duration {
 	start := time.Now()
 	// Right after a Postgres restart the first call may meet a dead
 	// connection; a call that committed answers PQ070 when repeated.
-	waitFor(r.t, 20*time.Second, fmt.Sprintf("ResizeSlots(%d) to be accepted", n), func() bool {
+	pgtest.WaitFor(r.t, 20*time.Second, fmt.Sprintf("ResizeSlots(%d) to be accepted", n), func() bool {
 		err := r.env.client.ResizeSlots(context.Background(), r.env.queue, "c", n)
 		if err != nil && !errors.Is(err, pgque.ErrResizeInProgress) {
 			r.t.Logf("ResizeSlots(%d): %v", n, err)
@@ -202,7 +202,7 @@ func (r *resizeRun) resize(n int, live ...string) time.Duration {
 func (r *resizeRun) waitResize(n int, live ...string) {
 	r.t.Helper()
 	sawPhase := false
-	waitFor(r.t, 90*time.Second, fmt.Sprintf("the resize to %d", n), func() bool {
+	pgtest.WaitFor(r.t, 90*time.Second, fmt.Sprintf("the resize to %d", n), func() bool {
 		rs, err := r.env.client.Resizes(context.Background(), r.env.queue)
 		if err != nil || len(rs) != 1 {
 			return false
@@ -389,9 +389,9 @@ func runResizeWhileWorking(t *testing.T, pause bool) {
 	}
 	stop := make(chan struct{})
 	produced := r.produce(stop, 500)
-	waitFor(t, 30*time.Second, "a first share of the stream", func() bool { return r.handled() > 500 })
+	pgtest.WaitFor(t, 30*time.Second, "a first share of the stream", func() bool { return r.handled() > 500 })
 	r.resize(16, workers...)
-	waitFor(t, 30*time.Second, "work on 16 slots", func() bool { return r.handled() > r.sentCount()/2 })
+	pgtest.WaitFor(t, 30*time.Second, "work on 16 slots", func() bool { return r.handled() > r.sentCount()/2 })
 	r.resize(3, workers...)
 	// A process deployed later with the first N follows the current one.
 	late := r.start("p4", 4)
@@ -400,7 +400,7 @@ func runResizeWhileWorking(t *testing.T, pause bool) {
 	}
 	close(stop)
 	<-produced
-	waitFor(t, 90*time.Second, "every event", func() bool { return r.handled() == r.sentCount() })
+	pgtest.WaitFor(t, 90*time.Second, "every event", func() bool { return r.handled() == r.sentCount() })
 	r.verify([]int{4, 16, 3})
 	if n, err := env.pool.Exec(context.Background(),
 		"select 1 from pgque.subscription where sub_name like 'c#%/4' or sub_name like 'c#%/16'"); err != nil || n.RowsAffected() != 0 {
@@ -436,7 +436,7 @@ func TestResizeSurvivesCrashAndRestart(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	produced := r.produce(stop, 500)
-	waitFor(t, 30*time.Second, "a first share of the stream", func() bool { return r.handled() > 500 })
+	pgtest.WaitFor(t, 30*time.Second, "a first share of the stream", func() bool { return r.handled() > 500 })
 	// Crash the process that works the most slots.
 	victim := "p1"
 	for _, w := range []string{"p2", "p3"} {
@@ -468,8 +468,8 @@ func TestResizeSurvivesCrashAndRestart(t *testing.T) {
 	restart()
 	t.Logf("crashed %s (it owned %d slots) and restarted Postgres mid-resize", victim, owned)
 	r.waitResize(16, live...)
-	waitFor(t, 30*time.Second, "work on 16 slots", func() bool { return r.handled() > r.sentCount()/2 })
-	waitFor(t, 20*time.Second, "ResizeSlots(3) after the restart", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "work on 16 slots", func() bool { return r.handled() > r.sentCount()/2 })
+	pgtest.WaitFor(t, 20*time.Second, "ResizeSlots(3) after the restart", func() bool {
 		err := env.client.ResizeSlots(ctx, env.queue, "c", 3)
 		return err == nil || errors.Is(err, pgque.ErrResizeInProgress)
 	})
@@ -477,7 +477,7 @@ func TestResizeSurvivesCrashAndRestart(t *testing.T) {
 	r.waitResize(3, live...)
 	close(stop)
 	<-produced
-	waitFor(t, 90*time.Second, "every event", func() bool { return r.handled() == r.sentCount() })
+	pgtest.WaitFor(t, 90*time.Second, "every event", func() bool { return r.handled() == r.sentCount() })
 	r.verify([]int{4, 16, 3})
 }
 

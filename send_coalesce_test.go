@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // Tests of Client.Send's coalescing (sendqueue.go). Each holds the one
@@ -70,7 +71,7 @@ func lockQueue(t *testing.T, env *testEnv, queue string) (unlock func()) {
 // waitLockWaiters waits until n backends wait for a lock.
 func waitLockWaiters(t *testing.T, env *testEnv, n int) {
 	t.Helper()
-	waitFor(t, 10*time.Second, fmt.Sprintf("%d sends waiting on the lock", n), func() bool {
+	pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("%d sends waiting on the lock", n), func() bool {
 		var got int
 		err := env.pool.QueryRow(context.Background(), `select count(*) from pg_locks
 		                                                   where not granted and database = (select oid from pg_database where datname = current_database())`).Scan(&got)
@@ -114,7 +115,7 @@ func TestSendCoalescesWaitingSends(t *testing.T) {
 	for i := range 10 {
 		sendAsync(ctx, c, env.queue, i, pgque.Event{Type: "t", Payload: map[string]int{"n": i}, PartitionKey: fmt.Sprint("k", i%3)}, out)
 	}
-	waitFor(t, 10*time.Second, "10 sends waiting", func() bool { return pgque.SendsWaiting(c) == 10 })
+	pgtest.WaitFor(t, 10*time.Second, "10 sends waiting", func() bool { return pgque.SendsWaiting(c) == 10 })
 	unlock()
 
 	ids := map[int64]int{}
@@ -180,7 +181,7 @@ func TestSendCoalescedFailureFailsOnlyItsEvent(t *testing.T) {
 		}
 		sendAsync(ctx, c, env.queue, i, ev, out)
 	}
-	waitFor(t, 10*time.Second, "5 sends waiting", func() bool { return pgque.SendsWaiting(c) == 5 })
+	pgtest.WaitFor(t, 10*time.Second, "5 sends waiting", func() bool { return pgque.SendsWaiting(c) == 5 })
 	unlock()
 
 	for range 6 {
@@ -209,7 +210,7 @@ func TestSendCoalescedMissingQueueFailsAllAtOnce(t *testing.T) {
 	for i := range 3 {
 		sendAsync(ctx, c, "no-such-queue", i, pgque.Event{Payload: i}, out)
 	}
-	waitFor(t, 10*time.Second, "3 sends waiting", func() bool { return pgque.SendsWaiting(c) == 3 })
+	pgtest.WaitFor(t, 10*time.Second, "3 sends waiting", func() bool { return pgque.SendsWaiting(c) == 3 })
 	unlock()
 	for range 4 {
 		o := <-out
@@ -232,13 +233,13 @@ func TestSendCancelledWhileWaitingIsNotSent(t *testing.T) {
 	c, out, unlock := stuckSend(t, env, pgque.Event{Type: "kept", Payload: 0}, 3)
 	cctx, cancel := context.WithCancel(ctx)
 	sendAsync(cctx, c, env.queue, 1, pgque.Event{Type: "cancelled", Payload: 1}, out)
-	waitFor(t, 10*time.Second, "a send waiting", func() bool { return pgque.SendsWaiting(c) == 1 })
+	pgtest.WaitFor(t, 10*time.Second, "a send waiting", func() bool { return pgque.SendsWaiting(c) == 1 })
 	cancel()
 	if o := <-out; o.i != 1 || !errors.Is(o.err, context.Canceled) {
 		t.Fatalf("cancelled send: got send %d with %v, want send 1 with context.Canceled", o.i, o.err)
 	}
 	sendAsync(ctx, c, env.queue, 2, pgque.Event{Type: "kept", Payload: 2}, out)
-	waitFor(t, 10*time.Second, "the next send waiting", func() bool { return pgque.SendsWaiting(c) == 2 })
+	pgtest.WaitFor(t, 10*time.Second, "the next send waiting", func() bool { return pgque.SendsWaiting(c) == 2 })
 	unlock()
 	for range 2 {
 		if o := <-out; o.err != nil {
@@ -433,13 +434,13 @@ func TestSendStuckQueueAndKeyLeavePoolToOthers(t *testing.T) {
 	// Statements of both are stuck (four of the queue's, one of the key's),
 	// and the queue's other 16 Sends have given up waiting for a statement
 	// and run, or wait to run, their own.
-	waitFor(t, 10*time.Second, "5 stuck statements", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "5 stuck statements", func() bool {
 		var n int
 		err := env.pool.QueryRow(ctx, `select count(*) from pg_stat_activity
 		                                where datname = current_database() and wait_event_type = 'Lock'`).Scan(&n)
 		return err == nil && n >= 5
 	})
-	waitFor(t, 10*time.Second, "the stuck sends past their patience", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the stuck sends past their patience", func() bool {
 		return pgque.SendCounters(c).Bypassed >= 16
 	})
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // slotGauges is an Observer that keeps each gauge's last value per slot.
@@ -104,14 +105,14 @@ func TestPartitionedConsumerTakesOverStalledSlot(t *testing.T) {
 	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
 		Queue: env.queue, Consumer: "c", Slots: 2, WorkerID: "live",
 		LeaseTTL: time.Second, ClaimInterval: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond,
-		Handler: func(_ context.Context, m *pgque.Message) error {
+		Handler: func(ctx context.Context, m *pgque.Message) error {
 			mu.Lock()
 			active[m.PartitionKey]++
 			if active[m.PartitionKey] > 1 && overlap == "" {
 				overlap = fmt.Sprintf("two handlers of key %s at once", m.PartitionKey)
 			}
 			mu.Unlock()
-			time.Sleep(time.Millisecond)
+			_ = pgtest.Work(ctx, time.Millisecond) // a call that takes time, so that an overlap would show
 			mu.Lock()
 			active[m.PartitionKey]--
 			handled[m.PartitionKey] = append(handled[m.PartitionKey], m.ID)
@@ -143,13 +144,7 @@ func TestPartitionedConsumerTakesOverStalledSlot(t *testing.T) {
 	}
 	waitUntil := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out after 30 s waiting for %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		pgtest.WaitFor(t, 30*time.Second, what, cond)
 	}
 
 	waitUntil("slot 1 to drain", func() bool { return done("tenant-1") })

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // TestPartitionedConsumerSubscribedLate: a pool that creates its
@@ -31,7 +32,7 @@ func TestPartitionedConsumerSubscribedLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	startFastTicker(t, env.client)
-	waitFor(t, 10*time.Second, "a tick after the sends", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "a tick after the sends", func() bool {
 		qs, err := env.client.Queues(ctx, env.queue)
 		return err == nil && len(qs) == 1 && qs[0].Unticked == 0 && qs[0].LastTickID > 1
 	})
@@ -58,7 +59,7 @@ func TestPartitionedConsumerSubscribedLate(t *testing.T) {
 	if s := lateLog.String(); !strings.Contains(s, "already had events") || !strings.Contains(s, "events_missed=") {
 		t.Errorf("a pool subscribed after the sends logged %q, want a warning that it misses events", s)
 	}
-	waitFor(t, 10*time.Second, "the StartFromOldest pool to receive the earlier events", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the StartFromOldest pool to receive the earlier events", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(got["oldest"]) == len(ids)
@@ -72,7 +73,7 @@ func TestPartitionedConsumerSubscribedLate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the later event at both pools", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the later event at both pools", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(got["late"]) == 1 && len(got["oldest"]) == len(ids)+1

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 func TestTickerExactlyOneLeads(t *testing.T) {
@@ -36,15 +37,17 @@ func TestTickerExactlyOneLeads(t *testing.T) {
 		}
 		return n, leader
 	}
-	waitFor(t, 5*time.Second, "a leader", func() bool { n, _ := leaders(); return n == 1 })
+	pgtest.WaitFor(t, 5*time.Second, "a leader", func() bool { n, _ := leaders(); return n == 1 })
 	for range 3 {
-		deadline := time.Now().Add(500 * time.Millisecond)
-		for time.Now().Before(deadline) {
+		// Half a second of lease renewals (LeaseTTL/4 apart) with never
+		// two leaders: the window is what is checked, not a wait.
+		from := time.Now()
+		pgtest.WaitFor(t, 5*time.Second, "half a second of leadership", func() bool {
 			if n, _ := leaders(); n > 1 {
 				t.Fatalf("%d tickers lead at once", n)
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return time.Since(from) >= 500*time.Millisecond
+		})
 		_, leader := leaders()
 		if err := leader.Stop(ctx); err != nil {
 			t.Fatal(err)
@@ -63,7 +66,7 @@ func TestTickerExactlyOneLeads(t *testing.T) {
 		if len(tickers) == 0 {
 			break
 		}
-		waitFor(t, 3*time.Second, "a new leader", func() bool { n, _ := leaders(); return n == 1 })
+		pgtest.WaitFor(t, 3*time.Second, "a new leader", func() bool { n, _ := leaders(); return n == 1 })
 		t.Logf("new leader after %v", time.Since(start))
 	}
 }
@@ -113,8 +116,9 @@ func TestTickerStopHandsOverAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer first.Stop(ctx)
-	waitFor(t, 5*time.Second, "the first ticker to lead", first.IsLeader)
-	second, err := newClient(t, env.pool).NewTicker(&pgque.TickerConfig{WorkerID: "second", LeaseTTL: ttl})
+	pgtest.WaitFor(t, 5*time.Second, "the first ticker to lead", first.IsLeader)
+	secondClient := newClient(t, env.pool)
+	second, err := secondClient.NewTicker(&pgque.TickerConfig{WorkerID: "second", LeaseTTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,18 +126,21 @@ func TestTickerStopHandsOverAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer second.Stop(ctx)
-	// The second ticker has asked for the lease and been refused: it now
-	// stands by until its next check, a quarter of the TTL away.
-	waitFor(t, 5*time.Second, "the second ticker to stand by", func() bool {
-		var owner string
-		err := env.pool.QueryRow(ctx, `select coalesce(owner, '') from pgque.ticker_lease`).Scan(&owner)
-		return err == nil && owner == "first" && !second.IsLeader()
+	// The second ticker has asked for the lease and been refused, and its
+	// session listens for the resignation: it now stands by until its next
+	// check, a quarter of the TTL away, unless the notice wakes it.
+	pgtest.WaitFor(t, 5*time.Second, "the second ticker to be refused and listen", func() bool {
+		return pgque.TickerRefused(second) > 0 && pgque.NotifierSessions(secondClient) > 0
 	})
-	time.Sleep(100 * time.Millisecond) // let its refused ticker_lead return
+	if second.IsLeader() {
+		t.Fatal("the second ticker leads beside the first")
+	}
+	stopped := time.Now()
 	if err := first.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ttl/8, "the second ticker to take over", second.IsLeader)
+	pgtest.WaitFor(t, ttl/8, "the second ticker to take over", second.IsLeader)
+	t.Logf("the second ticker took over %v after the first stopped", time.Since(stopped))
 }
 
 // roundCounter counts the ticker's rounds (MetricTickerRounds).
@@ -181,7 +188,7 @@ func TestTickerTicksAtItsInterval(t *testing.T) {
 		t.Fatal(err)
 	}
 	tk := startTickerWith(t, client, &pgque.TickerConfig{TickInterval: interval})
-	waitFor(t, 10*time.Second, "the ticker to lead", tk.IsLeader)
+	pgtest.WaitFor(t, 10*time.Second, "the ticker to lead", tk.IsLeader)
 
 	// Events always pending: a producer keeps one unticked event in the
 	// queue, sending again as soon as a tick covered its last one.
@@ -206,9 +213,9 @@ func TestTickerTicksAtItsInterval(t *testing.T) {
 	}()
 	// Measure over 50 rounds once 5 have passed with the producer running.
 	r0 := rounds.n.Load()
-	waitFor(t, 30*time.Second, "5 ticker rounds", func() bool { return rounds.n.Load() >= r0+5 })
+	pgtest.WaitFor(t, 30*time.Second, "5 ticker rounds", func() bool { return rounds.n.Load() >= r0+5 })
 	before, r1, start := count(), rounds.n.Load(), time.Now()
-	waitFor(t, 60*time.Second, "50 ticker rounds", func() bool { return rounds.n.Load() >= r1+50 })
+	pgtest.WaitFor(t, 60*time.Second, "50 ticker rounds", func() bool { return rounds.n.Load() >= r1+50 })
 	ticks, made, took := count()-before, int(rounds.n.Load()-r1), time.Since(start)
 	stopSending()
 	if err := <-sent; err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // syncBuffer is a bytes.Buffer safe for the pool's goroutines.
@@ -104,7 +105,7 @@ func TestLeaseTokenNeverLogged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the first event to be handled", func() bool { _, ok := handled.Load(id); return ok })
+	pgtest.WaitFor(t, 20*time.Second, "the first event to be handled", func() bool { _, ok := handled.Load(id); return ok })
 
 	// Another worker takes the lease over, as after an expiry (the test
 	// writes the takeover as the owner of the tables, so that the pool
@@ -117,11 +118,11 @@ func TestLeaseTokenNeverLogged(t *testing.T) {
 		thief.Token.Secret()).Scan(&thief.Epoch); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the pool to be refused", func() bool { return strings.Contains(logs.String(), "PQ085") })
+	pgtest.WaitFor(t, 20*time.Second, "the pool to be refused", func() bool { return strings.Contains(logs.String(), "PQ085") })
 	if _, err := env.client.Receiver(nil).ReleaseSlot(ctx, thief); err != nil {
 		t.Fatalf("thief's release: %v", err)
 	}
-	waitFor(t, 20*time.Second, "the pool to claim the slot again", func() bool { return len(pc.OwnedSlots()) == 1 })
+	pgtest.WaitFor(t, 20*time.Second, "the pool to claim the slot again", func() bool { return len(pc.OwnedSlots()) == 1 })
 	sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if err := pc.Stop(sctx); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // effectsTable creates the table the transactional handlers of these tests
@@ -98,15 +99,13 @@ func checkExactlyOnce(t *testing.T, env *testEnv, ids []int64) {
 		}
 		return n
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for count(`select count(distinct ev_id) from effects where ev_id = any($1)`, ids) != len(ids) ||
-		count(`select count(*) from pgque.retry_queue`) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 60 s: %d of %d events have effects, %d retries pending",
-				count(`select count(distinct ev_id) from effects where ev_id = any($1)`, ids), len(ids),
-				count(`select count(*) from pgque.retry_queue`))
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !pgtest.Eventually(ctx, 60*time.Second, func() bool {
+		return count(`select count(distinct ev_id) from effects where ev_id = any($1)`, ids) == len(ids) &&
+			count(`select count(*) from pgque.retry_queue`) == 0
+	}) {
+		t.Fatalf("after 60 s: %d of %d events have effects, %d retries pending",
+			count(`select count(distinct ev_id) from effects where ev_id = any($1)`, ids), len(ids),
+			count(`select count(*) from pgque.retry_queue`))
 	}
 	if dup := count(`select count(*) from (select ev_id from effects group by ev_id having count(*) > 1) d`); dup != 0 {
 		t.Errorf("%d events have their effect more than once", dup)
@@ -395,7 +394,7 @@ func TestTxLanesHeldKeyCompletes(t *testing.T) {
 		sent = merge(sent, sendSeq(t, env, others, 2))
 	}
 	ctx := context.Background()
-	waitFor(t, 60*time.Second, "the other keys' effects while the slow key is held", func() bool {
+	pgtest.WaitFor(t, 60*time.Second, "the other keys' effects while the slow key is held", func() bool {
 		var n int
 		if err := env.pool.QueryRow(ctx, `select count(*) from effects`).Scan(&n); err != nil {
 			t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // setupAPI gives an api test a database with queue "q", the given plain
@@ -94,11 +96,17 @@ func TestRetryRedeliversToThatConsumerOnly(t *testing.T) {
 			t.Fatalf("a received %v before the retry delay passed", msgIDs(early))
 		}
 		got = append(got, early...)
-		time.Sleep(100 * time.Millisecond)
 	}
 
-	time.Sleep(time.Until(nackAt.Add(delay + 50*time.Millisecond)))
-	moved += scalar[int32](t, pool, "select pgque.maint_retry_events()")
+	// Once the delay passed, maint_retry_events moves it, and not before.
+	pgtest.WaitFor(t, 10*time.Second+delay, "maint_retry_events to move the retry", func() bool {
+		n := scalar[int32](t, pool, "select pgque.maint_retry_events()")
+		if n != 0 && time.Since(nackAt) < delay {
+			t.Fatalf("maint_retry_events moved %d events %v after nack with a %v delay", n, time.Since(nackAt), delay)
+		}
+		moved += n
+		return moved > 0
+	})
 	if moved != 1 {
 		t.Fatalf("maint_retry_events moved %d events in all, want 1", moved)
 	}

@@ -57,22 +57,15 @@ func eventCount(t testing.TB, q db) int64 {
 // test when done delivers first (the call returned instead of waiting).
 func waitLocked[T any](t testing.TB, q db, pid uint32, done <-chan T) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		wait := scalar[*string](t, q, "select wait_event_type from pg_catalog.pg_stat_activity where pid = $1", pid)
-		if wait != nil && *wait == "Lock" {
-			return
-		}
+	pgtest.WaitFor(t, 10*time.Second, "the second sender to wait for the first", func() bool {
 		select {
 		case r := <-done:
 			t.Fatalf("second sender returned (%v) instead of waiting for the first", r)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("second sender never waited for the first")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		wait := scalar[*string](t, q, "select wait_event_type from pg_catalog.pg_stat_activity where pid = $1", pid)
+		return wait != nil && *wait == "Lock"
+	})
 }
 
 // backdate moves every dedup key back by d, as if d had passed: the keyed

@@ -229,10 +229,11 @@ func runProducerStress(t *testing.T, rotate bool) stressResult {
 						return
 					}
 					ids[id] = d
+					// Workload: the transaction stays open across ticks.
 					if long {
-						time.Sleep(time.Duration(20+rng.IntN(60)) * time.Millisecond)
+						_ = pgtest.Work(ctx, time.Duration(20+rng.IntN(60))*time.Millisecond)
 					} else {
-						time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+						_ = pgtest.Work(ctx, time.Duration(rng.IntN(3000))*time.Microsecond)
 					}
 				}
 				if rng.IntN(4) == 0 {
@@ -268,7 +269,7 @@ func runProducerStress(t *testing.T, rotate bool) stressResult {
 				fail("ticker: %v", err)
 				return
 			}
-			time.Sleep(3 * time.Millisecond)
+			_ = pgtest.Work(ctx, 3*time.Millisecond) // workload: the ticker's pace
 		}
 	}()
 	bg.Add(1)
@@ -281,7 +282,7 @@ func runProducerStress(t *testing.T, rotate bool) stressResult {
 				return
 			}
 			if !ok {
-				time.Sleep(2 * time.Millisecond)
+				_ = pgtest.Work(ctx, 2*time.Millisecond) // workload: an idle consumer's poll interval
 				continue
 			}
 			consume(evs)
@@ -308,7 +309,7 @@ func runProducerStress(t *testing.T, rotate bool) stressResult {
 					mu.Unlock()
 					last = cur
 				}
-				time.Sleep(5 * time.Millisecond)
+				_ = pgtest.Work(ctx, 5*time.Millisecond) // workload: maintenance's pace
 			}
 		}()
 	}
@@ -320,12 +321,10 @@ func runProducerStress(t *testing.T, rotate bool) stressResult {
 		defer mu.Unlock()
 		return res.committedTx >= 20 && res.rolledBackTx >= 5 && (!rotate || res.rotations >= 3)
 	}
-	for start := time.Now(); time.Since(start) < maxDuration && !stop.Load(); {
-		time.Sleep(50 * time.Millisecond)
-		if time.Since(start) >= duration && enough() {
-			break
-		}
-	}
+	start := time.Now()
+	pgtest.Eventually(ctx, maxDuration, func() bool {
+		return stop.Load() || (time.Since(start) >= duration && enough())
+	})
 	stop.Store(true)
 	prod.Wait()
 	bg.Wait()
@@ -342,7 +341,7 @@ func runProducerStress(t *testing.T, rotate bool) stressResult {
 		// Rotation after the drain must not take anything either: a last
 		// tick and drain find nothing new.
 		for range 3 {
-			time.Sleep(2 * time.Millisecond)
+			waitRotationDue(t, admin)
 			exec(t, admin, "select pgque.maint()")
 		}
 		tick(t, admin, "q")
@@ -407,22 +406,15 @@ func TestConcurrentNextBatchSameID(t *testing.T) {
 
 	// The second caller must be waiting on a lock, not returning.
 	pid2 := c2.PgConn().PID()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		wait := scalar[*string](t, pool, "select wait_event_type from pg_catalog.pg_stat_activity where pid = $1", pid2)
-		if wait != nil && *wait == "Lock" {
-			break
-		}
+	pgtest.WaitFor(t, 10*time.Second, "the second next_batch to wait on the subscription lock", func() bool {
 		select {
 		case r := <-done:
 			t.Fatalf("second next_batch returned (%v, %v) while the first caller's transaction was open", r.id, r.err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("second next_batch never waited on the subscription lock")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		wait := scalar[*string](t, pool, "select wait_event_type from pg_catalog.pg_stat_activity where pid = $1", pid2)
+		return wait != nil && *wait == "Lock"
+	})
 	select {
 	case r := <-done:
 		t.Fatalf("second next_batch returned (%v, %v) while blocked", r.id, r.err)

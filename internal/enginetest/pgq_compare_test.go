@@ -160,10 +160,11 @@ func TestBatchesMatchPgQ(t *testing.T) {
 						return
 					}
 					payloads = append(payloads, d)
+					// Workload: the transaction stays open across ticks.
 					if long {
-						time.Sleep(time.Duration(10+rng.IntN(40)) * time.Millisecond)
+						_ = pgtest.Work(ctx, time.Duration(10+rng.IntN(40))*time.Millisecond)
 					} else {
-						time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+						_ = pgtest.Work(ctx, time.Duration(rng.IntN(2000))*time.Microsecond)
 					}
 				}
 				if rng.IntN(4) == 0 {
@@ -207,23 +208,21 @@ func TestBatchesMatchPgQ(t *testing.T) {
 				return
 			}
 			ticks.Add(1)
-			time.Sleep(4 * time.Millisecond)
+			_ = pgtest.Work(ctx, 4*time.Millisecond) // workload: the ticker's pace
 		}
 	}()
 	// Run for duration, longer (up to maxDuration) on a slow machine until
 	// long transactions and rollbacks have happened.
-	for start := time.Now(); time.Since(start) < maxDuration && !stop.Load(); {
-		time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	pgtest.Eventually(ctx, maxDuration, func() bool {
 		mu.Lock()
 		// Ticks too: on a loaded machine a tick can take long enough that
 		// the events above fall into fewer than the 10 batches the checks
 		// below need.
 		enough := spanning >= 3 && rollbacks >= 5 && len(committed) >= 100 && ticks.Load() >= 20
 		mu.Unlock()
-		if time.Since(start) >= duration && enough {
-			break
-		}
-	}
+		return stop.Load() || (time.Since(start) >= duration && enough)
+	})
 	stop.Store(true)
 	wg.Wait()
 	if t.Failed() {

@@ -54,7 +54,7 @@ func curTable(t testing.TB, q db) int32 {
 // behind an open transaction.
 func maintRotate(t testing.TB, q db) {
 	t.Helper()
-	time.Sleep(3 * time.Millisecond)
+	waitRotationDue(t, q)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := q.Exec(ctx, "select pgque.maint()"); err != nil {
@@ -383,7 +383,7 @@ func TestRetriesUnderRotation(t *testing.T) {
 						return
 					}
 					ids = append(ids, id)
-					time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+					_ = pgtest.Work(ctx, time.Duration(rng.IntN(2000))*time.Microsecond) // workload: an open transaction
 				}
 				if rng.IntN(5) == 0 {
 					tx.Rollback(ctx)
@@ -410,7 +410,7 @@ func TestRetriesUnderRotation(t *testing.T) {
 					fail("%s: %v", name, err)
 					return
 				}
-				time.Sleep(pause)
+				_ = pgtest.Work(ctx, pause) // workload: the step's pace
 			}
 		}()
 	}
@@ -482,15 +482,13 @@ func TestRetriesUnderRotation(t *testing.T) {
 		})
 	}
 
-	for start := time.Now(); time.Since(start) < maxDuration && !stop.Load(); {
-		time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	pgtest.Eventually(ctx, maxDuration, func() bool {
 		mu.Lock()
 		enough := rotations >= 3 && len(aNacked) >= 20 && len(aDead) >= 1
 		mu.Unlock()
-		if time.Since(start) >= duration && enough {
-			break
-		}
-	}
+		return stop.Load() || (time.Since(start) >= duration && enough)
+	})
 	stop.Store(true)
 	wg.Wait()
 	if t.Failed() {
@@ -650,7 +648,7 @@ func TestRotationUnderRepeatableRead(t *testing.T) {
 	if err := ptx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Millisecond)
+	waitRotationDue(t, pool)
 	if err := queryErr(m, "select pgque.maint()"); err != nil {
 		wantCode(t, "maint() under repeatable read", err, "PQ011", "repeatable read")
 		exec(t, m, "rollback")
@@ -670,4 +668,14 @@ func TestRotationUnderRepeatableRead(t *testing.T) {
 		}
 		exec(t, m, "rollback")
 	}
+}
+
+// waitRotationDue waits until every queue's rotation period has passed
+// since its last switch, by the clock and the rule maint() uses.
+func waitRotationDue(t testing.TB, q db) {
+	t.Helper()
+	pgtest.WaitFor(t, 10*time.Second, "the rotation period to pass", func() bool {
+		return scalar[bool](t, q, `select coalesce(bool_and(clock_timestamp() - queue_switch_time >= queue_rotation_period), true)
+			from pgque.queue`)
+	})
 }

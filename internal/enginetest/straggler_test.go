@@ -167,15 +167,9 @@ func TestTickerSettlesIdleTicks(t *testing.T) {
 			_, err := producer.Exec(ctx, produce)
 			sent <- err
 		}()
-		for i := 0; ; i++ {
-			if scalar[bool](t, pool, "select exists (select 1 from pg_stat_activity where pid = $1 and wait_event_type = 'Lock')", pid) {
-				break
-			}
-			if i == 500 {
-				t.Fatalf("%s: the producer never waited for pgque.event's lock", produce)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		pgtest.WaitFor(t, 10*time.Second, produce+": the producer to wait for pgque.event's lock", func() bool {
+			return scalar[bool](t, pool, "select exists (select 1 from pg_stat_activity where pid = $1 and wait_event_type = 'Lock')", pid)
+		})
 		tk, _ := poll(ticker, "select pgque.ticker('q')")
 		if tk == nil {
 			t.Fatalf("%s: no tick after the producer took its ev_id", produce)
@@ -210,19 +204,13 @@ func TestTickerSettlesIdleTicks(t *testing.T) {
 	// bounded number of polls the ticker stops probing.
 	settle := func(c *pgx.Conn, call string) {
 		t.Helper()
-		for i := 0; ; i++ {
+		pgtest.WaitFor(t, 10*time.Second, call+" to stop probing an idle queue", func() bool {
 			tk, scans := poll(c, call)
 			if tk != nil {
 				t.Fatalf("%s ticked an idle queue", call)
 			}
-			if scans == 0 {
-				break
-			}
-			if i == 500 {
-				t.Fatalf("%s still probes after %d polls of an idle queue", call, i)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return scans == 0
+		})
 		for i := range 3 {
 			if tk, scans := poll(c, call); tk != nil || scans != 0 {
 				t.Fatalf("%s poll %d after settling: tick %v, %d scans; want none", call, i, tk, scans)

@@ -3,6 +3,8 @@ package enginetest
 import (
 	"testing"
 	"time"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // The ticker lease renews without updating its row (renewals move
@@ -30,27 +32,24 @@ func TestTickerLeaseRenewalWithoutRowVersions(t *testing.T) {
 	claimed, e1 := rowVersion(), epoch()
 	// Renew for longer than the claim's TTL: b stays refused all along,
 	// so the renewals are what keeps a's lease alive.
-	end := time.Now().Add(1200 * time.Millisecond)
-	for time.Now().Before(end) {
+	// The 1.2 s window, three TTLs, is the subject, not a wait.
+	from := time.Now()
+	pgtest.WaitFor(t, 30*time.Second, "1.2 s of renewals", func() bool {
 		if !lead("a", "400 milliseconds") {
 			t.Fatal("a lost the lease it renews")
 		}
 		if lead("b", "400 milliseconds") {
 			t.Fatal("b took the lease while a renews it")
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return time.Since(from) >= 1200*time.Millisecond
+	})
 	if v := rowVersion(); v != claimed {
 		t.Errorf("renewals rewrote the lease row: version %s, claimed as %s", v, claimed)
 	}
 	// a stops renewing: b takes over once the renewed expiry passed.
-	deadline := time.Now().Add(10 * time.Second)
-	for !lead("b", "400 milliseconds") {
-		if time.Now().After(deadline) {
-			t.Fatal("b never took over the lease a stopped renewing")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	pgtest.WaitFor(t, 10*time.Second, "b to take over the lease a stopped renewing", func() bool {
+		return lead("b", "400 milliseconds")
+	})
 	if e2 := epoch(); e2 != e1+1 {
 		t.Errorf("epoch after the takeover = %d, want %d", e2, e1+1)
 	}

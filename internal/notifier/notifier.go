@@ -14,6 +14,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,6 +49,9 @@ type Notifier struct {
 	logger   *slog.Logger
 	retry    backoff.Policy
 
+	// sessions counts the sessions that reached LISTEN (see Sessions).
+	sessions atomic.Int64
+
 	mu     sync.Mutex
 	subs   map[*Subscription]struct{}
 	cancel context.CancelFunc
@@ -64,6 +68,12 @@ func New(connect ConnectFunc, channels []string, logger *slog.Logger) *Notifier 
 		subs:     make(map[*Subscription]struct{}),
 	}
 }
+
+// Sessions returns how many sessions have reached LISTEN on every channel
+// so far. A notification sent after it grew is delivered; tests use it to
+// know that a (re)connected session listens, where they would otherwise
+// have to guess how long connecting takes.
+func (n *Notifier) Sessions() int64 { return n.sessions.Load() }
 
 // Listen subscribes to channel (one of those given to New); match filters
 // payloads (nil accepts all).
@@ -153,6 +163,7 @@ func (n *Notifier) session(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
+	n.sessions.Add(1)
 	// Anything sent while we were not listening is lost: wake everyone.
 	n.dispatch("", "", true)
 	for {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // tickByRule waits for the ticker's own rule to tick q (events pending and
@@ -12,14 +14,12 @@ import (
 // covers, which is what a catch-up batch is cut by.
 func tickByRule(t *testing.T, d *db, q string) int64 {
 	t.Helper()
-	for range 200 {
-		time.Sleep(12 * time.Millisecond)
-		if id := one[*int64](t, d.pool, "select pgque.ticker($1)", q); id != nil {
-			return *id
-		}
-	}
-	t.Fatalf("the ticker made no tick of %s in 2.4 s", q)
-	return 0
+	var id *int64
+	pgtest.WaitFor(t, 10*time.Second, "the ticker's rule to tick "+q, func() bool {
+		id = one[*int64](t, d.pool, "select pgque.ticker($1)", q)
+		return id != nil
+	})
+	return *id
 }
 
 // T-catch-up: a consumer that is behind takes as many ticks per batch as

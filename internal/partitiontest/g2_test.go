@@ -221,15 +221,10 @@ func TestG2Parallel(t *testing.T) {
 // waitForLockWait waits until backend pid waits on a heavyweight lock.
 func waitForLockWait(t *testing.T, d *db, pid int32) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if one[bool](t, d.pool, `select coalesce(wait_event_type = 'Lock', false)
-			from pg_catalog.pg_stat_activity where pid = $1`, pid) {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("backend %d never waited on a lock: the second caller was not blocked by the first", pid)
+	pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("backend %d to wait on a lock (the second caller blocked by the first)", pid), func() bool {
+		return one[bool](t, d.pool, `select coalesce(wait_event_type = 'Lock', false)
+			from pg_catalog.pg_stat_activity where pid = $1`, pid)
+	})
 }
 
 func earliest(a, b time.Time) time.Time {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -513,4 +514,25 @@ func (d *db) claimAll(q, c string, n int, worker string, max int) []slotRef {
 		refs[k] = slotRef{q: q, c: c, slot: k, n: n, worker: worker, max: max}
 	}
 	return refs
+}
+
+// waitLeaseExpired waits until the lease of slot of consumer c on queue q
+// has run out by the server's clock, the one the lease functions read.
+func waitLeaseExpired(t *testing.T, d *db, q, c string, slot int) {
+	t.Helper()
+	pgtest.WaitFor(t, 30*time.Second, fmt.Sprintf("the lease of slot %d to expire", slot), func() bool {
+		return one[bool](t, d.pool, `select coalesce(lease_until < clock_timestamp(), false) from pgque.partition_slot_status
+			where queue = $1 and consumer = $2 and slot = $3`, q, c, slot)
+	})
+}
+
+// waitServerClock waits until the server's clock, the one the SQL under
+// test reads, has moved on by at least age: what was stamped before the
+// call is then that old.
+func waitServerClock(t *testing.T, d *db, age time.Duration) {
+	t.Helper()
+	from := one[time.Time](t, d.pool, "select clock_timestamp()")
+	pgtest.WaitFor(t, 30*time.Second, fmt.Sprintf("the server's clock to move on by %v", age), func() bool {
+		return one[bool](t, d.pool, "select clock_timestamp() >= $1::timestamptz + $2::interval", from, age)
+	})
 }

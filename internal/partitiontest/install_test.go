@@ -169,18 +169,14 @@ func TestConcurrentInstallsCreateRolesOnce(t *testing.T) {
 		done <- err
 	}()
 	// b's installer waits for a's uncommitted roles...
-	deadline := time.Now().Add(30 * time.Second)
-	for !one[bool](t, su, "select coalesce(bool_or(wait_event_type = 'Lock'), false) from pg_stat_activity where pid = $1", pidB) {
+	pgtest.WaitFor(t, 30*time.Second, "install into b to wait on a's roles", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("install into b finished (%v) while a's install was uncommitted; expected it to wait on a's roles", err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("install into b never waited on a's roles")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return one[bool](t, su, "select coalesce(bool_or(wait_event_type = 'Lock'), false) from pg_stat_activity where pid = $1", pidB)
+	})
 	// ...and carries on once they are committed.
 	if err := txA.Commit(ctx); err != nil {
 		t.Fatal(err)

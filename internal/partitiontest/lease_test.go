@@ -88,7 +88,6 @@ func TestLease(t *testing.T) {
 	d.createQueue("ls")
 	d.subscribeSlots("ls", "c", 2)
 	const ttl = "200 milliseconds"
-	const expire = 350 * time.Millisecond
 
 	if e := mustClaim(t, d.pool, "ls", "c", 0, "w1", "1 hour"); e != 1 {
 		t.Errorf("first claim epoch = %d, want 1", e)
@@ -127,7 +126,7 @@ func TestLease(t *testing.T) {
 	}
 
 	// Takeover after expiry bumps the epoch and fences the old owner.
-	time.Sleep(expire)
+	waitLeaseExpired(t, d, "ls", "c", 0)
 	if e := mustClaim(t, d.pool, "ls", "c", 0, "w3", "1 hour"); e != 3 {
 		t.Errorf("takeover of an expired lease: epoch %d, want 3", e)
 	}
@@ -145,7 +144,7 @@ func TestLease(t *testing.T) {
 		t.Errorf("first claim of slot 1: epoch %d, want 1", e)
 	}
 	mustClaim(t, d.pool, "ls", "c", 0, "w3", ttl) // renew w3 with a short ttl
-	time.Sleep(expire)
+	waitLeaseExpired(t, d, "ls", "c", 0)
 	if owner, _, _ := leaseRow(t, d, "ls", "c", 0); owner != nil {
 		t.Errorf("partition_slot_status owner of an expired lease = %s, want NULL", *owner)
 	}
@@ -190,7 +189,7 @@ func TestFencing(t *testing.T) {
 	if len(zrows) != 3 {
 		t.Fatalf("zombie received %v, want 3 events", ids(zrows))
 	}
-	time.Sleep(350 * time.Millisecond) // the zombie stalls past its TTL
+	waitLeaseExpired(t, d, "fe", "c", slot) // the zombie stalls past its TTL
 
 	he := mustClaim(t, d.pool, "fe", "c", slot, "heir", "1 hour")
 	if he != ze+1 {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // readCost is what one read did, from its transaction's own statistics:
@@ -213,16 +215,10 @@ func TestReaders(t *testing.T) {
 	// ticker_max_lag has passed: force_next_tick moves the event sequence
 	// past the events it counts.)
 	id := d.send("q", nil)
-	ticked := false
-	for range 100 {
-		time.Sleep(20 * time.Millisecond)
-		if one[*int64](t, d.pool, "select pgque.ticker('q')") != nil {
-			ticked = true
-			break
-		}
-	}
-	if !ticked {
-		t.Fatal("the ticker made no tick for a pending event in 2 s")
+	if !pgtest.Eventually(context.Background(), 10*time.Second, func() bool {
+		return one[*int64](t, d.pool, "select pgque.ticker('q')") != nil
+	}) {
+		t.Fatal("the ticker made no tick for a pending event in 10 s")
 	}
 	c = measureRead(t, conn, func(tx pgx.Tx) { large = receiveIDs(t, tx, "q", "large", 1000) })
 	if c.readerCalls == 0 || !slices.Equal(large, []int64{id}) {

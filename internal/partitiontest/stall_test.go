@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // stallRow is one row of partition_slot_stalls.
@@ -66,14 +68,14 @@ func TestStalledSlotView(t *testing.T) {
 
 	live := slotRef{q: "st", c: "c", slot: 3, n: 4, worker: "w", max: 100}
 	want := map[int]string{0: "not progressing", 1: "unclaimed", 2: "lease expired"}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var got map[int]stallRow
+	pgtest.WaitFor(t, 30*time.Second, "slots 0, 1 and 2 to be reported stalled with a 2 s stall bound", func() bool {
 		// Slot 0's owner only renews; slot 3's consumes.
 		mustClaim(t, d.pool, "st", "c", 0, "w", "1 second")
 		if len(mustReceive(t, d.pool, live)) > 0 {
 			mustAck(t, d.pool, live)
 		}
-		got := stalls(t, d, "st", "c")
+		got = stalls(t, d, "st", "c")
 		if got[3].stalled || got[3].behind {
 			t.Fatalf("the consuming slot 3 is reported %+v", got[3])
 		}
@@ -87,16 +89,10 @@ func TestStalledSlotView(t *testing.T) {
 				t.Fatalf("slot %d stalled with reason %v, want %q", s, got[s].reason, reason)
 			}
 		}
-		if done {
-			if got[0].owner == nil || *got[0].owner != "w" {
-				t.Errorf("slot 0 owner = %v, want the renewing worker", got[0].owner)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 30 s with a 2 s stall bound the view says %+v", got)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return done
+	})
+	if got[0].owner == nil || *got[0].owner != "w" {
+		t.Errorf("slot 0 owner = %v, want the renewing worker", got[0].owner)
 	}
 
 	// A heartbeat is not progress; consuming is: slot 0 receives and acks
@@ -113,13 +109,10 @@ func TestStalledSlotView(t *testing.T) {
 
 	// A caught-up slot is idle, not stalled, however long ago it last
 	// moved: wait until slot 3's last progress is past its stall bound.
-	for one[bool](t, d.pool, `select last_progress >= clock_timestamp() - stall_after
-			from pgque.partition_slot_stalls where queue = 'st' and consumer = 'c' and slot = 3`) {
-		if time.Now().After(deadline.Add(30 * time.Second)) {
-			t.Fatal("slot 3's last progress never got older than its stall bound")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	pgtest.WaitFor(t, 30*time.Second, "slot 3's last progress to get older than its stall bound", func() bool {
+		return !one[bool](t, d.pool, `select last_progress >= clock_timestamp() - stall_after
+			from pgque.partition_slot_stalls where queue = 'st' and consumer = 'c' and slot = 3`)
+	})
 	if r := stalls(t, d, "st", "c")[3]; r.stalled || r.behind {
 		t.Errorf("caught-up slot 3 with old progress: %+v, want neither behind nor stalled", r)
 	}

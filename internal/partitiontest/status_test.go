@@ -114,7 +114,7 @@ func TestSlotStatus(t *testing.T) {
 		want[pinnedSlot(t, s.key, 8)] += int64(s.count)
 		total += s.count
 	}
-	time.Sleep(50 * time.Millisecond) // so the oldest pending event has an age
+	waitServerClock(t, d, 50*time.Millisecond) // so the oldest pending event has an age
 	check := func(stage string) {
 		t.Helper()
 		rows, err := d.pool.Query(ctx, `select slot, lag, extract(epoch from oldest_pending_age)
@@ -167,7 +167,7 @@ func TestSlotStatus(t *testing.T) {
 	if owner == nil || *owner != "w" || epoch != 1 {
 		t.Errorf("live lease: owner %s epoch %d, want w and 1", keyString(owner), epoch)
 	}
-	time.Sleep(2300 * time.Millisecond)
+	waitLeaseExpired(t, d, "st", "c", 2)
 	owner, epoch, until := leaseRow(t, d, "st", "c", 2)
 	if owner != nil || epoch != 1 || until == nil {
 		t.Errorf("expired lease: owner %s epoch %d lease_until %v; want NULL owner, epoch 1, the past expiry", keyString(owner), epoch, until)
@@ -197,7 +197,7 @@ func TestSlotStatusCountsBlockedKeys(t *testing.T) {
 	a1 := d.send("sb", k)
 	d.send("sb", k)
 	d.send("sb", ptr("tenant-2"))
-	time.Sleep(50 * time.Millisecond) // so the held events have an age
+	waitServerClock(t, d, 50*time.Millisecond) // so the held events have an age
 	d.tick("sb")
 	if ms := mustReceive(t, d.pool, p); len(ms) != 3 {
 		t.Fatalf("received %v, want 3 events", ids(ms))

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque/internal/pgcluster"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // orphanEnv makes the test binary start a cluster, print its directory and
@@ -45,17 +46,10 @@ func TestWatchdogRemovesOrphanedCluster(t *testing.T) {
 		t.Fatalf("orphaning a cluster: %s", out)
 	}
 	pid := postmasterPID(t, dir)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	pgtest.WaitFor(t, 30*time.Second, fmt.Sprintf("the watchdog to remove cluster directory %s after its creator exited", dir), func() bool {
 		_, err := os.Stat(dir)
-		if errors.Is(err, fs.ErrNotExist) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cluster directory %s still exists 30s after its creator exited", dir)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return errors.Is(err, fs.ErrNotExist)
+	})
 	if pid > 0 && processRunning(pid) {
 		t.Errorf("postmaster %d still runs after the watchdog cleaned up", pid)
 	}

@@ -117,7 +117,7 @@ func TestHostileNeighbours(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Stop(ctx)
-	waitUntil(t, 20*time.Second, "the pool to hold its 4 slots", func() bool { return len(pool.OwnedSlots()) == 4 })
+	pgtest.WaitFor(t, 20*time.Second, "the pool to hold its 4 slots", func() bool { return len(pool.OwnedSlots()) == 4 })
 
 	runCtx, stopRun := context.WithTimeout(ctx, 4*time.Second)
 	defer stopRun()
@@ -143,7 +143,7 @@ func TestHostileNeighbours(t *testing.T) {
 				worstSend.Store(d)
 			}
 			sent.Add(1)
-			time.Sleep(2 * time.Millisecond)
+			_ = pgtest.Work(runCtx, 2*time.Millisecond) // the producer's pace is the workload
 		}
 	}()
 	var minOwned atomic.Int64
@@ -151,11 +151,19 @@ func TestHostileNeighbours(t *testing.T) {
 	wg.Add(1)
 	go func() { // watches the pool's slots
 		defer wg.Done()
-		for runCtx.Err() == nil {
+		// Sampled every 20 ms for the whole run: the samples are the
+		// observation, not a wait.
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
 			if n := int64(len(pool.OwnedSlots())); n < minOwned.Load() {
 				minOwned.Store(n)
 			}
-			time.Sleep(20 * time.Millisecond)
+			select {
+			case <-runCtx.Done():
+				return
+			case <-tick.C:
+			}
 		}
 	}()
 
@@ -189,7 +197,7 @@ func TestHostileNeighbours(t *testing.T) {
 					return
 				}
 			}
-			time.Sleep(5 * time.Millisecond)
+			_ = pgtest.Work(runCtx, 5*time.Millisecond) // the stranger's pace is the workload
 		}
 	}()
 	wg.Add(1)
@@ -294,7 +302,7 @@ func TestHostileNeighbours(t *testing.T) {
 	}()
 
 	// The superuser re-installs while everything runs.
-	time.Sleep(time.Second)
+	pgtest.WaitFor(t, 30*time.Second, "the producer to be sending", func() bool { return sent.Load() >= 100 })
 	superApp := pgtest.Conn(t, c.DSN("neighbours"))
 	if _, err := install.Install(ctx, superApp); err != nil {
 		var pe *pgconn.PgError
@@ -311,7 +319,7 @@ func TestHostileNeighbours(t *testing.T) {
 	default:
 	}
 	total := sent.Load()
-	waitUntil(t, 30*time.Second, "every event to be handled", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "every event to be handled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return int64(len(handled)) >= total
@@ -355,17 +363,5 @@ func TestHostileNeighbours(t *testing.T) {
 }
 
 func super2(t *testing.T, dsn string) *pgx.Conn { return pgtest.Conn(t, dsn) }
-
-// waitUntil polls cond until it holds or timeout passes.
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 var _ = pgconn.PgError{}

@@ -50,6 +50,9 @@ func (t *Ticker) reportError(ctx context.Context, err error) {
 type Ticker struct {
 	cfg    Config
 	leader atomic.Bool
+	// refused counts the lease requests another ticker's lease refused
+	// (see Refused).
+	refused atomic.Int64
 }
 
 // New returns a Ticker; Run runs it.
@@ -57,6 +60,12 @@ func New(cfg Config) *Ticker { return &Ticker{cfg: cfg} }
 
 // IsLeader reports whether this ticker holds the lease right now.
 func (t *Ticker) IsLeader() bool { return t.leader.Load() }
+
+// Refused returns how many of this ticker's lease requests were refused
+// because another ticker held the lease. Once it grew, the ticker stands
+// by until its next check or a resignation notice: tests use it to know
+// that a standing ticker has asked, where they would otherwise sleep.
+func (t *Ticker) Refused() int64 { return t.refused.Load() }
 
 // schedule tracks when each duty is due next.
 type schedule struct {
@@ -148,6 +157,7 @@ func (t *Ticker) step(ctx context.Context, s *schedule) error {
 			s.leaderUntil = now.Add(t.cfg.LeaseTTL/2 - t.cfg.LeaseTTL/10)
 		} else {
 			s.leaderUntil = time.Time{}
+			t.refused.Add(1)
 		}
 	}
 	if !t.setLeader(ctx, now.Before(s.leaderUntil)) {

@@ -57,10 +57,7 @@ func TestClaimsOldestHeadFirst(t *testing.T) {
 		workCtx, kill := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); p.Run(fetchCtx, workCtx) }()
-		deadline := time.Now().Add(10 * time.Second)
-		for len(p.Owned()) == 0 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		pgtest.Eventually(ctx, 10*time.Second, func() bool { return len(p.Owned()) > 0 })
 		owned := p.Owned()
 		stop()
 		<-done

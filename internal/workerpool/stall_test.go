@@ -42,7 +42,9 @@ func (l *ledger) handle(key string, id int64) {
 		l.overlap = fmt.Sprintf("two handlers of key %s at once (event %d)", key, id)
 	}
 	l.mu.Unlock()
-	time.Sleep(time.Millisecond) // give an overlapping handler the chance to show
+	// A handler that takes time, so that a second handler of the key run
+	// at once would be seen inside; it waits for nothing (not a race).
+	time.Sleep(time.Millisecond)
 	l.mu.Lock()
 	l.active[key]--
 	l.byKey[key] = append(l.byKey[key], id)

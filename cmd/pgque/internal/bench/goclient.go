@@ -182,7 +182,19 @@ func drainTimeout(events int, cost time.Duration, workers int) time.Duration {
 // handler that costs cost per event. It fails on any per-tenant order
 // violation. Events per second.
 func (p *pgqueDB) partitionedRate(ctx context.Context, client *pgque.Client, nslots, events int, cost time.Duration) (float64, error) {
+	return p.partitionedRateWith(ctx, client, nslots, events, cost, nil)
+}
+
+// partitionedRateWith is partitionedRate with the consumer's configuration
+// changed by configure (nil: none).
+func (p *pgqueDB) partitionedRateWith(ctx context.Context, client *pgque.Client, nslots, events int, cost time.Duration,
+	configure func(*pgque.PartitionedConsumerConfig)) (float64, error) {
 	q := p.fresh("part")
+	oc := newOrderCheck(events)
+	cfg := pgque.PartitionedConsumerConfig{Queue: q, Consumer: "workers", Slots: nslots, Handler: oc.handler(cost)}
+	if configure != nil {
+		configure(&cfg)
+	}
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
 		return 0, err
@@ -196,6 +208,12 @@ func (p *pgqueDB) partitionedRate(ctx context.Context, client *pgque.Client, nsl
 		for k := range nslots {
 			if _, err := c.Exec(ctx, "select pgque.subscribe_slot($1, 'workers', $2, $3)", q, k, nslots); err != nil {
 				return fmt.Errorf("subscribe_slot: %w", err)
+			}
+		}
+		// The consumer refuses slots subscribed under another policy.
+		if cfg.FailurePolicy != 0 {
+			if _, err := c.Exec(ctx, "select pgque.set_failure_policy($1, 'workers', $2)", q, cfg.FailurePolicy.String()); err != nil {
+				return fmt.Errorf("set_failure_policy: %w", err)
 			}
 		}
 		return backlog(ctx, c, q, events)
@@ -219,10 +237,7 @@ func (p *pgqueDB) partitionedRate(ctx context.Context, client *pgque.Client, nsl
 		defer cancel()
 		_ = tk.Stop(sctx)
 	}()
-	oc := newOrderCheck(events)
-	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
-		Queue: q, Consumer: "workers", Slots: nslots, Handler: oc.handler(cost),
-	})
+	pc, err := client.NewPartitionedConsumer(&cfg)
 	if err != nil {
 		return 0, err
 	}

@@ -217,7 +217,7 @@ func TestEndToEnd(t *testing.T) {
 
 	// A temporary subscription: tail starts it; wait until it exists.
 	tail := c.background("tail", "files", "--json", "--max", "3")
-	waitFor(t, "tail's temporary subscription", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "tail's temporary subscription", func() bool {
 		var st statusReport
 		c.okJSON(&st, "status", "--json")
 		for _, cons := range st.Consumers {
@@ -274,9 +274,23 @@ func TestEndToEnd(t *testing.T) {
 
 	// --from-now skips (and consumes) the backlog: only the event sent
 	// after tail started is printed.
+	auditPending := func() int64 {
+		var st statusReport
+		c.okJSON(&st, "status", "--json")
+		for _, cons := range st.Consumers {
+			if cons.Consumer == "audit" {
+				return cons.Pending
+			}
+		}
+		t.Fatalf("status --json has no consumer audit: %+v", st.Consumers)
+		return 0
+	}
 	before := evIDs(t, c.ok("", "send", "files", `{"when":"before"}`, "--key", "tenant-4"))
+	pgtest.WaitFor(t, 20*time.Second, "the event sent before tail to be ticked", func() bool { return auditPending() > 0 })
 	tail = c.background("tail", "files", "--consumer", "audit", "--from-now", "--json", "--max", "1", "--timeout", "30s")
-	time.Sleep(500 * time.Millisecond)
+	// Tail has taken its start from the server's clock once it consumed
+	// (and skipped) that backlog: only then is the next event "after".
+	pgtest.WaitFor(t, 20*time.Second, "tail to skip the backlog", func() bool { return auditPending() == 0 })
 	after := evIDs(t, c.ok("", "send", "files", `{"when":"after"}`, "--key", "tenant-4"))
 	if r := tail.wait(); len(tailEvents(t, r.stdout)) != 1 || tailEvents(t, r.stdout)[0].EvID != after[0] {
 		t.Errorf("tail --from-now (events %v before, %v after): %v", before, after, r)
@@ -322,6 +336,9 @@ func TestEndToEnd(t *testing.T) {
 
 	// status --watch refreshes until interrupted, one JSON document a line.
 	watch := c.background("status", "--watch", "--json")
+	// The refresh period (a second) is what is checked: in 1.5 s the
+	// command prints at once and once more. Not a race: a slower machine
+	// prints fewer lines and fails, it never passes wrongly.
 	time.Sleep(1500 * time.Millisecond)
 	if r := watch.stop(); r.code != 0 || strings.Count(r.stdout, "\n") < 2 || !strings.HasPrefix(r.stdout, `{"time":`) {
 		t.Errorf("status --watch --json: %v", r)
@@ -407,7 +424,7 @@ func nackAll(t *testing.T, conn *pgx.Conn, queue, consumer string, n int) {
 	ctx := context.Background()
 	var batch int64
 	var msgs []int64
-	waitFor(t, "the events to be ticked", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the events to be ticked", func() bool {
 		rows, err := conn.Query(ctx, `select batch_id, msg_id from pgque.receive($1, $2, 100)`, queue, consumer)
 		if err != nil {
 			t.Fatal(err)
@@ -426,18 +443,6 @@ func nackAll(t *testing.T, conn *pgx.Conn, queue, consumer string, n int) {
 	}
 	if _, err := conn.Exec(ctx, `select pgque.ack($1)`, batch); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// waitFor polls cond for up to 20 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // TestRelayCommand: the relay takes its settings from PGQUE_RELAY_*
@@ -34,7 +37,7 @@ func TestRelayCommand(t *testing.T) {
 	b := c.background("relay")
 	conn := c.conn()
 	// The relay subscribes when it starts: send once its slots exist.
-	waitFor(t, "the relay's slots", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the relay's slots", func() bool {
 		var n int
 		_ = conn.QueryRow(context.Background(), `select count(*) from pgque.partition_slot_leases where queue = 'jobs' and owner is not null`).Scan(&n)
 		return n == 2
@@ -42,7 +45,7 @@ func TestRelayCommand(t *testing.T) {
 	if _, err := conn.Exec(context.Background(), `select pgque.send('jobs', 't', '{"x": 1}'::jsonb, 'k')`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the delivery", func() bool { mu.Lock(); defer mu.Unlock(); return len(auth) > 0 })
+	pgtest.WaitFor(t, 20*time.Second, "the delivery", func() bool { mu.Lock(); defer mu.Unlock(); return len(auth) > 0 })
 	r := b.stop()
 	if r.code != 0 || !strings.Contains(r.stderr, "pgque relay: stopped") {
 		t.Errorf("relay did not stop cleanly: %v", r)

@@ -4,6 +4,9 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // pgque status names a stalled slot, why it is stalled and what to do: slot
@@ -37,7 +40,7 @@ func TestStatusStalledSlot(t *testing.T) {
 		t.Fatalf("tenant-3 maps to slot %d of 2; the fixture needs it on slot 0", slot)
 	}
 	var rep statusReport
-	waitFor(t, "a stall warning for slot 0", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "a stall warning for slot 0", func() bool {
 		c.okJSON(&rep, "status", "st", "--json")
 		for _, w := range rep.Warnings {
 			if strings.Contains(w, "slot 0/2: stalled for") {

@@ -124,7 +124,7 @@ func startInProcWith(t *testing.T, url, listen string, mod func(*relay.RunConfig
 		})
 	}
 	t.Cleanup(p.stop)
-	waitFor(t, 20*time.Second, "every slot owned", func() bool { return p.ownedSlots(t) == slots })
+	pgtest.WaitFor(t, 20*time.Second, "every slot owned", func() bool { return p.ownedSlots(t) == slots })
 	return p
 }
 
@@ -232,7 +232,9 @@ func serveOn(t *testing.T, ln net.Listener, h http.Handler) {
 // attemptsIn counts how much count grows over d.
 func attemptsIn(d time.Duration, count func() float64) float64 {
 	before := count()
-	time.Sleep(d) // a measuring window, not a synchronisation
+	// A measuring window, not a synchronisation: the callers compare the
+	// rate of attempts in it with bounds, whatever the machine's speed.
+	time.Sleep(d)
 	return count() - before
 }
 
@@ -251,7 +253,7 @@ func TestRelayBadEndpoints(t *testing.T) {
 		p := startInProc(t, "http://"+addr+"/in")
 		p.send(t, "a", "b", "c", "d")
 		unreachable := func() float64 { return p.metric(t, "pgque_relay_unreachable_attempts_total", "connection") }
-		waitFor(t, 20*time.Second, "failed connection attempts", func() bool { return unreachable() >= 4 })
+		pgtest.WaitFor(t, 20*time.Second, "failed connection attempts", func() bool { return unreachable() >= 4 })
 		// Four keys wait (one lane each), but only one of them tries the
 		// endpoint again per backoff period (400 ms ±20% by then): about 5
 		// attempts in 2 s. A busy loop would make thousands, every key on
@@ -276,13 +278,13 @@ func TestRelayBadEndpoints(t *testing.T) {
 		ep := &endpoint{retries: map[string][]string{}}
 		ep.ok.Store(true)
 		serveOn(t, ln, ep)
-		waitFor(t, 20*time.Second, "all four delivered", func() bool { return len(ep.delivered()) == 4 })
+		pgtest.WaitFor(t, 20*time.Second, "all four delivered", func() bool { return len(ep.delivered()) == 4 })
 		for id, retries := range ep.delivered() {
 			if retries[0] != "0" {
 				t.Errorf("ev_id %s arrived with retry count %s: the outage was charged to it", id, retries[0])
 			}
 		}
-		waitFor(t, 5*time.Second, "endpoint_up back to 1", func() bool { return p.metric(t, "pgque_relay_endpoint_up", "") == 1 })
+		pgtest.WaitFor(t, 5*time.Second, "endpoint_up back to 1", func() bool { return p.metric(t, "pgque_relay_endpoint_up", "") == 1 })
 		if n := p.deadLetters(t); n != 0 {
 			t.Errorf("%d dead letters after an outage, want 0", n)
 		}
@@ -299,7 +301,7 @@ func TestRelayBadEndpoints(t *testing.T) {
 		serveOn(t, ln, ep)
 		p := startInProc(t, "http://"+ln.Addr().String()+"/in")
 		p.send(t, "a", "b")
-		waitFor(t, 20*time.Second, "redirected attempts", func() bool { return ep.hits.Load() >= 3 })
+		pgtest.WaitFor(t, 20*time.Second, "redirected attempts", func() bool { return ep.hits.Load() >= 3 })
 		if n := attemptsIn(2*time.Second, func() float64 { return float64(ep.hits.Load()) }); n < 1 || n > 20 {
 			t.Errorf("%v redirected attempts in 2s, want between 1 and 20", n)
 		}
@@ -313,7 +315,7 @@ func TestRelayBadEndpoints(t *testing.T) {
 			t.Errorf("logs do not explain the redirect:\n%s", logs)
 		}
 		ep.ok.Store(true)
-		waitFor(t, 20*time.Second, "both delivered", func() bool { return len(ep.delivered()) == 2 })
+		pgtest.WaitFor(t, 20*time.Second, "both delivered", func() bool { return len(ep.delivered()) == 2 })
 		for id, retries := range ep.delivered() {
 			if retries[0] != "0" {
 				t.Errorf("ev_id %s arrived with retry count %s: the misconfiguration was charged to it", id, retries[0])
@@ -336,7 +338,7 @@ func TestRelayBadEndpoints(t *testing.T) {
 		p := startInProc(t, "http://"+ln.Addr().String()+"/in")
 		p.send(t, "a", "b")
 		timeouts := func() float64 { return p.metric(t, "pgque_relay_requests_total", "timeout") }
-		waitFor(t, 20*time.Second, "timed-out requests", func() bool { return timeouts() >= 3 })
+		pgtest.WaitFor(t, 20*time.Second, "timed-out requests", func() bool { return timeouts() >= 3 })
 		// Each attempt takes the 300 ms timeout and is then retried after
 		// the consumer's backoff (200 ms doubling): a handful per event.
 		if n := attemptsIn(2*time.Second, func() float64 { return float64(ep.hits.Load()) }); n < 1 || n > 14 {
@@ -352,7 +354,7 @@ func TestRelayBadEndpoints(t *testing.T) {
 			t.Errorf("%d slots owned, want 2", n)
 		}
 		ep.ok.Store(true)
-		waitFor(t, 20*time.Second, "both delivered", func() bool { return len(ep.delivered()) == 2 })
+		pgtest.WaitFor(t, 20*time.Second, "both delivered", func() bool { return len(ep.delivered()) == 2 })
 		if n := p.deadLetters(t); n != 0 {
 			t.Errorf("%d dead letters, want 0", n)
 		}

@@ -96,9 +96,7 @@ func benchRelay(b *testing.B, cost time.Duration, slots int, viaHTTP bool) {
 	var handler pgque.HandlerFunc
 	if viaHTTP {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if cost > 0 {
-				time.Sleep(cost)
-			}
+			_ = pgtest.Work(r.Context(), cost) // the endpoint's cost the benchmark measures
 			created, _ := time.Parse(time.RFC3339Nano, r.Header.Get("ce-time"))
 			sink.seen(created)
 		}))
@@ -112,10 +110,8 @@ func benchRelay(b *testing.B, cost time.Duration, slots int, viaHTTP bool) {
 		defer r.Close()
 		handler = r.Handle
 	} else {
-		handler = func(_ context.Context, m *pgque.Message) error {
-			if cost > 0 {
-				time.Sleep(cost)
-			}
+		handler = func(ctx context.Context, m *pgque.Message) error {
+			_ = pgtest.Work(ctx, cost) // the handler's cost the benchmark measures
 			sink.seen(m.CreatedAt)
 			return nil
 		}
@@ -131,9 +127,8 @@ func benchRelay(b *testing.B, cost time.Duration, slots int, viaHTTP bool) {
 		b.Fatal(err)
 	}
 	defer func() { _ = pc.Stop(ctx) }()
-	for len(pc.OwnedSlots()) < slots {
-		time.Sleep(10 * time.Millisecond) // claiming: setup, before the timer
-	}
+	// Claiming is setup, before the timer.
+	pgtest.WaitFor(b, 30*time.Second, "every slot claimed", func() bool { return len(pc.OwnedSlots()) == slots })
 	events := func(n, from int) []pgque.Event {
 		out := make([]pgque.Event, n)
 		for i := range out {
@@ -167,7 +162,8 @@ func benchRelay(b *testing.B, cost time.Duration, slots int, viaHTTP bool) {
 		if _, err := client.Send(ctx, "bench", events(1, i)[0]); err != nil {
 			b.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		// The pace is the workload (100 events a second), not a wait.
+		_ = pgtest.Work(ctx, 10*time.Millisecond)
 	}
 	select {
 	case <-sink.done:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque/cmd/pgque/internal/relay"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // TestRelayConcurrencyRunsKeysAtOnce: on a single slot, the relay posts the
@@ -70,7 +71,7 @@ func TestRelayConcurrencyRunsKeysAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	current := func() int { mu.Lock(); defer mu.Unlock(); return inFlight }
-	waitFor(t, 20*time.Second, fmt.Sprintf("%d requests of one slot in flight at once", limit), func() bool { return current() == limit })
+	pgtest.WaitFor(t, 20*time.Second, fmt.Sprintf("%d requests of one slot in flight at once", limit), func() bool { return current() == limit })
 	close(gate)
 	delivered := func() int {
 		mu.Lock()
@@ -81,7 +82,7 @@ func TestRelayConcurrencyRunsKeysAtOnce(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, 30*time.Second, "every event delivered", func() bool { return delivered() >= keys*perKey })
+	pgtest.WaitFor(t, 30*time.Second, "every event delivered", func() bool { return delivered() >= keys*perKey })
 	mu.Lock()
 	defer mu.Unlock()
 	if peak != limit {

@@ -88,7 +88,7 @@ func startScenario(t *testing.T, relayTicker bool) *scenario {
 	}
 	// Events sent before the consumer subscribed would not be delivered
 	// to it: wait until every slot is owned.
-	waitFor(t, 30*time.Second, "every slot owned", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "every slot owned", func() bool {
 		owned, _ := slotOwners(t, s.pool)
 		return owned == e2eSlots
 	})
@@ -158,7 +158,7 @@ func (s *scenario) resolvedCount(t *testing.T) int {
 // waitAllResolved waits until every sent event was answered for good.
 func (s *scenario) waitAllResolved(t *testing.T, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, "every event handled", func() bool { return s.resolvedCount(t) >= len(s.sent) })
+	pgtest.WaitFor(t, timeout, "every event handled", func() bool { return s.resolvedCount(t) >= len(s.sent) })
 }
 
 // check verifies the records against what was sent.
@@ -294,7 +294,7 @@ func TestRelayKill9(t *testing.T) {
 	s.send(t, 0, e2eEvents/2, 100)
 	// Kill mid-run: once part of the events are handled, the victim owns
 	// slots with work in flight.
-	waitFor(t, 30*time.Second, "a quarter of the events handled", func() bool { return s.resolvedCount(t) >= e2eEvents/4 })
+	pgtest.WaitFor(t, 30*time.Second, "a quarter of the events handled", func() bool { return s.resolvedCount(t) >= e2eEvents/4 })
 	_, owners := slotOwners(t, s.pool)
 	victim := s.relays[0]
 	var victimSlots []int
@@ -319,17 +319,5 @@ func TestRelayKill9(t *testing.T) {
 		if w == victim.worker {
 			t.Errorf("slot %d still owned by the killed %s", slot, w)
 		}
-	}
-}
-
-// waitFor polls cond every 50 ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/cmd/pgque/internal/relay"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // newRelay returns a relay posting to a test server answering with h.
@@ -208,7 +209,7 @@ func TestHandleInFlightCap(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = r.Handle(context.Background(), message()) }()
 	}
-	waitFor(t, 5*time.Second, "two requests in flight", func() bool { mu.Lock(); defer mu.Unlock(); return cur == 2 })
+	pgtest.WaitFor(t, 5*time.Second, "two requests in flight", func() bool { mu.Lock(); defer mu.Unlock(); return cur == 2 })
 	close(release)
 	wg.Wait()
 	if peak != 2 {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // TestRelayHeaderInjection: an event whose type holds CR/LF and a header
@@ -34,7 +36,7 @@ func TestRelayHeaderInjection(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 20*time.Second, "both events delivered", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "both events delivered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(types) >= 2

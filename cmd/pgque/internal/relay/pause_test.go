@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/cmd/pgque/internal/relay"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // TestRelayPauseBlocksOnlyTheKey: under the pause policy, an endpoint
@@ -42,7 +43,7 @@ func TestRelayPauseBlocksOnlyTheKey(t *testing.T) {
 	})
 	p.send(t, "bad", "bad", "good1", "good2", "bad", "good3")
 	accepted := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), order...) }
-	waitFor(t, 20*time.Second, "the healthy keys delivered", func() bool { return len(accepted()) == 3 })
+	pgtest.WaitFor(t, 20*time.Second, "the healthy keys delivered", func() bool { return len(accepted()) == 3 })
 	for _, e := range accepted() {
 		if e[:3] == "bad" {
 			t.Fatalf("an event of the failing key was accepted: %v", accepted())
@@ -55,7 +56,7 @@ func TestRelayPauseBlocksOnlyTheKey(t *testing.T) {
 	// The chunk is settled (the nack blocks the key) just after its last
 	// event was answered.
 	var blocked []pgque.BlockedKey
-	waitFor(t, 20*time.Second, "the failing key blocked", func() bool {
+	pgtest.WaitFor(t, 20*time.Second, "the failing key blocked", func() bool {
 		blocked, err = client.BlockedKeys(context.Background(), p.queue, "c")
 		return err == nil && len(blocked) > 0
 	})
@@ -70,7 +71,7 @@ func TestRelayPauseBlocksOnlyTheKey(t *testing.T) {
 	mu.Lock()
 	healed = true
 	mu.Unlock()
-	waitFor(t, 20*time.Second, "the held key delivered", func() bool { return len(accepted()) == 6 })
+	pgtest.WaitFor(t, 20*time.Second, "the held key delivered", func() bool { return len(accepted()) == 6 })
 	var bad []int
 	for _, e := range accepted() {
 		if e[:3] == "bad" {

@@ -124,21 +124,14 @@ func TestIdempotencyRecipe(t *testing.T) {
 		}
 		bDone <- got
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	pgtest.WaitFor(t, 10*time.Second, "epoch 2 to wait for epoch 1's open transaction", func() bool {
 		var waiting bool
 		if err := a.QueryRow(ctx, `select exists (select 1 from pg_stat_activity
 			where datname = current_database() and wait_event_type = 'Lock')`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("epoch 2 did not wait for epoch 1's open transaction")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return waiting
+	})
 	close(release)
 	<-aDone
 	if aErr != nil || aOutcome != outcomeApplied {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/cmd/pgque/internal/relay"
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // TestRelayReplayHeader: an event the endpoint fails once, then
@@ -42,7 +43,7 @@ func TestRelayReplayHeader(t *testing.T) {
 	p := startInProcWith(t, "http://"+ln.Addr().String()+"/in", "", nil)
 	seenNow := func() []seen { mu.Lock(); defer mu.Unlock(); return append([]seen(nil), got...) }
 	p.send(t, "k")
-	waitFor(t, 20*time.Second, "the event dead-lettered", func() bool { return p.deadLetters(t) == 1 })
+	pgtest.WaitFor(t, 20*time.Second, "the event dead-lettered", func() bool { return p.deadLetters(t) == 1 })
 	client, err := pgque.NewClient(p.pool, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +56,7 @@ func TestRelayReplayHeader(t *testing.T) {
 	if _, err := client.ReplayDeadLetter(ctx, p.queue, dls[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the replay delivered", func() bool { return len(seenNow()) == 3 })
+	pgtest.WaitFor(t, 20*time.Second, "the replay delivered", func() bool { return len(seenNow()) == 3 })
 	id := strconv.FormatInt(dls[0].EventID, 10)
 	want := []seen{{id, "0", ""}, {id, "1", ""}, {id, "1", "1"}}
 	if s := seenNow(); !slices.Equal(s, want) {

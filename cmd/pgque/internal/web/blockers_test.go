@@ -43,7 +43,7 @@ func TestConsoleShowsRotationBlockers(t *testing.T) {
 	t.Cleanup(func() { hs.Close(); cancel(); <-done })
 
 	var ov overview
-	waitFor(t, "the held session in the overview", 10*time.Second, func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the held session in the overview", func() bool {
 		_, body, _ := do(t, "GET", hs.URL+"/api/overview", nil, "")
 		ov = overview{}
 		if err := json.Unmarshal([]byte(body), &ov); err != nil {

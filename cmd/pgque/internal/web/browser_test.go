@@ -16,6 +16,8 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // EnvScreenshots names a directory where the browser test saves its
@@ -169,7 +171,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	b := startBrowser(t)
 	w := startWorkload(t)
 	rw, ro := w.serve(t, true), w.serve(t, false)
-	waitFor(t, "tenant-stuck to be blocked and a dead letter", 30*time.Second, func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "tenant-stuck to be blocked and a dead letter", func() bool {
 		return w.blockedKey(t, stuckKey) && len(w.deadLetters(t)) > 0
 	})
 
@@ -225,7 +227,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.SendKeys(chromedp.CSS(`#token`), testToken),
 		chromedp.Click(chromedp.CSS(`#blocked button.danger`)),
 		until(`!document.querySelector("#notice").hidden`))
-	waitFor(t, "tenant-stuck to be unblocked", 10*time.Second, func() bool { return !w.blockedKey(t, stuckKey) })
+	pgtest.WaitFor(t, 10*time.Second, "tenant-stuck to be unblocked", func() bool { return !w.blockedKey(t, stuckKey) })
 	b.do(t, "seeing the key unblocked", until(`!document.querySelector("#blocked").textContent.includes("tenant-stuck") && document.querySelector("#error").hidden`))
 	b.screenshot(t, "keys-unblocked")
 

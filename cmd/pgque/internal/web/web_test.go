@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgque/pgque/internal/pgtest"
 )
 
 // do sends a request to the console and returns the status and body.
@@ -40,7 +42,7 @@ func TestConsoleHTTP(t *testing.T) {
 	t.Parallel()
 	w := startWorkload(t)
 	ro, rw := w.serve(t, false), w.serve(t, true)
-	waitFor(t, "a dead letter", 30*time.Second, func() bool { return len(w.deadLetters(t)) > 0 })
+	pgtest.WaitFor(t, 30*time.Second, "a dead letter", func() bool { return len(w.deadLetters(t)) > 0 })
 
 	for _, path := range []string{"/", "/consumers", "/keys", "/dlq", "/static/app.js", "/api/overview"} {
 		code, _, h := do(t, "GET", ro.URL+path, nil, "")
@@ -138,7 +140,7 @@ func TestConsoleHTTP(t *testing.T) {
 		}
 	}
 	// The replayed event fails again and comes back; purge removes it.
-	waitFor(t, "the replayed event to be dead-lettered again", 30*time.Second, func() bool { return len(w.deadLetters(t)) > 0 })
+	pgtest.WaitFor(t, 30*time.Second, "the replayed event to be dead-lettered again", func() bool { return len(w.deadLetters(t)) > 0 })
 	if code, body, _ := do(t, "POST", rw.URL+"/api/actions/purge", good, `{"queue":"files"}`); code != 200 || strings.Contains(body, `"result":0`) {
 		t.Errorf("purge: %d %s", code, body)
 	}

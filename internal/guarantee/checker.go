@@ -1,4 +1,4 @@
-package chaos
+package guarantee
 
 import (
 	"cmp"
@@ -305,8 +305,16 @@ func (c *check) counts(r *Report) {
 // key's events were stored in the order its producer sent them.
 func (c *check) checkCommitted(r *Report) {
 	for ev, ivs := range c.byEv {
-		if _, ok := c.committed[ev]; !ok {
+		e, ok := c.committed[ev]
+		if !ok {
 			r.flag(GPhantom, ivs[0].Key, ev, "handled %d times but never committed", len(ivs))
+			continue
+		}
+		for _, iv := range ivs {
+			if iv.Key != e.Key {
+				r.flag(GG1, iv.Key, ev, "handled with key %q, committed with key %q", iv.Key, e.Key)
+				break
+			}
 		}
 	}
 	for ev, d := range c.dead {
