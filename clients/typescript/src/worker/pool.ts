@@ -29,7 +29,7 @@
 // N can neither receive nor acknowledge.
 
 import pg from "pg";
-import type { ConnectionSource } from "../executor.js";
+import { checkout, type ConnectionSource } from "../executor.js";
 import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { makePlan } from "./fairshare.js";
 import { hintTag, Listener, presenceChannel, tickChannel, tickTag, type ListenConnect } from "./listener.js";
@@ -84,7 +84,11 @@ export interface WorkOptions {
    * behind a transaction pooler).
    */
   listen?: ListenConnect | false;
-  /** Receives errors the pool recovers from. Default: console.warn. */
+  /**
+   * Receives errors the pool recovers from, and a LeaseLostError (with its
+   * slot) for each slot it fenced: the chunk in hand is delivered again.
+   * Default: console.warn.
+   */
   onError?: (err: unknown) => void;
 }
 
@@ -170,7 +174,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
   let nslots = await startSlots(db, opts.queue, opts.consumer, configured, where);
   // Subscribe the N slots in one transaction and read the persisted policy.
   let policy: string;
-  const conn = await db.connect();
+  const conn = await checkout(db);
   try {
     await conn.query("begin");
     for (let s = 0; s < nslots; s++) await q.subscribeSlot(conn, opts.queue, opts.consumer, s, nslots, opts.failurePolicy ?? null);
@@ -213,7 +217,11 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
       policy = p;
     },
     onError,
-    onFenced: () => trigger.fire(),
+    onFenced: (reason) => {
+      // As the Go pool logs a warning: the chunk in hand comes again.
+      onError(reason);
+      trigger.fire();
+    },
     currentSlots: () => nslots,
     async slotCountChanged(n, err) {
       if (isPgqueError(err, "slot_count_mismatch") || isPgqueError(err, "slot_not_subscribed")) return true;

@@ -19,7 +19,7 @@
 // signal: handlers see it, nothing more is acknowledged or released, and
 // the next owner receives the chunk again.
 
-import type { ConnectionSource, Executor } from "../executor.js";
+import { checkout, type ConnectionSource, type Executor } from "../executor.js";
 import { isPgqueError, mapError } from "../errors.js";
 import { toMessage, type Message } from "./message.js";
 import * as q from "./sql.js";
@@ -67,7 +67,8 @@ export interface SlotEnv {
   policy: () => string;
   setPolicy: (p: string) => void;
   onError: (err: unknown) => void;
-  onFenced: (slot: number) => void;
+  /** The slot fenced itself (reason says why). */
+  onFenced: (reason: LeaseLostError) => void;
   /** The consumer's N as the pool knows it now (it follows a resize). */
   currentSlots: () => number;
   /**
@@ -150,10 +151,11 @@ export class SlotRunner {
   fence(why: string): void {
     if (this.fenced) return;
     this.fenced = true;
-    this.ctl.abort(new LeaseLostError(this.slot, why));
+    const reason = new LeaseLostError(this.slot, why);
+    this.ctl.abort(reason);
     this.wakeUp.fire();
     this.heldChanged.fire();
-    this.env.onFenced(this.slot);
+    this.env.onFenced(reason);
   }
 
   abandon(reason: unknown): void {
@@ -500,7 +502,7 @@ export class SlotRunner {
   private async settleChunk(d: q.Delivery, failures: q.Failure[], hold: Lane[], pause: boolean): Promise<void> {
     const { env } = this;
     const a = this.lease;
-    const conn = await env.db.connect();
+    const conn = await checkout(env.db);
     let broken = false;
     try {
       await conn.query("begin");
