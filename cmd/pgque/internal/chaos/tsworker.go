@@ -73,3 +73,17 @@ func (o Options) tsProc(proc string) bool {
 	idx, err := strconv.Atoi(slot[1:])
 	return err == nil && o.isTSWorker(idx)
 }
+
+// pickWorker chooses the worker a kill or a freeze hits. With TypeScript
+// workers the faults alternate between the languages, the first hitting a
+// TypeScript worker, so that even a short run takes slots over from each
+// side; the worker within a language is drawn at random. Only the fault
+// scheduler calls it.
+func (r *runner) pickWorker() int {
+	o := r.o
+	r.picks++
+	if o.TSWorkers == 0 || (r.picks%2 == 0 && o.Workers > 0) {
+		return r.rng.IntN(o.Workers)
+	}
+	return o.Workers + r.rng.IntN(o.TSWorkers)
+}
