@@ -206,8 +206,8 @@ type runner struct {
 	incarn map[string]int
 	// tsCommand starts a TypeScript worker (Options.TSWorkers > 0).
 	tsCommand []string
-	picks     int  // workers picked for a fault so far (pickWorker)
-	ending    bool // no more restarts of crashed processes
+	picks     map[string]int // workers picked per fault kind so far (pickWorker)
+	ending    bool           // no more restarts of crashed processes
 }
 
 // proc is one incarnation of a chaos process.
@@ -616,7 +616,7 @@ func (r *runner) inject(ctx context.Context, kind string) error {
 	o := r.o
 	switch kind {
 	case FaultWorkerKill:
-		i := r.pickWorker()
+		i := r.pickWorker(kind)
 		r.logf("chaos: SIGKILL %s", r.current(fmt.Sprintf("w%d", i)).id)
 		return r.kill(kind, RoleWorker, i)
 	case FaultProducerKill:
@@ -627,7 +627,7 @@ func (r *runner) inject(ctx context.Context, kind string) error {
 		r.logf("chaos: SIGKILL %s", r.current("t0").id)
 		return r.kill(kind, RoleTicker, 0)
 	case FaultWorkerStop:
-		p := r.current(fmt.Sprintf("w%d", r.pickWorker()))
+		p := r.current(fmt.Sprintf("w%d", r.pickWorker(kind)))
 		d := o.LeaseTTL*2 + time.Duration(r.rng.Int64N(int64(o.LeaseTTL)))
 		r.logf("chaos: SIGSTOP %s for %v", p.id, d)
 		at := time.Now()

@@ -74,15 +74,18 @@ func (o Options) tsProc(proc string) bool {
 	return err == nil && o.isTSWorker(idx)
 }
 
-// pickWorker chooses the worker a kill or a freeze hits. With TypeScript
-// workers the faults alternate between the languages, the first hitting a
-// TypeScript worker, so that even a short run takes slots over from each
-// side; the worker within a language is drawn at random. Only the fault
-// scheduler calls it.
-func (r *runner) pickWorker() int {
+// pickWorker chooses the worker a fault of kind (a kill or a freeze)
+// hits. With TypeScript workers each kind alternates between the
+// languages, its first hitting a TypeScript worker, so that even a short
+// run takes slots over from each side; the worker within a language is
+// drawn at random. Only the fault scheduler calls it.
+func (r *runner) pickWorker(kind string) int {
 	o := r.o
-	r.picks++
-	if o.TSWorkers == 0 || (r.picks%2 == 0 && o.Workers > 0) {
+	if r.picks == nil {
+		r.picks = map[string]int{}
+	}
+	r.picks[kind]++
+	if o.TSWorkers == 0 || (r.picks[kind]%2 == 0 && o.Workers > 0) {
 		return r.rng.IntN(o.Workers)
 	}
 	return o.Workers + r.rng.IntN(o.TSWorkers)
