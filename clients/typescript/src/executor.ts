@@ -34,6 +34,34 @@ export interface PooledConnection extends Executor {
   release(destroy?: boolean | Error): void;
 }
 
+/**
+ * Checks a connection out of db for the package's own use, so that losing
+ * it cannot crash the process. pg's pool stops listening for a connection's
+ * errors while it is checked out, and a pg.Client with no listener turns
+ * an error between statements (a Postgres restart, a terminated backend,
+ * a killed PgBouncer) into an uncaught exception. Until it is released the
+ * connection keeps an error listener, and release destroys a connection
+ * that failed so: the statement that needs it next fails instead, as an
+ * ordinary error the caller handles.
+ */
+export async function checkout(db: ConnectionSource): Promise<PooledConnection> {
+  const conn = await db.connect();
+  const ee = conn as PooledConnection & { on?: (ev: "error", fn: (err: Error) => void) => unknown; off?: (ev: "error", fn: (err: Error) => void) => unknown };
+  if (typeof ee.on !== "function" || typeof ee.off !== "function") return conn;
+  let lost: Error | undefined;
+  const onError = (err: Error) => {
+    lost = err;
+  };
+  ee.on("error", onError);
+  const release = conn.release;
+  conn.release = (destroy?: boolean | Error) => {
+    ee.off!("error", onError);
+    conn.release = release;
+    release.call(conn, destroy || lost);
+  };
+  return conn;
+}
+
 /** The part of a postgres.js `sql` (or transaction) the adapter uses. */
 export interface PostgresJsLike {
   unsafe(text: string, params?: unknown[]): PromiseLike<Iterable<unknown>>;
@@ -72,7 +100,7 @@ export function isPool(exec: Executor): exec is ConnectionSource {
  */
 export async function withTransaction<T>(exec: Executor, fn: (tx: Executor) => Promise<T>): Promise<T> {
   if (isPool(exec)) {
-    const conn = await exec.connect();
+    const conn = await checkout(exec);
     let broken: Error | undefined;
     try {
       return await withTransaction(conn, fn);

@@ -91,3 +91,29 @@ test("workTx: a failed attempt's writes roll back with it, and the retry applies
   assert.equal(attempts, 2);
   assert.deepEqual([...(await effects(db.pool))], [[id, 1]]);
 });
+
+// pg's pool stops listening for a connection's errors while it is checked
+// out: a connection lost between statements (a Postgres restart, a killed
+// PgBouncer) would throw an uncaught exception and end the process. The
+// attempt fails instead, and the retry applies the effect once.
+test("workTx: the handler's connection lost between statements fails the attempt, not the process", async (t) => {
+  const db = await setup(t, "txl");
+  await db.pool.query("create table effect (ev bigint not null)");
+  const attempts: number[] = [];
+  const done = gate();
+  db.track(await workTx(db.pool, { ...fast, queue: "txl", consumer: "c", slots: 1 } as WorkOptions, async (m, c) => {
+    attempts.push(m.retryCount);
+    if (attempts.length === 1) {
+      const { rows } = await c.query<{ pid: number }>("select pg_backend_pid() as pid");
+      const ended = new Promise((r) => (c as unknown as import("pg").PoolClient).once("end", r));
+      await db.pool.query("select pg_terminate_backend($1)", [rows[0]!.pid]);
+      await ended; // the server closed the connection while no statement ran on it
+    }
+    await insertEffect(c, m);
+    done.open();
+  }));
+  const [id] = await sendKeyed(db.pool, "txl", ["k"], 1);
+  await done.wait;
+  await waitFor("the retry's effect", async () => (await effects(db.pool)).get(id!) === 1, 20_000);
+  assert.deepEqual(attempts, [0, 1], "the lost attempt failed and was retried");
+});

@@ -5,7 +5,8 @@
 //
 // Timers and loops of one pool:
 //   - the claim loop: a pass every jittered claimIntervalMs, and early when
-//     a runner exits or a peer's presence hint arrives: read the leases,
+//     a runner exits or a peer's presence hint arrives: follow a resize of
+//     the consumer's N (slot_group_info), read the leases,
 //     plan the fair share, release / claim, announce (announce_worker) and
 //     NOTIFY the peers' hint;
 //   - one runner per claimed slot (slot.ts);
@@ -13,10 +14,23 @@
 //     fences those whose known end is near;
 //   - the LISTEN connection (listener.ts): a tick of the queue wakes every
 //     runner, a presence hint triggers a claim pass.
+//
+// Following a resize (as the Go pool does, see docs/design.md, "Online
+// resize of N"): the cutover deletes the old slots' subscriptions and
+// leases in one transaction, and every call naming the old N fails from
+// then on (PQ030, or PQ034/PQ011/PQ032 for one that raced with it). The
+// pool reads the consumer's N on every pass; a runner whose call fails so
+// asks the pool to read it at once and, when it changed, leaves its slot
+// without acknowledging or releasing anything. Runners of the old N still
+// working are asked to give their slot up at the next chunk boundary, and
+// slot k of the new N is claimed only once the old runner of k is gone
+// (runners are keyed by slot number), so this process never works slot k
+// of two N at once. The server stays the authority: a runner with a stale
+// N can neither receive nor acknowledge.
 
 import pg from "pg";
-import type { ConnectionSource } from "../executor.js";
-import { mapError, PgqueError } from "../errors.js";
+import { checkout, type ConnectionSource } from "../executor.js";
+import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { makePlan } from "./fairshare.js";
 import { hintTag, Listener, presenceChannel, tickChannel, tickTag, type ListenConnect } from "./listener.js";
 import { WorkerKilledError } from "./outcome.js";
@@ -30,7 +44,12 @@ import { defaultWorkerId } from "../workerid.js";
 export interface WorkOptions {
   queue: string;
   consumer: string;
-  /** The consumer's slot count N (every worker of the consumer must agree). */
+  /**
+   * The consumer's slot count N (every worker of the consumer must agree).
+   * When the consumer was resized from this N, or is being resized to it,
+   * the worker works the consumer's current N instead; it follows every
+   * later resize by itself. Any other N fails with kind slot_count_mismatch.
+   */
   slots: number;
   /**
    * skip (retry the failed event, go on with its key) or pause (hold the
@@ -45,7 +64,7 @@ export interface WorkOptions {
   handlerTimeoutMs?: number;
   /** Events received per chunk. Default 1000. */
   batchSize?: number;
-  /** Most slots this worker works at once. Default N. */
+  /** Most slots this worker works at once. Default N, whatever N becomes. */
   maxActiveSlots?: number;
   /** Slot lease lifetime. Default 30 s, at least 1 s. */
   leaseTtlMs?: number;
@@ -65,7 +84,11 @@ export interface WorkOptions {
    * behind a transaction pooler).
    */
   listen?: ListenConnect | false;
-  /** Receives errors the pool recovers from. Default: console.warn. */
+  /**
+   * Receives errors the pool recovers from, and a LeaseLostError (with its
+   * slot) for each slot it fenced: the chunk in hand is delivered again.
+   * Default: console.warn.
+   */
   onError?: (err: unknown) => void;
 }
 
@@ -111,14 +134,34 @@ function positive(name: string, v: number | undefined, def: number, min = 1): nu
 }
 
 /**
+ * The N work() subscribes and works: the configured one, or the consumer's
+ * current N when the configured one is an N the consumer had before a
+ * resize or the one it is being resized to (a process deployed with either
+ * config follows the server). Any other N is left to the subscription to
+ * refuse with PQ030.
+ */
+async function startSlots(db: ConnectionSource, queue: string, consumer: string, configured: number, where: string): Promise<number> {
+  let g: q.SlotGroup;
+  try {
+    g = await q.slotGroupInfo(db, queue, consumer);
+  } catch (err) {
+    const e = mapError(`reading the slot count of ${where}`, err);
+    if (isPgqueError(e, "slot_not_subscribed")) return configured; // a new consumer
+    throw e;
+  }
+  const resized = g.pastNSlots.includes(configured) || g.resizeTo === configured;
+  return resized ? g.nslots : configured;
+}
+
+/**
  * Starts a worker pool on the partitioned consumer opts.consumer of
  * opts.queue: subscribes its slots (idempotently), then claims its fair
  * share of them and calls handler for every event, each key's events in
  * order and one at a time. Resolves once the slots are subscribed.
  */
 export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions, handler: Handler<P>): Promise<Worker> {
-  const nslots = positive("slots", opts.slots, NaN);
-  if (!Number.isInteger(nslots)) throw new PgqueError(`work: slots must be an integer, not ${nslots}`, "invalid_argument");
+  const configured = positive("slots", opts.slots, NaN);
+  if (!Number.isInteger(configured)) throw new PgqueError(`work: slots must be an integer, not ${configured}`, "invalid_argument");
   if (opts.failurePolicy !== undefined && opts.failurePolicy !== "skip" && opts.failurePolicy !== "pause") {
     throw new PgqueError(`work: failurePolicy must be "skip" or "pause", not ${String(opts.failurePolicy)}`, "invalid_argument");
   }
@@ -128,9 +171,10 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
   const onError = opts.onError ?? ((err: unknown) => console.warn("pgque worker:", err));
   const where = `consumer ${JSON.stringify(opts.consumer)} of queue ${JSON.stringify(opts.queue)}`;
 
+  let nslots = await startSlots(db, opts.queue, opts.consumer, configured, where);
   // Subscribe the N slots in one transaction and read the persisted policy.
   let policy: string;
-  const conn = await db.connect();
+  const conn = await checkout(db);
   try {
     await conn.query("begin");
     for (let s = 0; s < nslots; s++) await q.subscribeSlot(conn, opts.queue, opts.consumer, s, nslots, opts.failurePolicy ?? null);
@@ -157,7 +201,6 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
     queue: opts.queue,
     consumer: opts.consumer,
     worker,
-    nslots,
     batchSize: positive("batchSize", opts.batchSize, 1000),
     leaseTtlMs,
     pollIntervalMs: positive("pollIntervalMs", opts.pollIntervalMs, 1000, 10),
@@ -174,9 +217,39 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
       policy = p;
     },
     onError,
-    onFenced: () => trigger.fire(),
+    onFenced: (reason) => {
+      // As the Go pool logs a warning: the chunk in hand comes again.
+      onError(reason);
+      trigger.fire();
+    },
+    currentSlots: () => nslots,
+    async slotCountChanged(n, err) {
+      if (isPgqueError(err, "slot_count_mismatch") || isPgqueError(err, "slot_not_subscribed")) return true;
+      // A call that raced with the cutover may fail otherwise (the slot
+      // number is out of range for the new N): ask the server.
+      if (n === nslots) await followResize();
+      return n !== nslots;
+    },
   };
-  const maxActive = Math.min(nslots, positive("maxActiveSlots", opts.maxActiveSlots, nslots));
+  const maxActiveOpt = opts.maxActiveSlots === undefined ? undefined : positive("maxActiveSlots", opts.maxActiveSlots, 1);
+  const maxActive = () => Math.min(nslots, maxActiveOpt ?? nslots);
+
+  /**
+   * Reads the consumer's N and, when it changed, works the new one: the
+   * runners of the old N are asked to give their slot up.
+   */
+  async function followResize(): Promise<void> {
+    let g: q.SlotGroup;
+    try {
+      g = await q.slotGroupInfo(db, opts.queue, opts.consumer);
+    } catch (err) {
+      if (!fetchCtl.signal.aborted) onError(mapError(`reading the slot count of ${where}`, err));
+      return;
+    }
+    if (g.nslots === nslots) return;
+    nslots = g.nslots;
+    for (const r of runners.values()) if (r.nslots !== nslots) r.requestRelease();
+  }
 
   const listenConnect = opts.listen === false ? null : opts.listen ?? listenFrom(db);
   const listener = listenConnect ? new Listener(listenConnect, (err) => onError(mapError("listening for wake-ups", err))) : null;
@@ -193,8 +266,8 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
     trigger.fire();
   });
 
-  function start(slot: number, lease: q.Lease, at: number): void {
-    const r = new SlotRunner(env, slot, lease, at, runners.get(slot)?.done);
+  function start(slot: number, n: number, lease: q.Lease, at: number): void {
+    const r = new SlotRunner(env, slot, n, lease, at, runners.get(slot)?.done);
     runners.set(slot, r);
     void r.done.finally(() => {
       if (runners.get(slot) === r) runners.delete(slot);
@@ -203,10 +276,12 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
   }
 
   async function pass(): Promise<void> {
+    await followResize();
+    const n = nslots;
     const now = Date.now();
     const leases = await q.slotLeases(db, opts.queue, opts.consumer);
-    const owners: (string | null)[] = Array.from({ length: nslots }, () => null);
-    for (const l of leases) if (l.slot < nslots && l.live) owners[l.slot] = l.owner;
+    const owners: (string | null)[] = Array.from({ length: n }, () => null);
+    for (const l of leases) if (l.slot < n && l.nslots === n && l.live) owners[l.slot] = l.owner;
     const running = new Map<number, boolean>();
     for (const [s, r] of runners) if (!r.fenced) running.set(s, r.releaseRequested);
     const hold = new Set<number>();
@@ -214,22 +289,22 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
       if (now < until) hold.add(s);
       else holdoff.delete(s);
     }
-    const plan = makePlan({ self: worker, slots: nslots, maxActive, owners, running, peers, holdoff: hold, prevFree });
+    const plan = makePlan({ self: worker, slots: n, maxActive: maxActive(), owners, running, peers, holdoff: hold, prevFree });
     for (const s of plan.release) {
       runners.get(s)?.requestRelease();
       holdoff.set(s, now + 2 * claimIntervalMs);
     }
     let owned = running.size - plan.release.length - [...running.values()].filter(Boolean).length;
     for (const s of plan.claim) {
-      if (fetchCtl.signal.aborted) return;
+      if (fetchCtl.signal.aborted || n !== nslots) return;
       const at = Date.now();
       const lease = await q.claimSlot(db, opts.queue, opts.consumer, s, worker, leaseTtlMs, null);
       if (lease === null) continue; // another worker was faster
-      start(s, lease, at);
+      start(s, n, lease, at);
       owned++;
     }
     prevFree = plan.free;
-    const mine = [...runners.keys()].filter((s) => !runners.get(s)!.releaseRequested && !runners.get(s)!.fenced).sort((a, b) => a - b);
+    const mine = [...runners].filter(([, r]) => !r.releaseRequested && !r.fenced && r.nslots === n).map(([s]) => s).sort((a, b) => a - b);
     const heard = await q.announce(db, opts.queue, opts.consumer, worker, owned < plan.target, mine, presenceTtl);
     const next = new Map<string, boolean>();
     let news = false;
@@ -280,7 +355,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
 
   return {
     workerId: worker,
-    ownedSlots: () => [...runners].filter(([, r]) => !r.fenced).map(([s]) => s).sort((a, b) => a - b),
+    ownedSlots: () => [...runners].filter(([, r]) => !r.fenced && r.nslots === nslots).map(([s]) => s).sort((a, b) => a - b),
     async stop(so: StopOptions = {}) {
       if (so.graceful === false) return kill();
       fetchCtl.abort();

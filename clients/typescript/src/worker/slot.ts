@@ -19,7 +19,7 @@
 // signal: handlers see it, nothing more is acknowledged or released, and
 // the next owner receives the chunk again.
 
-import type { ConnectionSource, Executor } from "../executor.js";
+import { checkout, type ConnectionSource, type Executor } from "../executor.js";
 import { isPgqueError, mapError } from "../errors.js";
 import { toMessage, type Message } from "./message.js";
 import * as q from "./sql.js";
@@ -51,7 +51,6 @@ export interface SlotEnv {
   queue: string;
   consumer: string;
   worker: string;
-  nslots: number;
   batchSize: number;
   leaseTtlMs: number;
   pollIntervalMs: number;
@@ -68,7 +67,16 @@ export interface SlotEnv {
   policy: () => string;
   setPolicy: (p: string) => void;
   onError: (err: unknown) => void;
-  onFenced: (slot: number) => void;
+  /** The slot fenced itself (reason says why). */
+  onFenced: (reason: LeaseLostError) => void;
+  /** The consumer's N as the pool knows it now (it follows a resize). */
+  currentSlots: () => number;
+  /**
+   * Whether err from a call on a slot of N nslots comes from a completed
+   * resize: the server said so, or the consumer's N, read again, is
+   * another one now.
+   */
+  slotCountChanged: (nslots: number, err: unknown) => Promise<boolean>;
 }
 
 type Outcome = { ok: true } | { ok: false; failure: q.Failure };
@@ -106,6 +114,8 @@ export class SlotRunner {
   private renewing = false;
   releaseRequested = false;
   fenced = false;
+  /** Set when a resize took the slot away: nothing more is acknowledged or released. */
+  private resized = false;
   readonly done: Promise<void>;
 
   /**
@@ -114,7 +124,7 @@ export class SlotRunner {
    * receives nothing before it is gone, so that a key's next event never
    * starts while its previous handler still runs (G2).
    */
-  constructor(private readonly env: SlotEnv, readonly slot: number, private lease: q.Lease, claimedAt: number, prev?: Promise<void>) {
+  constructor(private readonly env: SlotEnv, readonly slot: number, readonly nslots: number, private lease: q.Lease, claimedAt: number, prev?: Promise<void>) {
     this.leaseUntil = claimedAt + env.leaseTtlMs;
     this.done = (prev ?? Promise.resolve()).then(() => this.run()).catch((err) => env.onError(err));
   }
@@ -141,10 +151,11 @@ export class SlotRunner {
   fence(why: string): void {
     if (this.fenced) return;
     this.fenced = true;
-    this.ctl.abort(new LeaseLostError(this.slot, why));
+    const reason = new LeaseLostError(this.slot, why);
+    this.ctl.abort(reason);
     this.wakeUp.fire();
     this.heldChanged.fire();
-    this.env.onFenced(this.slot);
+    this.env.onFenced(reason);
   }
 
   abandon(reason: unknown): void {
@@ -187,7 +198,19 @@ export class SlotRunner {
   }
 
   private stopping(): boolean {
-    return this.env.fetch.aborted || this.releaseRequested || this.fenced || this.ctl.signal.aborted;
+    return this.env.fetch.aborted || this.releaseRequested || this.fenced || this.resized || this.ctl.signal.aborted;
+  }
+
+  /**
+   * After a failed call: whether a completed resize took the slot away (its
+   * subscription and lease went with the old N). The runner then leaves
+   * without acknowledging or releasing anything; the pool claims the new
+   * N's slots on its next pass.
+   */
+  private async leftByResize(err: unknown): Promise<boolean> {
+    if (this.fenced || !(await this.env.slotCountChanged(this.nslots, err))) return false;
+    this.resized = true;
+    return true;
   }
 
   /** A SQL call as the lease holder: fences the slot when refused for the lease. */
@@ -213,10 +236,10 @@ export class SlotRunner {
     for (let attempt = 0; ; attempt++) {
       if (this.ctl.signal.aborted || env.kill.aborted) return;
       try {
-        await this.call("releasing stale holds", () => q.releaseStaleHolds(env.db, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token));
+        await this.call("releasing stale holds", () => q.releaseStaleHolds(env.db, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token));
         break;
       } catch (err) {
-        if (this.fenced) return;
+        if (this.fenced || (await this.leftByResize(err))) return;
         env.onError(err);
         await sleep(Math.min(5000, 100 * 2 ** attempt), this.ctl.signal);
       }
@@ -233,9 +256,9 @@ export class SlotRunner {
         if (this.stopping()) break;
         let rows;
         try {
-          rows = await this.call("receiving", () => q.receive(env.db, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token, env.batchSize, this.pendingAck));
+          rows = await this.call("receiving", () => q.receive(env.db, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, env.batchSize, this.pendingAck));
         } catch (err) {
-          if (this.fenced) break;
+          if (this.fenced || (await this.leftByResize(err))) break;
           env.onError(err);
           failedReceives++;
           settled = false;
@@ -248,7 +271,7 @@ export class SlotRunner {
               this.fence(`the server delivered under epoch ${rows[0]!.epoch}, the lease is at ${a.epoch}`);
               break;
             }
-            await this.chunk(rows.map((r) => toMessage(r, env.queue, env.consumer, this.slot, env.nslots)), {
+            await this.chunk(rows.map((r) => toMessage(r, env.queue, env.consumer, this.slot, this.nslots)), {
               epoch: String(rows[0]!.epoch),
               batchId: String(rows[0]!.batch_id),
               msgId: String(rows[0]!.msg_id),
@@ -263,6 +286,13 @@ export class SlotRunner {
       const wait = settled ? env.pollIntervalMs : Math.min(env.pollIntervalMs * 2 ** failedReceives, 30_000);
       await this.wakeUp.wait(wait, this.fetchOrAbort(), 0.2);
     }
+    if (this.resized) {
+      // Left by a resize: the cutover waited for every held key of the
+      // slot, so nothing is held; whatever still runs finishes first.
+      await Promise.all([...this.held].map((l) => l.done));
+      await this.settlingDone();
+      return;
+    }
     if (this.fenced || this.ctl.signal.aborted) return;
     // Graceful end: acknowledge the last clean chunk, let the held lanes
     // finish and settle, give the lease up.
@@ -270,7 +300,7 @@ export class SlotRunner {
       const d = this.pendingAck;
       this.pendingAck = null;
       try {
-        await this.call("acknowledging the last chunk", () => q.ack(env.db, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token, d));
+        await this.call("acknowledging the last chunk", () => q.ack(env.db, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, d));
       } catch (err) {
         if (!this.fenced) env.onError(err);
       }
@@ -278,6 +308,10 @@ export class SlotRunner {
     await Promise.all([...this.held].map((l) => l.done));
     await this.settlingDone();
     if (this.fenced || this.ctl.signal.aborted) return;
+    // A slot of an N the consumer no longer has: its lease went with the
+    // old subscription at the cutover (a lease row of the same number is
+    // the new slot's), nothing to release.
+    if (this.nslots !== env.currentSlots()) return;
     try {
       await q.releaseSlot(env.db, env.queue, env.consumer, this.slot, env.worker, a.token);
     } catch (err) {
@@ -430,7 +464,7 @@ export class SlotRunner {
     try {
       const token = this.lease.token;
       const completeIn = (conn: Executor) =>
-        q.completeInTx(conn, env.queue, env.consumer, this.slot, env.nslots, env.worker, token, m.epoch, m.batchId, m.id);
+        q.completeInTx(conn, env.queue, env.consumer, this.slot, this.nslots, env.worker, token, m.epoch, m.batchId, m.id);
       await env.handler(m, { signal, completeIn });
       return { ok: true };
     } catch (err) {
@@ -468,7 +502,7 @@ export class SlotRunner {
   private async settleChunk(d: q.Delivery, failures: q.Failure[], hold: Lane[], pause: boolean): Promise<void> {
     const { env } = this;
     const a = this.lease;
-    const conn = await env.db.connect();
+    const conn = await checkout(env.db);
     let broken = false;
     try {
       await conn.query("begin");
@@ -482,10 +516,10 @@ export class SlotRunner {
       };
       await this.call("settling the chunk", async () => {
         await check(conn);
-        for (const f of failures) await q.nack(conn, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token, d, f);
-        for (const l of hold) await q.holdKey(conn, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token, d, l.key, l.heldFrom!);
+        for (const f of failures) await q.nack(conn, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, d, f);
+        for (const l of hold) await q.holdKey(conn, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, d, l.key, l.heldFrom!);
         await check(conn);
-        await q.ack(conn, env.queue, env.consumer, this.slot, env.nslots, env.worker, a.token, d);
+        await q.ack(conn, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, d);
         await conn.query("commit");
       });
     } catch (err) {
@@ -507,7 +541,7 @@ export class SlotRunner {
       try {
         if (this.ctl.signal.aborted) return;
         await this.call("settling a held key", () =>
-          q.settleHeld(env.db, env.queue, env.consumer, this.slot, env.nslots, env.worker, this.lease.token, epoch, l.key, l.heldFrom!, l.heldDone, l.heldFailed));
+          q.settleHeld(env.db, env.queue, env.consumer, this.slot, this.nslots, env.worker, this.lease.token, epoch, l.key, l.heldFrom!, l.heldDone, l.heldFailed));
         return;
       } catch (err) {
         if (this.fenced) return;

@@ -37,6 +37,8 @@ export interface Peer {
 /** One row of partition_slot_leases. */
 export interface SlotLease {
   slot: number;
+  /** The consumer's N the row belongs to. */
+  nslots: number;
   owner: string | null;
   live: boolean;
 }
@@ -49,6 +51,25 @@ export async function slotGroupN(db: Executor, queue: string, consumer: string):
     [queue, consumer],
   );
   return rows[0]?.nslots ?? null;
+}
+
+/** The consumer's N and its resize state, as slot_group_info returns them. */
+export interface SlotGroup {
+  nslots: number;
+  /** The N a resize in progress goes to; null when none runs. */
+  resizeTo: number | null;
+  /** Every N the consumer had before. */
+  pastNSlots: number[];
+}
+
+/** slot_group_info: PQ034 (slot_not_subscribed) when the consumer has no slots. */
+export async function slotGroupInfo(db: Executor, queue: string, consumer: string): Promise<SlotGroup> {
+  const { rows } = await db.query<{ nslots: number; resize_to: number | null; past_nslots: number[] | null }>(
+    `select nslots, resize_to, past_nslots from pgque.slot_group_info($1::text, $2::text)`,
+    [queue, consumer],
+  );
+  const r = rows[0]!;
+  return { nslots: r.nslots, resizeTo: r.resize_to, pastNSlots: r.past_nslots ?? [] };
 }
 
 export async function subscribeSlot(db: Executor, queue: string, consumer: string, slot: number, nslots: number, policy: string | null): Promise<void> {
@@ -135,8 +156,8 @@ export async function releaseStaleHolds(db: Executor, queue: string, consumer: s
 }
 
 export async function slotLeases(db: Executor, queue: string, consumer: string): Promise<SlotLease[]> {
-  const { rows } = await db.query<{ slot: number; owner: string | null; live: boolean }>(
-    `select slot, owner, coalesce(lease_until operator(pg_catalog.>) pg_catalog.now(), false) as live
+  const { rows } = await db.query<SlotLease>(
+    `select slot, nslots, owner, coalesce(lease_until operator(pg_catalog.>) pg_catalog.now(), false) as live
        from pgque.partition_slot_leases where queue operator(pg_catalog.=) $1::text and consumer operator(pg_catalog.=) $2::text order by slot`,
     [queue, consumer],
   );

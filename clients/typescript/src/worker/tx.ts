@@ -10,7 +10,7 @@
 // transaction rolls back, and the event counts as handled. A failed attempt
 // rolls back with its writes, then retries or dead-letters as usual.
 
-import type { ConnectionSource, PooledConnection } from "../executor.js";
+import { checkout, type ConnectionSource, type PooledConnection } from "../executor.js";
 import { sqlstateOf } from "../errors.js";
 import type { Message } from "./message.js";
 import { work, type WorkOptions, type Worker } from "./pool.js";
@@ -35,7 +35,7 @@ const ALREADY_COMPLETED = "PQ038";
  */
 export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions, handler: TxHandler<P>): Promise<Worker> {
   return work<P>(db, opts, async (msg: Message<P>, ctx: HandlerContext) => {
-    const tx = await db.connect();
+    const tx = await checkout(db);
     let broken = false;
     try {
       await tx.query("begin");

@@ -51,7 +51,9 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.Duration, "duration", d.Duration, "length of the fault phase")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", d.DrainTimeout, "how long workers may drain after the producers stop")
 	fs.IntVar(&o.Producers, "producers", d.Producers, "producer processes")
-	fs.IntVar(&o.Workers, "workers", d.Workers, "worker processes")
+	fs.IntVar(&o.Workers, "workers", d.Workers, "Go worker processes")
+	fs.IntVar(&o.TSWorkers, "ts-workers", 0, "TypeScript worker processes (Node.js 20+, the package built: cd clients/typescript && npm ci && npm run build) beside the Go ones, on the same consumer")
+	fs.StringVar(&o.TSWorkerScript, "ts-worker", DefaultTSWorkerScript, "the built TypeScript chaos worker script, for -ts-workers")
 	fs.IntVar(&o.Slots, "slots", d.Slots, "slots (N)")
 	fs.IntVar(&o.Keys, "keys", d.Keys, "distinct partition keys")
 	fs.Float64Var(&o.Rate, "rate", d.Rate, "events per second over all producers")
@@ -102,6 +104,10 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return 0
+	}
+	if o.TSWorkers < 0 {
+		fmt.Fprintf(stderr, "chaos: -ts-workers must be 0 or more, not %d\n", o.TSWorkers)
+		return 2
 	}
 	if o.Policy != "pause" && o.Policy != "skip" {
 		fmt.Fprintf(stderr, "chaos: -policy must be pause or skip, not %q\n", o.Policy)

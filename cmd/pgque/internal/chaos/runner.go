@@ -39,12 +39,20 @@ type Options struct {
 	Duration     time.Duration
 	DrainTimeout time.Duration
 
-	Producers int     // producer processes
-	Workers   int     // worker processes
-	Slots     int     // N
-	Keys      int     // distinct partition keys
-	Rate      float64 // events per second, all producers together
-	Policy    string  // "pause" (default) or "skip"
+	Producers int // producer processes
+	Workers   int // Go worker processes
+	// TSWorkers is the number of TypeScript worker processes (Node.js,
+	// the package's work()) beside the Go ones, on the same consumer and
+	// under the same faults (tsworker.go). Run fails when Node.js or the
+	// built package is missing.
+	TSWorkers int
+	// TSWorkerScript is the compiled TypeScript chaos worker (default
+	// DefaultTSWorkerScript, relative to the working directory).
+	TSWorkerScript string
+	Slots          int     // N
+	Keys           int     // distinct partition keys
+	Rate           float64 // events per second, all producers together
+	Policy         string  // "pause" (default) or "skip"
 
 	LeaseTTL   time.Duration // slot lease TTL (short: expiry under load)
 	RetryDelay time.Duration // first retry delay; grows linearly
@@ -160,6 +168,13 @@ type Summary struct {
 	// and cancelled the slot's handlers.
 	Fencings int     `json:"fencings"`
 	Report   *Report `json:"report"`
+	// Workers and TSWorkers are the Go and TypeScript worker processes;
+	// TSSuccesses counts the handler successes of TypeScript workers and
+	// TSKills the worker kills that hit one.
+	Workers     int `json:"workers"`
+	TSWorkers   int `json:"ts_workers,omitempty"`
+	TSSuccesses int `json:"ts_successes,omitempty"`
+	TSKills     int `json:"ts_kills,omitempty"`
 	// Tx: the handlers ran in transactions (Options.Tx).
 	Tx     bool   `json:"tx,omitempty"`
 	RunDir string `json:"run_dir"`
@@ -189,7 +204,10 @@ type runner struct {
 	faults []Fault
 	flog   *os.File
 	incarn map[string]int
-	ending bool // no more restarts of crashed processes
+	// tsCommand starts a TypeScript worker (Options.TSWorkers > 0).
+	tsCommand []string
+	picks     map[string]int // workers picked per fault kind so far (pickWorker)
+	ending    bool           // no more restarts of crashed processes
 }
 
 // proc is one incarnation of a chaos process.
@@ -212,6 +230,11 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	}
 	r.rng = rand.New(rand.NewPCG(seed, 7))
 	var err error
+	if o.TSWorkers > 0 {
+		if r.tsCommand, err = tsWorkerCommand(o.TSWorkerScript); err != nil {
+			return nil, err
+		}
+	}
 	r.dir = o.RunDir
 	tempDir := r.dir == ""
 	if tempDir {
@@ -397,7 +420,9 @@ func (r *runner) spawn(role string, idx int) error {
 		return err
 	}
 	command := r.o.ProcCommand
-	if len(command) == 0 {
+	if role == RoleWorker && r.o.isTSWorker(idx) {
+		command = r.tsCommand
+	} else if len(command) == 0 {
 		exe, err := os.Executable()
 		if err != nil {
 			return err
@@ -491,7 +516,7 @@ func (r *runner) run(ctx context.Context) (*Summary, error) {
 	if err := r.spawn(RoleTicker, 0); err != nil {
 		return nil, err
 	}
-	for i := range o.Workers {
+	for i := range o.allWorkers() {
 		if err := r.spawn(RoleWorker, i); err != nil {
 			return nil, err
 		}
@@ -501,8 +526,8 @@ func (r *runner) run(ctx context.Context) (*Summary, error) {
 			return nil, err
 		}
 	}
-	r.logf("chaos: %d producers, %d workers, %d slots, %d keys, policy %s, lease TTL %v, faults %v, pgbouncer %v",
-		o.Producers, o.Workers, o.Slots, o.Keys, o.Policy, o.LeaseTTL, o.Faults, r.bouncer != nil)
+	r.logf("chaos: %d producers, %d Go and %d TypeScript workers, %d slots, %d keys, policy %s, lease TTL %v, faults %v, pgbouncer %v",
+		o.Producers, o.Workers, o.TSWorkers, o.Slots, o.Keys, o.Policy, o.LeaseTTL, o.Faults, r.bouncer != nil)
 
 	// Fault phase.
 	faultCtx, cancel := context.WithTimeout(ctx, o.Duration)
@@ -520,7 +545,7 @@ func (r *runner) run(ctx context.Context) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	for i := range o.Workers {
+	for i := range o.allWorkers() {
 		r.stopGracefully(r.current(fmt.Sprintf("w%d", i)), 15*time.Second)
 	}
 	r.stopGracefully(r.current("t0"), 10*time.Second)
@@ -538,8 +563,16 @@ func (r *runner) run(ctx context.Context) (*Summary, error) {
 	}
 	rep := Check(h)
 	sum := &Summary{Policy: o.Policy, Duration: end.Sub(start), Drained: drained, Faults: map[string]int{},
-		SlotEpochs: slotEpochs, Report: rep, Tx: o.Tx}
+		SlotEpochs: slotEpochs, Report: rep, Tx: o.Tx, Workers: o.Workers, TSWorkers: o.TSWorkers}
+	for _, a := range h.Attempts {
+		if a.Outcome == OutcomeOK && o.tsProc(a.Proc) {
+			sum.TSSuccesses++
+		}
+	}
 	for _, f := range h.Faults {
+		if f.Kind == FaultWorkerKill && o.tsProc(f.Target) {
+			sum.TSKills++
+		}
 		switch f.Kind {
 		case FaultShutdown, FaultFence, FaultWorkError:
 		default:
@@ -583,7 +616,7 @@ func (r *runner) inject(ctx context.Context, kind string) error {
 	o := r.o
 	switch kind {
 	case FaultWorkerKill:
-		i := r.rng.IntN(o.Workers)
+		i := r.pickWorker(kind)
 		r.logf("chaos: SIGKILL %s", r.current(fmt.Sprintf("w%d", i)).id)
 		return r.kill(kind, RoleWorker, i)
 	case FaultProducerKill:
@@ -594,7 +627,7 @@ func (r *runner) inject(ctx context.Context, kind string) error {
 		r.logf("chaos: SIGKILL %s", r.current("t0").id)
 		return r.kill(kind, RoleTicker, 0)
 	case FaultWorkerStop:
-		p := r.current(fmt.Sprintf("w%d", r.rng.IntN(o.Workers)))
+		p := r.current(fmt.Sprintf("w%d", r.pickWorker(kind)))
 		d := o.LeaseTTL*2 + time.Duration(r.rng.Int64N(int64(o.LeaseTTL)))
 		r.logf("chaos: SIGSTOP %s for %v", p.id, d)
 		at := time.Now()
@@ -759,6 +792,9 @@ func PrintSummary(w io.Writer, s *Summary) {
 	rep := s.Report
 	fmt.Fprintf(w, "\n== pgque chaos summary (policy %s, %v, drained %v)\n", s.Policy, s.Duration.Round(time.Second), s.Drained)
 	row := func(k string, v any) { fmt.Fprintf(w, "  %-34s %v\n", k, v) }
+	if s.Workers > 0 || s.TSWorkers > 0 {
+		row("workers (Go, TypeScript)", fmt.Sprintf("%d, %d", s.Workers, s.TSWorkers))
+	}
 	row("events committed", rep.Committed)
 	if s.Tx {
 		row("effects (duplicates, missing)", fmt.Sprintf("%d (%d, %d)", rep.Effects, rep.EffectDuplicates, rep.EffectsMissing))
@@ -767,6 +803,9 @@ func PrintSummary(w io.Writer, s *Summary) {
 	row("dead-lettered", rep.DeadLettered)
 	row("handler runs", rep.Attempts)
 	row("  ok", rep.Successes)
+	if s.TSWorkers > 0 {
+		row("  ok by TypeScript workers", s.TSSuccesses)
+	}
 	row("  skipped behind a failed head", rep.Skipped)
 	row("  retries (retry_count > 0)", rep.Retries)
 	row("  redeliveries (unacked chunk)", rep.Redeliveries)
@@ -782,6 +821,9 @@ func PrintSummary(w io.Writer, s *Summary) {
 	kinds := append(slices.Clone(AllFaults), FaultHandlerError, FaultHandlerPanic, FaultLeaseExpiry, FaultProcessExit)
 	for _, k := range kinds {
 		row("    "+k, s.Faults[k])
+		if k == FaultWorkerKill && s.TSWorkers > 0 {
+			row("      of TypeScript workers", s.TSKills)
+		}
 	}
 	fmt.Fprintf(w, "  violations:\n")
 	for _, g := range []string{GNoLoss, GG1, GG2, GG3, GPhantom} {

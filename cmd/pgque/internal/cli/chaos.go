@@ -19,7 +19,10 @@ func (a *app) chaosCommand() *cobra.Command {
 		Long: `Chaos starts a throwaway PostgreSQL (or uses -dsn), then producer, worker and
 ticker processes while a scheduler injects faults (SIGKILL and SIGSTOP of
 workers, Postgres immediate restarts, PgBouncer kills, ticker and producer
-kills, handler errors and panics, lease expiry). At the end it checks the
+kills, online resizes, handler errors and panics, lease expiry). With
+-ts-workers N, N TypeScript worker processes (Node.js 20+ and the package
+built in clients/typescript: npm ci && npm run build) join the Go workers'
+consumer under the same faults. At the end it checks the
 recorded history for no loss, G1, G2 and G3 and prints a summary; the exit
 code is 1 on any violation. 'pgque chaos -help' lists the flags; see
 docs/chaos.md.`,
