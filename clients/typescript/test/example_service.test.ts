@@ -1,6 +1,5 @@
 // The newcomer's flow with the package and no Go toolchain: the package is
-// packed as npm would publish it (its prepack builds the install script
-// from sql/ and compiles), installed from the tarball into a copy of
+// packed as npm would publish it, installed from the tarball into a copy of
 // examples/typescript-service, built, and run against PostgreSQL with the
 // logins a deployment has (database owner for migrate, an application
 // login with pgque_writer and pgque_reader, a ticker login with
@@ -16,7 +15,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile, spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { createInterface } from "node:readline";
 import path from "node:path";
@@ -49,19 +48,20 @@ function run(cmd: string, args: string[], cwd: string, env: NodeJS.ProcessEnv): 
 }
 
 /**
- * Packs the package from a copy of its sources beside a copy of sql/, so
- * prepack runs as on a publisher's machine without rewriting the dist/ and
- * install script the other test files are using.
+ * Packs the package as a publisher would, from a copy of its tree beside a
+ * copy of sql/: the install script is bundled there from sql/ by the
+ * package's own script (so the other test files' copy is not rewritten
+ * under them), the compiled code is the dist/src `npm run build` made
+ * before the tests (prepack's other half), and npm pack writes the tarball.
  */
 async function pack(dir: string, env: NodeJS.ProcessEnv): Promise<string> {
   const src = path.join(dir, "repo", "clients", "typescript");
-  for (const f of ["package.json", "package-lock.json", "tsconfig.json", "README.md", "src", "scripts"]) {
+  for (const f of ["package.json", "README.md", "src", "scripts", "dist/src"]) {
     cpSync(path.join(pkgDir, f), path.join(src, f), { recursive: true });
   }
   cpSync(path.join(repo, "sql"), path.join(dir, "repo", "sql"), { recursive: true });
-  // The compiler and type packages come from the package's own install.
-  symlinkSync(path.join(pkgDir, "node_modules"), path.join(src, "node_modules"));
-  await run("npm", ["pack", "--pack-destination", dir], src, env);
+  await run(process.execPath, ["scripts/bundle-sql.mjs"], src, env);
+  await run("npm", ["pack", "--ignore-scripts", "--pack-destination", dir], src, env);
   const tgz = readdirSync(dir).find((f) => /^pgque-.*\.tgz$/.test(f));
   assert.ok(tgz, "npm pack wrote no pgque-*.tgz");
   return path.join(dir, tgz);
