@@ -33,6 +33,12 @@ const placeholders: Record<string, string> = {
   events: "declare const events: unknown[];",
   apply: "declare function apply(...args: unknown[]): Promise<void>;",
   url: "declare function url(payload: unknown): string;",
+  server: 'declare const server: import("node:http").Server;',
+  worker: 'declare const worker: import("pgque").Worker;',
+  ticker: 'declare const ticker: InstanceType<typeof import("pgque").Ticker>;',
+  handler: 'declare const handler: import("pgque").Handler;',
+  handlerSeconds: "declare const handlerSeconds: { observe(seconds: number): void };",
+  lagGauge: "declare const lagGauge: { set(labels: object, value: number): void };",
 };
 
 interface Sample {

@@ -4,6 +4,7 @@
 // in-process ticker cuts batches. Three logins, as in docs/typescript.md:
 // MIGRATE_URL owns the database, DATABASE_URL is files_app (pgque_writer
 // and pgque_reader), TICKER_URL is files_ticker (pgque_admin).
+import { readFile } from "node:fs/promises";
 import http from "node:http";
 import { json } from "node:stream/consumers";
 import pg from "pg";
@@ -11,11 +12,7 @@ import { createQueue, migrate, sendBatch, Ticker, work } from "pgque";
 
 const owner = new pg.Pool({ connectionString: process.env.MIGRATE_URL });
 await migrate(owner); // install or upgrade pgque, then the service's own tables
-await owner.query(`create table if not exists requests (id text primary key, tenant text not null, event_ids bigint[] not null);
-  create table if not exists files (tenant text, path text, version int not null, primary key (tenant, path));
-  create table if not exists applied (seq bigserial primary key, tenant text not null, ev_id bigint not null, type text not null);
-  grant select, insert on requests to files_app; grant select, insert, update, delete on files to files_app;
-  grant select, insert on applied to files_app; grant usage on sequence applied_seq_seq to files_app`);
+await owner.query(await readFile(new URL("../schema.sql", import.meta.url), "utf8"));
 await createQueue(owner, "files");
 await owner.end();
 
@@ -23,7 +20,8 @@ const app = new pg.Pool({ connectionString: process.env.DATABASE_URL });
 const tickerDb = new pg.Pool({ connectionString: process.env.TICKER_URL });
 const ticker = new Ticker(tickerDb);
 await ticker.start(); // one leader among every ticker of the database
-const worker = await work<{ path: string }>(app, { queue: "files", consumer: "indexer", slots: 8, failurePolicy: "pause" },
+const worker = await work<{ path: string }>(app, { queue: "files", consumer: "indexer", slots: 8, failurePolicy: "pause",
+    onHandled: (m, { error }) => error && console.error(`event ${m.id} of ${m.key} failed (retry ${m.retryCount}):`, error) },
   async ({ key, id, type, payload: { path } }) => {
     await app.query(`with log as (insert into applied (tenant, ev_id, type) values ($1, $3, $4))
       ${type === "FileDeleted" ? "delete from files where tenant = $1 and path = $2"
