@@ -31,7 +31,10 @@ for (const tx of [true, false]) {
     await db.pool.query("create table effect (ev bigint not null)");
     let ids: string[] = []; // sent once the first worker has subscribed
     const blocked = gate();
-    const opts = { ...fast, queue: "tx", consumer: "c", slots: 1, leaseTtlMs: 1500 } as WorkOptions;
+    // No hold: event 1 blocks until the kill, and a hold of its key after
+    // holdAfterMs would acknowledge event 0 with the chunk, which a slow
+    // machine reaches before the kill.
+    const opts = { ...fast, queue: "tx", consumer: "c", slots: 1, leaseTtlMs: 1500, holdAfterMs: 600_000 } as WorkOptions;
     const first = async (m: Message, c: PooledConnection, signal: AbortSignal) => {
       if ((m.payload as { i: number }).i === 1) {
         blocked.open();
