@@ -69,8 +69,11 @@ async function pack(dir: string, env: NodeJS.ProcessEnv): Promise<string> {
 
 /** The DBA's one-time step: pgque's roles and the service's three logins; the owner owns the database. */
 async function provision(db: TestDb, dbname: string): Promise<void> {
+  // Roles are the cluster's: another test file's migrate() may create
+  // pgque's at the same moment, so "already there" is success.
   const ensure = (name: string, ddl: string) =>
-    db.pool.query(`do $$ begin if not exists (select from pg_roles where rolname = '${name}') then ${ddl}; end if; end $$`);
+    db.pool.query(`do $$ begin if not exists (select from pg_roles where rolname = '${name}') then ${ddl}; end if;
+      exception when duplicate_object or unique_violation then null; end $$`);
   for (const r of ["pgque_writer", "pgque_reader", "pgque_admin"]) await ensure(r, `create role ${r} nologin`);
   for (const r of ["files_owner", "files_app", "files_ticker"]) await ensure(r, `create role ${r} login`);
   await db.pool.query("grant pgque_writer, pgque_reader to files_app; grant pgque_admin to files_ticker");
