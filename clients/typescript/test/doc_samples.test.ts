@@ -1,4 +1,4 @@
-// The TypeScript samples of the README, docs/typescript.md and
+// The TypeScript samples of the READMEs, docs/typescript.md and
 // docs/pg-boss.md compile against the package's declarations, so a
 // newcomer who copies one gets no error the docs did not warn of. Each
 // ```ts block becomes a module of its own under dist/doc-samples (inside
@@ -16,7 +16,7 @@ import { fileURLToPath } from "node:url";
 
 const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const repo = path.resolve(pkgDir, "../..");
-const docs = ["README.md", "docs/typescript.md", "docs/pg-boss.md"];
+const docs = ["README.md", "clients/typescript/README.md", "docs/typescript.md", "docs/pg-boss.md"];
 
 /** What samples use without defining: declared unless the sample defines it. */
 const placeholders: Record<string, string> = {
