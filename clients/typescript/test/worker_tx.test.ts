@@ -31,7 +31,10 @@ for (const tx of [true, false]) {
     await db.pool.query("create table effect (ev bigint not null)");
     let ids: string[] = []; // sent once the first worker has subscribed
     const blocked = gate();
-    const opts = { ...fast, queue: "tx", consumer: "c", slots: 1, leaseTtlMs: 1500 } as WorkOptions;
+    // No hold: event 1 blocks until the kill, and a hold of its key after
+    // holdAfterMs would acknowledge event 0 with the chunk, which a slow
+    // machine reaches before the kill.
+    const opts = { ...fast, queue: "tx", consumer: "c", slots: 1, leaseTtlMs: 1500, holdAfterMs: 600_000 } as WorkOptions;
     const first = async (m: Message, c: PooledConnection, signal: AbortSignal) => {
       if ((m.payload as { i: number }).i === 1) {
         blocked.open();
@@ -67,7 +70,9 @@ for (const tx of [true, false]) {
         await db.pool.query("insert into effect (ev) values ($1::bigint)", [m.id]);
       }));
     }
-    await waitFor("the second worker to handle both events", () => handled.includes(ids[1]!), 20_000);
+    // The handler is called before its transaction commits: wait for the commit too.
+    await waitFor("the second worker to handle both events and commit the last", async () =>
+      handled.includes(ids[1]!) && (await effects(db.pool)).has(ids[1]!), 20_000);
     assert.deepEqual(handled, [ids[0], ids[1]], "both delivered again, in order");
     const got = await effects(db.pool);
     assert.equal(got.get(ids[1]!), 1);

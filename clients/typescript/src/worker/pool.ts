@@ -34,7 +34,8 @@ import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { makePlan } from "./fairshare.js";
 import { hintTag, Listener, presenceChannel, tickChannel, tickTag, type ListenConnect } from "./listener.js";
 import { WorkerKilledError } from "./outcome.js";
-import { defaultRetryDelay, SlotRunner, type Handler, type SlotEnv } from "./slot.js";
+import { defaultRetryDelay, SlotRunner, type HandleCounters, type HandleResult, type Handler, type SlotEnv } from "./slot.js";
+import type { Message } from "./message.js";
 import * as q from "./sql.js";
 import { Semaphore, Wake } from "./sync.js";
 import type { FailurePolicy } from "../admin.js";
@@ -85,11 +86,36 @@ export interface WorkOptions {
    */
   listen?: ListenConnect | false;
   /**
-   * Receives errors the pool recovers from, and a LeaseLostError (with its
-   * slot) for each slot it fenced: the chunk in hand is delivered again.
-   * Default: console.warn.
+   * Receives errors the pool recovers from: a failed receive, claim pass,
+   * renewal, settle or LISTEN connection (each retried), and a
+   * LeaseLostError (with its slot) for each slot it fenced: the chunk in
+   * hand is delivered again. Default: console.warn. Handler errors are not
+   * among them (onHandled).
    */
   onError?: (err: unknown) => void;
+  /**
+   * Called after every handler call, with what it threw (undefined when
+   * it returned), how long it ran and, after a throw, the retry delay
+   * (null: dead-lettered at once). For logs, metrics and traces; a throw
+   * from it goes to onError.
+   */
+  onHandled?: (msg: Message, result: HandleResult) => void;
+}
+
+/** What a worker did since it started, read by Worker.stats(). */
+export interface WorkerStats {
+  /** Handler calls that returned: those events are done. */
+  handled: number;
+  /** Handler calls that threw: retried later or dead-lettered. */
+  failed: number;
+  /** Handler calls running now. */
+  running: number;
+  /** Errors passed to onError. */
+  errors: number;
+  /** The last of them, if any. */
+  lastError: unknown;
+  /** The slots this worker works now. */
+  ownedSlots: number[];
 }
 
 export interface StopOptions {
@@ -104,6 +130,12 @@ export interface Worker {
   readonly workerId: string;
   /** The slots this worker works now. */
   ownedSlots(): number[];
+  /**
+   * Counters since start: handled and failed events, handlers running,
+   * recovered errors. The consumer's lag and its slots' leases, seen by
+   * the server and across all workers, are slots(db, queue, consumer).
+   */
+  stats(): WorkerStats;
   /**
    * Stops fetching, lets each slot finish and acknowledge its chunk in
    * flight and settle its held keys, releases the leases. Idempotent.
@@ -168,7 +200,15 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
   const leaseTtlMs = positive("leaseTtlMs", opts.leaseTtlMs, 30_000, 1000);
   const claimIntervalMs = positive("claimIntervalMs", opts.claimIntervalMs, 1000, 10);
   const worker = opts.workerId ?? defaultWorkerId();
-  const onError = opts.onError ?? ((err: unknown) => console.warn("pgque worker:", err));
+  const report = opts.onError ?? ((err: unknown) => console.warn("pgque worker:", err));
+  const counters: HandleCounters = { handled: 0, failed: 0, running: 0 };
+  let errors = 0;
+  let lastError: unknown;
+  const onError = (err: unknown) => {
+    errors++;
+    lastError = err;
+    report(err);
+  };
   const where = `consumer ${JSON.stringify(opts.consumer)} of queue ${JSON.stringify(opts.queue)}`;
 
   let nslots = await startSlots(db, opts.queue, opts.consumer, configured, where);
@@ -230,6 +270,8 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
       if (n === nslots) await followResize();
       return n !== nslots;
     },
+    onHandled: opts.onHandled,
+    counters,
   };
   const maxActiveOpt = opts.maxActiveSlots === undefined ? undefined : positive("maxActiveSlots", opts.maxActiveSlots, 1);
   const maxActive = () => Math.min(nslots, maxActiveOpt ?? nslots);
@@ -353,9 +395,11 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
     await stopped;
   }
 
+  const ownedSlots = () => [...runners].filter(([, r]) => !r.fenced && r.nslots === nslots).map(([s]) => s).sort((a, b) => a - b);
   return {
     workerId: worker,
-    ownedSlots: () => [...runners].filter(([, r]) => !r.fenced && r.nslots === nslots).map(([s]) => s).sort((a, b) => a - b),
+    ownedSlots,
+    stats: () => ({ ...counters, errors, lastError, ownedSlots: ownedSlots() }),
     async stop(so: StopOptions = {}) {
       if (so.graceful === false) return kill();
       fetchCtl.abort();

@@ -45,6 +45,27 @@ export interface HandlerContext {
 
 export type Handler<P = unknown> = (msg: Message<P>, ctx: HandlerContext) => unknown | Promise<unknown>;
 
+/** How one handler call ended, as the onHandled hook sees it. */
+export interface HandleResult {
+  /** What the handler threw (a timeout is a HandlerTimeoutError); undefined when it returned. */
+  error: unknown;
+  /** How long the handler ran. */
+  durationMs: number;
+  /**
+   * What follows a throw: the retry delay asked for, or null when the
+   * event is dead-lettered at once (deadLetter()). A retry past the
+   * queue's max_retries is dead-lettered by the server instead.
+   */
+  retryInMs?: number | null;
+}
+
+/** Counters of one worker, read by Worker.stats(). */
+export interface HandleCounters {
+  handled: number;
+  failed: number;
+  running: number;
+}
+
 /** Everything a runner shares with its pool. */
 export interface SlotEnv {
   db: ConnectionSource;
@@ -77,6 +98,8 @@ export interface SlotEnv {
    * another one now.
    */
   slotCountChanged: (nslots: number, err: unknown) => Promise<boolean>;
+  onHandled: ((msg: Message, r: HandleResult) => void) | undefined;
+  counters: HandleCounters;
 }
 
 type Outcome = { ok: true } | { ok: false; failure: q.Failure };
@@ -461,22 +484,39 @@ export class SlotRunner {
       signals.push(timer.signal);
     }
     const signal = signals.length === 1 ? signals[0]! : AbortSignal.any(signals);
+    const began = performance.now();
+    let out: Outcome;
+    let error: unknown;
+    env.counters.running++;
     try {
       const token = this.lease.token;
       const completeIn = (conn: Executor) =>
         q.completeInTx(conn, env.queue, env.consumer, this.slot, this.nslots, env.worker, token, m.epoch, m.batchId, m.id);
       await env.handler(m, { signal, completeIn });
-      return { ok: true };
+      out = { ok: true };
     } catch (err) {
-      let e = err;
+      error = err;
       if (timer?.signal.aborted && !(err instanceof HandlerTimeoutError)) {
-        e = new HandlerTimeoutError(env.handlerTimeoutMs);
-        (e as Error).cause = err;
+        error = new HandlerTimeoutError(env.handlerTimeoutMs);
+        (error as Error).cause = err;
       }
-      return { ok: false, failure: { id: m.id, delayMs: this.delayOf(e, m.retryCount), reason: reasonOf(e) } };
+      out = { ok: false, failure: { id: m.id, delayMs: this.delayOf(error, m.retryCount), reason: reasonOf(error) } };
     } finally {
       if (t) clearTimeout(t);
+      env.counters.running--;
     }
+    if (out.ok) env.counters.handled++;
+    else env.counters.failed++;
+    if (env.onHandled) {
+      const r: HandleResult = { error, durationMs: performance.now() - began };
+      if (!out.ok) r.retryInMs = out.failure.delayMs;
+      try {
+        env.onHandled(m, r);
+      } catch (err) {
+        env.onError(err);
+      }
+    }
+    return out;
   }
 
   /** null dead-letters at once; else the delay before the retry. */
