@@ -16,7 +16,12 @@
 //   tenant's events come in order and that no two of a tenant's run at
 //   once, then sleeps handlerMs. Timed from the first handler call to the
 //   last one's end; the resident set size is sampled every 20 ms while
-//   the drain runs and its peak reported.
+//   the drain runs and its peak reported, with the CPU time the process
+//   spent. The pool is warmed (poolMax connections opened) before work()
+//   starts, as the Go side's pool and a running service's are.
+//   trace: true (for profiling by hand) also prints to stderr when each
+//   slot's first handler ran, handler starts per 100 ms, and the count and
+//   durations of the pool's statements.
 // send: { events, tenants, callers }
 //   callers concurrent loops call send() on a pg.Pool (which coalesces
 //   concurrent sends) until events are sent, each with a partition key.
@@ -50,7 +55,15 @@ async function work(pool) {
   const allDone = new Promise((resolve) => { finished = resolve; });
   let rssPeak = 0;
   const sampler = setInterval(() => { rssPeak = Math.max(rssPeak, process.memoryUsage.rss()); }, 20);
+  // A warm pool, as the Go side's and a running service's: opening
+  // connections is not part of the drain.
+  const conns = await Promise.all(Array.from({ length: cfg.poolMax ?? 10 }, () => pool.connect()));
+  for (const c of conns) c.release();
   const errors = [];
+  const trace = [];
+  const called = performance.now();
+  const slotFirst = new Map();
+  let inflight = 0;
   const worker = await pgque.work(pool, {
     queue: cfg.queue,
     consumer: cfg.consumer,
@@ -58,6 +71,10 @@ async function work(pool) {
     concurrency: cfg.concurrency,
     onError: (err) => { errors.push(String(err && err.stack ? err.stack : err)); },
   }, async (msg) => {
+    if (cfg.trace) {
+      trace.push([performance.now(), msg.slot, inflight++]);
+      if (!slotFirst.has(msg.slot)) slotFirst.set(msg.slot, Math.round(performance.now() - called));
+    }
     const { t, s } = msg.payload;
     if (busy.has(t) || s !== (last.get(t) ?? 0) + 1) violations++;
     busy.add(t);
@@ -67,18 +84,31 @@ async function work(pool) {
       if (cfg.handlerMs > 0) await sleep(cfg.handlerMs);
     } finally {
       busy.delete(t);
+      inflight--;
     }
     lastEnd = performance.now();
     if (++handled >= cfg.events) finished(true);
   });
   const timeout = setTimeout(() => finished(false), cfg.timeoutMs);
+  const cpu0 = process.cpuUsage();
   const complete = await allDone;
+  const cpu = process.cpuUsage(cpu0);
   clearTimeout(timeout);
   rssPeak = Math.max(rssPeak, process.memoryUsage.rss());
   clearInterval(sampler);
   await worker.stop({ timeoutMs: 10000 });
   if (!complete) fail(`only ${handled} of ${cfg.events} events handled within ${cfg.timeoutMs} ms; errors: ${errors.slice(0, 3).join('; ')}`);
-  out({ handled, work_ms: lastEnd - first, order_violations: violations, rss_peak: rssPeak, errors: errors.length });
+  if (cfg.trace) {
+    const buckets = new Map();
+    for (const [at, , n] of trace) {
+      const b = Math.floor((at - first) / 100);
+      const v = buckets.get(b) ?? [0, 0];
+      buckets.set(b, [v[0] + 1, Math.max(v[1], n)]);
+    }
+    process.stderr.write(`first handler call per slot, ms after work(): ${JSON.stringify([...slotFirst].sort((a, b) => a[0] - b[0]))}\n`);
+    process.stderr.write([...buckets].map(([b, [c, n]]) => `${b * 100}ms: ${c} starts, max inflight ${n}`).join('\n') + '\n');
+  }
+  out({ handled, work_ms: lastEnd - first, order_violations: violations, rss_peak: rssPeak, cpu_ms: (cpu.user + cpu.system) / 1000, errors: errors.length });
 }
 
 function event(i) {
@@ -109,6 +139,27 @@ async function sendBatch(pool) {
 }
 
 const pool = new pg.Pool({ ...cfg.connection, max: cfg.poolMax ?? 10 });
+const qstats = new Map();
+if (cfg.trace) {
+  const orig = pg.Pool.prototype.query;
+  pool.query = function (text, ...rest) {
+    const t0 = performance.now();
+    const name = String(typeof text === 'string' ? text : text.text).replace(/\s+/g, ' ').slice(0, 48);
+    const p = orig.call(this, text, ...rest);
+    const rec = () => {
+      const v = qstats.get(name) ?? { n: 0, ms: 0, max: 0, first: [] };
+      const d = performance.now() - t0;
+      v.n++; v.ms += d; v.max = Math.max(v.max, d);
+      if (v.first.length < 3) v.first.push(Math.round(d));
+      qstats.set(name, v);
+    };
+    p.then(rec, rec);
+    return p;
+  };
+  process.on('exit', () => {
+    for (const [k, v] of qstats) process.stderr.write(`${v.n}x avg ${(v.ms / v.n).toFixed(1)}ms max ${v.max.toFixed(0)} first ${v.first} ${k}\n`);
+  });
+}
 try {
   await { work, send, sendBatch }[cfg.mode](pool);
   await pool.end();
