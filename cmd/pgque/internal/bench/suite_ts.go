@@ -67,6 +67,14 @@ func runTS(ctx context.Context, e *env, r *recorder) error {
 	}
 	defer client.Close()
 	nodeNote := fmt.Sprintf("TypeScript package and pg-boss %s on Node.js %s", pgbossVersion, d.node)
+	var partial []string // pg-boss drains that ran out of their budget
+	withPartial := func(note string) string {
+		for _, p := range partial {
+			note += "; " + p
+		}
+		partial = nil
+		return note
+	}
 	bossRun := func(events, tenants, workers, batch int, cost time.Duration, res **pgbossResult) func(context.Context) (float64, error) {
 		return func(ctx context.Context) (float64, error) {
 			dsn, err := e.freshDB(ctx, "bench_ts_pgboss")
@@ -78,7 +86,9 @@ func runTS(ctx context.Context, e *env, r *recorder) error {
 				return 0, err
 			}
 			if out.TimedOut {
-				return 0, fmt.Errorf("pg-boss handled %d of %d jobs within its %s budget", out.Handled, out.Events, pgbossBudget(e))
+				// As in peers: pg-boss slows down as its backlog grows;
+				// its figure is then the rate over the budget.
+				partial = append(partial, fmt.Sprintf("pg-boss handled %d of %d jobs in its %s budget: its figure is the rate over the budget", out.Handled, out.Events, pgbossBudget(e)))
 			}
 			*res = out
 			return out.rate(), nil
@@ -119,8 +129,8 @@ func runTS(ctx context.Context, e *env, r *recorder) error {
 		return err
 	}
 	r.compare("ts_work_N8_cost0", m["ts"], "pgboss_key_strict_fifo_cost0", m["pgboss"], "events/s", atLeast(20),
-		fmt.Sprintf("handler cost 0, %d tenants, per-tenant order checked; TypeScript: %d events, work() over 8 slots, default concurrency (%d), Go ticker; pg-boss: %d jobs, 8 workers, batchSize 100; %s",
-			tenants, free.events, tsConcurrencyDefault, bossEvents, nodeNote))
+		withPartial(fmt.Sprintf("handler cost 0, %d tenants, per-tenant order checked; TypeScript: %d events, work() over 8 slots, default concurrency (%d), Go ticker; pg-boss: %d jobs, 8 workers, batchSize 100; %s",
+			tenants, free.events, tsConcurrencyDefault, bossEvents, nodeNote)))
 	r.compare("ts_work_N8_cost0", m["ts"], "go_pool_N8_cost0", m["go"], "events/s", nil,
 		"the same drain by the Go library's PartitionedConsumer (8 slots, defaults) in the bench process: what the server and the machine allow")
 
@@ -153,6 +163,7 @@ func runTS(ctx context.Context, e *env, r *recorder) error {
 	}
 	note := fmt.Sprintf("%d tenants, handler 20 ms, per-tenant order checked; TypeScript: %d events, work() over 16 slots, Go ticker; pg-boss: %d jobs, 16 workers (localConcurrency 16, batchSize %d); %s",
 		laneTenants, wide.events, bossLaneEvents, pgbossLaneBatch, nodeNote)
+	note = withPartial(note)
 	for _, c := range []struct {
 		name string
 		lr   laneRun
