@@ -61,6 +61,15 @@ func setupPgBoss(ctx context.Context, e *env) (*pgbossDriver, error) {
 	return &pgbossDriver{dir: dir, node: node}, nil
 }
 
+// describe records the pg-boss and Node.js versions in the report's
+// environment.
+func (d *pgbossDriver) describe(e *env) {
+	e.setExtra(func(env *Environment) {
+		env.PgBoss = pgbossVersion
+		env.NodeJS = d.node
+	})
+}
+
 // nodeVersion returns `node --version`, or an error wrapping errSkipped
 // with missing when node is not on PATH.
 func nodeVersion(ctx context.Context, missing string) (string, error) {

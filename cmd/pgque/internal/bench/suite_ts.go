@@ -53,15 +53,8 @@ func runTS(ctx context.Context, e *env, r *recorder) error {
 	if err != nil {
 		return err
 	}
-	e.setExtra(func(env *Environment) {
-		env.PgBoss = pgbossVersion
-		env.NodeJS = d.node
-	})
-	p, err := newPgque(ctx, e, "bench_ts", 20)
-	if err != nil {
-		return err
-	}
-	client, err := pgque.NewClient(p.pool, &pgque.Config{Logger: quietLogger})
+	boss.describe(e)
+	p, client, err := newPgqueClient(ctx, e, "bench_ts", 20)
 	if err != nil {
 		return err
 	}
