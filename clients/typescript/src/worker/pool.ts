@@ -59,7 +59,7 @@ export interface WorkOptions {
    * one, another one than persisted fails with kind policy_mismatch.
    */
   failurePolicy?: FailurePolicy;
-  /** Handlers running at once over all slots of this worker. Default 64. */
+  /** Handlers running at once over all slots of this worker. Default 256, as the Go pool's MaxWorkers. */
   concurrency?: number;
   /** Aborts a handler's signal after this long and fails the event (0: none). Default 0. */
   handlerTimeoutMs?: number;
@@ -148,6 +148,13 @@ export interface Worker {
    */
   kill(): Promise<void>;
 }
+
+/**
+ * Handlers running at once in one worker by default: the Go pool's
+ * MaxWorkers default. A chunk of 200 keys with a 20 ms handler needs 200
+ * places to run at once; 64 held it to a third of that.
+ */
+export const CONCURRENCY_DEFAULT = 256;
 
 function listenFrom(db: ConnectionSource): ListenConnect | null {
   const opts = (db as { options?: pg.ClientConfig }).options;
@@ -249,7 +256,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
     maxHeldEvents: 10 * positive("batchSize", opts.batchSize, 1000),
     retryDelayMs: opts.retryDelayMs ?? defaultRetryDelay,
     handler: handler as Handler,
-    sem: new Semaphore(positive("concurrency", opts.concurrency, 64)),
+    sem: new Semaphore(positive("concurrency", opts.concurrency, CONCURRENCY_DEFAULT)),
     fetch: fetchCtl.signal,
     kill: killCtl.signal,
     policy: () => policy,

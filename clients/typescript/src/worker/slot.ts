@@ -422,6 +422,21 @@ export class SlotRunner {
   private async waitLanes(lanes: Lane[]): Promise<Lane[]> {
     const all = Promise.all(lanes.map((l) => l.done)).then(() => true);
     const few = Math.max(1, Math.floor(lanes.length / 8));
+    const signal = this.ctl.signal;
+    let onAbort = () => {};
+    const aborted = new Promise<boolean>((r) => {
+      onAbort = () => r(false);
+      signal.addEventListener("abort", onAbort, { once: true });
+    });
+    try {
+      return await this.waitLanesUntil(lanes, all, few, aborted);
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+    }
+  }
+
+  /** waitLanes' loop; aborted resolves when the slot's signal aborts. */
+  private async waitLanesUntil(lanes: Lane[], all: Promise<boolean>, few: number, aborted: Promise<boolean>): Promise<Lane[]> {
     for (;;) {
       const now = Date.now();
       const open = lanes.filter((l) => !l.finished);
@@ -433,7 +448,13 @@ export class SlotRunner {
       const next = open.length <= few
         ? Math.max(1, Math.min(...open.map((l) => (l.runningSince === null ? this.env.holdAfterMs : l.runningSince + this.env.holdAfterMs - now))))
         : this.env.holdAfterMs;
-      const done = await Promise.race([all, sleep(next, this.ctl.signal).then(() => false)]);
+      // A timer cleared when the lanes finish first: a chunk of quick
+      // handlers would otherwise leave a timer and an abort listener
+      // behind for every chunk.
+      let t: NodeJS.Timeout | undefined;
+      const timer = new Promise<boolean>((r) => (t = setTimeout(() => r(false), next)));
+      const done = await Promise.race([all, timer, aborted]);
+      clearTimeout(t);
       if (done) return [];
     }
   }
@@ -442,10 +463,12 @@ export class SlotRunner {
     const { env } = this;
     for (const m of lane.events) {
       if (this.ctl.signal.aborted) return;
-      try {
-        await env.sem.acquire(this.ctl.signal);
-      } catch {
-        return;
+      if (!env.sem.tryAcquire()) {
+        try {
+          await env.sem.acquire(this.ctl.signal);
+        } catch {
+          return;
+        }
       }
       let out: Outcome;
       try {

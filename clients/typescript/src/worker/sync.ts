@@ -1,37 +1,75 @@
 // Small promise-based coordination primitives of the worker pool.
 
-/** A counting semaphore whose waiters give up when their signal aborts. */
+interface Waiter {
+  resolve: () => void;
+  reject: (e: unknown) => void;
+  signal: AbortSignal | undefined;
+}
+
+/**
+ * A counting semaphore whose waiters give up when their signal aborts.
+ *
+ * A slot's lanes wait here by the hundred, all on the same signal. So a
+ * signal gets one abort listener, registered with its first waiter, not one
+ * per waiter: EventTarget checks each new listener against those it holds,
+ * which made a wait linear in the number of waiters (and a Node warning
+ * past ten listeners).
+ */
 export class Semaphore {
-  private waiters: { resolve: () => void; reject: (e: unknown) => void; signal: AbortSignal | undefined; onAbort: () => void }[] = [];
+  private waiters = new Set<Waiter>();
+  private bySignal = new Map<AbortSignal, { waiters: Set<Waiter>; onAbort: () => void }>();
   constructor(private free: number) {}
+
+  /** Takes a place if one is free, without waiting. */
+  tryAcquire(): boolean {
+    if (this.free <= 0) return false;
+    this.free--;
+    return true;
+  }
 
   acquire(signal?: AbortSignal): Promise<void> {
     if (signal?.aborted) return Promise.reject(signal.reason);
-    if (this.free > 0) {
-      this.free--;
-      return Promise.resolve();
-    }
+    if (this.tryAcquire()) return Promise.resolve();
     return new Promise((resolve, reject) => {
-      const w = {
-        resolve,
-        reject,
-        signal,
-        onAbort: () => {
-          this.waiters = this.waiters.filter((x) => x !== w);
-          reject(signal!.reason);
-        },
-      };
-      signal?.addEventListener("abort", w.onAbort, { once: true });
-      this.waiters.push(w);
+      const w: Waiter = { resolve, reject, signal };
+      this.waiters.add(w);
+      if (!signal) return;
+      let group = this.bySignal.get(signal);
+      if (!group) {
+        const g = {
+          waiters: new Set<Waiter>(),
+          onAbort: () => {
+            this.bySignal.delete(signal);
+            for (const x of g.waiters) {
+              this.waiters.delete(x);
+              x.reject(signal.reason);
+            }
+          },
+        };
+        group = g;
+        this.bySignal.set(signal, g);
+        signal.addEventListener("abort", g.onAbort, { once: true });
+      }
+      group.waiters.add(w);
     });
   }
 
   release(): void {
-    const w = this.waiters.shift();
-    if (w) {
-      w.signal?.removeEventListener("abort", w.onAbort);
+    // A Set iterates in insertion order: the longest waiter goes first.
+    for (const w of this.waiters) {
+      this.waiters.delete(w);
+      if (w.signal) {
+        const group = this.bySignal.get(w.signal)!;
+        group.waiters.delete(w);
+        if (group.waiters.size === 0) {
+          this.bySignal.delete(w.signal);
+          w.signal.removeEventListener("abort", group.onAbort);
+        }
+      }
       w.resolve();
-    } else this.free++;
+      return;
+    }
+    this.free++;
   }
 }
 

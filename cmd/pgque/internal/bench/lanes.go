@@ -120,66 +120,15 @@ func (c *laneCheck) handler(cost, hotCost time.Duration) pgque.HandlerFunc {
 // second, first handler call to last. It fails on a per-key order or
 // overlap violation.
 func (p *pgqueDB) laneRate(ctx context.Context, client *pgque.Client, lr laneRun) (float64, error) {
-	q := p.fresh("lanes")
-	conn, err := p.pool.Acquire(ctx)
+	q, others, err := p.loadLanes(ctx, lr)
 	if err != nil {
 		return 0, err
 	}
-	c := conn.Conn()
-	others := 0
-	err = func() error {
-		defer conn.Release()
-		if _, err := c.Exec(ctx, "select pgque.create_queue($1)", q); err != nil {
-			return err
-		}
-		for k := range lr.slots {
-			if _, err := c.Exec(ctx, "select pgque.subscribe_slot($1, 'workers', $2, $3)", q, k, lr.slots); err != nil {
-				return fmt.Errorf("subscribe_slot: %w", err)
-			}
-		}
-		seq := map[int]int{}
-		for from := 0; from < lr.events; from += batchSize {
-			var payloads, keys []string
-			for i := from; i < min(from+batchSize, lr.events); i++ {
-				t, key := i%lr.tenants, "tenant-"+strconv.Itoa(i%lr.tenants)
-				if lr.hotEvery > 0 && i%lr.hotEvery == 0 {
-					if lr.dropHot {
-						continue
-					}
-					t, key = -1, "hot"
-				} else {
-					others++
-				}
-				seq[t]++
-				b, _ := json.Marshal(lanePayload{T: t, S: seq[t]})
-				payloads, keys = append(payloads, string(b)), append(keys, key)
-			}
-			if _, err := c.Exec(ctx, `select pgque.send_batch($1, $2, $3::jsonb[], $4::text[])`, q, eventType, payloads, keys); err != nil {
-				return fmt.Errorf("send_batch: %w", err)
-			}
-			if err := tick(ctx, c, q); err != nil {
-				return err
-			}
-		}
-		return nil
-	}()
+	stopTicker, err := startTicker(ctx, client, q)
 	if err != nil {
 		return 0, err
 	}
-	// Holds put a slow key's events back into the log, for a later batch:
-	// a ticker must run, as it does in production.
-	tk, err := client.NewTicker(&pgque.TickerConfig{WorkerID: "bench-" + q})
-	if err != nil {
-		return 0, err
-	}
-	if err := tk.Start(ctx); err != nil {
-		return 0, err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = tk.Stop(sctx)
-	}()
+	defer stopTicker()
 	chk := &laneCheck{target: int64(others), done: make(chan struct{}), last: map[int]int{}, inFlight: map[int]bool{}}
 	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
 		Queue: q, Consumer: "workers", Slots: lr.slots, MaxWorkers: lr.maxWorkers, MaxWorkersPerSlot: lr.perSlot,
@@ -223,6 +172,72 @@ func (p *pgqueDB) laneRate(ctx context.Context, client *pgque.Client, lr laneRun
 		return 0, nil
 	}
 	return float64(chk.handled.Load()) / d.Seconds(), nil
+}
+
+// loadLanes creates a fresh queue, subscribes lr.slots slots of consumer
+// "workers" and loads lr's backlog (lanePayload events, ticked per
+// batchSize). It returns the queue and the number of events of keys other
+// than "hot".
+func (p *pgqueDB) loadLanes(ctx context.Context, lr laneRun) (string, int, error) {
+	q := p.fresh("lanes")
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	defer conn.Release()
+	c := conn.Conn()
+	others := 0
+	if _, err := c.Exec(ctx, "select pgque.create_queue($1)", q); err != nil {
+		return "", 0, err
+	}
+	for k := range lr.slots {
+		if _, err := c.Exec(ctx, "select pgque.subscribe_slot($1, 'workers', $2, $3)", q, k, lr.slots); err != nil {
+			return "", 0, fmt.Errorf("subscribe_slot: %w", err)
+		}
+	}
+	seq := map[int]int{}
+	for from := 0; from < lr.events; from += batchSize {
+		var payloads, keys []string
+		for i := from; i < min(from+batchSize, lr.events); i++ {
+			t, key := i%lr.tenants, "tenant-"+strconv.Itoa(i%lr.tenants)
+			if lr.hotEvery > 0 && i%lr.hotEvery == 0 {
+				if lr.dropHot {
+					continue
+				}
+				t, key = -1, "hot"
+			} else {
+				others++
+			}
+			seq[t]++
+			b, _ := json.Marshal(lanePayload{T: t, S: seq[t]})
+			payloads, keys = append(payloads, string(b)), append(keys, key)
+		}
+		if _, err := c.Exec(ctx, `select pgque.send_batch($1, $2, $3::jsonb[], $4::text[])`, q, eventType, payloads, keys); err != nil {
+			return "", 0, fmt.Errorf("send_batch: %w", err)
+		}
+		if err := tick(ctx, c, q); err != nil {
+			return "", 0, err
+		}
+	}
+	return q, others, nil
+}
+
+// startTicker starts a Go Ticker for the drain of queue q: holds put a
+// slow key's events back into the log, for a later batch, so a ticker must
+// run, as it does in production. The returned function stops it.
+func startTicker(ctx context.Context, client *pgque.Client, q string) (func(), error) {
+	tk, err := client.NewTicker(&pgque.TickerConfig{WorkerID: "bench-" + q})
+	if err != nil {
+		return nil, err
+	}
+	if err := tk.Start(ctx); err != nil {
+		return nil, err
+	}
+	return func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = tk.Stop(sctx)
+	}, nil
 }
 
 // laneTenants is the tenant count of the lane cases: the issue's 200.

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/install"
 )
 
@@ -52,6 +53,20 @@ func newPgque(ctx context.Context, e *env, name string, maxConns int) (*pgqueDB,
 		return nil, fmt.Errorf("creating queue: %w", err)
 	}
 	return &pgqueDB{dsn: dsn, pool: pool}, nil
+}
+
+// newPgqueClient is newPgque with a Go client on its pool (its logs
+// discarded); the caller closes the client.
+func newPgqueClient(ctx context.Context, e *env, name string, maxConns int) (*pgqueDB, *pgque.Client, error) {
+	p, err := newPgque(ctx, e, name, maxConns)
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := pgque.NewClient(p.pool, &pgque.Config{Logger: quietLogger})
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, client, nil
 }
 
 // fresh returns a new unique name with prefix.

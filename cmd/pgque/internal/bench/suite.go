@@ -24,7 +24,7 @@ type suite struct {
 var registry []*suite
 
 // suiteOrder fixes the run order whatever the init order of the files.
-var suiteOrder = []string{"floor", "pgq", "produce", "consume", "latency", "readamp", "bloat", "catchup", "held", "pause", "resize", "peers"}
+var suiteOrder = []string{"floor", "pgq", "produce", "consume", "latency", "readamp", "bloat", "catchup", "held", "pause", "resize", "peers", "ts"}
 
 func register(s *suite) { registry = append(registry, s) }
 

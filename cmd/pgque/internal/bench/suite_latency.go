@@ -209,11 +209,7 @@ func latencyRun(ctx context.Context, p *pgqueDB, client *pgque.Client, rate int,
 }
 
 func runLatency(ctx context.Context, e *env, r *recorder) error {
-	p, err := newPgque(ctx, e, "bench_latency", 40)
-	if err != nil {
-		return err
-	}
-	client, err := pgque.NewClient(p.pool, &pgque.Config{Logger: quietLogger})
+	p, client, err := newPgqueClient(ctx, e, "bench_latency", 40)
 	if err != nil {
 		return err
 	}

@@ -36,11 +36,7 @@ func init() {
 const peerWorkers = 8
 
 func runPeers(ctx context.Context, e *env, r *recorder) error {
-	p, err := newPgque(ctx, e, "bench_peers", 40)
-	if err != nil {
-		return err
-	}
-	client, err := pgque.NewClient(p.pool, &pgque.Config{Logger: quietLogger})
+	p, client, err := newPgqueClient(ctx, e, "bench_peers", 40)
 	if err != nil {
 		return err
 	}
@@ -108,10 +104,7 @@ func runPeers(ctx context.Context, e *env, r *recorder) error {
 	if err != nil {
 		return err
 	}
-	e.setExtra(func(env *Environment) {
-		env.PgBoss = pgbossVersion
-		env.NodeJS = d.node
-	})
+	d.describe(e)
 	nodeNote := fmt.Sprintf("pg-boss %s on Node.js %s", pgbossVersion, d.node)
 	if !versionAtLeast(d.node, 22, 12) {
 		nodeNote += " (pg-boss declares node >= 22.12; this Node is older)"

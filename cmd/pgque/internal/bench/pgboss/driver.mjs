@@ -8,7 +8,7 @@
 //
 // config: { connection: {host, port, user, password, database},
 //           events, tenants, workers, batchSize, handlerMs, timeoutMs,
-//           boss?, work? }
+//           mode?, callers?, boss?, work? }
 // (boss and work, when given, override the PgBoss constructor's and
 // work()'s options below, to try other settings by hand.)
 //
@@ -22,7 +22,14 @@
 // notify backstop would leave idle workers asleep through the drain. Each
 // job's handler checks that its tenant's jobs arrive in order and sleeps
 // handlerMs. The drain has a time budget (timeoutMs); past it the driver
-// reports what was handled so far (timed_out: true).
+// reports what was handled so far (timed_out: true). The resident set size
+// of the process is sampled every 20 ms during the drain; its peak is
+// reported (rss_peak).
+//
+// mode "send" instead times `events` single send() calls, each with its
+// tenant's singletonKey, made by `callers` concurrent loops (or, with
+// batch > 0, insert() calls of `batch` jobs, one per tenant per call, one
+// call after another), and prints { events, ms }.
 import { PgBoss } from 'pg-boss';
 
 const cfg = JSON.parse(process.argv[2]);
@@ -52,6 +59,32 @@ try {
   await boss.start();
   await boss.createQueue(queue, { policy: 'key_strict_fifo', notify: true, retryLimit: 0 });
 
+  if (cfg.mode === 'send') {
+    let next = 0;
+    const start = performance.now();
+    for (let from = 0; cfg.batch > 0 && from < cfg.events; from += cfg.batch) {
+      const jobs = [];
+      for (let i = from; i < Math.min(from + cfg.batch, cfg.events); i++) {
+        const t = i % cfg.tenants;
+        jobs.push({ data: { t, r: Math.floor(i / cfg.tenants) }, singletonKey: 'tenant-' + t });
+      }
+      await boss.insert(queue, jobs);
+      next = cfg.events;
+    }
+    await Promise.all(Array.from({ length: cfg.callers }, async () => {
+      for (let i = next++; i < cfg.events; i = next++) {
+        const t = i % cfg.tenants;
+        const id = await boss.send(queue, { t, r: Math.floor(i / cfg.tenants) }, { singletonKey: 'tenant-' + t });
+        if (!id) throw new Error(`send of job ${i} returned no id`);
+      }
+    }));
+    const ms = performance.now() - start;
+    await boss.stop({ graceful: false, close: true, timeout: 2000 });
+    if (bossError) fail('pg-boss error: ' + (bossError.stack ?? bossError));
+    process.stdout.write(JSON.stringify({ events: cfg.events, ms }) + '\n');
+    process.exit(0);
+  }
+
   const rounds = Math.ceil(cfg.events / cfg.tenants);
   let loaded = 0;
   const loadStart = performance.now();
@@ -70,6 +103,8 @@ try {
   let finished;
   const allDone = new Promise((resolve) => { finished = resolve; });
   const workStart = performance.now();
+  let rssPeak = 0;
+  const sampler = setInterval(() => { rssPeak = Math.max(rssPeak, process.memoryUsage.rss()); }, 20);
   let firstMs = null;
   const handle = async (job) => {
     const { t, r } = job.data;
@@ -98,13 +133,15 @@ try {
   await allDone;
   clearTimeout(timeout);
   const workMs = performance.now() - workStart;
+  rssPeak = Math.max(rssPeak, process.memoryUsage.rss());
+  clearInterval(sampler);
   const handled = done;
   await boss.stop({ graceful: false, close: true, timeout: 2000 });
   if (bossError) fail('pg-boss error: ' + (bossError.stack ?? bossError));
   if (handled === 0) fail(`no job handled within ${cfg.timeoutMs} ms`);
   process.stdout.write(JSON.stringify({
     events: cfg.events, handled, timed_out: timedOut, load_ms: loadMs, work_ms: workMs, first_ms: firstMs,
-    order_violations: violations, total_ms: performance.now() - startAll,
+    order_violations: violations, rss_peak: rssPeak, total_ms: performance.now() - startAll,
   }) + '\n');
   process.exit(0);
 } catch (err) {
