@@ -122,20 +122,3 @@ func (c *Client) UnsubscribeSlots(ctx context.Context, queue, consumer string, n
 	})
 	return mapError(fmt.Sprintf("unsubscribing %d slots of %q from queue %q", nslots, consumer, queue), err)
 }
-
-// SetQueueConfigTx is SetQueueConfig inside the caller's transaction, so that
-// several parameters change together or not at all.
-func (c *Client) SetQueueConfigTx(ctx context.Context, tx pgx.Tx, queue, param, value string) error {
-	err := dbq.New(tx).SetQueueConfig(ctx, queue, param, value)
-	return mapError(fmt.Sprintf("setting %s of queue %q", param, queue), err)
-}
-
-// ParseFailurePolicy reads a policy by the name String gives it ("skip" or
-// "pause"); anything else is an ErrInvalidArgument.
-func ParseFailurePolicy(s string) (FailurePolicy, error) {
-	p, err := parseFailurePolicy(s)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-	}
-	return p, nil
-}

@@ -3,8 +3,54 @@ package pgque
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 )
+
+// KeyRef names one partition key, including the NULL key: the key of events
+// sent without one (Event.PartitionKey ""). The zero KeyRef is the NULL key;
+// KeyOf("") is the empty key, a different key that only SQL can send.
+// KeyRef values are comparable.
+type KeyRef struct {
+	key   string
+	valid bool
+}
+
+// NullKey is the NULL key.
+var NullKey = KeyRef{}
+
+// KeyOf returns the partition key k (never the NULL key).
+func KeyOf(k string) KeyRef { return KeyRef{key: k, valid: true} }
+
+// IsNull reports whether r is the NULL key.
+func (r KeyRef) IsNull() bool { return !r.valid }
+
+// Value returns the key, and false for the NULL key.
+func (r KeyRef) Value() (string, bool) { return r.key, r.valid }
+
+// String returns the key quoted, or NULL.
+func (r KeyRef) String() string {
+	if !r.valid {
+		return "NULL"
+	}
+	return strconv.Quote(r.key)
+}
+
+// arg is the key as a query argument: nil for NULL.
+func (r KeyRef) arg() *string {
+	if !r.valid {
+		return nil
+	}
+	k := r.key
+	return &k
+}
+
+func keyRefOf(k *string) KeyRef {
+	if k == nil {
+		return NullKey
+	}
+	return KeyOf(*k)
+}
 
 // Defaults of KeyQuery.
 const (
