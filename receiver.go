@@ -31,16 +31,18 @@ func (c *Client) Receiver(tx pgx.Tx) *Receiver {
 	return &Receiver{q: dbq.New(tx)}
 }
 
-// Subscribe subscribes consumer to queue and reports whether it is new.
+// Subscribe subscribes consumer to queue, from the next tick on, and
+// reports whether the subscription is new (see Client.Subscribe).
 func (r *Receiver) Subscribe(ctx context.Context, queue, consumer string) (bool, error) {
 	created, err := r.q.Subscribe(ctx, queue, consumer)
-	return created, mapError(fmt.Sprintf("subscribing %s to queue %q", consumer, queue), err)
+	return created, mapError(fmt.Sprintf("subscribing %q to queue %q", consumer, queue), err)
 }
 
-// Unsubscribe removes the plain subscription and reports whether it existed.
+// Unsubscribe removes the plain subscription and reports whether it existed
+// (see Client.Unsubscribe).
 func (r *Receiver) Unsubscribe(ctx context.Context, queue, consumer string) (bool, error) {
 	removed, err := r.q.Unsubscribe(ctx, queue, consumer)
-	return removed, mapError(fmt.Sprintf("unsubscribing %s from queue %q", consumer, queue), err)
+	return removed, mapError(fmt.Sprintf("unsubscribing %q from queue %q", consumer, queue), err)
 }
 
 // Receive returns the next chunk of at most max events of a plain
