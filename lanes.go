@@ -151,32 +151,44 @@ func (pc *PartitionedConsumer) recoverHolds(ctx context.Context, sl *slotState, 
 	return nil
 }
 
-// receiveChunk receives the slot's next chunk (none: nil) once the holds
-// an earlier owner left are released, and returns the delivery that its
-// settling calls prove it by (fencing at the SQL level, not only in this
-// process). start is when the work on the chunk started.
-func (pc *PartitionedConsumer) receiveChunk(fetchCtx, workCtx context.Context, sl *slotState, start time.Time) ([]*Message, dbq.Delivery, error) {
+// slotChunk is a chunk received for a slot.
+type slotChunk struct {
+	msgs []*Message
+	// delivery is what its settling calls prove it by (fencing at the SQL
+	// level, not only in this process).
+	delivery dbq.Delivery
+	// policy is the failure policy it is handled under.
+	policy FailurePolicy
+	// start is when the work on it started.
+	start time.Time
+}
+
+// receiveChunk receives the slot's next chunk (none: no msgs) once the
+// holds an earlier owner left are released.
+func (pc *PartitionedConsumer) receiveChunk(fetchCtx, workCtx context.Context, sl *slotState) (slotChunk, error) {
 	cfg, lease := &pc.config, sl.lease
 	if err := pc.recoverHolds(fetchCtx, sl, lease); err != nil {
-		return nil, dbq.Delivery{}, err
+		return slotChunk{}, err
 	}
+	start := time.Now()
 	rows, err := pc.receive(fetchCtx, workCtx, sl, lease)
 	if err != nil {
-		return nil, dbq.Delivery{}, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
+		return slotChunk{}, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
 	}
 	lease.Renewed(start)
 	if len(rows) == 0 {
-		return nil, dbq.Delivery{}, nil
+		return slotChunk{}, nil
 	}
 	if rows[0].Epoch != lease.Epoch {
-		return nil, dbq.Delivery{}, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
+		return slotChunk{}, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
 	}
 	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
 	for _, m := range msgs {
 		m.NSlots = lease.NSlots
 		m.token = lease.Token
 	}
-	return msgs, dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}, nil
+	return slotChunk{msgs: msgs, delivery: dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID},
+		policy: pc.Policy(), start: start}, nil
 }
 
 // workLanes processes one chunk of the slot with key lanes (a
@@ -201,17 +213,15 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 			sl.lanes.UnlockChunk()
 		}
 	}()
-	start := time.Now()
-	msgs, delivery, err := pc.receiveChunk(fetchCtx, workCtx, sl, start)
-	if err != nil || msgs == nil {
+	c, err := pc.receiveChunk(fetchCtx, workCtx, sl)
+	if err != nil || c.msgs == nil {
 		return false, err
 	}
-	policy := pc.Policy()
 	handled := lease.Busy()
-	chunk := sl.lanes.Run(workCtx, msgs, policy == FailurePolicyPause)
+	chunk := sl.lanes.Run(workCtx, c.msgs, c.policy == FailurePolicyPause)
 	handled()
 	if workCtx.Err() == nil && !chunk.Aborted() {
-		err = pc.settleLanes(workCtx, sl, chunk, policy, delivery)
+		err = pc.settleLanes(workCtx, sl, chunk, c.policy, c.delivery)
 	} else {
 		err = errors.Join(errAborted, context.Cause(workCtx))
 	}
@@ -223,7 +233,7 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 	sl.lanes.UnlockChunk()
 	locked = false
 	chunk.Detach()
-	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(start).Seconds())
+	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(c.start).Seconds())
 	pc.observeLanes(lease.Slot, sl)
 	return true, nil
 }

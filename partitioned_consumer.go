@@ -180,15 +180,13 @@ func (pc *PartitionedConsumer) Stop(ctx context.Context) error {
 func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *workerpool.Lease) (bool, error) {
 	cfg := &pc.config
 	sl := pc.lanesOf(lease)
-	start := time.Now()
-	msgs, delivery, err := pc.receiveChunk(fetchCtx, workCtx, sl, start)
-	if err != nil || msgs == nil {
+	c, err := pc.receiveChunk(fetchCtx, workCtx, sl)
+	if err != nil || c.msgs == nil {
 		return false, err
 	}
-	policy := pc.Policy()
 	// Handlers are bounded by HandlerTimeout, not by the pool's watchdog.
 	handled := lease.Busy()
-	failures, held, aborted := pc.invoker.handleChunk(workCtx, msgs, policy == FailurePolicyPause)
+	failures, held, aborted := pc.invoker.handleChunk(workCtx, c.msgs, c.policy == FailurePolicyPause)
 	handled()
 	if aborted {
 		return false, errors.Join(errAborted, context.Cause(workCtx))
@@ -198,15 +196,15 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot),
 			slog.Int("failed", len(failures)), slog.Int("held", held))
 	}
-	if !sl.deferAck(delivery, failures, held) {
+	if !sl.deferAck(c.delivery, failures, held) {
 		ackStart := time.Now()
-		s := pc.chunkSettler(lease, policy, delivery)
+		s := pc.chunkSettler(lease, c.policy, c.delivery)
 		if err := s.settle(workCtx, pc.client.pool, failures); err != nil {
 			return false, err
 		}
 		lease.Renewed(ackStart)
 	}
-	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(start).Seconds())
+	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(c.start).Seconds())
 	return true, nil
 }
 
