@@ -426,7 +426,7 @@ func TestLanesCrashWhileHeld(t *testing.T) {
 	sent = merge(sent, sendSeq(t, env, []string{"slow", "x", "y"}, 3))
 	waitFor(t, 30*time.Second, "the slow key to be held", func() bool {
 		bk, ok := blockedKey(t, env, "c", pgque.KeyOf("slow"))
-		return ok && bk.State == "inflight"
+		return ok && bk.State == pgque.BlockStateHeld
 	})
 	a.cancel() // crash: nothing more is acknowledged or settled
 	cfgB := cfg
