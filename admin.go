@@ -17,11 +17,3 @@ func (c *Client) CreateQueue(ctx context.Context, queue string) (bool, error) {
 func (c *Client) DropQueue(ctx context.Context, queue string, force bool) error {
 	return mapError(fmt.Sprintf("dropping queue %q", queue), c.queries.DropQueue(ctx, queue, force))
 }
-
-// SetQueueConfig sets one queue parameter: ticker_max_count,
-// ticker_max_lag, ticker_idle_period, rotation_period or max_retries (values
-// as text, e.g. "10 ms"). Requires the pgque_admin role.
-func (c *Client) SetQueueConfig(ctx context.Context, queue, param, value string) error {
-	err := c.queries.SetQueueConfig(ctx, queue, param, value)
-	return mapError(fmt.Sprintf("setting %s of queue %q", param, queue), err)
-}

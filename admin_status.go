@@ -29,15 +29,6 @@ type QueueStatus struct {
 	Config        QueueConfig
 }
 
-// QueueConfig holds a queue's settings, in SetQueueConfig's terms.
-type QueueConfig struct {
-	TickerMaxCount   int
-	TickerMaxLag     time.Duration
-	TickerIdlePeriod time.Duration
-	RotationPeriod   time.Duration
-	MaxRetries       int
-}
-
 // Queues returns the status of queue, or of every queue (by name) when
 // queue is "". It fails with ErrQueueNotFound for an unknown queue. Every
 // pgque role may call it.

@@ -12,19 +12,19 @@ import (
 // Subscribe subscribes consumer to queue, from the next tick on, and reports
 // whether the subscription is new (false: it existed). Consumer.Start does
 // this itself; Subscribe is for setting a subscription up ahead of time, so
-// that events sent before the first consumer starts are kept for it.
+// that events sent before the first consumer starts are kept for it. It is
+// Receiver(nil).Subscribe; a Receiver of a transaction subscribes in it.
 func (c *Client) Subscribe(ctx context.Context, queue, consumer string) (bool, error) {
-	created, err := c.queries.Subscribe(ctx, queue, consumer)
-	return created, mapError(fmt.Sprintf("subscribing %q to queue %q", consumer, queue), err)
+	return c.Receiver(nil).Subscribe(ctx, queue, consumer)
 }
 
 // Unsubscribe removes the plain subscription of consumer, with its open
 // batch and pending retries, and reports whether it existed (unsubscribing
 // twice is no error). A partitioned consumer's slots are removed with
-// UnsubscribeSlots (a slot's own name is an ErrInvalidName here).
+// UnsubscribeSlots (a slot's own name is an ErrInvalidName here). It is
+// Receiver(nil).Unsubscribe.
 func (c *Client) Unsubscribe(ctx context.Context, queue, consumer string) (bool, error) {
-	removed, err := c.queries.Unsubscribe(ctx, queue, consumer)
-	return removed, mapError(fmt.Sprintf("unsubscribing %q from queue %q", consumer, queue), err)
+	return c.Receiver(nil).Unsubscribe(ctx, queue, consumer)
 }
 
 // SubscribeSlots subscribes all nslots slots of a partitioned consumer in one
@@ -121,21 +121,4 @@ func (c *Client) UnsubscribeSlots(ctx context.Context, queue, consumer string, n
 		return nil
 	})
 	return mapError(fmt.Sprintf("unsubscribing %d slots of %q from queue %q", nslots, consumer, queue), err)
-}
-
-// SetQueueConfigTx is SetQueueConfig inside the caller's transaction, so that
-// several parameters change together or not at all.
-func (c *Client) SetQueueConfigTx(ctx context.Context, tx pgx.Tx, queue, param, value string) error {
-	err := dbq.New(tx).SetQueueConfig(ctx, queue, param, value)
-	return mapError(fmt.Sprintf("setting %s of queue %q", param, queue), err)
-}
-
-// ParseFailurePolicy reads a policy by the name String gives it ("skip" or
-// "pause"); anything else is an ErrInvalidArgument.
-func ParseFailurePolicy(s string) (FailurePolicy, error) {
-	p, err := parseFailurePolicy(s)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-	}
-	return p, nil
 }

@@ -151,7 +151,7 @@ func TestAdminDeadLetterFiltersAndPurge(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
 	ctx := context.Background()
-	if err := env.client.SetQueueConfig(ctx, env.queue, "max_retries", "0"); err != nil {
+	if err := env.client.SetQueueConfig(ctx, env.queue, pgque.QueueMaxRetries(0)); err != nil {
 		t.Fatal(err)
 	}
 	fail := func(context.Context, *pgque.Message) error { return errors.New("boom") }
@@ -322,5 +322,52 @@ func TestDeadLettersOfSlotConsumerByItsName(t *testing.T) {
 	}
 	if left, err := env.client.DeadLetters(ctx, env.queue, nil); err != nil || len(left) != keys {
 		t.Fatalf("after the purge: %d, %v; want the plain consumer's %d", len(left), err, keys)
+	}
+}
+
+// SetQueueConfig sets typed settings, several at once and all or none:
+// Queues and DedupWindow read back what was set, and a setting out of
+// range or unknown leaves every setting of the call unchanged.
+func TestSetQueueConfigTyped(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	want := pgque.QueueConfig{TickerMaxCount: 7, TickerMaxLag: 40 * time.Millisecond, TickerIdlePeriod: 2 * time.Second,
+		RotationPeriod: 3 * time.Hour, MaxRetries: 4}
+	if err := env.client.SetQueueConfig(ctx, env.queue, pgque.QueueTickerMaxCount(7), pgque.QueueTickerMaxLag(40*time.Millisecond),
+		pgque.QueueTickerIdlePeriod(2*time.Second), pgque.QueueRotationPeriod(3*time.Hour), pgque.QueueMaxRetries(4),
+		pgque.QueueDedupWindow(90*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	read := func() (pgque.QueueConfig, time.Duration) {
+		t.Helper()
+		qs, err := env.client.Queues(ctx, env.queue)
+		if err != nil || len(qs) != 1 {
+			t.Fatalf("Queues = %v, %v", qs, err)
+		}
+		w, err := env.client.DedupWindow(ctx, env.queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return qs[0].Config, w
+	}
+	if got, w := read(); got != want || w != 90*time.Second {
+		t.Fatalf("after setting: %+v, dedup window %v; want %+v, 1m30s", got, w, want)
+	}
+	for _, tc := range []struct {
+		bad  pgque.QueueSetting
+		want error
+	}{
+		{pgque.QueueTickerMaxCount(0), pgque.ErrInvalidArgument},
+		{pgque.QueueRotationPeriod(-time.Second), pgque.ErrInvalidArgument},
+		{pgque.QueueParam("no_such_param", "1"), pgque.ErrUnknownParameter},
+	} {
+		err := env.client.SetQueueConfig(ctx, env.queue, pgque.QueueMaxRetries(9), tc.bad, pgque.QueueDedupWindow(time.Minute))
+		if !errors.Is(err, tc.want) {
+			t.Errorf("setting %v: %v, want %v", tc.bad, err, tc.want)
+		}
+		if got, w := read(); got != want || w != 90*time.Second {
+			t.Errorf("after the failed %v: %+v, dedup window %v; want nothing changed", tc.bad, got, w)
+		}
 	}
 }

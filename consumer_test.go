@@ -137,7 +137,7 @@ func TestConsumerHandlerErrorIsRetriedThenDeadLettered(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
 	ctx := context.Background()
-	if err := env.client.SetQueueConfig(ctx, env.queue, "max_retries", "2"); err != nil {
+	if err := env.client.SetQueueConfig(ctx, env.queue, pgque.QueueMaxRetries(2)); err != nil {
 		t.Fatal(err)
 	}
 	startTicker(t, env.client)

@@ -50,7 +50,7 @@ func ExampleClient_DeadLetters() {
 	defer client.Close()
 	_, _ = client.CreateQueue(ctx, "files_dlq")
 	// No retries: the first failure dead-letters the event.
-	_ = client.SetQueueConfig(ctx, "files_dlq", "max_retries", "0")
+	_ = client.SetQueueConfig(ctx, "files_dlq", pgque.QueueMaxRetries(0))
 	ticker, _ := client.NewTicker(nil)
 	_ = ticker.Start(ctx)
 	defer ticker.Stop(ctx)

@@ -73,7 +73,7 @@ func TestHandlerErrorTextsNeverWedgeSettle(t *testing.T) {
 				if _, err := env.client.CreateQueue(ctx, queue); err != nil {
 					t.Fatal(err)
 				}
-				if err := env.client.SetQueueConfig(ctx, queue, "max_retries", "0"); err != nil {
+				if err := env.client.SetQueueConfig(ctx, queue, pgque.QueueMaxRetries(0)); err != nil {
 					t.Fatal(err)
 				}
 				var after atomic.Int64

@@ -3,8 +3,54 @@ package pgque
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 )
+
+// KeyRef names one partition key, including the NULL key: the key of events
+// sent without one (Event.PartitionKey ""). The zero KeyRef is the NULL key;
+// KeyOf("") is the empty key, a different key that only SQL can send.
+// KeyRef values are comparable.
+type KeyRef struct {
+	key   string
+	valid bool
+}
+
+// NullKey is the NULL key.
+var NullKey = KeyRef{}
+
+// KeyOf returns the partition key k (never the NULL key).
+func KeyOf(k string) KeyRef { return KeyRef{key: k, valid: true} }
+
+// IsNull reports whether r is the NULL key.
+func (r KeyRef) IsNull() bool { return !r.valid }
+
+// Value returns the key, and false for the NULL key.
+func (r KeyRef) Value() (string, bool) { return r.key, r.valid }
+
+// String returns the key quoted, or NULL.
+func (r KeyRef) String() string {
+	if !r.valid {
+		return "NULL"
+	}
+	return strconv.Quote(r.key)
+}
+
+// arg is the key as a query argument: nil for NULL.
+func (r KeyRef) arg() *string {
+	if !r.valid {
+		return nil
+	}
+	k := r.key
+	return &k
+}
+
+func keyRefOf(k *string) KeyRef {
+	if k == nil {
+		return NullKey
+	}
+	return KeyOf(*k)
+}
 
 // Defaults of KeyQuery.
 const (
@@ -27,21 +73,29 @@ const (
 	HotKeyMinPending = 100
 )
 
+// KeyState is the state of a key with pending work (KeyHead). The words
+// of a blocked key's states are those of BlockState.
+type KeyState string
+
 // Key states of a KeyHead, in order of precedence.
 const (
 	// KeyStateBlocked: under FailurePolicyPause the key's head failed and
 	// waits for its retry; every later event of the key is deferred.
-	KeyStateBlocked = "blocked"
-	// KeyStateHeld: under FailurePolicyPause the head was settled and the
-	// deferred events are being put back, in order.
-	KeyStateHeld = "held"
+	KeyStateBlocked KeyState = "blocked"
+	// KeyStateReleasing: under FailurePolicyPause the head was settled and
+	// the deferred events are being put back, in order.
+	KeyStateReleasing KeyState = "releasing"
+	// KeyStateHeld: the key's lane was still running a handler when the
+	// rest of its chunk was done (key lanes): its unfinished and later
+	// events are deferred until the lane settles.
+	KeyStateHeld KeyState = "held"
 	// KeyStateRetrying: an event of the key waits in the retry queue.
-	KeyStateRetrying = "retrying"
+	KeyStateRetrying KeyState = "retrying"
 	// KeyStateInFlight: the key's pending events are in the slot's open
 	// batch, being handled.
-	KeyStateInFlight = "in flight"
+	KeyStateInFlight KeyState = "in flight"
 	// KeyStateFlowing: the key's events wait for their slot's next batch.
-	KeyStateFlowing = "flowing"
+	KeyStateFlowing KeyState = "flowing"
 )
 
 // KeyQuery selects what KeyHeads, KeyShares and HotKeys read. The zero
@@ -76,7 +130,7 @@ type KeyHead struct {
 	Slot int
 	Key  KeyRef
 	// State is one of the KeyState constants.
-	State string
+	State KeyState
 	// HeadID is the ev_id of the key's oldest pending event, HeadAge its age.
 	HeadID  int64
 	HeadAge time.Duration
@@ -107,7 +161,7 @@ func (c *Client) KeyHeads(ctx context.Context, queue, consumer string, q KeyQuer
 	}
 	out := make([]KeyHead, len(rows))
 	for i, r := range rows {
-		out[i] = KeyHead{Slot: r.Slot, Key: keyRefOf(r.Key), State: r.State, HeadID: r.HeadEvID, HeadAge: r.HeadAge,
+		out[i] = KeyHead{Slot: r.Slot, Key: keyRefOf(r.Key), State: KeyState(r.State), HeadID: r.HeadEvID, HeadAge: r.HeadAge,
 			Pending: r.Pending, Deferred: r.Deferred, Estimated: r.Estimated}
 		if r.Failures != nil {
 			out[i].Failures = *r.Failures

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -291,8 +292,16 @@ func TestLanesSlowKeyDoesNotStallSlot(t *testing.T) {
 		// cursor has to pass is the rest.
 		return open == 0 && st[0].Lag-st[0].Held-st[0].Retrying == 0
 	})
-	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("slow")); !ok || bk.State != pgque.BlockStateInflight || bk.Deferred < 3 {
+	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("slow")); !ok || bk.State != pgque.BlockStateHeld || bk.Deferred < 3 {
 		t.Fatalf("while stuck, the slow key's hold is %+v (found %v)", bk, ok)
+	}
+	// KeyHeads speaks of the hold in the words of BlockedKeys.
+	heads, err := env.client.KeyHeads(context.Background(), env.queue, "c", pgque.KeyQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(heads, func(h pgque.KeyHead) bool { return h.Key == pgque.KeyOf("slow") }); i < 0 || heads[i].State != pgque.KeyStateHeld {
+		t.Fatalf("while stuck, the key heads are %+v; want the slow key %q", heads, pgque.KeyStateHeld)
 	}
 	if st := p.pc.LaneStats(); len(st) != 1 || st[0].HeldKeys != 1 || st[0].Queued != 3 || st[0].OldestInFlight.IsZero() {
 		t.Fatalf("LaneStats while stuck = %+v", st)
@@ -339,7 +348,7 @@ func TestLanesPauseHeldHeadFails(t *testing.T) {
 	pgtest.WaitFor(t, 30*time.Second, "the good key while bad#1 runs", func() bool {
 		return log.done(append(ids[3:6], later[2:]...))
 	})
-	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("bad")); !ok || bk.State != pgque.BlockStateInflight {
+	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("bad")); !ok || bk.State != pgque.BlockStateHeld {
 		t.Fatalf("bad's hold while its head runs: %+v (found %v)", bk, ok)
 	}
 	close(gate)
@@ -379,7 +388,7 @@ func TestLanesHeldHeadDeadLetter(t *testing.T) {
 	pgtest.WaitFor(t, 30*time.Second, "the good key while bad#1 runs", func() bool {
 		return log.done(append(ids[3:6], later[2:]...))
 	})
-	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("bad")); !ok || bk.State != pgque.BlockStateInflight {
+	if bk, ok := blockedKey(t, env, "c", pgque.KeyOf("bad")); !ok || bk.State != pgque.BlockStateHeld {
 		t.Fatalf("bad's hold while its head runs: %+v (found %v)", bk, ok)
 	}
 	close(gate)
@@ -424,7 +433,7 @@ func TestLanesCrashWhileHeld(t *testing.T) {
 	sent = merge(sent, sendSeq(t, env, []string{"slow", "x", "y"}, 3))
 	pgtest.WaitFor(t, 30*time.Second, "the slow key to be held", func() bool {
 		bk, ok := blockedKey(t, env, "c", pgque.KeyOf("slow"))
-		return ok && bk.State == "inflight"
+		return ok && bk.State == pgque.BlockStateHeld
 	})
 	a.cancel() // crash: nothing more is acknowledged or settled
 	cfgB := cfg

@@ -81,6 +81,16 @@ func (p FailurePolicy) valid() bool {
 	return p == FailurePolicySkip || p == FailurePolicyPause
 }
 
+// ParseFailurePolicy reads a policy by the name String gives it ("skip" or
+// "pause"); anything else is an ErrInvalidArgument.
+func ParseFailurePolicy(s string) (FailurePolicy, error) {
+	p, err := parseFailurePolicy(s)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return p, nil
+}
+
 // parseFailurePolicy reads a policy as the SQL names it.
 func parseFailurePolicy(s string) (FailurePolicy, error) {
 	switch s {

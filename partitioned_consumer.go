@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgque/pgque/internal/dbq"
-	"github.com/pgque/pgque/internal/metrics"
+	"github.com/pgque/pgque/internal/lanes"
 	"github.com/pgque/pgque/internal/startstop"
 	"github.com/pgque/pgque/internal/workerpool"
 )
@@ -37,20 +37,12 @@ type PartitionedConsumer struct {
 	// checks it again.
 	policy atomic.Int32
 
-	// Key lanes (lanes.go): workers bounds running handlers across the
-	// owned slots; lanes is the lane state of each owned slot.
-	workers chan struct{}
-	// running counts the handlers running in lanes; runningMu keeps the
-	// gauge's updates in the order of the count's changes.
-	runningMu    sync.Mutex
-	running      int
-	runningGauge metrics.Point
-	lanesMu      sync.Mutex
-	lanes        map[int]*slotLanes
-	// inlineRuns counts the chunks running inline (lanes.go), procs is
-	// GOMAXPROCS: more inline runs than procs wait for a CPU in turn.
-	inlineRuns atomic.Int32
-	procs      int
+	// Key lanes (lanes.go, internal/lanes): lanePool bounds running
+	// handlers across the owned slots; lanes is the state of each owned
+	// slot.
+	lanePool *lanes.Pool
+	lanesMu  sync.Mutex
+	lanes    map[int]*slotState
 }
 
 // NewPartitionedConsumer returns a PartitionedConsumer; Start runs it.
@@ -66,9 +58,9 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	case statusInterval == 0:
 		statusInterval = SlotStatusIntervalDefault
 	}
-	pc := &PartitionedConsumer{client: c, config: cfg, workers: make(chan struct{}, cfg.MaxWorkers),
-		lanes: make(map[int]*slotLanes), procs: runtime.GOMAXPROCS(0)}
-	pc.runningGauge = c.metrics.LanesRunning.WithLabelValues(cfg.Queue, cfg.Consumer)
+	pc := &PartitionedConsumer{client: c, config: cfg, lanes: make(map[int]*slotState)}
+	running := c.metrics.LanesRunning.WithLabelValues(cfg.Queue, cfg.Consumer)
+	pc.lanePool = lanes.NewPool(cfg.MaxWorkers, runtime.GOMAXPROCS(0), func(n int) { running.Set(float64(n)) })
 	work := pc.work
 	if cfg.MaxWorkersPerSlot > 1 {
 		work = pc.workLanes
@@ -188,35 +180,13 @@ func (pc *PartitionedConsumer) Stop(ctx context.Context) error {
 func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *workerpool.Lease) (bool, error) {
 	cfg := &pc.config
 	sl := pc.lanesOf(lease)
-	if !sl.recovered {
-		if err := pc.recoverHolds(fetchCtx, sl, lease); err != nil {
-			return false, err
-		}
+	c, err := pc.receiveChunk(fetchCtx, workCtx, sl)
+	if err != nil || c.msgs == nil {
+		return false, err
 	}
-	start := time.Now()
-	rows, err := pc.receive(fetchCtx, workCtx, sl, lease)
-	if err != nil {
-		return false, mapError(fmt.Sprintf("receiving slot %d", lease.Slot), err)
-	}
-	lease.Renewed(start)
-	if len(rows) == 0 {
-		return false, nil
-	}
-	if rows[0].Epoch != lease.Epoch {
-		return false, fmt.Errorf("receiving slot %d: server epoch %d, lease epoch %d: %w", lease.Slot, rows[0].Epoch, lease.Epoch, ErrLeaseLost)
-	}
-	msgs := toMessages(rows, cfg.Queue, cfg.Consumer, lease.Slot)
-	for _, m := range msgs {
-		m.NSlots = lease.NSlots
-		m.token = lease.Token
-	}
-	// The settling calls prove which chunk they settle (fencing at the SQL
-	// level, not only in this process).
-	delivery := dbq.Delivery{Epoch: rows[0].Epoch, BatchID: rows[0].BatchID, MsgID: rows[0].MsgID}
-	policy := pc.Policy()
 	// Handlers are bounded by HandlerTimeout, not by the pool's watchdog.
 	handled := lease.Busy()
-	failures, held, aborted := pc.invoker.handleChunk(workCtx, msgs, policy == FailurePolicyPause)
+	failures, held, aborted := pc.invoker.handleChunk(workCtx, c.msgs, c.policy == FailurePolicyPause)
 	handled()
 	if aborted {
 		return false, errors.Join(errAborted, context.Cause(workCtx))
@@ -226,15 +196,15 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot),
 			slog.Int("failed", len(failures)), slog.Int("held", held))
 	}
-	if !sl.deferAck(delivery, failures, held) {
+	if !sl.deferAck(c.delivery, failures, held) {
 		ackStart := time.Now()
-		s := pc.chunkSettler(lease, policy, delivery)
+		s := pc.chunkSettler(lease, c.policy, c.delivery)
 		if err := s.settle(workCtx, pc.client.pool, failures); err != nil {
 			return false, err
 		}
 		lease.Renewed(ackStart)
 	}
-	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(start).Seconds())
+	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(c.start).Seconds())
 	return true, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,65 +11,25 @@ import (
 	"github.com/pgque/pgque/internal/dbq"
 )
 
-// KeyRef names one partition key, including the NULL key: the key of events
-// sent without one (Event.PartitionKey ""). The zero KeyRef is the NULL key;
-// KeyOf("") is the empty key, a different key that only SQL can send.
-// KeyRef values are comparable.
-type KeyRef struct {
-	key   string
-	valid bool
-}
-
-// NullKey is the NULL key.
-var NullKey = KeyRef{}
-
-// KeyOf returns the partition key k (never the NULL key).
-func KeyOf(k string) KeyRef { return KeyRef{key: k, valid: true} }
-
-// IsNull reports whether r is the NULL key.
-func (r KeyRef) IsNull() bool { return !r.valid }
-
-// Value returns the key, and false for the NULL key.
-func (r KeyRef) Value() (string, bool) { return r.key, r.valid }
-
-// String returns the key quoted, or NULL.
-func (r KeyRef) String() string {
-	if !r.valid {
-		return "NULL"
-	}
-	return strconv.Quote(r.key)
-}
-
-// arg is the key as a query argument: nil for NULL.
-func (r KeyRef) arg() *string {
-	if !r.valid {
-		return nil
-	}
-	k := r.key
-	return &k
-}
-
-func keyRefOf(k *string) KeyRef {
-	if k == nil {
-		return NullKey
-	}
-	return KeyOf(*k)
-}
+// BlockState is the state of a BlockedKey. Its words are those of the
+// matching KeyState constants.
+type BlockState string
 
 // Block states of a BlockedKey.
 const (
 	// BlockStateBlocked: the head failed and awaits its retry; every other
-	// event of the key is held.
-	BlockStateBlocked = "blocked"
+	// event of the key is deferred.
+	BlockStateBlocked BlockState = "blocked"
 	// BlockStateReleasing: the head was acknowledged or dead-lettered and the
-	// held events are being delivered, in ev_id order; newer events of the
-	// key wait for the next round.
-	BlockStateReleasing = "releasing"
-	// BlockStateInflight: the key's lane was still running when the rest of
+	// deferred events are being delivered, in ev_id order; newer events of
+	// the key wait for the next round.
+	BlockStateReleasing BlockState = "releasing"
+	// BlockStateHeld: the key's lane was still running when the rest of
 	// its chunk was done; the chunk was acknowledged without it, and its
-	// unfinished and later events are held until the lane settles (or the
-	// slot's next owner releases them). HeadID is the event it ran then.
-	BlockStateInflight = "inflight"
+	// unfinished and later events are deferred until the lane settles (or
+	// the slot's next owner releases them). HeadID is the event it ran
+	// then.
+	BlockStateHeld BlockState = "held"
 )
 
 // BlockedKey is a key held under FailurePolicyPause on one slot.
@@ -78,9 +37,8 @@ type BlockedKey struct {
 	Queue, Consumer string
 	Slot            int
 	Key             KeyRef
-	// State is BlockStateBlocked, BlockStateReleasing or
-	// BlockStateInflight.
-	State string
+	// State is BlockStateBlocked, BlockStateReleasing or BlockStateHeld.
+	State BlockState
 	// HeadID is the ev_id of the event whose failure blocked the key (the
 	// head); while releasing, the head was acknowledged or dead-lettered.
 	HeadID int64
@@ -95,7 +53,7 @@ type BlockedKey struct {
 }
 
 // BlockedKeys lists the keys held on the slots of consumer — by the pause
-// policy, or while their lane runs (BlockStateInflight) — or of every
+// policy, or while their lane runs (BlockStateHeld) — or of every
 // consumer of the queue when consumer is "".
 func (c *Client) BlockedKeys(ctx context.Context, queue, consumer string) ([]BlockedKey, error) {
 	var con *string
@@ -109,7 +67,7 @@ func (c *Client) BlockedKeys(ctx context.Context, queue, consumer string) ([]Blo
 	out := make([]BlockedKey, len(rows))
 	for i, r := range rows {
 		out[i] = BlockedKey{
-			Queue: r.Queue, Consumer: r.Consumer, Slot: r.Slot, Key: keyRefOf(r.Key), State: r.State,
+			Queue: r.Queue, Consumer: r.Consumer, Slot: r.Slot, Key: keyRefOf(r.Key), State: BlockState(r.State),
 			HeadID: r.HeadEvID, Since: r.Since, Failures: r.Failures, Deferred: r.Deferred,
 		}
 		if r.Reason != nil {

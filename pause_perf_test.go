@@ -363,7 +363,7 @@ func TestPauseHotBlockedKey(t *testing.T) {
 		return tick
 	}
 	tickBefore := lastTick()
-	if err := env.client.SetQueueConfig(ctx, env.queue, "rotation_period", "10 milliseconds"); err != nil {
+	if err := env.client.SetQueueConfig(ctx, env.queue, pgque.QueueRotationPeriod(10*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	curTable := func() (cur, ntables int) {

@@ -345,7 +345,7 @@ func TestPauseDLQUnblock(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
 	ctx := context.Background()
-	if err := env.client.SetQueueConfig(ctx, env.queue, "max_retries", "1"); err != nil {
+	if err := env.client.SetQueueConfig(ctx, env.queue, pgque.QueueMaxRetries(1)); err != nil {
 		t.Fatal(err)
 	}
 	startFastTicker(t, env.client)
@@ -730,7 +730,7 @@ func runPauseRandomized(t *testing.T, poison bool) {
 	if poison {
 		maxRetries = 2
 	}
-	if err := env.client.SetQueueConfig(ctx, env.queue, "max_retries", fmt.Sprint(maxRetries)); err != nil {
+	if err := env.client.SetQueueConfig(ctx, env.queue, pgque.QueueMaxRetries(maxRetries)); err != nil {
 		t.Fatal(err)
 	}
 	startFastTicker(t, env.client)
@@ -877,7 +877,7 @@ func TestPausePolicySwitchRacesNack(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	q := dbq.New(env.pool)
-	if err := env.client.SetQueueConfig(ctx, env.queue, "max_retries", "1"); err != nil {
+	if err := env.client.SetQueueConfig(ctx, env.queue, pgque.QueueMaxRetries(1)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := q.SubscribeSlotPolicy(ctx, env.queue, "c", 0, 1, sptr("pause")); err != nil {

@@ -3,6 +3,7 @@ package pgque
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,16 +31,18 @@ func (c *Client) Receiver(tx pgx.Tx) *Receiver {
 	return &Receiver{q: dbq.New(tx)}
 }
 
-// Subscribe subscribes consumer to queue and reports whether it is new.
+// Subscribe subscribes consumer to queue, from the next tick on, and
+// reports whether the subscription is new (see Client.Subscribe).
 func (r *Receiver) Subscribe(ctx context.Context, queue, consumer string) (bool, error) {
 	created, err := r.q.Subscribe(ctx, queue, consumer)
-	return created, mapError(fmt.Sprintf("subscribing %s to queue %q", consumer, queue), err)
+	return created, mapError(fmt.Sprintf("subscribing %q to queue %q", consumer, queue), err)
 }
 
-// Unsubscribe removes the plain subscription and reports whether it existed.
+// Unsubscribe removes the plain subscription and reports whether it existed
+// (see Client.Unsubscribe).
 func (r *Receiver) Unsubscribe(ctx context.Context, queue, consumer string) (bool, error) {
 	removed, err := r.q.Unsubscribe(ctx, queue, consumer)
-	return removed, mapError(fmt.Sprintf("unsubscribing %s from queue %q", consumer, queue), err)
+	return removed, mapError(fmt.Sprintf("unsubscribing %q from queue %q", consumer, queue), err)
 }
 
 // Receive returns the next chunk of at most max events of a plain
@@ -62,9 +65,36 @@ func (r *Receiver) Ack(ctx context.Context, batchID int64) (bool, error) {
 
 // LeaseToken is the secret credential of a slot lease: ClaimSlot returns it
 // to the claimer alone (the server keeps only a hash), and every call that
-// acts as the lease holder presents it. It never prints: fmt, log/slog and
-// text encodings show "[redacted]".
-type LeaseToken = dbq.LeaseToken
+// acts as the lease holder presents it. The worker id is a display name
+// that anyone may see; the token is what proves the lease.
+//
+// It never prints: String, GoString, Format, LogValue and MarshalText all
+// redact it, so a lease that ends up in a log line, an error, a %v or a
+// JSON document leaks nothing. Only Secret gives the value.
+type LeaseToken string
+
+// Secret returns the token's value, for a caller that must send it itself
+// (a statement of its own, another process that takes the lease over).
+func (t LeaseToken) Secret() string { return string(t) }
+
+// String returns "[redacted]".
+func (t LeaseToken) String() string { return t.dbq().String() }
+
+// GoString returns "[redacted]", for %#v.
+func (t LeaseToken) GoString() string { return t.dbq().GoString() }
+
+// Format writes "[redacted]" whatever the verb.
+func (t LeaseToken) Format(f fmt.State, verb rune) { t.dbq().Format(f, verb) }
+
+// LogValue redacts the token in log/slog records.
+func (t LeaseToken) LogValue() slog.Value { return t.dbq().LogValue() }
+
+// MarshalText redacts the token in JSON and other text encodings.
+func (t LeaseToken) MarshalText() ([]byte, error) { return t.dbq().MarshalText() }
+
+// dbq is the token as statements take it (they redact it too, should a
+// query tracer print their arguments).
+func (t LeaseToken) dbq() dbq.LeaseToken { return dbq.LeaseToken(t) }
 
 // SlotLease is a lease on one slot as ClaimSlot grants it; every later call
 // on the slot presents it. Worker is a display name (anyone who can read the
@@ -87,27 +117,27 @@ func (r *Receiver) ClaimSlot(ctx context.Context, queue, consumer string, slot i
 	if err != nil || !ok {
 		return SlotLease{}, false, mapError(fmt.Sprintf("claiming slot %d of %q", slot, consumer), err)
 	}
-	return SlotLease{Queue: queue, Consumer: consumer, Slot: slot, Worker: worker, Epoch: epoch, Token: token}, true, nil
+	return SlotLease{Queue: queue, Consumer: consumer, Slot: slot, Worker: worker, Epoch: epoch, Token: LeaseToken(token)}, true, nil
 }
 
 // RenewSlot extends the lease by ttl from now and reports whether it was
 // still held (false: it changed hands).
 func (r *Receiver) RenewSlot(ctx context.Context, lease SlotLease, ttl time.Duration) (bool, error) {
-	epoch, _, ok, err := r.q.ClaimSlot(ctx, lease.Queue, lease.Consumer, lease.Slot, lease.Worker, ttl, lease.Token)
+	epoch, _, ok, err := r.q.ClaimSlot(ctx, lease.Queue, lease.Consumer, lease.Slot, lease.Worker, ttl, lease.Token.dbq())
 	return ok && epoch == lease.Epoch, mapError(fmt.Sprintf("renewing slot %d of %q", lease.Slot, lease.Consumer), err)
 }
 
 // ReleaseSlot gives the lease up (ErrLeaseLost when it is not held any
 // more).
 func (r *Receiver) ReleaseSlot(ctx context.Context, lease SlotLease) (bool, error) {
-	ok, err := r.q.ReleaseSlot(ctx, lease.Queue, lease.Consumer, lease.Slot, lease.Worker, lease.Token)
+	ok, err := r.q.ReleaseSlot(ctx, lease.Queue, lease.Consumer, lease.Slot, lease.Worker, lease.Token.dbq())
 	return ok, mapError(fmt.Sprintf("releasing slot %d of %q", lease.Slot, lease.Consumer), err)
 }
 
 // ReceiveSlot is Receive for the leased slot of nslots (it renews the
 // lease; ErrLeaseLost when the lease is not held any more).
 func (r *Receiver) ReceiveSlot(ctx context.Context, lease SlotLease, nslots, max int) ([]*Message, error) {
-	rows, err := r.q.ReceivePartitioned(ctx, lease.Queue, lease.Consumer, lease.Slot, nslots, lease.Worker, lease.Token, max, nil)
+	rows, err := r.q.ReceivePartitioned(ctx, lease.Queue, lease.Consumer, lease.Slot, nslots, lease.Worker, lease.Token.dbq(), max, nil)
 	if err != nil {
 		return nil, mapError(fmt.Sprintf("receiving slot %d/%d of %q", lease.Slot, nslots, lease.Consumer), err)
 	}
@@ -122,7 +152,7 @@ func (r *Receiver) AckSlot(ctx context.Context, lease SlotLease, nslots int, m *
 	if m == nil {
 		return false, fmt.Errorf("acknowledging slot %d/%d of %q: no message of the chunk: %w", lease.Slot, nslots, lease.Consumer, ErrInvalidArgument)
 	}
-	done, err := r.q.AckDelivery(ctx, lease.Queue, lease.Consumer, lease.Slot, nslots, lease.Worker, lease.Token,
+	done, err := r.q.AckDelivery(ctx, lease.Queue, lease.Consumer, lease.Slot, nslots, lease.Worker, lease.Token.dbq(),
 		dbq.Delivery{Epoch: m.Epoch, BatchID: m.BatchID, MsgID: m.ID})
 	return done, mapError(fmt.Sprintf("acknowledging slot %d/%d of %q", lease.Slot, nslots, lease.Consumer), err)
 }

@@ -68,7 +68,7 @@ func TestReplayDeadLetterMarksAndReports(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
 	ctx := context.Background()
-	if err := env.client.SetQueueConfig(ctx, env.queue, "max_retries", "1"); err != nil {
+	if err := env.client.SetQueueConfig(ctx, env.queue, pgque.QueueMaxRetries(1)); err != nil {
 		t.Fatal(err)
 	}
 	startTicker(t, env.client)

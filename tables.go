@@ -82,20 +82,6 @@ func (c *Client) AttachedTables(ctx context.Context) ([]TableAttachment, error) 
 	return out, nil
 }
 
-// DedupWindow returns how long queue remembers a dedup key (its
-// dedup_window setting, 5 minutes unless set). Requires pgque_admin. It
-// fails with ErrQueueNotFound for an unknown queue.
-func (c *Client) DedupWindow(ctx context.Context, queue string) (time.Duration, error) {
-	w, ok, err := c.queries.DedupWindow(ctx, queue)
-	if err != nil {
-		return 0, mapError(fmt.Sprintf("reading the dedup window of queue %q", queue), err)
-	}
-	if !ok {
-		return 0, fmt.Errorf("reading the dedup window of queue %q: %w", queue, ErrQueueNotFound)
-	}
-	return w, nil
-}
-
 func emptyAsNil(s []string) []string {
 	if len(s) == 0 {
 		return nil

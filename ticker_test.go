@@ -179,7 +179,7 @@ func TestTickerTicksAtItsInterval(t *testing.T) {
 	if _, err := env.client.CreateQueue(ctx, queue); err != nil {
 		t.Fatal(err)
 	}
-	if err := env.client.SetQueueConfig(ctx, queue, "ticker_max_lag", "40 ms"); err != nil {
+	if err := env.client.SetQueueConfig(ctx, queue, pgque.QueueTickerMaxLag(40*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	rounds := &roundCounter{}

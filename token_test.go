@@ -3,6 +3,7 @@ package pgque_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -146,5 +147,37 @@ func TestLeaseTokenNeverLogged(t *testing.T) {
 	}
 	if !strings.Contains(tracer.printed.String(), "[redacted]") {
 		t.Error("the printed arguments show no redacted token: the test saw no token argument")
+	}
+}
+
+// A LeaseToken prints redacted on every path a lease takes into a log, an
+// error or a document; only Secret gives its value.
+func TestLeaseTokenRedacts(t *testing.T) {
+	t.Parallel()
+	const secret = "7a1e0c52-9d4b-4f3e-8c21-5b6a7d8e9f01"
+	lease := pgque.SlotLease{Queue: "q", Consumer: "c", Worker: "w", Token: pgque.LeaseToken(secret)}
+	var logged bytes.Buffer
+	slog.New(slog.NewJSONHandler(&logged, nil)).Info("lease", slog.Any("token", lease.Token), slog.Any("lease", lease))
+	doc, err := json.Marshal(lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string]string{
+		"%v":   fmt.Sprintf("%v", lease),
+		"%+v":  fmt.Sprintf("%+v", lease),
+		"%#v":  fmt.Sprintf("%#v", lease),
+		"%s":   fmt.Sprintf("%s", lease.Token),
+		"%q":   fmt.Sprintf("%q", lease.Token),
+		"%x":   fmt.Sprintf("%x", lease.Token),
+		"err":  fmt.Errorf("claiming: %v", lease.Token).Error(),
+		"slog": logged.String(),
+		"json": string(doc),
+	} {
+		if strings.Contains(s, secret) || strings.Contains(s, fmt.Sprintf("%x", secret)) {
+			t.Errorf("%s shows the token: %s", name, s)
+		}
+	}
+	if lease.Token.Secret() != secret {
+		t.Errorf("Secret() = %q", lease.Token.Secret())
 	}
 }

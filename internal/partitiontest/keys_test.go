@@ -319,7 +319,7 @@ func TestSlotHeads(t *testing.T) {
 	}
 }
 
-// A key whose failed head succeeded on its retry is "held" while the events
+// A key whose failed head succeeded on its retry is "releasing" while the events
 // deferred behind it are put back and delivered, and "flowing" once they
 // are acknowledged; a key with a retry pending under skip is "retrying".
 func TestKeyHeadsHeldAndRetrying(t *testing.T) {
@@ -368,8 +368,8 @@ func TestKeyHeadsHeldAndRetrying(t *testing.T) {
 		t.Fatalf("pause consumer redelivered %v, want [%d]", ids(ms), a1)
 	}
 	mustAck(t, d.pool, p)
-	if h := state("p"); h.State != "held" || h.Head != a2 || h.Pending != 1 || h.Deferred != 0 || h.Failures == nil {
-		t.Errorf("after the head succeeded: %+v, want held at %d with 1 pending", h, a2)
+	if h := state("p"); h.State != "releasing" || h.Head != a2 || h.Pending != 1 || h.Deferred != 0 || h.Failures == nil {
+		t.Errorf("after the head succeeded: %+v, want releasing at %d with 1 pending", h, a2)
 	}
 	d.tick("kr")
 	if ms := mustReceive(t, d.pool, p); len(ms) != 1 || ms[0].ID != a2 {

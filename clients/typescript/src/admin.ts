@@ -112,7 +112,12 @@ export interface BlockedKey {
   slot: number;
   /** The key; null is the NULL key, distinct from "". */
   key: string | null;
-  state: string;
+  /**
+   * "blocked" (the head failed and waits for its retry), "releasing" (the
+   * head was settled; the deferred events are being put back) or "held"
+   * (the key's lane runs on past its acknowledged chunk).
+   */
+  state: "blocked" | "releasing" | "held";
   /** The failing head's event id. */
   headEventId: string;
   since: Date;

@@ -123,11 +123,12 @@ $$;
 -- and for failing keys the failures, last reason, when the retry is due and
 -- how many events are deferred behind the head. State is, in this order of
 -- precedence: 'blocked' (pause policy: the head failed and waits for its
--- retry; every later event is deferred), 'held' (pause policy: the head was
--- settled and the deferred events are being put back), 'retrying' (an
--- event of the key waits in the retry queue), 'in flight' (the head is in
--- the slot's open batch, or the key is held while its lane runs it),
--- 'flowing'. At most i_scan pending log rows are
+-- retry; every later event is deferred), 'releasing' (pause policy: the
+-- head was settled and the deferred events are being put back), 'held'
+-- (the key is held while its lane runs: key_block state 'inflight'),
+-- 'retrying' (an event of the key waits in the retry queue), 'in flight'
+-- (the head is in the slot's open batch), 'flowing'. The words are those
+-- of blocked_keys. At most i_scan pending log rows are
 -- read in all, split evenly between the slots; estimated is true for a
 -- slot whose scan was cut short (its counts are then lower bounds).
 -- Reads subscription, tick, slot_group, slot_lease, event, retry_queue,
@@ -182,8 +183,8 @@ begin
             from src group by 1, 2)
     select j.sl_slot, j.key,
            case when b.kb_state = 'blocked' then 'blocked'
-                when b.kb_state = 'releasing' then 'held'
-                when b.kb_state = 'inflight' then 'in flight'
+                when b.kb_state = 'releasing' then 'releasing'
+                when b.kb_state = 'inflight' then 'held'
                 when j.retrying then 'retrying'
                 when j.in_batch then 'in flight'
                 else 'flowing' end,

@@ -218,7 +218,10 @@ $$;
 
 -- blocked_keys(queue, consumer): the blocked keys of a consumer's slots:
 -- slot, key, state, head ev_id, since, failures so far, last reason, and
--- how many events are deferred behind the head. 42501 for a login that
+-- how many events are deferred behind the head. State is 'blocked' (the
+-- head failed and waits for its retry), 'releasing' (the head was settled
+-- and the deferred events are being put back) or 'held' (the key is held
+-- while its lane runs; key_block stores it as 'inflight'). 42501 for a login that
 -- may not read a confined queue (_authorize_read).
 create or replace function pgque.blocked_keys(i_queue text, i_consumer text default null)
 returns table (queue text, consumer text, slot integer, key text, state text, head_ev_id bigint,
@@ -231,7 +234,8 @@ declare
     q pgque.queue := pgque._queue(i_queue);
 begin
     return query
-    select q.queue_name, l.sl_consumer, l.sl_slot, kb.kb_key, kb.kb_state, kb.kb_head, kb.kb_since,
+    select q.queue_name, l.sl_consumer, l.sl_slot, kb.kb_key,
+           case kb.kb_state when 'inflight' then 'held' else kb.kb_state end, kb.kb_head, kb.kb_since,
            kb.kb_failures, kb.kb_reason,
            (select count(*) from pgque.deferred d where d.ev_owner = kb.kb_sub and d.ev_group = kb.kb_kid)
       from pgque.key_block kb
@@ -282,7 +286,8 @@ declare
 begin
     if b.kb_state <> 'blocked' then
         raise exception using errcode = 'PQ036',
-            message = format('key %s is not blocked by a failing head (it is %s)', coalesce(quote_literal(i_key), 'NULL'), b.kb_state);
+            message = format('key %s is not blocked by a failing head (it is %s)', coalesce(quote_literal(i_key), 'NULL'),
+                             case b.kb_state when 'inflight' then 'held' else b.kb_state end);
     end if;
     delete from pgque.retry_queue where ev_owner = b.kb_sub and ev_id = b.kb_head returning * into r;
     if not found then

@@ -14,7 +14,7 @@ import (
 // events. Then the Go PartitionedConsumer with N = 1..16 slots draining a
 // backlog of 1000 tenants' events, with a handler that costs 0 or 2 ms per
 // event, against N = 1 (scaling); per-tenant order is checked on every
-// event and a violation fails the suite. Last, key lanes (lanes.go): 16
+// event and a violation fails the suite. Last, key lanes (internal/lanes): 16
 // slots, 200 tenants, 20 ms handlers at the default MaxWorkers (256) and at 100
 // against lanes off; 0 ms with and without lanes; a hot key.
 

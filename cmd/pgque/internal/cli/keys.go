@@ -27,7 +27,7 @@ func (a *app) keysCommand() *cobra.Command {
 		Long: `Keys answers "which key is stuck, and why" for a partitioned consumer.
 
 The first table lists the keys with the oldest pending head event, oldest
-first: slot, key, state (flowing, in flight, retrying, blocked, held), head
+first: slot, key, state (flowing, in flight, retrying, held, releasing, blocked), head
 ev_id and age, pending events, and for a failing key its failures, last
 reason, when the retry is due and how many events wait behind it.
 

@@ -6,8 +6,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+
+	"github.com/pgque/pgque"
 )
 
 func (a *app) queueCommand() *cobra.Command {
@@ -196,14 +197,11 @@ func setConfig(ctx context.Context, s *session, queue string, params []param) er
 	if len(params) == 0 {
 		return nil
 	}
-	return pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
-		for _, p := range params {
-			if err := s.SetQueueConfigTx(ctx, tx, queue, p.name, p.value); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	settings := make([]pgque.QueueSetting, len(params))
+	for i, p := range params {
+		settings[i] = pgque.QueueParam(p.name, p.value)
+	}
+	return s.SetQueueConfig(ctx, queue, settings...)
 }
 
 // nonNil returns s, or an empty slice for nil, so JSON shows [] not null.

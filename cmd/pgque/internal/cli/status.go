@@ -196,7 +196,7 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 			return nil, err
 		}
 		for _, b := range blocked {
-			if b.State == pgque.BlockStateInflight {
+			if b.State == string(pgque.BlockStateHeld) {
 				// A key held while its lane runs is normal operation: it
 				// is shown with its slot, and warned about only when the
 				// hold lasts as long as a stuck slot would.

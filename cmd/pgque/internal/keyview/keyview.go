@@ -100,7 +100,7 @@ func Collect(ctx context.Context, c *pgque.Client, queue, consumer string, o Opt
 		return nil, err
 	}
 	for _, h := range heads {
-		j := Head{Slot: h.Slot, Key: KeyPtr(h.Key), State: h.State, HeadID: h.HeadID, HeadAgeSec: h.HeadAge.Seconds(),
+		j := Head{Slot: h.Slot, Key: KeyPtr(h.Key), State: string(h.State), HeadID: h.HeadID, HeadAgeSec: h.HeadAge.Seconds(),
 			Pending: h.Pending, Failures: h.Failures, Reason: h.Reason, Deferred: h.Deferred, Estimated: h.Estimated}
 		if !h.RetryAt.IsZero() {
 			t := h.RetryAt

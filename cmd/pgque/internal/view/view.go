@@ -173,7 +173,7 @@ type BlockedKey struct {
 func BlockedKeysOf(keys []pgque.BlockedKey) []BlockedKey {
 	out := make([]BlockedKey, len(keys))
 	for i, k := range keys {
-		out[i] = BlockedKey{Queue: k.Queue, Consumer: k.Consumer, Slot: k.Slot, Key: KeyArgOf(k.Key), State: k.State,
+		out[i] = BlockedKey{Queue: k.Queue, Consumer: k.Consumer, Slot: k.Slot, Key: KeyArgOf(k.Key), State: string(k.State),
 			HeadEvID: k.HeadID, Since: k.Since, Failures: k.Failures, Reason: NilIfEmpty(k.Reason), Deferred: k.Deferred}
 	}
 	return out

@@ -64,7 +64,7 @@ func (s *Server) sample(ctx context.Context) (sample, error) {
 			return smp, err
 		}
 		for _, b := range bks {
-			if b.State == pgque.BlockStateInflight {
+			if b.State == pgque.BlockStateHeld {
 				view.AddHold(smp.Slots, b.Queue, b.Consumer, b.Slot, b.Since, b.Deferred, smp.Time)
 			}
 		}
@@ -246,7 +246,7 @@ func (s *Server) apiKeys(w http.ResponseWriter, r *http.Request) {
 		ActionsEnabled bool      `json:"actions_enabled"`
 	}{Report: rep, Blocked: []blocked{}, ActionsEnabled: s.cfg.AllowActions}
 	for _, b := range bks {
-		out.Blocked = append(out.Blocked, blocked{Slot: b.Slot, Key: keyview.KeyPtr(b.Key), State: b.State, HeadID: b.HeadID,
+		out.Blocked = append(out.Blocked, blocked{Slot: b.Slot, Key: keyview.KeyPtr(b.Key), State: string(b.State), HeadID: b.HeadID,
 			Since: b.Since, Failures: b.Failures, Reason: b.Reason, Deferred: b.Deferred})
 	}
 	writeJSON(w, http.StatusOK, out)

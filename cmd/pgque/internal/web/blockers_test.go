@@ -27,7 +27,7 @@ func TestConsoleShowsRotationBlockers(t *testing.T) {
 	if _, err := client.CreateQueue(ctx, "q"); err != nil {
 		t.Fatal(err)
 	}
-	if err := client.SetQueueConfig(ctx, "q", "rotation_period", "1 microsecond"); err != nil {
+	if err := client.SetQueueConfig(ctx, "q", pgque.QueueRotationPeriod(time.Microsecond)); err != nil {
 		t.Fatal(err)
 	}
 	pid := pgtest.HoldTx(t, pgtest.Conn(t, dsn), `select pgque.subscribe('q', 'held')`)

@@ -54,7 +54,7 @@ func startWorkload(t *testing.T) *workload {
 	if _, err := client.CreateQueue(ctx, queueName); err != nil {
 		t.Fatal(err)
 	}
-	if err := client.SetQueueConfig(ctx, queueName, "max_retries", "1"); err != nil {
+	if err := client.SetQueueConfig(ctx, queueName, pgque.QueueMaxRetries(1)); err != nil {
 		t.Fatal(err)
 	}
 	w := &workload{pool: pool, client: client}

@@ -193,7 +193,7 @@ function renderKeys(ov, kr) {
         h.retry_at ? fmtTime(h.retry_at) : "-", h.deferred || 0]), "no pending events"),
     el("h2", {}, "Blocked keys"),
     table("blocked", ["slot", "key", "state", "head ev_id", "since", "failures", "deferred", "reason", ""],
-      kr.blocked.map((b) => [b.slot, { v: fmtKey(b.key), cls: "wrap" }, stateCell(b.state === "releasing" ? "held" : b.state), String(b.head_ev_id),
+      kr.blocked.map((b) => [b.slot, { v: fmtKey(b.key), cls: "wrap" }, stateCell(b.state), String(b.head_ev_id),
         fmtTime(b.since), b.failures, b.deferred, { v: b.reason || "-", cls: "wrap" }, el("span", {}, b.state === "blocked" ? keyActions(b.key) : [])]), "no blocked keys"),
     el("h2", {}, "Hottest keys"),
     table("hot", ["key", "events", "ev/s", "share", "window"],

@@ -1,0 +1,513 @@
+package lanes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// event is a test event: an id (1, 2, ... in chunk order) and a key.
+type event struct {
+	id  int
+	key string
+}
+
+func (e *event) Key() string { return e.key }
+
+// chunkOf makes a chunk of events from+1, from+2, ... with the given keys.
+func chunkOf(from int, keys ...string) []*event {
+	out := make([]*event, len(keys))
+	for i, k := range keys {
+		out[i] = &event{id: from + i + 1, key: k}
+	}
+	return out
+}
+
+func idsOf(evs []*event) []int {
+	ids := make([]int, len(evs))
+	for i, e := range evs {
+		ids[i] = e.id
+	}
+	return ids
+}
+
+// host is a Host that records what ran and checks, as it runs, that no two
+// handlers of one key overlap (one in flight per key). Events in gate wait
+// for their channel before they return; events in fail fail.
+type host struct {
+	mu       sync.Mutex
+	ran      []int
+	started  map[int]chan struct{} // closed when the event's handler starts
+	inFlight map[string]int
+	overlap  []string
+	gate     map[int]<-chan struct{}
+	fail     map[int]bool
+	settled  []Held[*event, string]
+	settle   chan struct{} // receives one value per SettleHeld
+	settleFn func(Held[*event, string]) error
+}
+
+func newHost() *host {
+	return &host{started: map[int]chan struct{}{}, inFlight: map[string]int{}, gate: map[int]<-chan struct{}{},
+		fail: map[int]bool{}, settle: make(chan struct{}, 16)}
+}
+
+// startedC returns a channel closed when event id's handler starts.
+func (h *host) startedC(id int) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.started[id]
+	if c == nil {
+		c = make(chan struct{})
+		h.started[id] = c
+	}
+	return c
+}
+
+func (h *host) Run(ctx context.Context, e *event) error {
+	h.mu.Lock()
+	if h.inFlight[e.key]++; h.inFlight[e.key] > 1 {
+		h.overlap = append(h.overlap, fmt.Sprintf("event %d ran beside another handler of key %q", e.id, e.key))
+	}
+	c := h.started[e.id]
+	if c == nil {
+		c = make(chan struct{})
+		h.started[e.id] = c
+	}
+	close(c)
+	g := h.gate[e.id]
+	h.mu.Unlock()
+	if g != nil {
+		select {
+		case <-g:
+		case <-ctx.Done():
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.inFlight[e.key]--
+	h.ran = append(h.ran, e.id)
+	if h.fail[e.id] {
+		return fmt.Errorf("event %d failed", e.id)
+	}
+	return nil
+}
+
+func (h *host) SettleHeld(_ context.Context, held Held[*event, string]) error {
+	h.mu.Lock()
+	h.settled = append(h.settled, held)
+	fn := h.settleFn
+	h.mu.Unlock()
+	defer func() { h.settle <- struct{}{} }()
+	if fn != nil {
+		return fn(held)
+	}
+	return nil
+}
+
+func (h *host) handled() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.ran)
+}
+
+// checkOrder fails t unless every key's events ran in id order (events of
+// one key in a chunk, and chunk after chunk) and no handlers of a key
+// overlapped.
+func (h *host) checkOrder(t *testing.T, evs []*event) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, o := range h.overlap {
+		t.Error(o)
+	}
+	keyOf := map[int]string{}
+	for _, e := range evs {
+		keyOf[e.id] = e.key
+	}
+	last := map[string]int{}
+	for _, id := range h.ran {
+		k := keyOf[id]
+		if id < last[k] {
+			t.Errorf("key %q: event %d ran after event %d (ran %v)", k, id, last[k], h.ran)
+		}
+		last[k] = id
+	}
+}
+
+func newTestSlot(h *host) *Slot[*event, string] {
+	return NewSlot(NewPool(16, 2, nil), Host[*event, string](h), 16, nil)
+}
+
+// recv waits for a value on c, failing t after a bound that only a broken
+// scheduler reaches.
+func recv[T any](t *testing.T, c <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
+// slowAt puts an inline run in the state split splits: event cur running
+// for a second, suspected slow for as long.
+func slowAt(in *inlineRun[*event, string], cur int) {
+	long := time.Now().Add(-time.Second)
+	in.cur, in.next, in.running, in.started, in.begin, in.suspect = cur, cur, true, long, long, long
+}
+
+// A split at a slow handler: a run's first split peels off the slow key
+// only (its events become one lane, which the running handler's goroutine
+// goes on with, and the other keys' later events a new inline run); the
+// split of a peeled run gives every key a lane; and a peeled run splits
+// without a second look only while the peeled key is still in a long
+// handler.
+func TestSplit(t *testing.T) {
+	t.Parallel()
+	type want struct {
+		finished []int            // the run's finished part
+		lanes    map[string][]int // the other lanes, the head first in heads
+		head     string
+		rest     []int // events of the new inline run (nil: none)
+		again    bool  // not split: look again later, suspecting the run
+	}
+	for _, tc := range []struct {
+		name        string
+		keys        []string
+		cur         int
+		peeled      bool
+		peeledSlow  bool // the peeled key's handler still runs, for long
+		notSuspect  bool // the run was not found slow at the last look
+		wantHandled []int
+		want        want
+	}{{
+		name: "first split peels the slow key",
+		//     1    2    3    4    5    6    7    8    9
+		keys: []string{"a", "b", "c", "s", "a", "b", "s", "c", "a"}, cur: 3,
+		want: want{finished: []int{1, 2, 3}, head: "s", lanes: map[string][]int{"s": {4, 7}}, rest: []int{5, 6, 8, 9}},
+		// The other keys' run handles them one after another in order.
+		wantHandled: []int{5, 6, 8, 9},
+	}, {
+		name: "split of a peeled run gives every key a lane",
+		//     1    2    3    4    5    6
+		keys: []string{"a", "b", "c", "a", "b", "c"}, cur: 1, peeled: true,
+		want:        want{finished: []int{1}, head: "b", lanes: map[string][]int{"b": {2, 5}, "c": {3, 6}, "a": {4}}},
+		wantHandled: []int{3, 4, 6}, // the lanes of a and c
+	}, {
+		name: "peeled run beside a slow peeled key splits at once",
+		keys: []string{"a", "b", "a", "b"}, peeled: true, peeledSlow: true, notSuspect: true,
+		want:        want{finished: []int{}, head: "a", lanes: map[string][]int{"a": {1, 3}, "b": {2, 4}}},
+		wantHandled: []int{2, 4},
+	}, {
+		name: "peeled run beside a peeled key that returned looks again",
+		keys: []string{"a", "b", "a", "b"}, peeled: true, notSuspect: true,
+		want: want{again: true},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHost()
+			s := newTestSlot(h)
+			evs := chunkOf(0, tc.keys...)
+			in := s.newInline(evs, false)
+			if tc.peeled {
+				head := newLane[*event]("s")
+				head.msgs, head.results = chunkOf(100, "s"), make([]error, 1)
+				if tc.peeledSlow {
+					head.running, head.started = true, time.Now().Add(-time.Second)
+				}
+				in.peeled, in.peeledFrom = true, head
+			}
+			slowAt(in, tc.cur)
+			if tc.notSuspect {
+				in.suspect = time.Time{}
+			}
+			doneCh := make(chan *lane[*event, string], len(evs))
+			sp := s.split(context.Background(), in, time.Now(), FanOutAfter, doneCh)
+			if tc.want.again {
+				if sp.lanes != nil || sp.wait <= 0 || in.suspect.IsZero() {
+					t.Fatalf("lanes %d, wait %v, suspect %v; want a second look a grace later", len(sp.lanes), sp.wait, in.suspect)
+				}
+				return
+			}
+			if sp.lanes == nil {
+				t.Fatalf("not split (wait %v)", sp.wait)
+			}
+			if got := idsOf(sp.lanes[0].msgs); !slices.Equal(got, tc.want.finished) || !sp.lanes[0].finished {
+				t.Errorf("finished part %v (finished %v), want %v", got, sp.lanes[0].finished, tc.want.finished)
+			}
+			if len(sp.lanes)-1 != len(tc.want.lanes) {
+				t.Fatalf("%d lanes besides the finished part, want %d", len(sp.lanes)-1, len(tc.want.lanes))
+			}
+			if sp.lanes[1].key != tc.want.head || in.handoff != sp.lanes[1] {
+				t.Errorf("head lane of key %q (handed off: %v), want %q", sp.lanes[1].key, in.handoff == sp.lanes[1], tc.want.head)
+			}
+			for _, ln := range sp.lanes[1:] {
+				if got := idsOf(ln.msgs); !slices.Equal(got, tc.want.lanes[ln.key]) {
+					t.Errorf("lane of %q has events %v, want %v", ln.key, got, tc.want.lanes[ln.key])
+				}
+			}
+			if tc.want.rest == nil {
+				if sp.rest != nil {
+					t.Fatalf("left an inline run of %v", idsOf(sp.rest.msgs))
+				}
+				for range sp.lanes[2:] { // the other lanes run on goroutines of their own
+					recv(t, doneCh, "the other keys' lanes")
+				}
+			} else {
+				if sp.rest == nil || !sp.rest.peeled || sp.rest.peeledFrom != sp.lanes[1] {
+					t.Fatalf("left no peeled inline run of the other keys: %+v", sp.rest)
+				}
+				if got := idsOf(sp.rest.msgs); !slices.Equal(got, tc.want.rest) {
+					t.Errorf("the other keys' run has events %v, want %v", got, tc.want.rest)
+				}
+				recv(t, sp.rest.done, "the other keys' inline run")
+			}
+			got := h.handled()
+			if tc.want.rest == nil {
+				slices.Sort(got)
+			}
+			if !slices.Equal(got, tc.wantHandled) {
+				t.Errorf("handled %v, want %v", got, tc.wantHandled)
+			}
+		})
+	}
+}
+
+// Run keeps each key's events in order and one at a time, whatever splits
+// the chunk's handlers cause, and a slow key does not keep the chunk's other
+// keys waiting: its handler returns only once every other event ran, which
+// needs a split. Under pause, a failed key's later events are not handled.
+func TestRunOrderAndOneInFlightPerKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		keys  []string
+		slow  []int // events that return only when all events of other keys ran
+		fail  []int
+		pause bool
+		// wantSkipped are the events not handled (pause).
+		wantSkipped []int
+		wantFailed  []int
+	}{
+		{name: "fast", keys: []string{"a", "b", "a", "c", "b", "a"}},
+		{name: "one slow key", keys: []string{"a", "s", "b", "s", "a", "c", "b"}, slow: []int{2}},
+		{name: "slow key first", keys: []string{"s", "a", "b", "a", "s", "b"}, slow: []int{1}},
+		{name: "failure under retry", keys: []string{"a", "b", "a", "b"}, fail: []int{1}, wantFailed: []int{1}},
+		{name: "failure under pause stops the key", keys: []string{"a", "b", "a", "b", "a"}, fail: []int{1}, pause: true,
+			wantFailed: []int{1}, wantSkipped: []int{3, 5}},
+		{name: "failure under pause in a peeled lane", keys: []string{"s", "a", "s", "a", "s"}, slow: []int{1}, fail: []int{1},
+			pause: true, wantFailed: []int{1}, wantSkipped: []int{3, 5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHost()
+			evs := chunkOf(0, tc.keys...)
+			for _, id := range tc.fail {
+				h.fail[id] = true
+			}
+			for _, id := range tc.slow {
+				// The slow handler returns once every event of another key
+				// has started: that happens only beside it, in a split.
+				key := evs[id-1].key
+				gate := make(chan struct{})
+				var others []<-chan struct{}
+				for _, e := range evs {
+					if e.key != key {
+						others = append(others, h.startedC(e.id))
+					}
+				}
+				go func() {
+					for _, c := range others {
+						<-c
+					}
+					close(gate)
+				}()
+				h.gate[id] = gate
+			}
+			s := newTestSlot(h)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c := s.Run(ctx, evs, tc.pause)
+			if ctx.Err() != nil {
+				t.Fatal("the chunk did not finish: a slow key kept the others waiting")
+			}
+			c.Unhold() // a slow handler may have been held: wait for it
+			if c.Aborted() {
+				t.Fatal("chunk aborted")
+			}
+			h.checkOrder(t, evs)
+			var failed []int
+			for _, f := range c.Failures() {
+				failed = append(failed, f.Msg.id)
+			}
+			if !slices.Equal(failed, tc.wantFailed) {
+				t.Errorf("failures %v, want %v", failed, tc.wantFailed)
+			}
+			ran := h.handled()
+			for _, e := range evs {
+				if slices.Contains(ran, e.id) == slices.Contains(tc.wantSkipped, e.id) {
+					t.Errorf("event %d: handled %v, want %v", e.id, slices.Contains(ran, e.id), !slices.Contains(tc.wantSkipped, e.id))
+				}
+			}
+		})
+	}
+}
+
+// A lane still running HoldAfter after the rest of its chunk finished is
+// held: the chunk reports the hold from the running event on, and its
+// failures without the held ones. What becomes of the held lane depends on
+// whether the hold lands: detached, it settles its key itself (and the
+// slot's next chunk waits for it before handling that key); unheld, it
+// finishes as part of the chunk; abandoned, it settles nothing.
+func TestHolds(t *testing.T) {
+	t.Parallel()
+	for _, then := range []string{"detach", "unhold", "abandon", "settle fails"} {
+		t.Run(then, func(t *testing.T) {
+			t.Parallel()
+			h := newHost()
+			//                 1    2    3    4    5
+			evs := chunkOf(0, "a", "s", "b", "s", "s")
+			release := make(chan struct{})
+			h.gate[2] = release
+			h.fail[1], h.fail[4] = true, true
+			if then == "settle fails" {
+				h.settleFn = func(Held[*event, string]) error { return errors.New("cannot settle") }
+			}
+			s := newTestSlot(h)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			c := s.Run(ctx, evs, false)
+			holds := c.Holds()
+			if len(holds) != 1 || holds[0].Key != "s" || holds[0].Head.id != 2 {
+				t.Fatalf("holds %+v, want key s from event 2", holds)
+			}
+			if fs := c.Failures(); len(fs) != 1 || fs[0].Msg.id != 1 {
+				t.Fatalf("chunk failures %+v, want event 1's only (s is held)", fs)
+			}
+			switch then {
+			case "detach", "settle fails":
+				c.Detach()
+				if n := s.Holding(); n != 1 {
+					t.Fatalf("slot holds %d keys, want 1", n)
+				}
+				if st := s.Stats(func(*event) time.Time { return time.Unix(2, 0) }); st.HeldKeys != 1 || st.Queued != 3 || st.Oldest != time.Unix(2, 0) {
+					t.Errorf("stats %+v, want one key, 3 events queued", st)
+				}
+				// The next chunk's s event waits for the held lane (the
+				// host reports an overlap otherwise); its c event runs.
+				next := chunkOf(5, "c", "s")
+				nextDone := make(chan *Chunk[*event, string])
+				go func() { nextDone <- s.Run(ctx, next, false) }()
+				recv(t, h.startedC(6), "event 6 of the next chunk")
+				close(release)
+				c2 := recv(t, nextDone, "the next chunk")
+				recv(t, h.settle, "the held key's settlement")
+				s.Wait()
+				h.checkOrder(t, append(slices.Clone(evs), next...))
+				if c2.Aborted() || len(c2.Holds()) != 0 {
+					t.Errorf("next chunk aborted %v, holds %d", c2.Aborted(), len(c2.Holds()))
+				}
+				held := h.settled[0]
+				if held.Key != "s" || held.Head.id != 2 || !slices.Equal(idsOf(held.Handled), []int{2, 4, 5}) ||
+					held.Results[0] != nil || held.Results[1] == nil || held.Results[2] != nil {
+					t.Errorf("settled %+v, want s's events 2, 4 (failed), 5", held)
+				}
+				room, err := s.WaitRoom(ctx, 1, 1)
+				if then == "settle fails" {
+					if room || err == nil {
+						t.Errorf("a key that could not be settled left the slot usable: room %v, err %v", room, err)
+					}
+				} else if !room || err != nil || s.Holding() != 0 {
+					t.Errorf("after settling: room %v, err %v, holding %d", room, err, s.Holding())
+				}
+			case "unhold":
+				close(release)
+				c.Unhold()
+				if len(c.Holds()) != 0 {
+					t.Error("holds left after Unhold")
+				}
+				if fs := c.Failures(); len(fs) != 2 || fs[1].Msg.id != 4 {
+					t.Errorf("failures after Unhold %+v, want events 1 and 4", fs)
+				}
+				if len(h.settled) != 0 || s.Holding() != 0 {
+					t.Errorf("an unheld lane settled its key (%d) or stayed held (%d)", len(h.settled), s.Holding())
+				}
+			case "abandon":
+				cancel()
+				c.Abandon()
+				if len(h.settled) != 0 || s.Holding() != 0 {
+					t.Errorf("an abandoned lane settled its key (%d) or stayed held (%d)", len(h.settled), s.Holding())
+				}
+				if slices.Contains(h.handled(), 4) {
+					t.Error("the abandoned lane went on after its context ended")
+				}
+			}
+		})
+	}
+}
+
+// WaitRoom holds the next receive back while held lanes keep more events
+// in memory than the limit allows, and lets it go once they settle.
+func TestWaitRoom(t *testing.T) {
+	t.Parallel()
+	h := newHost()
+	evs := chunkOf(0, "s", "s", "s", "a")
+	release := make(chan struct{})
+	h.gate[1] = release
+	s := newTestSlot(h)
+	ctx := context.Background()
+	c := s.Run(ctx, evs, false)
+	if len(c.Holds()) != 1 {
+		t.Fatalf("holds %+v, want s", c.Holds())
+	}
+	c.Detach()
+	if room, err := s.WaitRoom(ctx, 2, 5); !room || err != nil {
+		t.Fatalf("3 queued + 2 within 5: room %v, err %v", room, err)
+	}
+	short, cancel := context.WithCancel(ctx)
+	cancel()
+	if room, err := s.WaitRoom(short, 3, 5); room || err != nil {
+		t.Fatalf("3 queued + 3 over 5, context ended: room %v, err %v; want no room, no error", room, err)
+	}
+	got := make(chan bool)
+	go func() {
+		room, _ := s.WaitRoom(ctx, 3, 5)
+		got <- room
+	}()
+	close(release)
+	if !recv(t, got, "room once the held lane settled") {
+		t.Fatal("no room once the held lane settled")
+	}
+	s.Wait()
+}
+
+// A chunk whose work context ends reports itself aborted: nothing of it is
+// settled.
+func TestRunAborted(t *testing.T) {
+	t.Parallel()
+	h := newHost()
+	evs := chunkOf(0, "a", "a", "b")
+	block := make(chan struct{})
+	h.gate[1] = block
+	s := newTestSlot(h)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-h.startedC(1)
+		cancel()
+	}()
+	c := s.Run(ctx, evs, false)
+	c.Abandon()
+	if !c.Aborted() {
+		t.Fatal("a chunk whose context ended is not aborted")
+	}
+	if slices.Contains(h.handled(), 2) {
+		t.Error("the key went on after its context ended")
+	}
+}
