@@ -40,7 +40,7 @@ $$;
 -- from that batch is acknowledged (as ack would) and the next chunk is
 -- returned, in one call and one transaction. ack_batch must be the
 -- consumer's open batch (PQ020 otherwise, and nothing is acknowledged).
--- Defined in api/functions/pgque.deliver_raw.sql, from _deliver_raw's
+-- Defined in api/functions/pgque.deliver_raw.gen.sql, with _deliver_raw's
 -- body: receive_raw(i_queue, i_consumer, i_max default 100, i_ack_batch
 -- default null), SECURITY DEFINER, the access checks first (consume on the
 -- queue; no slot subscription), then _deliver_raw(queue, consumer, max,

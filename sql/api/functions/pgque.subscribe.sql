@@ -27,7 +27,7 @@ begin
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     v_queue := (pgque._queue(i_queue)).queue_id;
     perform pgque._check_consumer(i_consumer);
-    perform pgque._make_reader(v_queue, 1, false); -- see deliver_raw.sql, "Readers"
+    perform pgque._make_reader(v_queue, 1, false); -- see pgque.deliver_raw.sql, "Readers"
     return pgque.register_consumer(i_queue, i_consumer);
 end;
 $$;

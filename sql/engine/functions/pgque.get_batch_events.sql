@@ -57,7 +57,7 @@ begin
     o_prev_xmax := pg_snapshot_xmax(v_prev);
     o_cur_xmax := pg_snapshot_xmax(o_cur_snap);
     -- With 0 (no transaction's id) so that the list is never empty: see
-    -- v_xip in pgque.deliver_raw.sql.
+    -- v_xip in sql/templates/deliver_raw.sql.tmpl.
     o_prev_xip := array(select pg_snapshot_xip(v_prev)) || '0'::xid8;
 end;
 $$;
