@@ -207,7 +207,7 @@ begin
                     v_lim := (select w.ev_id from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= v_txlo and ev.ev_txid < v_txhi
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -219,7 +219,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_txids) > 1 and ev.ev_txid = any(v_txids)
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -268,7 +268,7 @@ begin
                   from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -280,7 +280,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -315,7 +315,7 @@ begin
                       from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -327,7 +327,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -357,7 +357,7 @@ begin
                   from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= v_txlo and ev.ev_txid < v_txhi
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -369,7 +369,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_txids) > 1 and ev.ev_txid = any(v_txids)
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -404,7 +404,7 @@ begin
                       from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= v_txlo and ev.ev_txid < v_txhi
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -416,7 +416,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_txids) > 1 and ev.ev_txid = any(v_txids)
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -664,7 +664,7 @@ begin
                     v_lim := (select w.ev_id from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= v_txlo and ev.ev_txid < v_txhi
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -676,7 +676,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_txids) > 1 and ev.ev_txid = any(v_txids)
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -725,7 +725,7 @@ begin
                   from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -737,7 +737,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -772,7 +772,7 @@ begin
                       from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -784,7 +784,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -814,7 +814,7 @@ begin
                   from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= v_txlo and ev.ev_txid < v_txhi
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -826,7 +826,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_txids) > 1 and ev.ev_txid = any(v_txids)
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -861,7 +861,7 @@ begin
                       from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= v_txlo and ev.ev_txid < v_txhi
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -873,7 +873,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_txids) > 1 and ev.ev_txid = any(v_txids)
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -948,7 +948,7 @@ begin
                   from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(%1$s) and ev.ev_part < pgque._part_hi(%1$s)
+           where ev.ev_part >= %1$s * 16 and ev.ev_part < %1$s * 16 + 16
              and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -960,7 +960,7 @@ begin
           select xe.* from unnest(v_xip) as xp(txid) cross join lateral (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(%1$s) and ev.ev_part < pgque._part_hi(%1$s)
+           where ev.ev_part >= %1$s * 16 and ev.ev_part < %1$s * 16 + 16
              and ev.ev_txid = xp.txid
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -997,7 +997,7 @@ begin
                       from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(%1$s) and ev.ev_part < pgque._part_hi(%1$s)
+           where ev.ev_part >= %1$s * 16 and ev.ev_part < %1$s * 16 + 16
              and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -1009,7 +1009,7 @@ begin
           select xe.* from unnest(v_xip) as xp(txid) cross join lateral (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(%1$s) and ev.ev_part < pgque._part_hi(%1$s)
+           where ev.ev_part >= %1$s * 16 and ev.ev_part < %1$s * 16 + 16
              and ev.ev_txid = xp.txid
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)

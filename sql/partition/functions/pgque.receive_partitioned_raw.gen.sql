@@ -239,7 +239,7 @@ begin
                     v_lim := (select w.ev_id from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= v_txlo and ev.ev_txid < v_txhi
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -251,7 +251,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_txids) > 1 and ev.ev_txid = any(v_txids)
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -300,7 +300,7 @@ begin
                   from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -312,7 +312,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -347,7 +347,7 @@ begin
                       from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -359,7 +359,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)
              and ev.ev_id > coalesce(st.st_acked_to, -1)
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -389,7 +389,7 @@ begin
                   from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= v_txlo and ev.ev_txid < v_txhi
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -401,7 +401,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_txids) > 1 and ev.ev_txid = any(v_txids)
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -436,7 +436,7 @@ begin
                       from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and ev.ev_txid >= v_txlo and ev.ev_txid < v_txhi
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
@@ -448,7 +448,7 @@ begin
           select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
-           where ev.ev_part >= pgque._part_lo(v_queue) and ev.ev_part < pgque._part_hi(v_queue)
+           where ev.ev_part >= v_queue * 16 and ev.ev_part < v_queue * 16 + 16
              and cardinality(v_txids) > 1 and ev.ev_txid = any(v_txids)
              and ev.ev_id > st.st_acked_to and ev.ev_id <= v_lim
              and pg_visible_in_snapshot(ev.ev_txid, v_cur)
