@@ -12,7 +12,7 @@ FUZZTIME ?= 30s
 # so each module is named.
 PKGS     := ./... ./cmd/pgque/... ./pgqueotel/... ./pgqueprom/...
 
-.PHONY: help deps test test-ts test-versions lint demo bench fuzz
+.PHONY: help deps test test-ts test-versions lint generate demo bench fuzz
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -35,13 +35,17 @@ VERSIONS ?= 14 15 16 17 18
 test-versions: deps ## Run the SQL suites and the Go library's tests on each PostgreSQL major in VERSIONS (default 14 to 18).
 	@scripts/test-versions $(VERSIONS)
 
-lint: ## Check formatting (gofmt), go vet, that every go.mod/go.sum is tidy, that importers get no tool dependencies, and that the TypeScript package's SQL is current.
+lint: ## Check formatting (gofmt), go vet, that every go.mod/go.sum is tidy, that importers get no tool dependencies, that the generated SQL is current and not copied, and that the TypeScript package's SQL is current.
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@scripts/tidy -check
 	@scripts/importcheck
+	@scripts/sqlgen-check
 	@scripts/tssql
+
+generate: ## Render the generated SQL files (sql/**/*.gen.sql) from sql/templates/.
+	$(GO) generate ./sql
 
 demo: deps ## Start a throwaway Postgres and run the multi-tenant workload end to end.
 	$(GO) run ./cmd/pgque demo

@@ -8,6 +8,10 @@
 // script installs a fresh database and upgrades an existing one in place.
 package sqlfiles
 
+// The read path's *.gen.sql files are rendered from templates/ (see
+// internal/sqlgen); `make lint` fails when they are stale.
+//go:generate go run ../internal/sqlgen
+
 import (
 	"bufio"
 	"embed"

@@ -1,5 +1,6 @@
-// Package enginetest proves the engine and api layers' guarantees (issue 2's
-// "Must show" list) by calling pgque's SQL directly against a real
+// Package enginetest proves the engine and api layers' guarantees (the
+// ones docs/design.md states: ordering, at-least-once delivery, rotation,
+// retries, dead letters) by calling pgque's SQL directly against a real
 // PostgreSQL. Every test gets its own database from pgtest.
 package enginetest
 

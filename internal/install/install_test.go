@@ -2,6 +2,8 @@ package install_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -265,5 +267,87 @@ func TestReinstallRewritesNoRelationAndLocksNoneExclusively(t *testing.T) {
 		if after[rel] != ver {
 			t.Errorf("the re-install rewrote the pg_class row of %s", rel)
 		}
+	}
+}
+
+// An install over one made before the read path was generated loses the
+// functions that path no longer has: the text-predicate delivery and its
+// helper, the acknowledgement's unused predicate form (and the slot's), and
+// the body the install used to cut entry points from. The queue's data and
+// its reader stay, and the reader is made again from the installed
+// statement: its body is that statement with the queue id in.
+func TestReinstallDropsRemovedReadPathFunctions(t *testing.T) {
+	t.Parallel()
+	ctx, conn := setup(t)
+	if _, err := install.Install(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	var qid int
+	if err := conn.QueryRow(ctx, `select pgque.create_queue('q')`).Scan(new(any)); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, `select queue_id from pgque.queue where queue_name = 'q'`).Scan(&qid); err != nil {
+		t.Fatal(err)
+	}
+	// What the earlier install left: the functions by their signatures (the
+	// bodies do not matter), and a reader whose body is out of date.
+	removed := []string{
+		"pgque._deliver(text, text, integer, text, bigint)",
+		"pgque._and(text, bigint)",
+		"pgque._ack(bigint, text)",
+		"pgque._ack_slot(pgque.slot_lease, integer, integer)",
+		"pgque._deliver_raw_body()",
+	}
+	for _, f := range removed {
+		var exists bool
+		if err := conn.QueryRow(ctx, `select to_regprocedure($1) is not null`, f).Scan(&exists); err != nil {
+			t.Fatal(err)
+		}
+		if exists { // an install of the version that had it
+			continue
+		}
+		ret := "integer"
+		if strings.Contains(f, "_and") || strings.Contains(f, "_body") {
+			ret = "text"
+		}
+		if _, err := conn.Exec(ctx, "create function "+f+" returns "+ret+" language sql as 'select null::"+ret+"'"); err != nil {
+			t.Fatalf("creating %s: %v", f, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, `select pgque.subscribe('q', 'c'); select pgque.send('q', 't', '{}'::jsonb, 'k')`); err != nil {
+		t.Fatal(err)
+	}
+	reader := fmt.Sprintf("pgque._read_%d_1", qid)
+	if _, err := conn.Exec(ctx, fmt.Sprintf(`create or replace function %s(st pgque.sub_state, v_prev pg_snapshot, v_cur pg_snapshot,
+		v_xip xid8[], v_sub integer, i_slot integer, i_max integer, v_budget bigint)
+		returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
+		created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
+		language plpgsql as 'begin end'`, reader)); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := install.Install(ctx, conn); err != nil {
+		t.Fatalf("reinstall: %v", err)
+	}
+	for _, f := range removed {
+		var left bool
+		if err := conn.QueryRow(ctx, `select to_regprocedure($1) is not null`, f).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left {
+			t.Errorf("%s is still there after the reinstall", f)
+		}
+	}
+	var src, want string
+	if err := conn.QueryRow(ctx, `select p.prosrc, format(pgque._reader_src(), $2::int, 1)
+		  from pg_proc p where p.oid = to_regproc($1)`, reader, qid).Scan(&src, &want); err != nil {
+		t.Fatal(err)
+	}
+	if src != want || !strings.Contains(src, fmt.Sprintf("ev.ev_part >= %d * 16 and", qid)) {
+		t.Errorf("reader %s after the reinstall:\n%s\nwant the installed statement for queue %d", reader, src, qid)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `select count(*) from pgque.event ev where ev.ev_part >= pgque._part_lo($1) and ev.ev_part < pgque._part_hi($1)`, qid).Scan(&n); err != nil || n != 1 {
+		t.Errorf("events of the queue after the reinstall: %d (%v), want 1", n, err)
 	}
 }

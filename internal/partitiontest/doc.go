@@ -1,5 +1,6 @@
 // Package partitiontest holds the guarantee tests of pgque's partition
-// layer (issue 3), named after the design brief: T-G1a, T-G1b,
+// layer, each named after the guarantee it pins (G1, G2 and the rest are
+// stated in docs/guarantees.md): T-G1a, T-G1b,
 // T-retry-affinity, T-G2-block, T-G2-parallel, T-no-drop, T-security,
 // T-N-invariant, T-lease, T-fencing, T-no-bloat, T-engine-untouched and
 // T-idempotent-install, plus the plain API's refusal of slot subscriptions,

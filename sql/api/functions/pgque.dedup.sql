@@ -119,7 +119,7 @@ begin
         return null;
     end if;
     execute format('select exists (select 1 from %s where ev_part = $1 and ev_dedup is not null)',
-                   pgque._event_table(i_queue_id, i_table)) into v_keys using i_queue_id * 16 + i_table;
+                   pgque._event_table(i_queue_id, i_table)) into v_keys using pgque._part(i_queue_id, i_table);
     if not v_keys then
         return null;
     end if;
@@ -194,7 +194,7 @@ begin
                             select 0, $1, k from (select distinct k from unnest($2) k where k is not null) d order by k
                             on conflict (ev_part, ev_dedup) where ev_dedup is not null do nothing',
                            pgque._event_table(i_queue_id, v_n))
-               using i_queue_id * 16 + v_n, i_keys;
+               using pgque._part(i_queue_id, v_n), i_keys;
         end loop;
         raise exception using errcode = 'PQ099'; -- undo the INSERTs
     exception
@@ -359,7 +359,7 @@ begin
             continue when v_n = v_cur or not coalesce(v_retired[v_n + 1] > v_expire, false);
             execute format('select ev_id, ev_time from %s where ev_part = $1 and ev_dedup = $2',
                            pgque._event_table(v_qid, v_n))
-               into v_rid, v_rtime using v_qid * 16 + v_n, i_dedup_key;
+               into v_rid, v_rtime using pgque._part(v_qid, v_n), i_dedup_key;
             if v_rtime > v_expire then
                 return v_rid;
             end if;
@@ -374,21 +374,21 @@ begin
         end if;
     end if;
 
-    v_id := coalesce(i_id, case when pg_current_xact_id() is not null then nextval(v_seq) end); -- xid first (_tick_due)
+    v_id := coalesce(i_id, pgque._next_ev_id(v_seq));
     -- Under a transaction snapshot ON CONFLICT meets a key committed
     -- since the snapshot with its own 40001; the caught INSERT lets the
     -- refusal come to the lookup below, which says what happened.
     if i_how = 'catch' or current_setting('transaction_isolation') <> 'read committed' then
         begin
             insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)
-            values (v_id, v_qid * 16 + v_cur, i_type, i_data, i_partition_key, i_dedup_key);
+            values (v_id, pgque._part(v_qid, v_cur), i_type, i_data, i_partition_key, i_dedup_key);
             return v_id;
         exception when unique_violation then
             null; -- the current table holds the key: below
         end;
     else
         insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)
-        values (v_id, v_qid * 16 + v_cur, i_type, i_data, i_partition_key, i_dedup_key)
+        values (v_id, pgque._part(v_qid, v_cur), i_type, i_data, i_partition_key, i_dedup_key)
         on conflict (ev_part, ev_dedup) where ev_dedup is not null do nothing;
         if found then
             return v_id;
@@ -399,7 +399,7 @@ begin
     -- the answer (v_id is left unused, as a rolled-back send leaves one).
     execute format('select ev_id, ev_time from %s where ev_part = $1 and ev_dedup = $2',
                    pgque._event_table(v_qid, v_cur))
-       into v_rid, v_rtime using v_qid * 16 + v_cur, i_dedup_key;
+       into v_rid, v_rtime using pgque._part(v_qid, v_cur), i_dedup_key;
     if v_rid is null then
         -- Committed after this transaction's snapshot (REPEATABLE READ):
         -- the index sees it, the snapshot does not.
@@ -418,7 +418,7 @@ begin
         return v_rid;
     end if;
     insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
-    values (v_id, v_qid * 16 + v_cur, i_type, i_data, i_partition_key);
+    values (v_id, pgque._part(v_qid, v_cur), i_type, i_data, i_partition_key);
     return v_id;
 end;
 $$;

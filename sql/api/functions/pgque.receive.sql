@@ -40,7 +40,7 @@ $$;
 -- from that batch is acknowledged (as ack would) and the next chunk is
 -- returned, in one call and one transaction. ack_batch must be the
 -- consumer's open batch (PQ020 otherwise, and nothing is acknowledged).
--- Defined in api/functions/pgque.deliver_raw.sql, from _deliver_raw's
+-- Defined in api/functions/pgque.deliver_raw.gen.sql, with _deliver_raw's
 -- body: receive_raw(i_queue, i_consumer, i_max default 100, i_ack_batch
 -- default null), SECURITY DEFINER, the access checks first (consume on the
 -- queue; no slot subscription), then _deliver_raw(queue, consumer, max,
@@ -56,8 +56,8 @@ begin
     perform pgque._authorize_batch(i_batch_id, 'consume'); -- access check
     -- The subscription's name only; _ack checks the batch under the lock.
     perform pgque._refuse_slot(s.sub_name) from pgque.subscription s
-     where s.sub_id = (i_batch_id % 1048576)::integer;
-    return pgque._ack(i_batch_id, null);
+     where s.sub_id = pgque._batch_sub(i_batch_id);
+    return pgque._ack(i_batch_id);
 end;
 $$;
 
@@ -74,7 +74,7 @@ as $$
 begin
     perform pgque._authorize_batch(i_batch_id, 'consume'); -- access check
     perform pgque._refuse_slot((pgque._batch(i_batch_id)).sub_name);
-    perform pgque._refuse_done((i_batch_id % 1048576)::integer, i_msg_id);
+    perform pgque._refuse_done(pgque._batch_sub(i_batch_id), i_msg_id);
     return pgque._event_retry(i_batch_id, i_msg_id, i_retry_after, i_reason);
 end;
 $$;

@@ -36,16 +36,16 @@ begin
     if i_dedup_key is null then
         -- What _insert_event does, inlined: one PL/pgSQL call less on the
         -- hot path is about a fifth of its server time.
-        select queue_id * 16 + queue_cur_table, queue_event_seq, 'produce' = any (queue_confined)
+        select pgque._part(queue_id, queue_cur_table), queue_event_seq, 'produce' = any (queue_confined)
           into v_part, v_seq, v_confined
           from pgque.queue where queue_name = i_queue;
         if not found then
             perform pgque._raise_no_queue(i_queue);
         end if;
         if v_confined then
-            perform pgque._authorize_id(v_part / 16, 'produce'); -- access check
+            perform pgque._authorize_id(pgque._part_queue(v_part), 'produce'); -- access check
         end if;
-        v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
+        v_id := pgque._next_ev_id(v_seq);
         insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
         values (v_id, v_part, i_type, i_payload::text, i_partition_key);
         return v_id;
@@ -59,12 +59,12 @@ begin
     -- pgque.dedup.sql); anything else, and a key the index refuses, goes
     -- to _dedup_send. Inlined: the PL/pgSQL call was a quarter of what a
     -- key costs a send.
-    select queue_id * 16 + queue_cur_table, queue_event_seq, 'produce' = any (queue_confined), queue_switch_time,
+    select pgque._part(queue_id, queue_cur_table), queue_event_seq, 'produce' = any (queue_confined), queue_switch_time,
            queue_retired, clock_timestamp() - coalesce(queue_dedup_window, interval '5 minutes')
       into v_part, v_seq, v_confined, v_switch, v_retired, v_expire
       from pgque.queue where queue_name = i_queue;
     if found and not v_confined and (v_retired is null or v_switch <= v_expire) then
-        v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
+        v_id := pgque._next_ev_id(v_seq);
         begin
             insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)
             values (v_id, v_part, i_type, i_payload::text, i_partition_key, i_dedup_key);
@@ -116,16 +116,16 @@ begin
     end if;
     if i_dedup_key is null then
         -- Inlined _insert_event, as in the jsonb form.
-        select queue_id * 16 + queue_cur_table, queue_event_seq, 'produce' = any (queue_confined)
+        select pgque._part(queue_id, queue_cur_table), queue_event_seq, 'produce' = any (queue_confined)
           into v_part, v_seq, v_confined
           from pgque.queue where queue_name = i_queue;
         if not found then
             perform pgque._raise_no_queue(i_queue);
         end if;
         if v_confined then
-            perform pgque._authorize_id(v_part / 16, 'produce'); -- access check
+            perform pgque._authorize_id(pgque._part_queue(v_part), 'produce'); -- access check
         end if;
-        v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
+        v_id := pgque._next_ev_id(v_seq);
         insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1)
         values (v_id, v_part, i_type, i_payload, i_partition_key);
         return v_id;
@@ -134,12 +134,12 @@ begin
         perform pgque._dedup_check_keys(array[i_dedup_key]);
     end if;
     -- The common case inline, as in the jsonb form.
-    select queue_id * 16 + queue_cur_table, queue_event_seq, 'produce' = any (queue_confined), queue_switch_time,
+    select pgque._part(queue_id, queue_cur_table), queue_event_seq, 'produce' = any (queue_confined), queue_switch_time,
            queue_retired, clock_timestamp() - coalesce(queue_dedup_window, interval '5 minutes')
       into v_part, v_seq, v_confined, v_switch, v_retired, v_expire
       from pgque.queue where queue_name = i_queue;
     if found and not v_confined and (v_retired is null or v_switch <= v_expire) then
-        v_id := case when pg_current_xact_id() is not null then nextval(v_seq) end; -- xid first (_tick_due)
+        v_id := pgque._next_ev_id(v_seq);
         begin
             insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_dedup)
             values (v_id, v_part, i_type, i_payload, i_partition_key, i_dedup_key);
@@ -247,7 +247,7 @@ begin
         raise exception using errcode = '22004',
             message = format('payload %s of the batch is NULL', array_position(i_payloads, null));
     end if;
-    select queue_id * 16 + queue_cur_table, queue_event_seq into v_part, v_seq
+    select pgque._part(queue_id, queue_cur_table), queue_event_seq into v_part, v_seq
       from pgque.queue where queue_name = i_queue;
     if not found then
         perform pgque._raise_no_queue(i_queue);

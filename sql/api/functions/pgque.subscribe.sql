@@ -27,7 +27,7 @@ begin
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     v_queue := (pgque._queue(i_queue)).queue_id;
     perform pgque._check_consumer(i_consumer);
-    perform pgque._make_reader(v_queue, 1, false); -- see deliver_raw.sql, "Readers"
+    perform pgque._make_reader(v_queue, 1, false); -- see pgque.deliver_raw.sql, "Readers"
     return pgque.register_consumer(i_queue, i_consumer);
 end;
 $$;
@@ -164,7 +164,7 @@ begin
     select tick_snapshot into v_snap from pgque.tick where tick_queue = v_queue and tick_id = v_tick;
     select count(*) into v_n
       from (select 1 from pgque.event e
-             where e.ev_part >= v_queue * 16 and e.ev_part < v_queue * 16 + 16 and e.ev_owner is null
+             where e.ev_part >= pgque._part_lo(v_queue) and e.ev_part < pgque._part_hi(v_queue) and e.ev_owner is null
                and pg_visible_in_snapshot(e.ev_txid, v_snap)
              limit 10000) x;
     return v_n;

@@ -133,14 +133,14 @@ declare
     v_n      integer;
     v_types  text[];
 begin
-    select ts.ts_table_name, ts.ts_operations, q.queue_id * 16 + q.queue_cur_table, q.queue_event_seq, q.queue_name
+    select ts.ts_table_name, ts.ts_operations, pgque._part(q.queue_id, q.queue_cur_table), q.queue_event_seq, q.queue_name
       into v_name, v_ops, v_part, v_seq, v_qname
       from pgque.table_source ts join pgque.queue q on q.queue_id = ts.ts_queue
      where ts.ts_queue = v_queue and ts.ts_table = tg_relid;
     if not found then
         -- A partition of an attached partitioned table carries its clones
         -- of the triggers.
-        select ts.ts_table_name, ts.ts_operations, q.queue_id * 16 + q.queue_cur_table, q.queue_event_seq, q.queue_name
+        select ts.ts_table_name, ts.ts_operations, pgque._part(q.queue_id, q.queue_cur_table), q.queue_event_seq, q.queue_name
           into v_name, v_ops, v_part, v_seq, v_qname
           from pgque.table_source ts join pgque.queue q on q.queue_id = ts.ts_queue
          where ts.ts_queue = v_queue and ts.ts_table in (select a.relid from pg_partition_ancestors(tg_relid) a);
@@ -160,7 +160,7 @@ begin
         -- transaction's id before the event's (see _tick_due); the row
         -- triggers fire after the row is written, which took it.
         insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra2)
-        values (case when pg_current_xact_id() is not null then nextval(v_seq) end, v_part, 'truncate',
+        values (pgque._next_ev_id(v_seq), v_part, 'truncate',
                 jsonb_build_object('table', v_name)::text, v_name);
         return null;
     end if;

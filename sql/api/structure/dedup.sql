@@ -65,7 +65,7 @@ begin
           from (select distinct on (dd_queue, dd_key) dd_queue, dd_key, dd_ev_id
                   from (select * from pgque.dedup_0 union all select * from pgque.dedup_1) a
                  order by dd_queue, dd_key, dd_time desc) r
-         where e.ev_part >= r.dd_queue * 16 and e.ev_part < r.dd_queue * 16 + 16 and e.ev_id = r.dd_ev_id;
+         where e.ev_part >= pgque._part_lo(r.dd_queue) and e.ev_part < pgque._part_hi(r.dd_queue) and e.ev_id = r.dd_ev_id;
         drop table pgque.queue_dedup;
     end if;
 end

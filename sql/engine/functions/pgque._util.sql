@@ -12,6 +12,52 @@ as $$
     on conflict (singleton) do update set version = excluded.version, installed_at = excluded.installed_at;
 $$;
 
+-- The two encodings the engine packs into integers, named once. They are
+-- SQL functions with a body parsed at creation (RETURN), IMMUTABLE and
+-- without settings, so the planner inlines them: a call costs nothing, and
+-- a constant argument folds, as the arithmetic written out would (plan-time
+-- partition pruning sees the partitions' bounds).
+--
+-- Event partitions: event table n (0..15) of queue q holds ev_part
+-- q*16 + n (see structure/tables.sql), so a queue's events are the
+-- ev_part range [_part_lo(q), _part_hi(q)).
+create or replace function pgque._part(i_queue_id integer, i_table integer)
+returns integer language sql immutable parallel safe
+return i_queue_id * 16 + i_table;
+
+create or replace function pgque._part_lo(i_queue_id integer)
+returns integer language sql immutable parallel safe
+return i_queue_id * 16;
+
+create or replace function pgque._part_hi(i_queue_id integer)
+returns integer language sql immutable parallel safe
+return i_queue_id * 16 + 16;
+
+create or replace function pgque._part_queue(i_part integer)
+returns integer language sql immutable parallel safe
+return i_part / 16;
+
+-- Batch ids: a batch id is a number from batch_id_seq times 2^20 plus the
+-- subscription's id (sub_id < 2^20), so the id alone names its
+-- subscription.
+create or replace function pgque._batch_id(i_seq bigint, i_sub integer)
+returns bigint language sql immutable parallel safe
+return i_seq * 1048576 + i_sub;
+
+create or replace function pgque._batch_sub(i_batch_id bigint)
+returns integer language sql immutable parallel safe
+return (i_batch_id % 1048576)::integer;
+
+-- _next_ev_id(seq): the next ev_id from the queue's event sequence, taken
+-- after the transaction has its id (pg_current_xact_id() assigns it): an
+-- event's ev_id is then never below the sequence value a tick saw while
+-- the event's transaction could still commit unseen (see _tick_due). Every
+-- write of a new event takes its id here. Inlined like the encodings
+-- above, so the invariant costs no call.
+create or replace function pgque._next_ev_id(i_seq regclass)
+returns bigint language sql volatile
+return case when pg_current_xact_id() is not null then nextval(i_seq) end;
+
 -- _not_null(what, value): raises 22004 naming the argument when value is NULL.
 create or replace function pgque._not_null(i_what text, i_value anyelement)
 returns void language plpgsql immutable

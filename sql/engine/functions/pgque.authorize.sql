@@ -56,7 +56,7 @@ declare
 begin
     select q.queue_id, q.queue_confined into v_id, v_confined
       from pgque.subscription s join pgque.queue q on q.queue_id = s.sub_queue
-     where s.sub_id = (i_batch_id % 1048576)::integer;
+     where s.sub_id = pgque._batch_sub(i_batch_id);
     if found and i_action = any (v_confined) then
         perform pgque._authorize_id(v_id, i_action);
     end if;

@@ -41,7 +41,7 @@ begin
         -- (structure/tables.sql).
         execute format('create table %s (like pgque.event including defaults)', v_tbl);
         execute format('alter table pgque.event attach partition %s for values in (%s)',
-                       v_tbl, v_id * 16 + v_n);
+                       v_tbl, pgque._part(v_id, v_n));
     end loop;
 
     insert into pgque.queue (queue_id, queue_name, queue_ntables, queue_event_seq)

@@ -61,7 +61,7 @@ begin
     ), ins as (
         insert into pgque.event (ev_id, ev_time, ev_part, ev_owner, ev_retry, ev_type, ev_data,
                                  ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-        select m.ev_id, m.ev_time, q.queue_id * 16 + q.queue_cur_table, m.ev_owner, m.ev_retry,
+        select m.ev_id, m.ev_time, pgque._part(q.queue_id, q.queue_cur_table), m.ev_owner, m.ev_retry,
                m.ev_type, m.ev_data, m.ev_extra1, m.ev_extra2, m.ev_extra3, m.ev_extra4
           from moved m join pgque.queue q on q.queue_id = m.ev_queue
         returning ev_id, ev_part

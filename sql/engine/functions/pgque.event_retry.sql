@@ -109,12 +109,12 @@ begin
     ), moved as (
         insert into pgque.event (ev_id, ev_time, ev_part, ev_owner, ev_retry, ev_type, ev_data,
                                  ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-        select d.ev_id, d.ev_time, q.queue_id * 16 + q.queue_cur_table, d.ev_owner, d.ev_retry,
+        select d.ev_id, d.ev_time, pgque._part(q.queue_id, q.queue_cur_table), d.ev_owner, d.ev_retry,
                d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4
           from due d join pgque.queue q on q.queue_id = d.ev_queue
         returning ev_part
     )
-    select count(*), array_agg(distinct m.ev_part / 16) into v_n, v_queues from moved m;
+    select count(*), array_agg(distinct pgque._part_queue(m.ev_part)) into v_n, v_queues from moved m;
     perform nextval(q.queue_event_seq) from pgque.queue q where q.queue_id = any(v_queues);
     return v_n;
 end;

@@ -52,12 +52,12 @@ begin
         raise exception using errcode = 'XX000',
             message = format('ticks %s/%s of batch %s are missing', s.sub_last_tick, s.sub_next_tick, s.sub_batch);
     end if;
-    o_part_lo := s.sub_queue * 16;
-    o_part_hi := s.sub_queue * 16 + 16;
+    o_part_lo := pgque._part_lo(s.sub_queue);
+    o_part_hi := pgque._part_hi(s.sub_queue);
     o_prev_xmax := pg_snapshot_xmax(v_prev);
     o_cur_xmax := pg_snapshot_xmax(o_cur_snap);
     -- With 0 (no transaction's id) so that the list is never empty: see
-    -- v_xip in pgque.deliver_raw.sql.
+    -- v_xip in sql/templates/deliver_raw.sql.tmpl.
     o_prev_xip := array(select pg_snapshot_xip(v_prev)) || '0'::xid8;
 end;
 $$;

@@ -81,7 +81,7 @@ begin
         return null;
     end if;
     st.st_next_tick := v_next;
-    st.st_batch := nextval('pgque.batch_id_seq') * 1048576 + i_sub;
+    st.st_batch := pgque._batch_id(nextval('pgque.batch_id_seq'), i_sub);
     st.st_acked_to := null;
     st.st_delivered_to := null;
     st.st_delivered_all := false;
@@ -115,7 +115,7 @@ begin
     if i_batch_id is null then
         raise exception using errcode = '22004', message = 'batch id must not be NULL';
     end if;
-    select * into s from pgque.subscription where sub_id = (i_batch_id % 1048576)::integer;
+    select * into s from pgque.subscription where sub_id = pgque._batch_sub(i_batch_id);
     s := pgque._with_state(s);
     if s.sub_batch is distinct from i_batch_id then
         raise exception using errcode = 'PQ020', message = format('batch %s is not open', i_batch_id);
@@ -154,7 +154,7 @@ begin
     if i_batch_id is null then
         raise exception using errcode = '22004', message = 'batch id must not be NULL';
     end if;
-    st := pgque._lock_sub((i_batch_id % 1048576)::integer);
+    st := pgque._lock_sub(pgque._batch_sub(i_batch_id));
     if st.st_batch is distinct from i_batch_id then
         raise exception using errcode = 'PQ020', message = format('batch %s is not open', i_batch_id);
     end if;

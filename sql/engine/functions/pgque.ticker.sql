@@ -64,7 +64,7 @@ begin
     v_open := t.tick_xid is null or pg_snapshot_xmin(pg_current_snapshot()) < t.tick_xid;
     if exists (
         select 1 from pgque.event e
-         where e.ev_part >= q.queue_id * 16 and e.ev_part < q.queue_id * 16 + 16
+         where e.ev_part >= pgque._part_lo(q.queue_id) and e.ev_part < pgque._part_hi(q.queue_id)
            and (e.ev_txid >= pg_snapshot_xmax(t.tick_snapshot)
                 or e.ev_txid = any(array(select pg_snapshot_xip(t.tick_snapshot))))) then
         return true;

@@ -130,11 +130,11 @@ begin
          || case when v_slot is not null
                  then coalesce(' and ' || pgque._slot_filter(v_slot[1]::integer, v_slot[2]::integer), '') else '' end
        into v_later, v_complete
-      using q.queue_id * 16, q.queue_id * 16 + 16, d.ev_id, s.sub_id, v_last, v_next,
+      using pgque._part_lo(q.queue_id), pgque._part_hi(q.queue_id), d.ev_id, s.sub_id, v_last, v_next,
             coalesce(st.st_delivered_to, st.st_acked_to), d.ev_extra1, q.queue_id, d.dl_consumer;
     insert into pgque.event (ev_id, ev_time, ev_part, ev_owner, ev_retry, ev_type, ev_data,
                              ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-    values (d.ev_id, d.ev_time, q.queue_id * 16 + q.queue_cur_table, s.sub_id, -1 - d.ev_retry, d.ev_type, d.ev_data,
+    values (d.ev_id, d.ev_time, pgque._part(q.queue_id, q.queue_cur_table), s.sub_id, -1 - d.ev_retry, d.ev_type, d.ev_data,
             d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4);
     perform nextval(q.queue_event_seq);
     return query select d.ev_id, v_later, v_complete, d.dl_consumer, d.ev_extra1;

@@ -66,7 +66,7 @@ begin
      || ' count(*) filter (where $6::pg_snapshot is not null and pg_catalog.pg_visible_in_snapshot(ev_txid, $6)),'
      || ' (sum(count(*)) over ())::bigint, (sum(count(*)) over ()) >= $7'
      || ' from e group by ev_extra1'
-      using s.sub_queue * 16, s.sub_queue * 16 + 16, pg_snapshot_xmin(v_snap), v_snap, s.sub_id, v_next, i_scan;
+      using pgque._part_lo(s.sub_queue), pgque._part_hi(s.sub_queue), pg_snapshot_xmin(v_snap), v_snap, s.sub_id, v_next, i_scan;
 end;
 $$;
 
@@ -277,7 +277,7 @@ begin
     v_window := pgque._check_interval('window', i_window, interval '1 microsecond', interval '1 day');
     -- A table never retired since queue_retired exists stopped being
     -- written at queue_switch_time at the latest.
-    v_parts := array(select q.queue_id * 16 + n from generate_series(0, q.queue_ntables - 1) n
+    v_parts := array(select pgque._part(q.queue_id, n) from generate_series(0, q.queue_ntables - 1) n
                       where n = q.queue_cur_table
                          or coalesce(q.queue_retired[n + 1], q.queue_switch_time) >= v_now - v_window);
     return query execute
@@ -338,7 +338,7 @@ begin
          || ' cross join lateral (' || v_from || ' and ev_txid = x.xid limit 1) e)'
          || ') h order by ev_txid limit 1'
        into o_ev_id, o_time
-      using s.sub_queue * 16, s.sub_queue * 16 + 16, pg_snapshot_xmax(v_snap),
+      using pgque._part_lo(s.sub_queue), pgque._part_hi(s.sub_queue), pg_snapshot_xmax(v_snap),
             array(select pg_snapshot_xip(v_snap)), s.sub_id;
 end;
 $$;

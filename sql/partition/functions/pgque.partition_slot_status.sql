@@ -34,7 +34,7 @@ begin
          || ' and (ev_owner is null or ev_owner = $5)'
          || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '')
        into o_lag, o_oldest
-      using s.sub_queue * 16, s.sub_queue * 16 + 16, pg_snapshot_xmin(v_snap), v_snap, s.sub_id;
+      using pgque._part_lo(s.sub_queue), pgque._part_hi(s.sub_queue), pg_snapshot_xmin(v_snap), v_snap, s.sub_id;
 end;
 $$;
 

@@ -27,7 +27,6 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_sub    text := pgque._slot_name(i_consumer, i_slot, i_nslots);
-    v_filter text := pgque._slot_filter(i_slot, i_nslots);
     r        record;
     v_batch  bigint;
     v_out    integer;
@@ -81,7 +80,7 @@ begin
         if v_batch is null or v_out > 0 then
             return;
         end if;
-        perform pgque._ack(v_batch, v_filter);
+        perform pgque._ack(v_batch);
         v_round := v_round + 1;
         exit when v_round >= 100;
     end loop;
@@ -124,79 +123,11 @@ $$;
 
 -- receive_partitioned_raw(queue, consumer, slot, nslots, worker, token,
 -- max[, ack_epoch, ack_batch_id, ack_msg_id]): receive_partitioned with
--- the payload as stored (text), as receive_raw is receive: no jsonb is
--- built or printed per event, which is most of a chunk's server time for
--- small events. What the Go PartitionedConsumer calls. With the ack_
--- arguments (the proof ack_partitioned takes) it first acknowledges the
--- chunk the slot handed out last, exactly as ack_partitioned would, and
--- then receives, in one statement: a slot working chunk after chunk saves
--- a round trip, a transaction and a lease check per chunk. When any part
--- fails nothing is acknowledged and the chunk is received again. Defined in api/functions/
--- pgque.deliver_raw.sql from _deliver_raw's body, as receive_raw is: a
--- function that returns another's rows copies each into a result store of
--- its own, and receive_partitioned_raw over _receive_slot over
--- _deliver_raw made three. A slot with blocked keys still goes through
--- _receive_slot.
-
--- The form without the ack arguments: calls with seven or fewer arguments
--- now resolve to the one above.
+-- the payload as stored, and an optional acknowledgement first; in
+-- pgque.receive_partitioned_raw.gen.sql, generated with _deliver_raw from
+-- sql/templates/deliver_raw.sql.tmpl. The form without the ack arguments:
+-- calls with seven or fewer arguments now resolve to the one with them.
 drop function if exists pgque.receive_partitioned_raw(text, text, integer, integer, text, uuid, integer);
-
-do $receive_partitioned_raw$
-begin
-    -- receive_partitioned_raw: the slot's subscription under its lease,
-    -- each row with the lease's epoch; a slot with blocked keys (the pause
-    -- policy) goes through _receive_slot, which defers what must wait, and
-    -- a sealed slot found empty may complete a resize (_resize_poll), as
-    -- _receive_slot does. The access check, the lease and the slot's name
-    -- come first, in the declarations, in that order.
-    execute format($ddl$
-create or replace function pgque.receive_partitioned_raw(i_queue text, i_consumer text, i_slot integer,
-                                                         i_nslots integer, i_worker text, i_token uuid,
-                                                         i_max integer default 100, i_ack_epoch bigint default null,
-                                                         i_ack_batch_id bigint default null,
-                                                         i_ack_msg_id bigint default null)
-returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
-               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text,
-               epoch bigint)
-language plpgsql security definer
-set search_path = pg_catalog, pg_temp
-as %L$ddl$, replace(replace(replace(replace(replace(pgque._deliver_raw_body(),
-        '/*<declare>*/', $decl$    v_access    boolean := pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l           pgque.slot_lease := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
-    i_sub       text := pgque._slot_name(i_consumer, i_slot, i_nslots);
-    i_span      bigint := i_max::bigint * i_nslots;
-    i_ack_batch bigint;
-$decl$),
-        '/*<entry>*/', $entry$    if exists (select 1 from pgque.key_block kb where kb.kb_sub = l.sl_sub) then
-        if i_ack_epoch is not null or i_ack_batch_id is not null or i_ack_msg_id is not null then
-            -- ack_partitioned's checks and acknowledgement (with the pause
-            -- policy's bookkeeping), under the lease just proved (a partial
-            -- proof is 22004).
-            perform pgque._check_delivery(l, i_ack_epoch, i_ack_batch_id, i_ack_msg_id);
-            perform pgque._ack_slot(l, i_slot, i_nslots);
-        end if;
-        return query select d.*, l.sl_epoch
-                       from pgque._receive_slot(i_queue, i_consumer, l, i_slot, i_nslots, i_max) d;
-        return;
-    end if;
-    if i_ack_epoch is not null or i_ack_batch_id is not null or i_ack_msg_id is not null then
-        -- ack_partitioned's checks, under the lease just proved; with no
-        -- blocked key there is nothing for the pause policy to do, and
-        -- the acknowledgement is made below in memory, as receive_raw
-        -- makes its own, with the rest of the call's state change: one
-        -- state record in all.
-        perform pgque._check_delivery(l, i_ack_epoch, i_ack_batch_id, i_ack_msg_id);
-        i_ack_batch := i_ack_batch_id;
-    end if;
-$entry$),
-        '/*<epoch>*/', ', l.sl_epoch'), '/*<epoch param>*/', ', $9'),
-        '/*<done>*/', $done$    if v_last is null then
-        perform pgque._resize_poll(l);
-    end if;
-$done$));
-end
-$receive_partitioned_raw$;
 
 -- _slot_batch(lease): the slot's open batch, or PQ020.
 create or replace function pgque._slot_batch(l pgque.slot_lease)
@@ -287,12 +218,15 @@ declare
     l pgque.slot_lease;
 begin
     l := pgque._fenced_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token, i_epoch, i_batch_id, i_msg_id);
-    return pgque._ack_slot(l, i_slot, i_nslots);
+    return pgque._ack_slot(l);
 end;
 $$;
 
--- _ack_slot(lease, slot, nslots): the acknowledgement.
-create or replace function pgque._ack_slot(l pgque.slot_lease, i_slot integer, i_nslots integer)
+-- _ack_slot(lease): the acknowledgement of the slot's chunk, with the
+-- pause policy's bookkeeping. (Its slot arguments went with _ack's
+-- predicate, which never used them.)
+drop function if exists pgque._ack_slot(pgque.slot_lease, integer, integer);
+create or replace function pgque._ack_slot(l pgque.slot_lease)
 returns integer language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
@@ -300,7 +234,7 @@ declare
     v_batch bigint := pgque._slot_batch(l);
     v_done  integer;
 begin
-    v_done := pgque._ack(v_batch, pgque._slot_filter(i_slot, i_nslots));
+    v_done := pgque._ack(v_batch);
     if exists (select 1 from pgque.key_block where kb_sub = l.sl_sub) then
         perform pgque._pause_on_ack(l.sl_sub, v_batch);
     end if;

@@ -243,10 +243,10 @@ begin
     -- copies stay in the log, seen by nobody, until rotation.
     insert into pgque.event (ev_id, ev_time, ev_part, ev_owner, ev_retry, ev_type, ev_data,
                              ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-    select e.ev_id, e.ev_time, q.queue_id * 16 + q.queue_cur_table, v_new[pgque.slot_of(e.ev_extra1, v_m) + 1],
+    select e.ev_id, e.ev_time, pgque._part(q.queue_id, q.queue_cur_table), v_new[pgque.slot_of(e.ev_extra1, v_m) + 1],
            e.ev_retry, e.ev_type, e.ev_data, e.ev_extra1, e.ev_extra2, e.ev_extra3, e.ev_extra4
       from pgque.event e
-     where e.ev_part >= q.queue_id * 16 and e.ev_part < q.queue_id * 16 + 16
+     where e.ev_part >= pgque._part_lo(q.queue_id) and e.ev_part < pgque._part_hi(q.queue_id)
        and e.ev_owner = any(v_old)
        and e.ev_txid >= pg_snapshot_xmin(v_snap) and not pg_visible_in_snapshot(e.ev_txid, v_snap)
      order by e.ev_id;
