@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 	"github.com/pgque/pgque/pgquemigrate"
 )
 

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgque/pgque/internal/leakcheck"
+	"github.com/pgque/pgque/internal/testing/leakcheck"
 
 	"github.com/pgque/pgque"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // collector records what a consumer's handler saw.

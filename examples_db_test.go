@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // databaseURL stands, in the examples, for the application's own database

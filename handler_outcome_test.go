@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // TestHandlerDeadLetterNow: a handler returning DeadLetter(err) sends the

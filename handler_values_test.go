@@ -12,7 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pgque/pgque"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // errorTexts are handler error texts PostgreSQL text cannot hold as they

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // BenchmarkLanesFastPath drains a backlog of 1000 tenants' events with 16

@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/dbq"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // sendSeq sends the events of keys, round robin, n per key, in one batch,

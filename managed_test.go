@@ -11,7 +11,7 @@ import (
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/install"
 	"github.com/pgque/pgque/internal/pgcluster"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // managedService is a private cluster set up the way managed PostgreSQL

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgque/pgque"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // TestConsumerWakesUpAfterListenSessionDies kills the LISTEN session: the

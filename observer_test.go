@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // recorder is an Observer that keeps everything it is told.

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgque/pgque/internal/leakcheck"
+	"github.com/pgque/pgque/internal/testing/leakcheck"
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/dbq"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // process is one simulated process of a worker pool: its own Client (and so

@@ -24,7 +24,7 @@ import (
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/dbq"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // forceTick makes a tick of queue now, covering every committed event.

@@ -19,7 +19,7 @@ import (
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/pgcluster"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // pmsg is the payload of the pause tests' events: the key (as text, for

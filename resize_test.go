@@ -15,7 +15,7 @@ import (
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/pgcluster"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // call is one handler call as the resize runs record it: with the N of the

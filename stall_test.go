@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // slotGauges is an Observer that keeps each gauge's last value per slot.

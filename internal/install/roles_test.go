@@ -9,7 +9,7 @@ import (
 
 	"github.com/pgque/pgque/internal/install"
 	"github.com/pgque/pgque/internal/pgcluster"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 	sqlfiles "github.com/pgque/pgque/sql"
 )
 

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque/internal/pgcluster"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // orphanEnv makes the test binary start a cluster, print its directory and

@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/metrics"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque/internal/pgcluster"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque/cmd/pgque/internal/demo"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // TestDemoCommand: pgque demo passes its own verification (in a given

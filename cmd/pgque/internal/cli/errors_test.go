@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque/cmd/pgque/internal/demo"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // unreachable is a DSN no server listens on.

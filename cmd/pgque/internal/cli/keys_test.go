@@ -11,7 +11,7 @@ import (
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/cmd/pgque/internal/keyview"
 	"github.com/pgque/pgque/cmd/pgque/internal/web"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // TestKeysCommand: keys lists a consumer's keys with their pending heads,

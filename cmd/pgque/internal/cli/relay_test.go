@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // TestRelayCommand: the relay takes its settings from PGQUE_RELAY_*

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // pgque status names a stalled slot, why it is stalled and what to do: slot

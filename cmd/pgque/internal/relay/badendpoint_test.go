@@ -20,7 +20,7 @@ import (
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/cmd/pgque/internal/relay"
 	"github.com/pgque/pgque/internal/backoff"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 	"github.com/pgque/pgque/pgqueprom"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/cmd/pgque/internal/relay"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // BenchmarkRelay compares the relay (an HTTP POST per event to a Go

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque/cmd/pgque/internal/relay"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // TestRelayConcurrencyRunsKeysAtOnce: on a single slot, the relay posts the

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // TestRelayHeaderInjection: an event whose type holds CR/LF and a header

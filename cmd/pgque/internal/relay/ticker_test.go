@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // startTestTicker runs a fast ticker in the test process.

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/pgque/pgque"
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // TestConsoleReplayWarns: the replay action answers with a warning beside

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgque/pgque/internal/pgtest"
+	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // do sends a request to the console and returns the status and body.

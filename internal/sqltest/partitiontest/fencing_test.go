@@ -1,0 +1,288 @@
+package partitiontest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque/internal/testing/pgtest"
+)
+
+// fencedAck calls the fenced ack_partitioned with the delivery's proof.
+func fencedAck(ctx context.Context, q querier, s slotRef, epoch, batch, msgID int64) (int32, error) {
+	token, err := holderToken(ctx, q, s)
+	if err != nil {
+		return 0, err
+	}
+	var n int32
+	err = q.QueryRow(ctx, "select pgque.ack_partitioned($1, $2, $3, $4, $5, $6::uuid, $7, $8, $9)",
+		s.q, s.c, s.slot, s.n, s.worker, token, epoch, batch, msgID).Scan(&n)
+	return n, err
+}
+
+// keysOfSlot returns count keys that route to slot of n.
+func keysOfSlot(t *testing.T, q querier, slot, n, count int) []*string {
+	t.Helper()
+	var out []*string
+	for i := 0; len(out) < count; i++ {
+		k := ptr(fmt.Sprintf("key-%d", i))
+		if expectedSlot(t, q, k, n) == slot {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// T-fenced-ack: a worker that received a chunk, lost the lease and got it
+// back later cannot acknowledge with its old proof: the epoch changed
+// (PQ032), and an event of a chunk that was acknowledged since is not the
+// current delivery (PQ035). The chunk it names is not acknowledged, and
+// the next owner's chunk is untouched.
+func TestFencedAckAfterReclaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 2)
+	keys := keysOfSlot(t, d.pool, 0, 2, 4)
+	d.sendBatch("q", keys)
+	d.tick("q")
+
+	w1 := slotRef{q: "q", c: "c", slot: 0, n: 2, worker: "w1", max: 2}
+	w2 := w1
+	w2.worker = "w2"
+	e1 := mustClaim(t, d.pool, "q", "c", 0, "w1", "1 hour")
+	c1 := mustReceive(t, d.pool, w1)
+	if len(c1) != 2 {
+		t.Fatalf("w1 received %v, want 2 events", c1)
+	}
+	// w1 loses the lease; w2 takes over, receives the same chunk, acks it
+	// and receives the next one.
+	if !release(t, d.pool, "q", "c", 0, "w1") {
+		t.Fatal("release_slot refused")
+	}
+	e2 := mustClaim(t, d.pool, "q", "c", 0, "w2", "1 hour")
+	if got := mustReceive(t, d.pool, w2); len(got) != 2 || got[0].ID != c1[0].ID {
+		t.Fatalf("w2 received %v, want the unacknowledged chunk %v again", got, c1)
+	}
+	if n, err := fencedAck(ctx, d.pool, w2, e2, c1[0].Batch, c1[0].ID); err != nil || n != 0 {
+		t.Fatalf("w2's fenced ack = %d, %v", n, err)
+	}
+	c2 := mustReceive(t, d.pool, w2)
+	if len(c2) != 2 || c2[0].ID == c1[0].ID {
+		t.Fatalf("w2's second chunk %v", c2)
+	}
+	// w2 goes away; the stale w1 comes back with a new lease.
+	release(t, d.pool, "q", "c", 0, "w2")
+	e3 := mustClaim(t, d.pool, "q", "c", 0, "w1", "1 hour")
+
+	_, err := fencedAck(ctx, d.pool, w1, e1, c1[0].Batch, c1[0].ID)
+	wantState(t, err, "PQ032", "stale w1 acking with the epoch it received under")
+	_, err = fencedAck(ctx, d.pool, w1, e3, c1[0].Batch, c1[0].ID)
+	wantState(t, err, "PQ035", "w1 acking a chunk acknowledged since, with the current epoch")
+	_, err = fencedAck(ctx, d.pool, w1, e3, c1[0].Batch+1048576, c2[0].ID)
+	wantState(t, err, "PQ035", "w1 acking with a wrong batch id")
+
+	// Nothing was acknowledged by the refused calls: the next receive hands
+	// out w2's chunk again.
+	if got := mustReceive(t, d.pool, w1); len(got) != 2 || got[0].ID != c2[0].ID {
+		t.Fatalf("after the refused acks w1 received %v, want %v again", got, c2)
+	}
+	if n, err := fencedAck(ctx, d.pool, w1, e3, c2[0].Batch, c2[1].ID); err != nil || n != 1 {
+		t.Fatalf("w1's fenced ack of the chunk it holds = %d, %v; want 1 (batch finished)", n, err)
+	}
+}
+
+// T-nack-own-chunk: nack_partitioned (both forms) refuses an event that is
+// not in the caller's delivered chunk: another slot's event, an event of
+// the batch not handed out yet, and one acknowledged already.
+func TestNackOnlyOwnDeliveredChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 2)
+	mine := keysOfSlot(t, d.pool, 0, 2, 5)
+	other := keysOfSlot(t, d.pool, 1, 2, 1)
+	ids := d.sendBatch("q", append(append([]*string{}, mine...), other...))
+	d.tick("q")
+	s0 := slotRef{q: "q", c: "c", slot: 0, n: 2, worker: "w", max: 2}
+	e := mustClaim(t, d.pool, "q", "c", 0, "w", "1 hour")
+	c1 := mustReceive(t, d.pool, s0)
+	if n, err := fencedAck(ctx, d.pool, s0, e, c1[0].Batch, c1[0].ID); err != nil || n != 0 {
+		t.Fatalf("ack = %d, %v", n, err)
+	}
+	// Chunks of 2: c1 = ids[0..1] (acknowledged), c2 = ids[2..3], ids[4]
+	// not handed out yet, ids[5] is slot 1's.
+	c2 := mustReceive(t, d.pool, s0)
+	if len(c2) != 2 || c2[0].ID != ids[2] || c2[1].ID != ids[3] {
+		t.Fatalf("second chunk %v, want events %v", c2, ids[2:4])
+	}
+	cases := []struct {
+		what string
+		id   int64
+	}{
+		{"another slot's event", ids[5]},
+		{"an event acknowledged already", c1[0].ID},
+		{"an event not handed out yet", ids[4]},
+		{"an event id that does not exist", ids[5] + 1000},
+	}
+	for _, c := range cases {
+		_, err := nack(ctx, d.pool, s0, c.id, "1 s")
+		wantState(t, err, "PQ022", "nack_partitioned of "+c.what)
+		var n int32
+		err = d.pool.QueryRow(ctx, "select pgque.nack_partitioned('q', 'c', 0, 2, 'w', $1::uuid, $2, $3, $4, '1 s', 'r')",
+			tokenFor(t, d.pool, "q", "c", 0, "w"), e, c2[0].Batch, c.id).Scan(&n)
+		if st := sqlState(err); st != "PQ022" && st != "PQ035" {
+			t.Errorf("fenced nack_partitioned of %s: SQLSTATE %q (%v), want PQ035 or PQ022", c.what, st, err)
+		}
+	}
+	if n := one[int64](t, d.pool, "select count(*) from pgque.retry_queue"); n != 0 {
+		t.Errorf("refused nacks left %d retry rows", n)
+	}
+	// The event in the chunk can be nacked.
+	if n, err := nack(ctx, d.pool, s0, c2[0].ID, "1 s"); err != nil || n != 1 {
+		t.Errorf("nack of the delivered event = %d, %v", n, err)
+	}
+}
+
+// T-claim-no-lock: a refused claim_slot left open in a transaction holds no
+// lock on the lease row, so the owner's receive and ack go on at once.
+// A lock on the row held by an open transaction of the owner itself makes
+// other calls fail after a bounded wait (55P03), not hang.
+func TestRefusedClaimDoesNotBlockOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 1)
+	d.send("q", ptr("k"))
+	d.tick("q")
+	mustClaim(t, d.pool, "q", "c", 0, "owner", "1 hour")
+
+	intruder := pgtest.Conn(t, d.dsn)
+	tx, err := intruder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if e := claim(t, tx, "q", "c", 0, "intruder", "30 seconds"); e != nil {
+		t.Fatalf("claim of a live lease by another worker = %d, want NULL", *e)
+	}
+	s := slotRef{q: "q", c: "c", slot: 0, n: 1, worker: "owner", max: 10}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ms, err := receive(cctx, d.pool, s)
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("owner's receive while a refused claim is open: %v %v", ms, err)
+	}
+	if _, err := ack(cctx, d.pool, s); err != nil {
+		t.Fatalf("owner's ack while a refused claim is open: %v", err)
+	}
+	tx.Rollback(ctx)
+
+	// The owner's own open transaction holding the row: another call waits
+	// for a bounded time only.
+	otx, err := intruder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otx.Rollback(ctx)
+	if _, err := receive(ctx, otx, s); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = receive(cctx, d.pool, s)
+	wantState(t, err, "55P03", "receive while the lease row is locked by an open transaction")
+	if el := time.Since(start); el > 4*time.Second {
+		t.Errorf("the blocked receive failed after %v, want about 2 s", el)
+	}
+}
+
+// T-ttl-cap: the lease TTL is checked as the real duration it has, not by
+// interval comparison (which counts a month as 30 days).
+func TestLeaseTTLRealDuration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 1)
+	for _, c := range []struct {
+		ttl  string
+		want string // "" accepted
+	}{
+		{"30 seconds", ""},
+		{"1 day", ""},
+		{"2 days -24 hours", ""},
+		{"1000 months -29999 days", "PQ011"},
+		{"1 day 1 second", "PQ011"},
+		{"25 hours", "PQ011"},
+		{"10000 years -3599999 days", "PQ011"},
+		{"1 month -26 days", "PQ011"}, // 2 to 5 days, whatever the month
+		{"1 year -363 days", "PQ011"},
+		{"-1 month 33 days", "PQ011"}, // 2 to 5 days
+		{"1 month -31 days", "PQ011"}, // -3 to 0 days
+		{"0", "PQ011"},
+		{"-1 second", "PQ011"},
+	} {
+		var e *int64
+		err := d.pool.QueryRow(ctx, "select epoch from pgque.claim_slot('q', 'c', 0, 'w', $1::interval)", c.ttl).Scan(&e)
+		if c.want == "" {
+			if err != nil {
+				t.Errorf("ttl %q: %v, want accepted", c.ttl, err)
+			}
+			continue
+		}
+		if st := sqlState(err); st != c.want {
+			// "1 month -29 days" is 1 to 3 days: accepted only when it is
+			// exactly one day, which no month gives.
+			t.Errorf("ttl %q: SQLSTATE %q (%v), want %s", c.ttl, st, err, c.want)
+		}
+		if until := one[*time.Time](t, d.pool, "select sl_until from pgque.slot_lease"); until != nil && time.Until(*until) > 25*time.Hour {
+			t.Fatalf("ttl %q left a lease until %v", c.ttl, *until)
+		}
+	}
+}
+
+var _ = pgx.ReadCommitted
+
+// T-lease-renewal-appends: renewing a lease (claim_slot by its owner with
+// the same ttl) makes no row version of slot_lease, yet moves the expiry
+// the views report and keeps other workers out.
+func TestLeaseRenewalWritesNoVersion(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	conn := pgtest.Conn(t, d.dsn)
+	one[int32](t, conn, "select pgque.create_queue('q')")
+	one[int32](t, conn, "select pgque.subscribe_slot('q', 'c', 0, 1)")
+	e := mustClaim(t, conn, "q", "c", 0, "w", "1 hour")
+	first := one[time.Time](t, conn, "select lease_until from pgque.partition_slot_leases where slot = 0")
+	before := writeStats(t, conn)
+	for range 50 {
+		if got := mustClaim(t, conn, "q", "c", 0, "w", "1 hour"); got != e {
+			t.Fatalf("renewal changed the epoch: %d, want %d", got, e)
+		}
+	}
+	after := writeStats(t, conn)
+	if dl := after["slot_lease"].minus(before["slot_lease"]); dl.upd != 0 || dl.del != 0 {
+		t.Errorf("50 renewals made %d updates of slot_lease, want 0", dl.upd)
+	}
+	if dl := after["sub_state"].minus(before["sub_state"]); dl.ins != 50 || dl.upd != 0 {
+		t.Errorf("50 renewals: sub_state %+v, want 50 appends", dl)
+	}
+	last := one[time.Time](t, conn, "select lease_until from pgque.partition_slot_leases where slot = 0")
+	if !last.After(first) {
+		t.Errorf("lease_until did not move with the renewals: %v then %v", first, last)
+	}
+	if c := claim(t, conn, "q", "c", 0, "other", "1 hour"); c != nil {
+		t.Errorf("another worker claimed a renewed, live lease (epoch %d)", *c)
+	}
+	// A release frees it at once.
+	release(t, conn, "q", "c", 0, "w")
+	if c := claim(t, conn, "q", "c", 0, "other", "1 hour"); c == nil || *c != e+1 {
+		t.Errorf("claim after release = %v, want epoch %d", c, e+1)
+	}
+}

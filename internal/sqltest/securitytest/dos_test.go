@@ -1,0 +1,241 @@
+package securitytest
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgque/pgque/internal/testing/pgtest"
+)
+
+// asRole opens a connection to dsn that acts as role for its whole life.
+func asRole(t *testing.T, dsn, role string) *pgx.Conn {
+	t.Helper()
+	c := pgtest.Conn(t, dsn)
+	if _, err := c.Exec(context.Background(), "set role "+role); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestRolledBackSubscribesBurnNoIds: with the id sequence a few steps from
+// its 20-bit end, a reader's thousands of rolled-back subscribes (plain
+// and slot) do not exhaust subscription ids: afterwards the admin and the
+// reader still subscribe, and ids still in use are skipped, not reused.
+func TestRolledBackSubscribesBurnNoIds(t *testing.T) {
+	dsn, conn := setupDB(t)
+	ctx := context.Background()
+	if _, err := conn.Exec(ctx, `select setval('pgque.subscription_id_seq', 1048570)`); err != nil {
+		t.Fatal(err)
+	}
+	reader := asRole(t, dsn, roleReader)
+	for i := range 3000 {
+		tx, err := reader.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stmt := `select pgque.subscribe('q1', 'burn' || $1::int)`
+		if i%2 == 1 {
+			stmt = `select pgque.subscribe_slot('q1', 'burn' || $1::int, 0, 2)`
+		}
+		if _, err := tx.Exec(ctx, stmt, i); err != nil {
+			t.Fatalf("rolled-back subscribe #%d: %v", i, err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var live []int64
+	rows, _ := conn.Query(ctx, `select sub_id from pgque.subscription order by 1`)
+	live, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Point the sequence just before a live id: the next subscribes must
+	// skip it.
+	if _, err := conn.Exec(ctx, `select setval('pgque.subscription_id_seq', $1)`, live[0]-1); err != nil && live[0] > 1 {
+		t.Fatal(err)
+	}
+	for i, who := range []*pgx.Conn{reader, conn, reader} {
+		var n int
+		if err := who.QueryRow(ctx, `select pgque.subscribe('q1', 'after' || $1::int)`, i).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("subscribe after the burn (#%d): %v %v", i, n, err)
+		}
+	}
+	var dup int
+	if err := conn.QueryRow(ctx, `select count(*) - count(distinct sub_id) from pgque.subscription`).Scan(&dup); err != nil || dup != 0 {
+		t.Fatalf("%d duplicate subscription ids (%v)", dup, err)
+	}
+	// The old subscriptions still work: their batches are their own.
+	var got int
+	if err := reader.QueryRow(ctx, `select count(*) from pgque.receive('q1', 'c1', 100)`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDistinctSlotCountsAreBounded: a reader may subscribe consumers with
+// at most 4 distinct N >= 2 per queue (each adds a routing index on every
+// event table that every producer maintains); the fifth gets PQ051, the
+// same N again is fine, and a freed N can be replaced.
+func TestDistinctSlotCountsAreBounded(t *testing.T) {
+	dsn, _ := setupDB(t)
+	ctx := context.Background()
+	reader := asRole(t, dsn, roleReader)
+	// The fixture's consumer sc already uses N = 2.
+	for _, n := range []int{3, 4, 5} {
+		if _, err := reader.Exec(ctx, `select pgque.subscribe_slot('q1', 'n' || $1::int, 0, $1)`, n); err != nil {
+			t.Fatalf("N=%d: %v", n, err)
+		}
+	}
+	for _, n := range []int{6, 7, 100, 1024} {
+		code, msg := sqlstate(t, reader, "", sprintf(`select pgque.subscribe_slot('q1', 'n%d', 0, %d)`, n, n))
+		if code != "PQ051" {
+			t.Errorf("N=%d: %s %s, want PQ051", n, code, msg)
+		}
+	}
+	for _, stmt := range []string{
+		`select pgque.subscribe_slot('q1', 'again3', 0, 3)`, // an N in use
+		`select pgque.subscribe_slot('q1', 'single', 0, 1)`, // N = 1 needs no index
+		`select pgque.unsubscribe_slot('q1', 'n5', 0, 5)`,   // frees N = 5
+		`select pgque.subscribe_slot('q1', 'n8', 0, 8)`,     // so 8 fits
+	} {
+		if code, msg := sqlstate(t, reader, "", stmt); code != "" {
+			t.Errorf("%s: %s %s", stmt, code, msg)
+		}
+		if _, err := reader.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	var ix int
+	if err := reader.QueryRow(ctx, `select count(*) from pg_catalog.pg_class where relname like 'event\_%\_route%'`).Scan(&ix); err != nil || ix > 4*3 {
+		t.Fatalf("%d routing indexes (%v), want at most 12", ix, err)
+	}
+}
+
+// TestRoutingIndexNeverBlocksProducers: a reader subscribing a new N on a
+// queue whose current table holds a backlog, or while a producer's
+// transaction is open on it, returns at once without waiting for the
+// producer, and a steady producer's inserts are not held up; the missing
+// index is built later, by maint_route_indexes, only where it is cheap.
+func TestRoutingIndexNeverBlocksProducers(t *testing.T) {
+	dsn, conn := setupDB(t)
+	ctx := context.Background()
+	if _, err := conn.Exec(ctx, `select pgque.send('q1', 't', '{}'::jsonb, 'k' || g) from generate_series(1, 20000) g`); err != nil {
+		t.Fatal(err)
+	}
+	// A producer's open transaction on the queue's current table.
+	open := asRole(t, dsn, roleWriter)
+	otx, err := open.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otx.Rollback(ctx)
+	if _, err := otx.Exec(ctx, `select pgque.send('q1', 't', '{}'::jsonb, 'open')`); err != nil {
+		t.Fatal(err)
+	}
+	// A steady producer.
+	writer := pgtest.Pool(t, dsn)
+	var worst atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			start := time.Now()
+			if _, err := writer.Exec(ctx, `set role pgque_writer; select pgque.send('q1', 't', '{}'::jsonb, 'steady')`); err != nil {
+				t.Error("steady producer:", err)
+				return
+			}
+			if d := int64(time.Since(start)); d > worst.Load() {
+				worst.Store(d)
+			}
+		}
+	}()
+	reader := asRole(t, dsn, roleReader)
+	for _, n := range []int{3, 4, 5} {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		start := time.Now()
+		_, err := reader.Exec(sctx, `select pgque.subscribe_slot('q1', 'r' || $1::int, 0, $1)`, n)
+		cancel()
+		if err != nil {
+			t.Fatalf("subscribe_slot N=%d beside an open producer: %v", n, err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("subscribe_slot N=%d took %v", n, d)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if w := time.Duration(worst.Load()); w > time.Second {
+		t.Errorf("a producer's send waited %v while slots were subscribed", w)
+	}
+	// The full table got no index; maint_route_indexes leaves it alone too.
+	var n int64
+	admin := asRole(t, dsn, roleAdmin)
+	if err := admin.QueryRow(ctx, `select pgque.maint_route_indexes()`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	var onCurrent int
+	if err := conn.QueryRow(ctx, `select count(*) from pg_catalog.pg_class c, pgque.queue q
+		where q.queue_name = 'q1' and c.relname similar to 'event\_' || q.queue_id || '\_' || q.queue_cur_table || '\_route[345]'`).Scan(&onCurrent); err != nil {
+		t.Fatal(err)
+	}
+	if onCurrent != 0 {
+		t.Errorf("%d routing indexes were built on the full current table", onCurrent)
+	}
+	// The empty tables got theirs (now or by maint_route_indexes).
+	var empty int
+	if err := conn.QueryRow(ctx, `select count(*) from pg_catalog.pg_class c
+		where c.relname similar to 'event\_' || (select queue_id from pgque.queue where queue_name = 'q1') || '\_[0-9]\_route[345]'`).Scan(&empty); err != nil {
+		t.Fatal(err)
+	}
+	if empty != 2*3 {
+		t.Errorf("%d routing indexes on the two empty tables, want 6", empty)
+	}
+}
+
+// TestRotationBlockersNamesWhatPinsRotation: a reader's idle subscription
+// and a reader's transaction left open after subscribe each keep maint()
+// from rotating; rotation_blockers names both (the subscription by name,
+// the session by pid, role and the start of its transaction), and not a
+// consumer of the same age that acknowledged everything: blame follows each
+// consumer's real cursor, not the tick it registered at.
+func TestRotationBlockersNamesWhatPinsRotation(t *testing.T) {
+	dsn, _ := setupDB(t)
+	reader := asRole(t, dsn, roleReader)
+	admin := asRole(t, dsn, roleAdmin)
+	mustExec(t, admin, `select pgque.set_queue_config('q1', 'rotation_period', '1 microsecond')`)
+	mustExec(t, reader, `select pgque.subscribe('q1', 'idle_reader')`, `select pgque.subscribe('q1', 'done_reader')`)
+	mustExec(t, admin, `select pgque.send('q1', 't', '{}'::jsonb, 'k')`, `select pgque.force_next_tick('q1')`, `select pgque.ticker('q1')`)
+	mustExec(t, reader, `select pgque.ack(b) from (select distinct batch_id as b from pgque.receive('q1', 'done_reader', 100)) x`)
+	if n := scalarOf[int64](t, reader, `select count(*) from pgque.receive('q1', 'done_reader', 100)`); n != 0 {
+		t.Fatalf("done_reader still has %d events", n)
+	}
+	// Two rotations make the table holding idle_reader's event the oldest,
+	// the one the next rotation would truncate.
+	mustExec(t, admin, `select pgque.maint()`, `select pgque.maint()`)
+	pid := pgtest.HoldTx(t, asRole(t, dsn, roleReader), `select pgque.subscribe('q1', 'open_tx')`)
+	got := rotationBlockers(t, admin)
+	var idle, done, session bool
+	for _, b := range got {
+		if b.Queue == nil || *b.Queue != "q1" {
+			continue
+		}
+		idle = idle || *b.Kind == "subscription" && b.What == "idle_reader"
+		done = done || *b.Kind == "subscription" && b.What == "done_reader"
+		session = session || *b.Kind == "session" && b.namesSession(pid, true)
+	}
+	if !idle || done || !session {
+		t.Fatalf("rotation_blockers = %+v, want idle_reader and the open session (pid %d) with its role and start, not done_reader", got, pid)
+	}
+}
