@@ -67,9 +67,15 @@ func queueInt(param string, n int) QueueSetting {
 }
 
 // queueInterval spells d as an interval, to the microsecond (PostgreSQL's
-// resolution).
+// resolution), in seconds with a fraction: PostgreSQL 14 reads a count of
+// microseconds as a 32-bit field, so "10800000000 microseconds" (3 h) is
+// out of range there.
 func queueInterval(param string, d time.Duration) QueueSetting {
-	return QueueSetting{param: param, value: strconv.FormatInt(d.Microseconds(), 10) + " microseconds"}
+	us, sign := d.Microseconds(), ""
+	if us < 0 {
+		us, sign = -us, "-"
+	}
+	return QueueSetting{param: param, value: fmt.Sprintf("%s%d.%06d seconds", sign, us/1e6, us%1e6)}
 }
 
 // SetQueueConfig sets queue parameters, all of them or (on an error) none.
