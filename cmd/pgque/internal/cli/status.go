@@ -94,7 +94,7 @@ type queueStatus struct {
 
 // statusReport is what status shows.
 type statusReport struct {
-	Time      time.Time      `json:"time"`
+	Time      time.Time      `json:"time"` // when gathering began
 	Queues    []queueStatus  `json:"queues"`
 	Consumers []consumerInfo `json:"consumers"`
 	Slots     []slotRow      `json:"slots"`
@@ -134,7 +134,7 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 			stalled[slotKey{st.Queue, st.Consumer, st.Slot}] = st
 		}
 	}
-	rep := &statusReport{Time: time.Now(), Consumers: []consumerInfo{}, Slots: nonNil(slots), Blocked: []blockedKey{}, Warnings: []string{}}
+	rep := &statusReport{Time: began, Consumers: []consumerInfo{}, Slots: nonNil(slots), Blocked: []blockedKey{}, Warnings: []string{}}
 	blockers, canSee, err := view.Blockers(ctx, s.Client)
 	if err != nil {
 		return nil, err
