@@ -98,11 +98,12 @@ func TestPartitionedWakesOnlyTouchedSlots(t *testing.T) {
 		}
 	}
 	// Until the pool has seen a touched set, the plain tick tag wakes
-	// every slot; one event shows it one, a second one lets the calls
-	// that wake-up caused end (they were over before it was delivered).
+	// every slot; one event shows it one. A slot busy when that wake-up
+	// came keeps it pending and makes one more call whenever it gets to
+	// run, so an untouched slot may make one call in the window below,
+	// never more: without touched sets each would make one per event.
 	sendOne(keys[0])
 	pgtest.WaitFor(t, 10*time.Second, "a touched set", func() bool { return pgque.TouchedSets(pc) })
-	sendOne(keys[1])
 
 	before := calls.snapshot()
 	rng := rand.New(rand.NewPCG(7, 36))
@@ -113,8 +114,8 @@ func TestPartitionedWakesOnlyTouchedSlots(t *testing.T) {
 	for s := range nslots {
 		d := after[s] - before[s]
 		switch {
-		case s >= 4 && d != 0:
-			t.Errorf("slot %d, never touched, made %d calls", s, d)
+		case s >= 4 && d > 1:
+			t.Errorf("slot %d, never touched, made %d calls for 30 events", s, d)
 		case s < 4:
 			t.Logf("slot %d (touched) made %d calls", s, d)
 		}

@@ -95,8 +95,7 @@ begin
                select string_agg(to_hex(coalesce(d.v, 0)), '' order by j)
                  from generate_series(0, (n + 3) / 4 - 1) j
                  left join (select s.slot / 4 as j, sum(8 >> (s.slot % 4))::integer as v
-                              from (select distinct case when k is null then 0
-                                                         else ((hashtextextended(k, 0) % n + n) % n)::integer end
+                              from (select distinct pgque.slot_of(k, n)
                                       from unnest(v_keys) k) s(slot)
                              group by 1) d using (j)), ',' order by n)
       into v_set
