@@ -69,7 +69,7 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 				return nil, err
 			}
 			return pc.Hijack(), nil
-		}, []string{workerpool.TickChannel, workerpool.PresenceChannel, tickerd.ResignChannel}, cfg.Logger)
+		}, []string{workerpool.TickChannel, workerpool.SlotsChannel, workerpool.PresenceChannel, tickerd.ResignChannel}, cfg.Logger)
 	}
 	return c, nil
 }

@@ -50,3 +50,11 @@ func NotifierSessions(client *Client) int64 {
 	}
 	return client.notifier.Sessions()
 }
+
+// SetWorkHook makes pc tell hook the slot of every chunk call its pool
+// makes. Call it before Start.
+func SetWorkHook(pc *PartitionedConsumer, hook func(slot int)) { pc.workHook = hook }
+
+// TouchedSets reports whether pc's pool has received a touched set, from
+// which on only touched slots wake on a tick.
+func TouchedSets(pc *PartitionedConsumer) bool { return pc.pool.TouchedSets() }

@@ -43,6 +43,10 @@ type PartitionedConsumer struct {
 	lanePool *lanes.Pool
 	lanesMu  sync.Mutex
 	lanes    map[int]*slotState
+
+	// workHook, when set (by tests, before Start), is told the slot of
+	// every chunk call the pool makes.
+	workHook func(slot int)
 }
 
 // NewPartitionedConsumer returns a PartitionedConsumer; Start runs it.
@@ -64,6 +68,13 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	work := pc.work
 	if cfg.MaxWorkersPerSlot > 1 {
 		work = pc.workLanes
+	}
+	inner := work
+	work = func(fetchCtx, workCtx context.Context, lease *workerpool.Lease) (bool, error) {
+		if pc.workHook != nil {
+			pc.workHook(lease.Slot)
+		}
+		return inner(fetchCtx, workCtx, lease)
 	}
 	complete := func(ctx context.Context, q *dbq.Queries, m *Message) error {
 		d := dbq.Delivery{Epoch: m.Epoch, BatchID: m.BatchID, MsgID: m.ID}

@@ -1,6 +1,7 @@
 package pgque_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,11 +40,15 @@ type resizeRun struct {
 	// crashes: the run crashes workers and Postgres, so events may be
 	// handled more than once (at least once), never out of order.
 	crashes bool
-	mu      sync.Mutex
-	calls   []call
-	procs   map[string]*resizeProc
-	sentMu  sync.Mutex
-	sent    map[int64]string
+	// poll is the processes' PollInterval (0: 100 ms); batch the events
+	// the producer sends every 20 ms (0: 40).
+	poll   time.Duration
+	batch  int
+	mu     sync.Mutex
+	calls  []call
+	procs  map[string]*resizeProc
+	sentMu sync.Mutex
+	sent   map[int64]string
 	// prodMu is held by the producer while it sends a batch, so a restart
 	// can wait for the batch in flight: a commit whose answer is lost to
 	// the restart would leave an event the run does not know it sent.
@@ -92,7 +97,7 @@ func (r *resizeRun) start(worker string, nslots int) *resizeProc {
 	}
 	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
 		Queue: r.env.queue, Consumer: "c", Slots: nslots, WorkerID: worker, FailurePolicy: policy,
-		LeaseTTL: 10 * time.Second, ClaimInterval: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond,
+		LeaseTTL: 10 * time.Second, ClaimInterval: 200 * time.Millisecond, PollInterval: cmp.Or(r.poll, 100*time.Millisecond),
 		RetryDelay: func(int) time.Duration { return 50 * time.Millisecond },
 		Handler: func(ctx context.Context, m *pgque.Message) error {
 			c := call{worker: worker, key: m.PartitionKey, id: m.ID, slot: m.Slot, nslots: m.NSlots, start: time.Now()}
@@ -137,7 +142,7 @@ func (r *resizeRun) produce(stop <-chan struct{}, nkeys int) <-chan struct{} {
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			events := make([]pgque.Event, 40)
+			events := make([]pgque.Event, cmp.Or(r.batch, 40))
 			for i := range events {
 				events[i] = pgque.Event{Type: "e", Payload: i, PartitionKey: fmt.Sprintf("key-%d", rand.IntN(nkeys))}
 			}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,6 +108,8 @@ type Pool struct {
 
 	// nslots is the N the pool works now (resize.go).
 	nslots atomic.Int64
+	// sets: the server has sent a touched set (see dispatch).
+	sets atomic.Bool
 
 	mu       sync.Mutex
 	running  map[int]*runner
@@ -133,20 +136,22 @@ func New(cfg Config) *Pool {
 // goroutines have exited. If workCtx ends first (hard stop or crash), slots
 // are abandoned: no ack, no release; their leases expire after the TTL.
 func (p *Pool) Run(fetchCtx, workCtx context.Context) {
-	var notify, announce <-chan string
+	var notify, slots, announce <-chan string
 	if n := p.cfg.Notifier; n != nil {
 		tag := TickTag(p.cfg.Queue)
 		ticks := n.Listen(TickChannel, func(payload string) bool { return payload == tag })
 		defer ticks.Unlisten()
+		touchedSub := n.Listen(SlotsChannel, func(payload string) bool { return strings.HasPrefix(payload, tag+":") })
+		defer touchedSub.Unlisten()
 		peers := n.Listen(PresenceChannel, nil) // a hint only: see presence.go
 		defer peers.Unlisten()
-		notify, announce = ticks.C(), peers.C()
+		notify, slots, announce = ticks.C(), touchedSub.C(), peers.C()
 	}
 
 	stopBackground := make(chan struct{})
 	var background sync.WaitGroup
 	background.Add(2)
-	go func() { defer background.Done(); p.dispatch(stopBackground, notify, announce) }()
+	go func() { defer background.Done(); p.dispatch(stopBackground, notify, slots, announce) }()
 	go func() { defer background.Done(); p.keep(workCtx, stopBackground) }()
 
 	// The status refresher stops with fetching: it serves dashboards only.
@@ -184,19 +189,33 @@ func (p *Pool) Owned() []int {
 	return out
 }
 
-// dispatch fans tick notifications out to every slot goroutine and records
-// other workers' announcements.
-func (p *Pool) dispatch(stop <-chan struct{}, notify, announce <-chan string) {
+// dispatch wakes slot goroutines on tick notifications and records other
+// workers' announcements. A tick's touched set (SlotsChannel) wakes only
+// the slots it names; once the server has sent one, the plain tick tag is
+// left to clients that cannot read the set (the server sends both for
+// every tick), so an untouched slot sleeps until a tick touches it or its
+// poll falls due. A server without touched sets only sends the tag, which
+// wakes every slot as before. An empty payload (the LISTEN session was
+// re-established, notifications may have been lost) wakes every slot.
+func (p *Pool) dispatch(stop <-chan struct{}, notify, slots, announce <-chan string) {
+	tag := TickTag(p.cfg.Queue)
 	for {
 		select {
 		case <-stop:
 			return
-		case <-notify:
-			p.mu.Lock()
-			for _, r := range p.running {
-				r.wake.Fire()
+		case payload := <-notify:
+			if payload == "" || !p.sets.Load() {
+				p.wake(touched{all: true})
 			}
-			p.mu.Unlock()
+		case payload := <-slots:
+			if payload == "" {
+				p.wake(touched{all: true})
+				continue
+			}
+			if t, ok := parseTouched(payload, tag); ok {
+				p.sets.Store(true)
+				p.wake(t)
+			}
 		case payload := <-announce:
 			if p.presence.hint(payload, time.Now(), p.cfg.ClaimInterval/4) {
 				p.trigger.Fire()
@@ -204,6 +223,21 @@ func (p *Pool) dispatch(stop <-chan struct{}, notify, announce <-chan string) {
 		}
 	}
 }
+
+// wake fires the runners of the slots t names.
+func (p *Pool) wake(t touched) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for slot, r := range p.running {
+		if t.has(r.lease.NSlots, slot) {
+			r.wake.Fire()
+		}
+	}
+}
+
+// TouchedSets reports whether the server has sent the pool a touched set,
+// from which on only touched slots wake on a tick.
+func (p *Pool) TouchedSets() bool { return p.sets.Load() }
 
 func (p *Pool) log() *slog.Logger {
 	return p.cfg.Logger.With(slog.String("queue", p.cfg.Queue), slog.String("consumer", p.cfg.Consumer),

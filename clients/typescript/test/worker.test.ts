@@ -174,3 +174,45 @@ async function wakeTest(db: Awaited<ReturnType<typeof setup>>): Promise<void> {
   await waitFor("the event, woken by the tick", () => got, 20_000);
   await w.stop();
 }
+
+test("a tick wakes only the slots it touched: one keyed event per tick calls on its slot alone", async (t) => {
+  const db = await setup(t, "touched");
+  // Count the receives per slot at the pool the worker calls through.
+  const calls = new Map<number, number>();
+  const query = db.pool.query.bind(db.pool) as (text: unknown, params?: unknown[]) => Promise<unknown>;
+  (db.pool as unknown as { query: typeof query }).query = (text, params) => {
+    if (typeof text === "string" && text.includes("receive_partitioned_raw") && params) {
+      const slot = params[2] as number;
+      calls.set(slot, (calls.get(slot) ?? 0) + 1);
+    }
+    return query(text, params);
+  };
+  let handled = 0;
+  // A poll interval longer than the test: only NOTIFYs wake the slots.
+  const w = db.track(await work(db.pool, { queue: "touched", consumer: "c", slots: 16, claimIntervalMs: 100, pollIntervalMs: 120_000 }, () => {
+    handled++;
+  }));
+  await waitFor("all 16 slots claimed", () => w.ownedSlots().length === 16, 20_000);
+  // Keys of slots 0..3 only: slots 4..15 are never touched.
+  const { rows } = await db.pool.query<{ k: string }>(
+    "select k from generate_series(0, 10000) i, lateral (select 'k' || i as k) s where pgque.slot_of(k, 16) < 4 order by i limit 20");
+  const sendOne = async (key: string) => {
+    const want = handled + 1;
+    await db.pool.query("select pgque.send('touched', 't', '{}'::jsonb, $1)", [key]);
+    await waitFor(`the event of key ${key}`, () => handled === want, 10_000);
+  };
+  // Until the worker has seen a touched set the plain tag wakes every
+  // slot: the first event shows it one, and the calls of that wake-up are
+  // over once a second event was handled a tick later.
+  await sendOne(rows[0].k);
+  await sendOne(rows[1].k);
+  const before = new Map(calls);
+  for (let i = 0; i < 30; i++) await sendOne(rows[(i * 7) % rows.length].k);
+  for (let s = 4; s < 16; s++) {
+    assert.equal((calls.get(s) ?? 0) - (before.get(s) ?? 0), 0, `slot ${s}, never touched, made receive calls`);
+  }
+  let touched = 0;
+  for (let s = 0; s < 4; s++) touched += (calls.get(s) ?? 0) - (before.get(s) ?? 0);
+  assert.ok(touched >= 30, `slots 0..3 made ${touched} receive calls for 30 events`);
+  await w.stop();
+});

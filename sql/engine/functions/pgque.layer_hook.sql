@@ -22,6 +22,23 @@ begin
 end;
 $$;
 
+-- _tick_hooks(queue_id, tick_id): runs every registered 'tick' hook, in
+-- name order, for the tick just written (a layer that wants to say more
+-- about a tick than the engine's notification does: which consumers it
+-- concerns, say). Not granted: _tick_write calls it.
+create or replace function pgque._tick_hooks(i_queue_id integer, i_tick_id bigint)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_fn regprocedure;
+begin
+    for v_fn in select hook_fn from pgque.layer_hook where hook_kind = 'tick' order by hook_name loop
+        execute format('select %s($1, $2)', v_fn::regproc) using i_queue_id, i_tick_id;
+    end loop;
+end;
+$$;
+
 -- _queue_config_hook(queue_id, param, value): applies a setting owned by an
 -- upper layer. Returns false when no layer knows param.
 create or replace function pgque._queue_config_hook(i_queue_id integer, i_param text, i_value text)

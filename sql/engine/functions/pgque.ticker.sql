@@ -120,7 +120,8 @@ $$;
 -- holds an event id up to seq: the tick's tick_xid, when the sequence has
 -- not moved by the time the tick is written (see _tick_due). Returns the
 -- new tick id or NULL. Notifies channel "pgque" with the queue's tag, so
--- consumers can wake up at once.
+-- consumers can wake up at once, and runs the layers' 'tick' hooks
+-- (pgque._tick_hooks).
 create or replace function pgque._tick_write(i_queue_id integer, i_force boolean, i_seq bigint, i_bound boolean)
 returns bigint language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -148,6 +149,7 @@ begin
     insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq, tick_xid)
     values (i_queue_id, v_tick, now(), pg_current_snapshot(), v_seq,
             case when i_bound and v_seq = i_seq then pg_current_xact_id() end);
+    perform pgque._tick_hooks(i_queue_id, v_tick);
     -- Notifications are queued at commit, and a full NOTIFY queue (a
     -- listener idle in a transaction, perhaps a stranger's: any role may
     -- LISTEN) would then fail the tick. Consumers poll anyway, so past

@@ -225,25 +225,27 @@ select pgque._create_index('deferred_group_idx', $ddl$create index deferred_grou
 -- calls every 'maint' hook as fn() returning integer (operations done);
 -- rotation asks every 'rotate' hook, as fn(queue_id integer, table_no
 -- integer) returning text, whether it may truncate that table (NULL: yes;
--- otherwise why not). Written only by the install; the functions named are
+-- otherwise why not); the ticker calls every 'tick' hook, as fn(queue_id
+-- integer, tick_id bigint), in the transaction that wrote the tick, just
+-- after writing it. Written only by the install; the functions named are
 -- the owner's.
 create table if not exists pgque.layer_hook (
-    hook_kind text not null check (hook_kind in ('queue_config', 'maint', 'rotate')),
+    hook_kind text not null check (hook_kind in ('queue_config', 'maint', 'rotate', 'tick')),
     hook_name text not null,
     hook_fn   regprocedure not null,
     primary key (hook_kind, hook_name)
 );
 
--- The 'rotate' hook kind is newer than the table: widen the check of an
--- older install (only then: ALTER TABLE locks the table).
+-- The 'rotate' and 'tick' hook kinds are newer than the table: widen the
+-- check of an older install (only then: ALTER TABLE locks the table).
 do $hook_kinds$
 begin
     if not exists (select 1 from pg_catalog.pg_constraint
                     where conrelid = 'pgque.layer_hook'::regclass and contype = 'c'
-                      and pg_catalog.pg_get_constraintdef(oid) like '%rotate%') then
+                      and pg_catalog.pg_get_constraintdef(oid) like '%''tick''%') then
         alter table pgque.layer_hook drop constraint if exists layer_hook_hook_kind_check;
         alter table pgque.layer_hook add constraint layer_hook_hook_kind_check
-            check (hook_kind in ('queue_config', 'maint', 'rotate'));
+            check (hook_kind in ('queue_config', 'maint', 'rotate', 'tick'));
     end if;
 end
 $hook_kinds$;

@@ -273,6 +273,9 @@ begin
     -- they take up the new N.
     if pg_notification_queue_usage() < 0.5 then
         perform pg_notify('pgque', pgque._tick_tag(q.queue_name));
+        -- And every slot, for workers that wake only the touched ones
+        -- (pgque.tick_slots.sql).
+        perform pg_notify('pgque_slots', pgque._tick_tag(q.queue_name) || ':*');
     end if;
 end;
 $$;

@@ -1,8 +1,9 @@
 // LISTEN wake-ups on one dedicated connection.
 //
 // The ticker NOTIFYs channel `pgque` with a tag of the queue's name after
-// each tick, and pools NOTIFY `pgque_workers` with a tag of (queue,
-// consumer) after announcing themselves. Payloads are only hints: anyone
+// each tick, and `pgque_slots` with the same tag followed by the slots the
+// tick touched (see parseTouched); pools NOTIFY `pgque_workers` with a tag
+// of (queue, consumer) after announcing themselves. Payloads are only hints: anyone
 // may NOTIFY, so a payload never carries data the pool trusts, it only
 // makes a loop look earlier. When the connection breaks, the listener
 // reconnects with jittered exponential backoff and, once back, wakes every
@@ -13,6 +14,7 @@ import { createHash } from "node:crypto";
 import pg from "pg";
 
 export const tickChannel = "pgque";
+export const slotsChannel = "pgque_slots";
 export const presenceChannel = "pgque_workers";
 
 /** sha256('tick:' || queue), 16 hex digits: pgque._tick_tag. */
@@ -28,7 +30,39 @@ export function hintTag(queue: string, consumer: string): string {
 /** Opens the dedicated LISTEN connection (not from the pool: it is held). */
 export type ListenConnect = () => Promise<pg.Client>;
 
-type Sub = { channel: string; payload: string; fn: () => void };
+/** A subscription: fn gets the payload ("" after a reconnect). */
+type Sub = { channel: string; match: (payload: string) => boolean; fn: (payload: string) => void };
+
+/**
+ * A tick's touched set (pgque._tick_slots): "<tag>:*" for every slot, or
+ * "<tag>:<N>=<hex>[,<N>=<hex>...]", N bits in ceil(N/4) hex digits, slot
+ * 4j+b being bit 8>>b of digit j. A hint only: anyone may NOTIFY, and a
+ * wrong set costs a slot latency until its poll, never an event.
+ */
+export type Touched = { all: true } | { all: false; sets: Map<number, string> };
+
+/** Decodes payload for the queue tagged tag; null when it is another queue's. Anything unreadable is every slot. */
+export function parseTouched(payload: string, tag: string): Touched | null {
+  if (!payload.startsWith(tag + ":")) return null;
+  const rest = payload.slice(tag.length + 1);
+  if (rest === "*") return { all: true };
+  const sets = new Map<number, string>();
+  for (const part of rest.split(",")) {
+    const m = /^([0-9]+)=([0-9a-f]*)$/.exec(part);
+    const n = m ? Number(m[1]) : 0;
+    if (!m || n < 1 || m[2].length !== Math.ceil(n / 4)) return { all: true };
+    sets.set(n, m[2]);
+  }
+  return { all: false, sets };
+}
+
+/** Whether slot of nslots may have work: a slot count the set does not name counts as touched. */
+export function touchedHas(t: Touched, nslots: number, slot: number): boolean {
+  if (t.all) return true;
+  const hex = t.sets.get(nslots);
+  if (hex === undefined || slot < 0 || slot >> 2 >= hex.length) return true;
+  return (parseInt(hex[slot >> 2], 16) & (8 >> (slot & 3))) !== 0;
+}
 
 /** How long to wait before reconnect attempt n (0-based): 100 ms doubling to 10 s, ±20%. */
 export function reconnectDelay(n: number): number {
@@ -49,9 +83,18 @@ export class Listener {
     this.ready = this.open();
   }
 
-  /** Calls fn whenever channel carries payload, and after every reconnect. */
-  on(channel: string, payload: string, fn: () => void): () => void {
-    const s = { channel, payload, fn };
+  /** Calls fn whenever channel carries payload, and after every reconnect (with ""). */
+  on(channel: string, payload: string, fn: (payload: string) => void): () => void {
+    return this.onMatch(channel, (p) => p === payload, fn);
+  }
+
+  /** Calls fn whenever channel carries a payload that starts with prefix, and after every reconnect (with ""). */
+  onPrefix(channel: string, prefix: string, fn: (payload: string) => void): () => void {
+    return this.onMatch(channel, (p) => p.startsWith(prefix), fn);
+  }
+
+  private onMatch(channel: string, match: (payload: string) => boolean, fn: (payload: string) => void): () => void {
+    const s = { channel, match, fn };
     this.subs.add(s);
     return () => this.subs.delete(s);
   }
@@ -62,11 +105,13 @@ export class Listener {
     try {
       c = await this.connect();
       c.on("notification", (n) => {
-        for (const s of this.subs) if (s.channel === n.channel && s.payload === (n.payload ?? "")) s.fn();
+        const payload = n.payload ?? "";
+        for (const s of this.subs) if (s.channel === n.channel && s.match(payload)) s.fn(payload);
       });
       c.on("error", (err) => this.broken(c!, err));
       c.on("end", () => this.broken(c!, new Error("LISTEN connection ended")));
       await c.query(`listen ${tickChannel}`);
+      await c.query(`listen ${slotsChannel}`);
       await c.query(`listen ${presenceChannel}`);
       if (this.closed) {
         await c.end().catch(() => {});
@@ -75,7 +120,7 @@ export class Listener {
       this.client = c;
       const reconnected = this.attempt > 0;
       this.attempt = 0;
-      if (reconnected) for (const s of this.subs) s.fn();
+      if (reconnected) for (const s of this.subs) s.fn("");
     } catch (err) {
       if (c) c.end().catch(() => {});
       this.broken(c, err);

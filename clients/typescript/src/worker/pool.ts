@@ -12,8 +12,9 @@
 //   - one runner per claimed slot (slot.ts);
 //   - the lease keeper: every TTL/10, renews leases running short and
 //     fences those whose known end is near;
-//   - the LISTEN connection (listener.ts): a tick of the queue wakes every
-//     runner, a presence hint triggers a claim pass.
+//   - the LISTEN connection (listener.ts): a tick of the queue wakes the
+//     runners of the slots it touched, a presence hint triggers a claim
+//     pass.
 //
 // Following a resize (as the Go pool does, see docs/design.md, "Online
 // resize of N"): the cutover deletes the old slots' subscriptions and
@@ -32,7 +33,7 @@ import pg from "pg";
 import { checkout, type ConnectionSource } from "../executor.js";
 import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { makePlan } from "./fairshare.js";
-import { hintTag, Listener, presenceChannel, tickChannel, tickTag, type ListenConnect } from "./listener.js";
+import { hintTag, Listener, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
 import { WorkerKilledError } from "./outcome.js";
 import { defaultRetryDelay, SlotRunner, type HandleCounters, type HandleResult, type Handler, type SlotEnv } from "./slot.js";
 import type { Message } from "./message.js";
@@ -304,8 +305,20 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
   const listener = listenConnect ? new Listener(listenConnect, (err) => onError(mapError("listening for wake-ups", err))) : null;
   const hint = hintTag(opts.queue, opts.consumer);
   let lastHint = 0;
-  listener?.on(tickChannel, tickTag(opts.queue), () => {
-    for (const r of runners.values()) r.wake();
+  // A tick's touched set wakes only the slots it names. Once the server
+  // has sent one, the plain tag (sent for every tick too, for clients that
+  // cannot read sets) wakes nobody; a server without sets only sends the
+  // tag, which wakes every slot. A reconnect ("") wakes every slot.
+  const tag = tickTag(opts.queue);
+  let sets = false;
+  listener?.on(tickChannel, tag, (payload) => {
+    if (payload === "" || !sets) for (const r of runners.values()) r.wake();
+  });
+  listener?.onPrefix(slotsChannel, tag + ":", (payload) => {
+    const t: Touched | null = payload === "" ? { all: true } : parseTouched(payload, tag);
+    if (t === null) return;
+    if (payload !== "") sets = true;
+    for (const [slot, r] of runners) if (touchedHas(t, r.nslots, slot)) r.wake();
   });
   listener?.on(presenceChannel, hint, () => {
     // A forged flood of hints costs at most one early pass per quarter interval.

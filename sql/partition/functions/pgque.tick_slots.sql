@@ -1,0 +1,109 @@
+-- Touched slots: a tick says which slots it concerns, so that only those
+-- wake (docs/design.md, "Wake-ups proportional to work").
+--
+-- _tick_slots(queue_id, tick_id): the 'tick' hook (engine/functions/
+-- pgque.layer_hook.sql). For each slot count N in use on the queue,
+-- computes the set of slots that have
+-- events in the batch between the previous tick and this one (the batch
+-- predicate: visible in this tick's snapshot, not in the previous one's)
+-- and notifies channel "pgque_slots" with
+--
+--     <tag>:<N>=<hex>[,<N>=<hex>...]   or   <tag>:*
+--
+-- <tag> is pgque._tick_tag(queue); <hex> is N bits in ceil(N/4) hex
+-- digits, slot 4j+b being bit 8 >> b of digit j (slot 0 the first
+-- digit's high bit). "*" means every slot: the tick holds more than 4·N
+-- events, found by reading at most 4·N + 1 of them (nearly every slot
+-- is touched anyway, and reading them all would cost more than the
+-- wake-ups it saves), it has no previous tick, or a slot group of the
+-- queue is being resized. A tick that touches no slot sends nothing. The
+-- engine's notification on channel "pgque" is unchanged, for clients that
+-- wake every slot on it.
+-- The set only decides who is woken: batch membership is still fixed by
+-- the two snapshots, and a lost or skipped notification costs latency
+-- (consumers poll), never events.
+--
+-- Params: i_queue_id, i_tick_id (the tick just written, in this
+-- transaction). Returns nothing. Reads pgque.slot_group, pgque.tick and
+-- the queue's events (the (ev_txid, ev_id) index); writes nothing. Not
+-- granted: the ticker calls it, as the owner.
+create or replace function pgque._tick_slots(i_queue_id integer, i_tick_id bigint)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_ns    integer[];
+    v_prev  pg_snapshot;
+    v_cur   pg_snapshot;
+    v_cap   integer;
+    v_xip   xid8[];
+    v_keys  text[];
+    v_set   text;
+    v_tag   text;
+begin
+    -- Past half full, the NOTIFY queue is left to drain (as the ticker's
+    -- own notification is, pgque._notify_max_usage).
+    if pg_notification_queue_usage() >= pgque._notify_max_usage() then
+        return;
+    end if;
+    select array_agg(distinct g.sg_nslots order by g.sg_nslots) into v_ns
+      from pgque.slot_group g where g.sg_queue = i_queue_id;
+    if v_ns is null then
+        return; -- no slot group on the queue: nobody to tell
+    end if;
+    v_tag := pgque._tick_tag((select q.queue_name from pgque.queue q where q.queue_id = i_queue_id));
+    -- During a resize every old slot must come to the seal and find its
+    -- batches empty for the cutover (_resize_poll): wake them all.
+    if exists (select 1 from pgque.slot_group g where g.sg_queue = i_queue_id and g.sg_resize_to is not null) then
+        perform pg_notify('pgque_slots', v_tag || ':*');
+        return;
+    end if;
+    select p.tick_snapshot, c.tick_snapshot into v_prev, v_cur
+      from (select t.tick_snapshot from pgque.tick t
+             where t.tick_queue = i_queue_id and t.tick_id < i_tick_id
+             order by t.tick_id desc limit 1) p,
+           (select t.tick_snapshot from pgque.tick t
+             where t.tick_queue = i_queue_id and t.tick_id = i_tick_id limit 1) c;
+    v_cap := 4 * v_ns[cardinality(v_ns)];
+    if v_prev is null then
+        perform pg_notify('pgque_slots', v_tag || ':*');
+        return;
+    end if;
+    -- The batch's events, as the read path finds them: a range of ev_txid
+    -- from the previous tick's xmax, and the transactions it saw running.
+    -- "ev_txid = any('{}')" is planned as a scan, hence the sentinel 0.
+    v_xip := array(select pg_snapshot_xip(v_prev)) || '0'::xid8;
+    v_keys := array(
+        select u.ev_extra1 from (
+            select ev.ev_extra1, ev.ev_txid from pgque.event ev
+             where ev.ev_part >= pgque._part_lo(i_queue_id) and ev.ev_part < pgque._part_hi(i_queue_id)
+               and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
+            union all
+            select ev.ev_extra1, ev.ev_txid from pgque.event ev
+             where ev.ev_part >= pgque._part_lo(i_queue_id) and ev.ev_part < pgque._part_hi(i_queue_id)
+               and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)) u
+         where pg_visible_in_snapshot(u.ev_txid, v_cur)
+         limit v_cap + 1);
+    if cardinality(v_keys) = 0 then
+        return;
+    end if;
+    if cardinality(v_keys) > v_cap then
+        perform pg_notify('pgque_slots', v_tag || ':*');
+        return;
+    end if;
+    select string_agg(n || '=' || (
+               select string_agg(to_hex(coalesce(d.v, 0)), '' order by j)
+                 from generate_series(0, (n + 3) / 4 - 1) j
+                 left join (select s.slot / 4 as j, sum(8 >> (s.slot % 4))::integer as v
+                              from (select distinct pgque.slot_of(k, n)
+                                      from unnest(v_keys) k) s(slot)
+                             group by 1) d using (j)), ',' order by n)
+      into v_set
+      from unnest(v_ns) n;
+    perform pg_notify('pgque_slots', v_tag || ':' || v_set);
+end;
+$$;
+
+insert into pgque.layer_hook (hook_kind, hook_name, hook_fn) values
+    ('tick', 'touched_slots', 'pgque._tick_slots(integer, bigint)')
+on conflict (hook_kind, hook_name) do update set hook_fn = excluded.hook_fn;
