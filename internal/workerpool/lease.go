@@ -108,7 +108,8 @@ func (l *Lease) Renewed(at time.Time) {
 func (l *Lease) Progressed() { l.progressAt.Store(time.Now().UnixNano()) }
 
 // Busy marks a phase in which the slot waits for its handlers (they run
-// user code, bounded by the handler timeout, not by the watchdog); the
+// user code, bounded by the handler timeout, not by the watchdog) or for
+// work (a wake-up or its poll); the
 // returned function ends the phase and counts as progress. Phases may nest
 // and overlap.
 func (l *Lease) Busy() (done func()) {

@@ -86,12 +86,21 @@ func (p *Pool) run(r *runner) {
 			continue
 		}
 		failures = 0
-		if !more && waiter.Wait(r.fetchCtx) != nil {
+		if !more && p.idle(r, &waiter) != nil {
 			break
 		}
 	}
 	p.drain(r)
 	p.releaseLease(r, log)
+}
+
+// idle waits for a wake-up or the slot's poll. Waiting is not being stuck:
+// with touched sets an idle slot sleeps until its poll, which may be set
+// longer than the watchdog's StallTimeout, so the wait counts as busy.
+func (p *Pool) idle(r *runner, waiter *wakeup.Waiter) error {
+	done := r.lease.Busy()
+	defer done()
+	return waiter.Wait(r.fetchCtx)
 }
 
 // drain waits for work of the lease that outlives Work calls (see

@@ -18,8 +18,10 @@ import (
 //     long handler or between polls, so a loop stuck elsewhere (a database
 //     call that never returns, a lock wait) would keep its lease forever.
 //     A slot's loop shows progress at every receive, ack and return from
-//     Work, and while it waits for its handlers it is busy (Lease.Busy):
-//     handlers are user code, bounded by the handler timeout. A slot that
+//     Work, and while it waits for its handlers or for work (a wake-up,
+//     its poll) it is busy (Lease.Busy): handlers are user code, bounded
+//     by the handler timeout, and an idle slot may sleep a poll interval
+//     longer than StallTimeout. A slot that
 //     is neither busy nor progressing for StallTimeout (default twice the
 //     lease TTL and at least a minute: a database call may legitimately
 //     wait seconds on a lock, during an upgrade for one, and giving a slot

@@ -477,3 +477,51 @@ func TestTickTagMatchesServer(t *testing.T) {
 		t.Errorf("the tick notified %q, want TickTag(\"tt\") = %q", n.Payload, TickTag("tt"))
 	}
 }
+
+// A slot with nothing to do sleeps until its poll, which may be longer than
+// the stall timeout (touched sets leave idle slots asleep): the watchdog
+// must not take that sleep for a hung loop. The pool drains its events,
+// then polls slot 0 twice more, 2 s apart, with a 300 ms stall timeout:
+// nothing is given up.
+func TestWatchdogLeavesSleepingSlotAlone(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.NewInstalledDB(t))
+	q := dbq.New(pool)
+	ids0, ids1 := stallFixture(t, pool, "idle", 3)
+	led := newLedger()
+	sink := newCounterSink()
+	var mu sync.Mutex
+	calls := map[int]int{}
+	inner := consume(q, "idle", "c", 2, "a", led, nil)
+	p := New(Config{
+		Queries: q, Logger: slog.New(slog.DiscardHandler), Metrics: metrics.New(sink),
+		Queue: "idle", Consumer: "c", Worker: "a", Slots: 2, MaxActive: 2,
+		LeaseTTL: 2 * time.Second, ClaimInterval: 100 * time.Millisecond, PollInterval: 2 * time.Second,
+		StallTimeout: 300 * time.Millisecond, StallCheckInterval: -1,
+		Work: func(fetchCtx, workCtx context.Context, lease *Lease) (bool, error) {
+			mu.Lock()
+			calls[lease.Slot]++
+			mu.Unlock()
+			return inner(fetchCtx, workCtx, lease)
+		},
+		IsLeaseLost: leaseLost, LeaseLostCause: errors.New("lease lost"),
+	})
+	fetchCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(fetchCtx, fetchCtx) }()
+	defer func() { stop(); <-done }()
+
+	led.waitFor(t, key0, ids0, 30*time.Second)
+	led.waitFor(t, key1, ids1, 30*time.Second)
+	mu.Lock()
+	drained := calls[0]
+	mu.Unlock()
+	pgtest.WaitFor(t, 30*time.Second, "two more polls of slot 0", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return calls[0] >= drained+2
+	})
+	if n := sink.counter(metrics.SlotGivenUp); n != 0 {
+		t.Errorf("the watchdog gave %v sleeping slots up", n)
+	}
+}
