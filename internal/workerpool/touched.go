@@ -58,3 +58,11 @@ func (t touched) has(nslots, slot int) bool {
 	}
 	return d&(8>>(slot%4)) != 0
 }
+
+// Touches reports whether payload, a notification on SlotsChannel, is for
+// the queue tagged tag (ok) and may concern slot of nslots (touched). It
+// is the test a client working one slot on its own connection makes.
+func Touches(payload, tag string, nslots, slot int) (ok, touched bool) {
+	t, ok := parseTouched(payload, tag)
+	return ok, ok && t.has(nslots, slot)
+}

@@ -29,6 +29,9 @@ func TestParseTouched(t *testing.T) {
 		{tag, false, nil},
 	} {
 		got, ok := parseTouched(c.payload, tag)
+		if other, _ := Touches(c.payload, tag, 16, 0); other != ok {
+			t.Errorf("Touches(%q) ok = %v, parseTouched says %v", c.payload, other, ok)
+		}
 		if ok != c.ok {
 			t.Errorf("parseTouched(%q) ok = %v, want %v", c.payload, ok, c.ok)
 			continue
@@ -36,6 +39,9 @@ func TestParseTouched(t *testing.T) {
 		for _, p := range c.probes {
 			if h := got.has(p.nslots, p.slot); h != p.want {
 				t.Errorf("parseTouched(%q).has(%d, %d) = %v, want %v", c.payload, p.nslots, p.slot, h, p.want)
+			}
+			if ok, h := Touches(c.payload, tag, p.nslots, p.slot); !ok || h != p.want {
+				t.Errorf("Touches(%q, %d, %d) = %v, %v, want true, %v", c.payload, p.nslots, p.slot, ok, h, p.want)
 			}
 		}
 	}

@@ -460,10 +460,11 @@ func (s *sqlLoops) stop(ctx context.Context) error {
 }
 
 // startSQLLoops subscribes and claims every slot of an N-slot consumer,
-// then runs one loop per slot on its own connection: LISTEN pgque, and on
-// each notification carrying the queue's tick tag, receive_partitioned_raw
-// (chunks of 100, each call acknowledging the previous chunk) until a call
-// returns no rows.
+// then runs one loop per slot on its own connection, as a client in
+// another language would: LISTEN pgque_slots, and on each notification
+// whose touched set names the slot (or at the latest after a second, the
+// poll), receive_partitioned_raw (chunks of 100, each call acknowledging
+// the previous chunk) until a call returns no rows.
 func startSQLLoops(ctx context.Context, dsn, q string, slots int, lat *latencyLog) (steadyConsumer, error) {
 	s := &sqlLoops{}
 	fail := func(err error) (steadyConsumer, error) { _ = s.stop(context.WithoutCancel(ctx)); return nil, err }
@@ -482,7 +483,7 @@ func startSQLLoops(ctx context.Context, dsn, q string, slots int, lat *latencyLo
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	for k, c := range s.conns {
-		if _, err := c.Exec(ctx, "listen pgque"); err != nil {
+		if _, err := c.Exec(ctx, "listen "+workerpool.SlotsChannel); err != nil {
 			return fail(err)
 		}
 		s.wg.Add(1)
@@ -535,14 +536,28 @@ func sqlSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, token, ta
 				break
 			}
 		}
-		for {
-			note, err := c.WaitForNotification(ctx)
-			if err != nil {
-				return err
-			}
-			if note.Payload == tag {
-				break
-			}
+		if err := waitTouched(ctx, c, tag, n, k); err != nil {
+			return err
+		}
+	}
+}
+
+// waitTouched waits for a touched set naming slot k of n, or a second.
+func waitTouched(ctx context.Context, c *pgx.Conn, tag string, n, k int) error {
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	for {
+		note, err := c.WaitForNotification(wctx)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case wctx.Err() != nil:
+			return nil // the poll
+		case err != nil:
+			return err
+		}
+		if _, touched := workerpool.Touches(note.Payload, tag, n, k); touched {
+			return nil
 		}
 	}
 }
