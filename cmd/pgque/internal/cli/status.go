@@ -112,6 +112,7 @@ type statusReport struct {
 
 // gatherStatus reads everything and runs the checks.
 func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds) (*statusReport, error) {
+	began := time.Now()
 	queues, err := s.queueInfos(ctx, queue)
 	if err != nil {
 		return nil, err
