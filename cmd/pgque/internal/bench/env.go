@@ -26,6 +26,7 @@ type env struct {
 	start    time.Time
 	cluster  *pgcluster.Cluster // nil when running against Options.DSN
 	adminDSN string             // a database on the server to run CREATE DATABASE from
+	upstream *upstreamFile      // upstream PgQue's installer, with Options.UpstreamSQL
 
 	mu     sync.Mutex
 	pools  []*pgxpool.Pool
