@@ -881,7 +881,7 @@ type steadyFigure struct {
 
 var steadyFigures = []steadyFigure{
 	{"ev/s", "events/s", "%.0f", func(r steadyResult) (float64, bool) { return r.achieved, true }},
-	{"ticks/s", "ticks/s", "%.0f", func(r steadyResult) (float64, bool) { return float64(r.ticks) / r.took.Seconds(), true }},
+	{"ticks/s", "ticks/s", "%.0f", func(r steadyResult) (float64, bool) { return float64(r.ticks) / r.took.Seconds(), !r.cfg.drain }},
 	{"recv+ack µs/ev", "µs/event", "%.0f", func(r steadyResult) (float64, bool) {
 		c, ok := r.pgss["consume"]
 		return r.per(c.execMS * 1000), ok
@@ -962,7 +962,7 @@ func steadyCompare(e *env, r *recorder, results []steadyResult) {
 				if !have || !ok || uv == 0 {
 					return "–"
 				}
-				return fmt.Sprintf("%.2f×", v/uv)
+				return fmtNum(v/uv) + "×"
 			}
 			cell := func(res steadyResult, have bool) string {
 				if !have {
