@@ -158,6 +158,17 @@ func (e *env) freshDB(ctx context.Context, name string) (string, error) {
 	return e.dsnFor(name), nil
 }
 
+// freshPool is freshDB with a pool of at most maxConns connections to the
+// new database.
+func (e *env) freshPool(ctx context.Context, name string, maxConns int) (string, *pgxpool.Pool, error) {
+	dsn, err := e.freshDB(ctx, name)
+	if err != nil {
+		return "", nil, err
+	}
+	pool, err := e.pool(ctx, dsn, maxConns)
+	return dsn, pool, err
+}
+
 // pool opens a pool of at most maxConns connections to dsn, closed by
 // env.close if the suite does not close it first.
 func (e *env) pool(ctx context.Context, dsn string, maxConns int) (*pgxpool.Pool, error) {

@@ -20,11 +20,11 @@ func newUpstreamSide(ctx context.Context, e *env) (*steadySide, error) {
 	if err != nil {
 		return nil, err
 	}
-	side := &steadySide{e: e, system: "upstream", dsn: u.dsn}
-	fail := func(err error) (*steadySide, error) { side.stop(); return nil, err }
-	if err := side.newProbes(ctx); err != nil {
-		return fail(err)
+	side, err := newSteadySide(ctx, e, "upstream", u.dsn)
+	if err != nil {
+		return nil, err
 	}
+	fail := func(err error) (*steadySide, error) { side.stop(); return nil, err }
 	ticker, err := startUpstreamTicker(ctx, u.dsn)
 	if err != nil {
 		return fail(err)

@@ -229,6 +229,17 @@ func (side *steadySide) runAll(ctx context.Context, r *recorder, d time.Duration
 	return nil
 }
 
+// newSteadySide returns the side of system in database dsn with its
+// probes.
+func newSteadySide(ctx context.Context, e *env, system, dsn string) (*steadySide, error) {
+	side := &steadySide{e: e, system: system, dsn: dsn}
+	if err := side.newProbes(ctx); err != nil {
+		side.stop()
+		return nil, err
+	}
+	return side, nil
+}
+
 // newProbes connects the side's probe to its database and sets up the
 // pg_stat_statements and /proc probes on it.
 func (side *steadySide) newProbes(ctx context.Context) error {
@@ -262,11 +273,11 @@ func newPgqueSide(ctx context.Context, e *env) (*steadySide, error) {
 	if err != nil {
 		return nil, err
 	}
-	side := &steadySide{e: e, system: "pgque", dsn: p.dsn}
-	fail := func(err error) (*steadySide, error) { side.stop(); return nil, err }
-	if err := side.newProbes(ctx); err != nil {
-		return fail(err)
+	side, err := newSteadySide(ctx, e, "pgque", p.dsn)
+	if err != nil {
+		return nil, err
 	}
+	fail := func(err error) (*steadySide, error) { side.stop(); return nil, err }
 	tickPool, err := namedPool(ctx, e, p.dsn, steadyAppTicker, 4)
 	if err != nil {
 		return fail(err)

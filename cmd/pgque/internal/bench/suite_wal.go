@@ -58,19 +58,10 @@ func runWAL(ctx context.Context, e *env, r *recorder) error {
 	}
 	defer conn.Release()
 	c := conn.Conn()
-	// Without pg_walinspect (PostgreSQL 14, a build without contrib, a
-	// role that may not create it) only the WAL position's advance is
-	// measured.
-	inspect := true
-	if _, err := c.Exec(ctx, "create extension if not exists pg_walinspect"); err != nil {
-		inspect = false
-		e.logf("   no breakdown by record: pg_walinspect (PostgreSQL 15+ contrib) could not be created: %v", err)
-	}
 	const slots = 16
-	for k := range slots {
-		if _, err := c.Exec(ctx, "select pgque.subscribe_slot($1, 'c', $2, $3)", pgqueQueue, k, slots); err != nil {
-			return fmt.Errorf("subscribe_slot: %w", err)
-		}
+	inspect, err := walSetup(ctx, e, c, slots)
+	if err != nil {
+		return err
 	}
 	reps := pick(e, 50, 200)
 	cases := []walCase{
@@ -108,6 +99,25 @@ func runWAL(ctx context.Context, e *env, r *recorder) error {
 		return nil
 	}
 	return walUpstream(ctx, e, r, slots, reps, inspect, sendTotal, sendAdvance)
+}
+
+// walSetup creates pg_walinspect in c's database and subscribes a
+// consumer "c" of slots slots to queue bench (pgque's or upstream's, whose
+// subscribe_slot has the same form). Without pg_walinspect (PostgreSQL 14,
+// a build without contrib, a role that may not create it) it returns false:
+// only the WAL position's advance is measured.
+func walSetup(ctx context.Context, e *env, c *pgx.Conn, slots int) (bool, error) {
+	inspect := true
+	if _, err := c.Exec(ctx, "create extension if not exists pg_walinspect"); err != nil {
+		inspect = false
+		e.logf("   no breakdown by record: pg_walinspect (PostgreSQL 15+ contrib) could not be created: %v", err)
+	}
+	for k := range slots {
+		if _, err := c.Exec(ctx, "select pgque.subscribe_slot($1, 'c', $2, $3)", pgqueQueue, k, slots); err != nil {
+			return false, fmt.Errorf("subscribe_slot: %w", err)
+		}
+	}
+	return inspect, nil
 }
 
 // walReport prints and records the records of case wc and returns their
@@ -153,18 +163,11 @@ func walUpstream(ctx context.Context, e *env, r *recorder, slots, reps int, insp
 	}
 	defer conn.Release()
 	c := conn.Conn()
-	if inspect {
-		if _, err := c.Exec(ctx, "create extension if not exists pg_walinspect"); err != nil {
-			return fmt.Errorf("creating pg_walinspect in upstream's database: %w", err)
-		}
-	}
 	if _, err := c.Exec(ctx, "select pgque.create_queue($1)", pgqueQueue); err != nil {
 		return fmt.Errorf("upstream create_queue: %w", err)
 	}
-	for k := range slots {
-		if _, err := c.Exec(ctx, "select pgque.subscribe_slot($1, 'c', $2, $3)", pgqueQueue, k, slots); err != nil {
-			return fmt.Errorf("upstream subscribe_slot: %w", err)
-		}
+	if inspect, err = walSetup(ctx, e, c, slots); err != nil {
+		return fmt.Errorf("upstream: %w", err)
 	}
 	wc := walCase{name: "upstream_send", about: "upstream's pgque.send(queue, type, payload jsonb, partition key)", events: 1, upstream: true}
 	seq := 0

@@ -88,11 +88,7 @@ type upstreamDB struct {
 // server's error (a missing extension, a newer or older server).
 func newUpstream(ctx context.Context, e *env, name string, maxConns int) (*upstreamDB, error) {
 	u := e.upstream
-	dsn, err := e.freshDB(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	pool, err := e.pool(ctx, dsn, maxConns)
+	dsn, pool, err := e.freshPool(ctx, name, maxConns)
 	if err != nil {
 		return nil, err
 	}
