@@ -175,6 +175,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	rep.Environment = e.describe(ctx)
 	if upstream != nil {
 		rep.Environment.Upstream = upstream.describe()
+		if !slices.Contains(rep.Suites, "steady") && !slices.Contains(rep.Suites, "wal") {
+			e.logf("--upstream-sql is used by the steady and wal suites only, and neither runs")
+		}
 	}
 
 	var failed []error
