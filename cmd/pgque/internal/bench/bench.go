@@ -39,6 +39,13 @@ type Options struct {
 	// the result table. Nil discards both.
 	Progress io.Writer
 
+	// UpstreamSQL is the path of upstream PgQue's single-file installer
+	// (its v0.3.0-alpha.1 devel/sql/pgque.sql, extracted by the user). When
+	// set, the steady and wal suites also install it into a database of
+	// their own on the same cluster and measure it beside pgque with the
+	// same workload, through its own API and its default tick schedule.
+	UpstreamSQL string
+
 	// tiny shrinks quick mode further, for the package's own tests.
 	tiny bool
 }
@@ -94,6 +101,9 @@ type Environment struct {
 	PgBoss     string `json:"pgboss,omitempty"`
 	NodeJS     string `json:"nodejs,omitempty"`
 	PgQVersion string `json:"pgq_version,omitempty"`
+	// Upstream names the upstream PgQue installer measured beside pgque
+	// (--upstream-sql) and its sha256.
+	Upstream string `json:"upstream,omitempty"`
 }
 
 // Result is one figure. A case compared with two references appears twice,
@@ -150,12 +160,25 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	for _, s := range suites {
 		libs = append(libs, s.preload...)
 	}
+	var upstream *upstreamFile
+	if opts.UpstreamSQL != "" {
+		if upstream, err = readUpstreamFile(opts.UpstreamSQL); err != nil {
+			return nil, err
+		}
+	}
 	e, err := newEnv(ctx, opts.DSN, opts.Quick, opts.tiny, libs, out)
 	if err != nil {
 		return nil, err
 	}
 	defer e.close(context.WithoutCancel(ctx))
+	e.upstream = upstream
 	rep.Environment = e.describe(ctx)
+	if upstream != nil {
+		rep.Environment.Upstream = upstream.describe()
+		if !slices.Contains(rep.Suites, "steady") && !slices.Contains(rep.Suites, "wal") {
+			e.logf("--upstream-sql is used by the steady and wal suites only, and neither runs")
+		}
+	}
 
 	var failed []error
 	for _, s := range suites {

@@ -20,7 +20,10 @@
 // Two suites measure costs per event rather than ratios: steady (server
 // time, calls and buffers from pg_stat_statements, CPU of the server's
 // processes from /proc, WAL and latency at a fixed send rate) and wal (every
-// WAL record of a keyed send, from pg_walinspect).
+// WAL record of a keyed send, from pg_walinspect). With
+// Options.UpstreamSQL both also measure upstream PgQue, installed from a
+// file the user supplies into a database of its own on the same cluster,
+// beside pgque (upstream.go).
 //
 // A suite is one named function that measures its cases together with the
 // references it compares them to, so each suite can run alone. Throughput

@@ -26,6 +26,7 @@ type env struct {
 	start    time.Time
 	cluster  *pgcluster.Cluster // nil when running against Options.DSN
 	adminDSN string             // a database on the server to run CREATE DATABASE from
+	upstream *upstreamFile      // upstream PgQue's installer, with Options.UpstreamSQL
 
 	mu     sync.Mutex
 	pools  []*pgxpool.Pool
@@ -155,6 +156,17 @@ func (e *env) freshDB(ctx context.Context, name string) (string, error) {
 		return "", fmt.Errorf("creating database %s: %w", name, err)
 	}
 	return e.dsnFor(name), nil
+}
+
+// freshPool is freshDB with a pool of at most maxConns connections to the
+// new database.
+func (e *env) freshPool(ctx context.Context, name string, maxConns int) (string, *pgxpool.Pool, error) {
+	dsn, err := e.freshDB(ctx, name)
+	if err != nil {
+		return "", nil, err
+	}
+	pool, err := e.pool(ctx, dsn, maxConns)
+	return dsn, pool, err
 }
 
 // pool opens a pool of at most maxConns connections to dsn, closed by

@@ -38,11 +38,7 @@ const (
 // newPgque creates database name, installs pgque into it and creates queue
 // "bench".
 func newPgque(ctx context.Context, e *env, name string, maxConns int) (*pgqueDB, error) {
-	dsn, err := e.freshDB(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	pool, err := e.pool(ctx, dsn, maxConns)
+	dsn, pool, err := e.freshPool(ctx, name, maxConns)
 	if err != nil {
 		return nil, err
 	}

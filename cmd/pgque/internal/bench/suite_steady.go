@@ -38,6 +38,11 @@ import (
 // of those statements, the CPU time of the consumer's backends and of every
 // server process (utime+stime from /proc), the WAL the cluster wrote, and
 // the delivery latency from Send to the handler (p50, p99).
+//
+// With --upstream-sql (steady_upstream.go) the same configurations of the
+// SQL loop run against upstream PgQue afterwards, and both systems drain a
+// backlog over 16 slots with their SQL loops; the output then ends with
+// each figure of upstream beside pgque's and their ratio.
 
 func init() {
 	register(&suite{
@@ -67,9 +72,13 @@ type steadyConfig struct {
 	slots  int
 	client string // "go" or "sql"
 	held   bool
+	drain  bool // a backlog drained as fast as it goes, not a rate
 }
 
 func (c steadyConfig) name() string {
+	if c.drain {
+		return fmt.Sprintf("drain_s%d_%s", c.slots, c.client)
+	}
 	h := "free"
 	if c.held {
 		h = "held"
@@ -110,86 +119,165 @@ func steadyKey(i int) string {
 
 // steadyResult is what one configuration measured.
 type steadyResult struct {
+	system   string // "pgque" or "upstream"
 	cfg      steadyConfig
 	events   int
-	achieved float64 // events/s the producers reached
+	achieved float64 // events/s the producers reached (the drain: events/s delivered)
 	took     time.Duration
 	pgss     map[string]pgssStat // nil without pg_stat_statements
 	cpu      map[string]float64  // CPU seconds by group; nil without /proc
 	walBytes int64
-	ticks    int64     // ticks the ticker made in the window (all queues; only this one is busy)
+	ticks    int64     // ticks the ticker made in the window
 	load     string    // the machine's 1-minute load average at the end
 	ms       []float64 // sorted delivery latencies
 }
 
 func (r steadyResult) per(v float64) float64 { return v / float64(max(r.events, 1)) }
 
-// steadyRig is what every configuration shares: the database, the ticker,
-// the producers' client and the probes.
-type steadyRig struct {
-	e        *env
-	p        *pgqueDB
-	producer *pgque.Client
-	consPool *pgxpool.Pool
-	consDSN  string
-	probe    *pgx.Conn
-	pgss     *pgssProbe
-	proc     *procProbe
+// caseName is the result's name in the report: upstream's carry the
+// prefix "upstream_".
+func (r steadyResult) caseName() string {
+	if r.system == "upstream" {
+		return "upstream_" + r.cfg.name()
+	}
+	return r.cfg.name()
+}
+
+// steadySide is one system the suite measures in its own database: pgque,
+// or upstream PgQue with --upstream-sql.
+type steadySide struct {
+	e      *env
+	system string
+	dsn    string // of the system's database, for the held transaction
+	probe  *pgx.Conn
+	pgss   *pgssProbe
+	proc   *procProbe
+	// newQueue creates a fresh queue.
+	newQueue func(ctx context.Context) (string, error)
+	// send sends event i with body to q, keyed steadyKey(i).
+	send func(ctx context.Context, q string, i int, body []byte) error
+	// sqlConsumer subscribes an N-slot consumer of q and returns the
+	// function that starts its SQL loops.
+	sqlConsumer func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context) (steadyConsumer, error), error)
+	// goConsumer starts the Go PartitionedConsumer; nil for upstream.
+	goConsumer func(ctx context.Context, q string, slots int, lat *latencyLog) (steadyConsumer, error)
+	// lastTick returns the last tick id of q.
+	lastTick func(ctx context.Context, q string) (int64, error)
+	// closeBacklog makes sure the events sent to q are in a tick.
+	closeBacklog func(ctx context.Context, q string) error
+	closers      []func()
+}
+
+func (s *steadySide) stop() {
+	for _, f := range slices.Backward(s.closers) {
+		f()
+	}
+	s.closers = nil
 }
 
 func runSteady(ctx context.Context, e *env, r *recorder) error {
-	rig, stop, err := newSteadyRig(ctx, e)
-	if err != nil {
-		return err
-	}
-	defer stop()
 	d := pick(e, 3*time.Second, 20*time.Second)
-	var results []steadyResult
-	for _, cfg := range steadyConfigs(e) {
-		res, err := rig.run(ctx, cfg, d)
-		if err != nil {
-			return fmt.Errorf("%s: %w", cfg.name(), err)
-		}
-		results = append(results, res)
-		rig.record(r, res)
+	drainEvents := pick(e, 20000, 100000)
+	systems := []func(context.Context, *env) (*steadySide, error){newPgqueSide}
+	if e.upstream != nil {
+		e.logf("   upstream PgQue from %s", e.upstream.describe())
+		systems = append(systems, newUpstreamSide)
 	}
-	rig.table(results)
+	var results []steadyResult
+	for _, newSide := range systems {
+		side, err := newSide(ctx, e)
+		if err != nil {
+			return err
+		}
+		err = side.runAll(ctx, r, d, drainEvents, &results)
+		side.stop()
+		if err != nil {
+			return err
+		}
+	}
+	steadyTable(e, results)
+	if e.upstream != nil {
+		steadyCompare(e, r, results)
+	}
 	return nil
 }
 
-func newSteadyRig(ctx context.Context, e *env) (*steadyRig, func(), error) {
-	p, err := newPgque(ctx, e, "bench_steady", 8)
-	if err != nil {
-		return nil, nil, err
-	}
-	rig := &steadyRig{e: e, p: p}
-	var closers []func()
-	stop := func() {
-		for _, f := range slices.Backward(closers) {
-			f()
+// runAll measures every configuration of the mode on side, and with
+// --upstream-sql the drain.
+func (side *steadySide) runAll(ctx context.Context, r *recorder, d time.Duration, drainEvents int, results *[]steadyResult) error {
+	for _, cfg := range steadyConfigs(side.e) {
+		if cfg.client == "go" && side.goConsumer == nil {
+			continue
 		}
+		res, err := side.run(ctx, cfg, d)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", side.system, cfg.name(), err)
+		}
+		*results = append(*results, res)
+		recordSteady(r, res)
 	}
-	fail := func(err error) (*steadyRig, func(), error) { stop(); return nil, nil, err }
+	if side.e.upstream == nil {
+		return nil
+	}
+	cfg := steadyConfig{slots: 16, client: "sql", drain: true}
+	res, err := side.drain(ctx, cfg, drainEvents)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", side.system, cfg.name(), err)
+	}
+	*results = append(*results, res)
+	recordSteady(r, res)
+	return nil
+}
 
-	rig.probe, err = pgx.Connect(ctx, p.dsn)
-	if err != nil {
-		return fail(err)
+// newSteadySide returns the side of system in database dsn with its
+// probes.
+func newSteadySide(ctx context.Context, e *env, system, dsn string) (*steadySide, error) {
+	side := &steadySide{e: e, system: system, dsn: dsn}
+	if err := side.newProbes(ctx); err != nil {
+		side.stop()
+		return nil, err
 	}
-	closers = append(closers, func() { rig.probe.Close(context.WithoutCancel(ctx)) })
-	pgss, why, err := newPgssProbe(ctx, rig.probe)
+	return side, nil
+}
+
+// newProbes connects the side's probe to its database and sets up the
+// pg_stat_statements and /proc probes on it.
+func (side *steadySide) newProbes(ctx context.Context) error {
+	var err error
+	side.probe, err = pgx.Connect(ctx, side.dsn)
 	if err != nil {
-		return fail(err)
+		return err
+	}
+	probe := side.probe
+	side.closers = append(side.closers, func() { probe.Close(context.WithoutCancel(ctx)) })
+	pgss, why, err := newPgssProbe(ctx, side.probe)
+	if err != nil {
+		return err
 	}
 	if pgss == nil {
-		e.logf("   no server-time, calls or buffer figures: %s", why)
+		side.e.logf("   no server-time, calls or buffer figures: %s", why)
 	}
-	rig.pgss = pgss
-	proc, why := newProcProbe(ctx, rig.probe)
+	side.pgss = pgss
+	proc, why := newProcProbe(ctx, side.probe)
 	if proc == nil {
-		e.logf("   no CPU figures: %s", why)
+		side.e.logf("   no CPU figures: %s", why)
 	}
-	rig.proc = proc
+	side.proc = proc
+	return nil
+}
 
+// newPgqueSide sets up pgque: its database, the Go Ticker with its
+// defaults, the producers' client and the probes.
+func newPgqueSide(ctx context.Context, e *env) (*steadySide, error) {
+	p, err := newPgque(ctx, e, "bench_steady", 8)
+	if err != nil {
+		return nil, err
+	}
+	side, err := newSteadySide(ctx, e, "pgque", p.dsn)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*steadySide, error) { side.stop(); return nil, err }
 	tickPool, err := namedPool(ctx, e, p.dsn, steadyAppTicker, 4)
 	if err != nil {
 		return fail(err)
@@ -198,7 +286,7 @@ func newSteadyRig(ctx context.Context, e *env) (*steadyRig, func(), error) {
 	if err != nil {
 		return fail(err)
 	}
-	closers = append(closers, tickClient.Close)
+	side.closers = append(side.closers, tickPool.Close, tickClient.Close)
 	ticker, err := tickClient.NewTicker(nil)
 	if err != nil {
 		return fail(err)
@@ -206,7 +294,7 @@ func newSteadyRig(ctx context.Context, e *env) (*steadyRig, func(), error) {
 	if err := ticker.Start(ctx); err != nil {
 		return fail(err)
 	}
-	closers = append(closers, func() { _ = ticker.Stop(context.WithoutCancel(ctx)) })
+	side.closers = append(side.closers, func() { _ = ticker.Stop(context.WithoutCancel(ctx)) })
 	if !waitFor(ctx, 30*time.Second, ticker.IsLeader) {
 		return fail(fmt.Errorf("the ticker did not become leader within 30s"))
 	}
@@ -215,13 +303,52 @@ func newSteadyRig(ctx context.Context, e *env) (*steadyRig, func(), error) {
 	if err != nil {
 		return fail(err)
 	}
-	rig.producer, err = pgque.NewClient(prodPool, &pgque.Config{Logger: quietLogger, PollOnly: true})
+	producer, err := pgque.NewClient(prodPool, &pgque.Config{Logger: quietLogger, PollOnly: true})
 	if err != nil {
 		return fail(err)
 	}
-	closers = append(closers, rig.producer.Close)
-	rig.consDSN = withAppName(p.dsn, steadyAppConsumer)
-	return rig, stop, nil
+	side.closers = append(side.closers, prodPool.Close, producer.Close)
+	consDSN := withAppName(p.dsn, steadyAppConsumer)
+	var consPool *pgxpool.Pool
+
+	side.newQueue = func(ctx context.Context) (string, error) {
+		q := p.fresh("steady")
+		_, err := producer.CreateQueue(ctx, q)
+		return q, err
+	}
+	side.send = func(ctx context.Context, q string, i int, body []byte) error {
+		_, err := producer.Send(ctx, q, pgque.Event{Type: eventType, Payload: json.RawMessage(body), PartitionKey: steadyKey(i)})
+		return err
+	}
+	side.sqlConsumer = func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context) (steadyConsumer, error), error) {
+		c, err := pgx.Connect(ctx, consDSN)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close(context.WithoutCancel(ctx))
+		tokens, err := subscribeSlots(ctx, c, q, "c", slots, "sql-loop")
+		if err != nil {
+			return nil, err
+		}
+		tag := workerpool.TickTag(q)
+		return func(ctx context.Context) (steadyConsumer, error) {
+			return startSlotLoops(ctx, consDSN, slots, workerpool.SlotsChannel, func(ctx context.Context, c *pgx.Conn, k int) error {
+				return sqlSlotLoop(ctx, c, q, k, slots, tokens[k], tag, lat)
+			})
+		}, nil
+	}
+	side.goConsumer = func(ctx context.Context, q string, slots int, lat *latencyLog) (steadyConsumer, error) {
+		if consPool == nil {
+			if consPool, err = e.pool(ctx, consDSN, 40); err != nil {
+				return nil, err
+			}
+			side.closers = append(side.closers, consPool.Close)
+		}
+		return startGo(ctx, consPool, q, slots, lat)
+	}
+	side.lastTick = func(ctx context.Context, _ string) (int64, error) { return lastTick(ctx, side.probe) }
+	side.closeBacklog = func(ctx context.Context, q string) error { return tick(ctx, side.probe, q) }
+	return side, nil
 }
 
 // steadyConsumer is a running consumer of one configuration.
@@ -253,20 +380,47 @@ func (l *latencyLog) record(payload []byte, now time.Time) error {
 	return nil
 }
 
+// waitDelivered waits while events keep arriving until n were delivered;
+// 30 s without progress means delivery is stuck.
+func (l *latencyLog) waitDelivered(ctx context.Context, n int) error {
+	last, lastChange := l.n.Load(), time.Now()
+	for h := last; h < int64(n); h = l.n.Load() {
+		if h != last {
+			last, lastChange = h, time.Now()
+		}
+		if time.Since(lastChange) > 30*time.Second {
+			return fmt.Errorf("%d of %d events delivered, none for 30 s", h, n)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+// sendBody is the payload of event i: its sequence number and send time.
+func sendBody(i int) []byte {
+	b, _ := json.Marshal(timedPayload{Tenant: steadyKey(i), Seq: i, SentNS: time.Now().UnixNano()})
+	return b
+}
+
 // run measures one configuration on a fresh queue.
-func (rig *steadyRig) run(ctx context.Context, cfg steadyConfig, d time.Duration) (steadyResult, error) {
-	res := steadyResult{cfg: cfg}
-	q := rig.p.fresh("steady")
-	if _, err := rig.producer.CreateQueue(ctx, q); err != nil {
+func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Duration) (steadyResult, error) {
+	res := steadyResult{system: side.system, cfg: cfg}
+	q, err := side.newQueue(ctx)
+	if err != nil {
 		return res, err
 	}
 	lat := &latencyLog{seen: map[int]bool{}}
 	var con steadyConsumer
-	var err error
 	if cfg.client == "go" {
-		con, err = rig.startGo(ctx, q, cfg.slots, lat)
+		con, err = side.goConsumer(ctx, q, cfg.slots, lat)
 	} else {
-		con, err = startSQLLoops(ctx, rig.consDSN, q, cfg.slots, lat)
+		var start func(context.Context) (steadyConsumer, error)
+		if start, err = side.sqlConsumer(ctx, q, cfg.slots, lat); err == nil {
+			con, err = start(ctx)
+		}
 	}
 	if err != nil {
 		return res, err
@@ -274,66 +428,30 @@ func (rig *steadyRig) run(ctx context.Context, cfg steadyConfig, d time.Duration
 	defer func() { _ = con.stop(context.WithoutCancel(ctx)) }()
 
 	if cfg.held {
-		hold, err := pgx.Connect(ctx, rig.p.dsn)
+		release, err := holdHorizon(ctx, side.dsn)
 		if err != nil {
 			return res, err
 		}
-		defer hold.Close(context.WithoutCancel(ctx))
-		tx, err := hold.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-		if err != nil {
-			return res, err
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if _, err := tx.Exec(ctx, "select txid_current()"); err != nil {
-			return res, err
-		}
+		defer release()
 	}
 
-	if err := rig.pgss.reset(ctx); err != nil {
-		return res, err
-	}
-	m0, err := rig.mark(ctx)
+	m0, err := side.begin(ctx, q)
 	if err != nil {
 		return res, err
 	}
-
 	total := int(float64(cfg.rate) * d.Seconds())
 	sent, took, err := paced(ctx, cfg.rate, total, 16, func(ctx context.Context, i int) error {
-		b, _ := json.Marshal(timedPayload{Tenant: steadyKey(i), Seq: i, SentNS: time.Now().UnixNano()})
-		_, err := rig.producer.Send(ctx, q, pgque.Event{Type: eventType, Payload: json.RawMessage(b), PartitionKey: steadyKey(i)})
-		return err
+		return side.send(ctx, q, i, sendBody(i))
 	})
 	if err != nil {
 		return res, fmt.Errorf("producer: %w", err)
 	}
-	// Wait while events keep arriving; 30 s without progress means
-	// delivery is stuck.
-	last, lastChange := lat.n.Load(), time.Now()
-	for h := last; h < int64(sent); h = lat.n.Load() {
-		if h != last {
-			last, lastChange = h, time.Now()
-		}
-		if time.Since(lastChange) > 30*time.Second {
-			return res, fmt.Errorf("%d of %d events delivered, none for 30 s", h, sent)
-		}
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-
-	m1, err := rig.mark(ctx)
-	if err != nil {
+	if err := lat.waitDelivered(ctx, sent); err != nil {
 		return res, err
 	}
-	res.pgss, err = rig.pgss.read(ctx)
-	if err != nil {
+	if err := side.end(ctx, q, m0, &res); err != nil {
 		return res, err
 	}
-	if rig.proc != nil {
-		res.cpu = cpuDelta(m0.cpu, m1.cpu)
-	}
-	res.ticks, res.walBytes, res.load = m1.tick-m0.tick, m1.wal-m0.wal, loadAverage()
 	res.events, res.took, res.achieved = sent, took, float64(sent)/took.Seconds()
 	lat.mu.Lock()
 	res.ms = slices.Clone(lat.ms)
@@ -342,8 +460,105 @@ func (rig *steadyRig) run(ctx context.Context, cfg steadyConfig, d time.Duration
 	if err := con.stop(ctx); err != nil {
 		return res, fmt.Errorf("stopping the consumer: %w", err)
 	}
-	rig.e.logf("   %-22s %s", cfg.name(), res.line())
+	side.e.logf("   %-8s %-22s %s", side.system, cfg.name(), res.line())
 	return res, nil
+}
+
+// drain measures cfg.slots SQL loops draining a backlog of events keyed
+// sends, which the system's ticker cut into ticks as they arrived (and a
+// last forced tick closed): events/s from the loops' start to the last
+// delivery, and the server's figures over that window.
+func (side *steadySide) drain(ctx context.Context, cfg steadyConfig, events int) (steadyResult, error) {
+	res := steadyResult{system: side.system, cfg: cfg}
+	q, err := side.newQueue(ctx)
+	if err != nil {
+		return res, err
+	}
+	lat := &latencyLog{seen: map[int]bool{}}
+	start, err := side.sqlConsumer(ctx, q, cfg.slots, lat)
+	if err != nil {
+		return res, err
+	}
+	if _, _, err := paced(ctx, 1e9, events, 16, func(ctx context.Context, i int) error {
+		return side.send(ctx, q, i, sendBody(i))
+	}); err != nil {
+		return res, fmt.Errorf("building the backlog: %w", err)
+	}
+	if err := side.closeBacklog(ctx, q); err != nil {
+		return res, err
+	}
+	m0, err := side.begin(ctx, q)
+	if err != nil {
+		return res, err
+	}
+	t0 := time.Now()
+	con, err := start(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = con.stop(context.WithoutCancel(ctx)) }()
+	if err := lat.waitDelivered(ctx, events); err != nil {
+		return res, err
+	}
+	res.took = time.Since(t0)
+	if err := side.end(ctx, q, m0, &res); err != nil {
+		return res, err
+	}
+	res.events, res.achieved = events, float64(events)/res.took.Seconds()
+	if err := con.stop(ctx); err != nil {
+		return res, fmt.Errorf("stopping the consumer: %w", err)
+	}
+	side.e.logf("   %-8s %-22s %s", side.system, cfg.name(), res.line())
+	return res, nil
+}
+
+// holdHorizon opens a REPEATABLE READ transaction with an xid on another
+// connection to dsn and returns its release.
+func holdHorizon(ctx context.Context, dsn string) (func(), error) {
+	hold, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := hold.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err == nil {
+		_, err = tx.Exec(ctx, "select txid_current()")
+	}
+	release := func() {
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+		hold.Close(context.WithoutCancel(ctx))
+	}
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return release, nil
+}
+
+// begin resets pg_stat_statements and reads the counters at the start of
+// a window.
+func (side *steadySide) begin(ctx context.Context, q string) (steadyMark, error) {
+	if err := side.pgss.reset(ctx); err != nil {
+		return steadyMark{}, err
+	}
+	return side.mark(ctx, q)
+}
+
+// end reads the counters at the end of a window into res.
+func (side *steadySide) end(ctx context.Context, q string, m0 steadyMark, res *steadyResult) error {
+	m1, err := side.mark(ctx, q)
+	if err != nil {
+		return err
+	}
+	if res.pgss, err = side.pgss.read(ctx); err != nil {
+		return err
+	}
+	if side.proc != nil {
+		res.cpu = cpuDelta(m0.cpu, m1.cpu)
+	}
+	res.ticks, res.walBytes, res.load = m1.tick-m0.tick, m1.wal-m0.wal, loadAverage()
+	return nil
 }
 
 // steadyMark is what the server's counters say at one end of a window.
@@ -353,16 +568,16 @@ type steadyMark struct {
 	tick int64
 }
 
-func (rig *steadyRig) mark(ctx context.Context) (steadyMark, error) {
+func (side *steadySide) mark(ctx context.Context, q string) (steadyMark, error) {
 	var m steadyMark
 	var err error
-	if m.cpu, err = rig.proc.snapshot(ctx, steadyGroups); err != nil {
+	if m.cpu, err = side.proc.snapshot(ctx, steadyGroups); err != nil {
 		return m, err
 	}
-	if m.wal, err = walLSN(ctx, rig.probe); err != nil {
+	if m.wal, err = walLSN(ctx, side.probe); err != nil {
 		return m, err
 	}
-	m.tick, err = lastTick(ctx, rig.probe)
+	m.tick, err = side.lastTick(ctx, q)
 	return m, err
 }
 
@@ -405,15 +620,10 @@ func (g *goConsumer) stop(ctx context.Context) error {
 	return err
 }
 
-func (rig *steadyRig) startGo(ctx context.Context, q string, slots int, lat *latencyLog) (steadyConsumer, error) {
-	if rig.consPool == nil {
-		pool, err := rig.e.pool(ctx, rig.consDSN, 40)
-		if err != nil {
-			return nil, err
-		}
-		rig.consPool = pool
-	}
-	client, err := pgque.NewClient(rig.consPool, &pgque.Config{Logger: quietLogger})
+// startGo starts a PartitionedConsumer of q on pool and waits until it
+// owns every slot.
+func startGo(ctx context.Context, pool *pgxpool.Pool, q string, slots int, lat *latencyLog) (steadyConsumer, error) {
+	client, err := pgque.NewClient(pool, &pgque.Config{Logger: quietLogger})
 	if err != nil {
 		return nil, err
 	}
@@ -459,13 +669,10 @@ func (s *sqlLoops) stop(ctx context.Context) error {
 	return s.err
 }
 
-// startSQLLoops subscribes and claims every slot of an N-slot consumer,
-// then runs one loop per slot on its own connection, as a client in
-// another language would: LISTEN pgque_slots, and on each notification
-// whose touched set names the slot (or at the latest after a second, the
-// poll), receive_partitioned_raw (chunks of 100, each call acknowledging
-// the previous chunk) until a call returns no rows.
-func startSQLLoops(ctx context.Context, dsn, q string, slots int, lat *latencyLog) (steadyConsumer, error) {
+// startSlotLoops runs one loop per slot, each on its own connection to
+// dsn that LISTENs on channel first.
+func startSlotLoops(ctx context.Context, dsn string, slots int, channel string,
+	loop func(ctx context.Context, c *pgx.Conn, k int) error) (steadyConsumer, error) {
 	s := &sqlLoops{}
 	fail := func(err error) (steadyConsumer, error) { _ = s.stop(context.WithoutCancel(ctx)); return nil, err }
 	for range slots {
@@ -474,22 +681,17 @@ func startSQLLoops(ctx context.Context, dsn, q string, slots int, lat *latencyLo
 			return fail(err)
 		}
 		s.conns = append(s.conns, c)
+		if _, err := c.Exec(ctx, "listen "+pgx.Identifier{channel}.Sanitize()); err != nil {
+			return fail(err)
+		}
 	}
-	tokens, err := subscribeSlots(ctx, s.conns[0], q, "c", slots, "sql-loop")
-	if err != nil {
-		return fail(err)
-	}
-	tag := workerpool.TickTag(q)
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	for k, c := range s.conns {
-		if _, err := c.Exec(ctx, "listen "+workerpool.SlotsChannel); err != nil {
-			return fail(err)
-		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			if err := sqlSlotLoop(lctx, c, q, k, slots, tokens[k], tag, lat); err != nil && lctx.Err() == nil {
+			if err := loop(lctx, c, k); err != nil && lctx.Err() == nil {
 				s.mu.Lock()
 				s.err = errors.Join(s.err, err)
 				s.mu.Unlock()
@@ -499,6 +701,11 @@ func startSQLLoops(ctx context.Context, dsn, q string, slots int, lat *latencyLo
 	return s, nil
 }
 
+// sqlSlotLoop is pgque's loop for slot k, as a client in another language
+// would write it: on each notification on pgque_slots whose touched set
+// names the slot (or at the latest after a second, the poll),
+// receive_partitioned_raw (chunks of 100, each call acknowledging the
+// previous chunk) until a call returns no rows.
 func sqlSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, token, tag string, lat *latencyLog) error {
 	var ack [3]*int64
 	for {
@@ -576,18 +783,23 @@ func (r steadyResult) line() string {
 	return b.String()
 }
 
-// record adds a result's figures to the report.
-func (rig *steadyRig) record(r *recorder, res steadyResult) {
-	n := res.cfg.name()
+// recordSteady adds a result's figures to the report.
+func recordSteady(r *recorder, res steadyResult) {
+	n := res.caseName()
 	note := fmt.Sprintf("%d events at %s/s (target %d/s) over %s, %s ticks/s, load average %s", res.events, fmtNum(res.achieved),
 		res.cfg.rate, res.took.Round(time.Millisecond), fmtNum(float64(res.ticks)/res.took.Seconds()), res.load)
+	if res.cfg.drain {
+		note = fmt.Sprintf("a backlog of %d events drained in %s, load average %s", res.events, res.took.Round(time.Millisecond), res.load)
+		r.add(n+"_rate", single(res.achieved), "events/s", nil, note)
+		note = ""
+	}
 	if c, ok := res.pgss["consume"]; ok {
-		r.add(n+"_recv_ack_time", single(res.per(c.execMS*1000)), "µs/event", nil, note+"; pg_stat_statements, receive and ack statements")
+		r.add(n+"_recv_ack_time", single(res.per(c.execMS*1000)), "µs/event", nil, strings.TrimPrefix(note+"; pg_stat_statements, receive and ack statements", "; "))
 		note = ""
 		r.add(n+"_recv_ack_calls", single(res.per(c.calls)), "calls/event", nil, "")
 		r.add(n+"_recv_ack_buffers", single(res.per(c.buffers)), "buffers/event", nil, "shared blocks hit + read")
 	}
-	if s, ok := res.pgss["send"]; ok {
+	if s, ok := res.pgss["send"]; ok && !res.cfg.drain {
 		r.add(n+"_send_time", single(res.per(s.execMS*1000)), "µs/event", nil, note)
 		note = ""
 	}
@@ -604,33 +816,68 @@ func (rig *steadyRig) record(r *recorder, res steadyResult) {
 			strings.TrimPrefix(note+"; pg_current_wal_insert_lsn delta, whole cluster", "; "))
 		note = ""
 	}
+	if res.cfg.drain {
+		return
+	}
 	var t50, t99 *target
-	if res.cfg.rate >= 500 {
+	if res.cfg.rate >= 500 && res.system == "pgque" {
 		t50, t99 = valueAtMost(10), valueAtMost(50)
 	}
 	r.add(n+"_latency_p50", single(percentile(res.ms, 50)), "ms", t50, note)
 	r.add(n+"_latency_p99", single(percentile(res.ms, 99)), "ms", t99, "")
 }
 
-// table prints every configuration as one Markdown table row, the form
-// docs/benchmarks.md records.
-func (rig *steadyRig) table(results []steadyResult) {
-	e := rig.e
-	e.logf("   | config | load | ev/s | ticks/s | recv+ack µs/ev | calls/ev | buffers/ev | send µs/ev | CPU consumer µs/ev | CPU server µs/ev | WAL B/ev | p50 ms | p99 ms |")
-	e.logf("   | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-	dash := func(ok bool, v float64, f string) string {
-		if !ok {
-			return "–"
-		}
-		return fmt.Sprintf(f, v)
+// steadyFigure is one column of the tables: a figure of a result, and
+// whether it was measured.
+type steadyFigure struct {
+	head, unit, format string
+	get                func(r steadyResult) (float64, bool)
+}
+
+var steadyFigures = []steadyFigure{
+	{"ev/s", "events/s", "%.0f", func(r steadyResult) (float64, bool) { return r.achieved, true }},
+	{"ticks/s", "ticks/s", "%.0f", func(r steadyResult) (float64, bool) { return float64(r.ticks) / r.took.Seconds(), !r.cfg.drain }},
+	{"recv+ack µs/ev", "µs/event", "%.0f", func(r steadyResult) (float64, bool) {
+		c, ok := r.pgss["consume"]
+		return r.per(c.execMS * 1000), ok
+	}},
+	{"calls/ev", "calls/event", "%.2f", func(r steadyResult) (float64, bool) { c, ok := r.pgss["consume"]; return r.per(c.calls), ok }},
+	{"buffers/ev", "buffers/event", "%.1f", func(r steadyResult) (float64, bool) { c, ok := r.pgss["consume"]; return r.per(c.buffers), ok }},
+	{"send µs/ev", "µs/event", "%.0f", func(r steadyResult) (float64, bool) {
+		s, ok := r.pgss["send"]
+		return r.per(s.execMS * 1000), ok && !r.cfg.drain
+	}},
+	{"CPU consumer µs/ev", "µs/event", "%.0f", func(r steadyResult) (float64, bool) { return r.per(r.cpu["consumer"] * 1e6), r.cpu != nil }},
+	{"CPU server µs/ev", "µs/event", "%.0f", func(r steadyResult) (float64, bool) { return r.per(r.cpu["all"] * 1e6), r.cpu != nil }},
+	{"WAL B/ev", "bytes/event", "%.0f", func(r steadyResult) (float64, bool) { return r.per(float64(r.walBytes)), true }},
+	{"p50 ms", "ms", "%.1f", func(r steadyResult) (float64, bool) { return percentile(r.ms, 50), !r.cfg.drain }},
+	{"p99 ms", "ms", "%.1f", func(r steadyResult) (float64, bool) { return percentile(r.ms, 99), !r.cfg.drain }},
+}
+
+// cell formats figure f of r, "–" when it was not measured.
+func (f steadyFigure) cell(r steadyResult) string {
+	v, ok := f.get(r)
+	if !ok {
+		return "–"
 	}
+	return fmt.Sprintf(f.format, v)
+}
+
+// steadyTable prints every configuration as one Markdown table row, the
+// form docs/benchmarks.md records.
+func steadyTable(e *env, results []steadyResult) {
+	head, rule := "   | system | config | load |", "   | --- | --- | ---: |"
+	for _, f := range steadyFigures {
+		head += " " + f.head + " |"
+		rule += " ---: |"
+	}
+	e.logf("%s", head)
+	e.logf("%s", rule)
 	for _, r := range results {
-		c, okC := r.pgss["consume"]
-		s, okS := r.pgss["send"]
-		e.logf("   | %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %.0f | %.1f | %.1f |", r.cfg.name(), r.load, r.achieved, float64(r.ticks)/r.took.Seconds(),
-			dash(okC, r.per(c.execMS*1000), "%.0f"), dash(okC, r.per(c.calls), "%.2f"), dash(okC, r.per(c.buffers), "%.1f"),
-			dash(okS, r.per(s.execMS*1000), "%.0f"),
-			dash(r.cpu != nil, r.per(r.cpu["consumer"]*1e6), "%.0f"), dash(r.cpu != nil, r.per(r.cpu["all"]*1e6), "%.0f"),
-			r.per(float64(r.walBytes)), percentile(r.ms, 50), percentile(r.ms, 99))
+		row := fmt.Sprintf("   | %s | %s | %s |", r.system, r.cfg.name(), r.load)
+		for _, f := range steadyFigures {
+			row += " " + f.cell(r) + " |"
+		}
+		e.logf("%s", row)
 	}
 }

@@ -40,10 +40,11 @@ type walRecord struct {
 
 // walCase is one measured kind of send.
 type walCase struct {
-	name   string
-	about  string
-	events int // events per transaction
-	dedup  bool
+	name     string
+	about    string
+	events   int // events per transaction
+	dedup    bool
+	upstream bool // upstream PgQue's keyed send
 }
 
 func runWAL(ctx context.Context, e *env, r *recorder) error {
@@ -57,19 +58,10 @@ func runWAL(ctx context.Context, e *env, r *recorder) error {
 	}
 	defer conn.Release()
 	c := conn.Conn()
-	// Without pg_walinspect (PostgreSQL 14, a build without contrib, a
-	// role that may not create it) only the WAL position's advance is
-	// measured.
-	inspect := true
-	if _, err := c.Exec(ctx, "create extension if not exists pg_walinspect"); err != nil {
-		inspect = false
-		e.logf("   no breakdown by record: pg_walinspect (PostgreSQL 15+ contrib) could not be created: %v", err)
-	}
 	const slots = 16
-	for k := range slots {
-		if _, err := c.Exec(ctx, "select pgque.subscribe_slot($1, 'c', $2, $3)", pgqueQueue, k, slots); err != nil {
-			return fmt.Errorf("subscribe_slot: %w", err)
-		}
+	inspect, err := walSetup(ctx, e, c, slots)
+	if err != nil {
+		return err
 	}
 	reps := pick(e, 50, 200)
 	cases := []walCase{
@@ -78,6 +70,7 @@ func runWAL(ctx context.Context, e *env, r *recorder) error {
 		{name: "batch100", about: "pgque.send_batch of 100 events with partition keys, per event", events: 100},
 	}
 	seq := 0
+	var sendTotal, sendAdvance float64
 	for _, wc := range cases {
 		// Warm up: the pages the sends touch exist and were written since
 		// the last checkpoint, as in a queue that is in use.
@@ -90,33 +83,113 @@ func runWAL(ctx context.Context, e *env, r *recorder) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", wc.name, err)
 		}
-		var total, fpi float64
-		e.logf("   %s (%s), mean of %d transactions:", wc.name, wc.about, reps)
-		if !inspect {
-			e.logf("   WAL position advance: %.1f bytes/event", advance)
-			r.add(wc.name+"_lsn_advance", single(advance), "bytes/event", nil, "pg_current_wal_insert_lsn advance; no breakdown without pg_walinspect")
-			continue
+		if wc.name == "send" {
+			sendTotal, sendAdvance = walReport(e, r, wc, recs, advance, reps, inspect), advance
+		} else {
+			walReport(e, r, wc, recs, advance, reps, inspect)
 		}
-		e.logf("   | record | relation | records/event | bytes/event | of which FPI |")
-		e.logf("   | --- | --- | ---: | ---: | ---: |")
-		for _, rec := range recs {
-			total += rec.bytes
-			fpi += rec.fpi
-			e.logf("   | %s/%s | %s | %.2f | %.1f | %.1f |", rec.rmgr, rec.kind, rec.rel, rec.count, rec.bytes, rec.fpi)
-			if rec.bytes > 0 {
-				r.add(walCaseName(wc.name, rec), single(rec.bytes), "bytes/event", nil, fmt.Sprintf("%.2f records/event", rec.count))
-			}
-		}
-		e.logf("   | total | | | %.1f | %.1f |", total, fpi)
-		e.logf("   WAL position advance: %.1f bytes/event (records aligned to 8 bytes, page headers)", advance)
-		r.add(wc.name+"_lsn_advance", single(advance), "bytes/event", nil, "pg_current_wal_insert_lsn advance over the same transactions: the records with their alignment and page headers")
-		r.add(wc.name+"_total", single(total), "bytes/event", nil,
-			fmt.Sprintf("%s; mean of %d transactions, full-page images %.1f bytes/event", wc.about, reps, fpi))
 	}
 	if err := walRowWidth(ctx, e, r, c); err != nil {
 		return err
 	}
-	return walConsume(ctx, e, r, c, slots, pick(e, 20, 100), inspect)
+	if err := walConsume(ctx, e, r, c, slots, pick(e, 20, 100), inspect); err != nil {
+		return err
+	}
+	if e.upstream == nil {
+		return nil
+	}
+	return walUpstream(ctx, e, r, slots, reps, inspect, sendTotal, sendAdvance)
+}
+
+// walSetup creates pg_walinspect in c's database and subscribes a
+// consumer "c" of slots slots to queue bench (pgque's or upstream's, whose
+// subscribe_slot has the same form). Without pg_walinspect (PostgreSQL 14,
+// a build without contrib, a role that may not create it) it returns false:
+// only the WAL position's advance is measured.
+func walSetup(ctx context.Context, e *env, c *pgx.Conn, slots int) (bool, error) {
+	inspect := true
+	if _, err := c.Exec(ctx, "create extension if not exists pg_walinspect"); err != nil {
+		inspect = false
+		e.logf("   no breakdown by record: pg_walinspect (PostgreSQL 15+ contrib) could not be created: %v", err)
+	}
+	for k := range slots {
+		if _, err := c.Exec(ctx, "select pgque.subscribe_slot($1, 'c', $2, $3)", pgqueQueue, k, slots); err != nil {
+			return false, fmt.Errorf("subscribe_slot: %w", err)
+		}
+	}
+	return inspect, nil
+}
+
+// walReport prints and records the records of case wc and returns their
+// bytes per event (0 without inspect).
+func walReport(e *env, r *recorder, wc walCase, recs []walRecord, advance float64, reps int, inspect bool) float64 {
+	var total, fpi float64
+	e.logf("   %s (%s), mean of %d transactions:", wc.name, wc.about, reps)
+	if !inspect {
+		e.logf("   WAL position advance: %.1f bytes/event", advance)
+		r.add(wc.name+"_lsn_advance", single(advance), "bytes/event", nil, "pg_current_wal_insert_lsn advance; no breakdown without pg_walinspect")
+		return 0
+	}
+	e.logf("   | record | relation | records/event | bytes/event | of which FPI |")
+	e.logf("   | --- | --- | ---: | ---: | ---: |")
+	for _, rec := range recs {
+		total += rec.bytes
+		fpi += rec.fpi
+		e.logf("   | %s/%s | %s | %.2f | %.1f | %.1f |", rec.rmgr, rec.kind, rec.rel, rec.count, rec.bytes, rec.fpi)
+		if rec.bytes > 0 {
+			r.add(walCaseName(wc.name, rec), single(rec.bytes), "bytes/event", nil, fmt.Sprintf("%.2f records/event", rec.count))
+		}
+	}
+	e.logf("   | total | | | %.1f | %.1f |", total, fpi)
+	e.logf("   WAL position advance: %.1f bytes/event (records aligned to 8 bytes, page headers)", advance)
+	r.add(wc.name+"_lsn_advance", single(advance), "bytes/event", nil, "pg_current_wal_insert_lsn advance over the same transactions: the records with their alignment and page headers")
+	r.add(wc.name+"_total", single(total), "bytes/event", nil,
+		fmt.Sprintf("%s; mean of %d transactions, full-page images %.1f bytes/event", wc.about, reps, fpi))
+	return total
+}
+
+// walUpstream measures upstream PgQue's keyed send the same way, in
+// database bench_wal_upstream (a queue with a 16-slot consumer, each send
+// in its own transaction), and compares it with pgque's.
+func walUpstream(ctx context.Context, e *env, r *recorder, slots, reps int, inspect bool, pgqueTotal, pgqueAdvance float64) error {
+	e.logf("   upstream PgQue from %s", e.upstream.describe())
+	u, err := newUpstream(ctx, e, "bench_wal_upstream", 2)
+	if err != nil {
+		return err
+	}
+	conn, err := u.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	c := conn.Conn()
+	if _, err := c.Exec(ctx, "select pgque.create_queue($1)", pgqueQueue); err != nil {
+		return fmt.Errorf("upstream create_queue: %w", err)
+	}
+	if inspect, err = walSetup(ctx, e, c, slots); err != nil {
+		return fmt.Errorf("upstream: %w", err)
+	}
+	wc := walCase{name: "upstream_send", about: "upstream's pgque.send(queue, type, payload jsonb, partition key)", events: 1, upstream: true}
+	seq := 0
+	for range 20 {
+		if _, err := walSend(ctx, c, wc, &seq); err != nil {
+			return err
+		}
+	}
+	recs, advance, err := walMeasure(ctx, c, wc, reps, &seq, inspect)
+	if err != nil {
+		return fmt.Errorf("%s: %w", wc.name, err)
+	}
+	total := walReport(e, r, wc, recs, advance, reps, inspect)
+	e.logf("   | WAL per keyed send | pgque | upstream | pgque / upstream |")
+	e.logf("   | --- | ---: | ---: | ---: |")
+	if inspect {
+		e.logf("   | records (pg_walinspect) | %.1f | %.1f | %.2f× |", pgqueTotal, total, pgqueTotal/total)
+		r.compare("send_total_vs_upstream", single(pgqueTotal), "upstream_send_total", single(total), "bytes/event", nil, "")
+	}
+	e.logf("   | WAL position advance | %.1f | %.1f | %.2f× |", pgqueAdvance, advance, pgqueAdvance/advance)
+	r.compare("send_lsn_advance_vs_upstream", single(pgqueAdvance), "upstream_send_lsn_advance", single(advance), "bytes/event", nil, "")
+	return nil
 }
 
 // walConsume measures the WAL of a tick holding one keyed event and of the
@@ -299,11 +372,16 @@ func walSend(ctx context.Context, c *pgx.Conn, wc walCase, seq *int) (int64, err
 		if wc.dedup {
 			dedup = fmt.Sprintf("dedup-%d", *seq)
 		}
-		if wc.events == 1 {
+		switch {
+		case wc.upstream:
+			if _, err := tx.Exec(ctx, upstreamSendSQL, pgqueQueue, eventType, payload(*seq), tenantKey(*seq)); err != nil {
+				return fmt.Errorf("upstream send: %w", err)
+			}
+		case wc.events == 1:
 			if _, err := tx.Exec(ctx, "select pgque.send($1, $2, $3::jsonb, $4, $5)", pgqueQueue, eventType, payload(*seq), tenantKey(*seq), dedup); err != nil {
 				return fmt.Errorf("send: %w", err)
 			}
-		} else {
+		default:
 			payloads, keys := batchPayloads(*seq, wc.events)
 			if _, err := tx.Exec(ctx, pgqueSendBatchSQL, eventType, payloads, keys); err != nil {
 				return fmt.Errorf("send_batch: %w", err)
