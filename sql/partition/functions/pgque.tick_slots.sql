@@ -27,9 +27,13 @@
 -- transaction). Returns nothing. Reads pgque.slot_group, pgque.tick and
 -- the queue's events (the (ev_txid, ev_id) index); writes nothing. Not
 -- granted: the ticker calls it, as the owner.
+-- Generic plans only: the set's statement takes arrays as parameters, and
+-- the planner's custom plans for it were replanned on every tick (half of
+-- the function's time).
 create or replace function pgque._tick_slots(i_queue_id integer, i_tick_id bigint)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
 as $$
 declare
     v_ns    integer[];
