@@ -16,11 +16,14 @@
 -- backlog of small ticks is consumed in batches of about span events. A
 -- sealed subscription passes its seal tick as until (an online resize of
 -- slots seals the old ones): no batch of it ends past the seal.
--- Tables: tick (read).
+-- Tables: tick (read). Generic plans only: the planner's custom plans for
+-- the statement (the same index scans) were replanned on every call, and
+-- planning cost more than running it (0.18 ms against 0.01 ms).
 drop function if exists pgque._batch_end(integer, bigint, bigint);
 create or replace function pgque._batch_end(i_queue integer, i_last_tick bigint, i_span bigint, i_until bigint)
 returns bigint language plpgsql volatile
 set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
 as $$
 declare
     v_next bigint;
