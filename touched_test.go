@@ -120,6 +120,13 @@ func TestPartitionedWakesOnlyTouchedSlots(t *testing.T) {
 			t.Logf("slot %d (touched) made %d calls", s, d)
 		}
 	}
+	// The last handler returns after it signalled delivery: Stop waits
+	// for it, so that the checker has its end.
+	stopCtx, stop := context.WithTimeout(context.Background(), 15*time.Second)
+	defer stop()
+	if err := pc.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
 	r, err := chk.verify(sent)
 	if err != nil {
 		t.Fatal(err)
