@@ -235,7 +235,39 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 	chunk.Detach()
 	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(c.start).Seconds())
 	pc.observeLanes(lease.Slot, sl)
-	return true, nil
+	return pc.receiveAgain(lease, sl, c), nil
+}
+
+// ackFoldWait bounds how long a deferred acknowledgement waits for the
+// slot's next wake-up before it is sent on its own.
+const ackFoldWait = 100 * time.Millisecond
+
+// foldBytes: a chunk below BatchSize whose payloads stay under this was not
+// cut by the server's byte budget per chunk (pgque._chunk_bytes, 32 MiB),
+// so it ended the slot's batch.
+const foldBytes = 1 << 20
+
+// receiveAgain says whether the slot receives again at once after chunk
+// c. A chunk that ended the slot's batch leaves the next receive nothing
+// to do but acknowledge it and find no later batch: one more call and
+// transaction per wake-up. So when its acknowledgement was deferred, the
+// slot waits instead, and the acknowledgement rides on the receive of its
+// next wake-up (a tick that touches it), or goes after ackFoldWait at the
+// latest. A chunk of BatchSize, or one that may have been cut by the byte
+// budget, may leave events of the batch: receive again at once.
+func (pc *PartitionedConsumer) receiveAgain(lease *workerpool.Lease, sl *slotState, c slotChunk) bool {
+	if sl.ack == nil || len(c.msgs) >= pc.config.BatchSize {
+		return true
+	}
+	n := 0
+	for _, m := range c.msgs {
+		n += len(m.Payload)
+	}
+	if n >= foldBytes {
+		return true
+	}
+	lease.CallBackWithin(ackFoldWait)
+	return false
 }
 
 // settleLanes settles a chunk run in lanes: with the holds of its slow

@@ -216,7 +216,7 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 		lease.Renewed(ackStart)
 	}
 	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(c.start).Seconds())
-	return true, nil
+	return pc.receiveAgain(lease, sl, c), nil
 }
 
 // startSlots is the N Start subscribes and works: Slots, or the consumer's

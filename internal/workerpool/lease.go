@@ -48,7 +48,19 @@ type Lease struct {
 	// Config.StallTimeout.
 	progressAt atomic.Int64
 	busy       atomic.Int32
+
+	// recall, when set (nanoseconds), bounds the slot's next wait for work
+	// (CallBackWithin).
+	recall atomic.Int64
 }
+
+// CallBackWithin asks for the slot's next Work call within d even when no
+// wake-up comes: a WorkFunc that returns more = false with something still
+// to send (a deferred acknowledgement) says so. It bounds one wait only.
+func (l *Lease) CallBackWithin(d time.Duration) { l.recall.Store(int64(d)) }
+
+// takeRecall returns and clears what CallBackWithin asked for.
+func (l *Lease) takeRecall() time.Duration { return time.Duration(l.recall.Swap(0)) }
 
 // expiryMargin is the fraction of the TTL by which the local view expires
 // before the server's: 1/20, i.e. 5%.

@@ -86,7 +86,7 @@ func (p *Pool) run(r *runner) {
 			continue
 		}
 		failures = 0
-		if !more && p.idle(r, &waiter) != nil {
+		if !more && p.idle(r, waiter) != nil {
 			break
 		}
 	}
@@ -94,12 +94,17 @@ func (p *Pool) run(r *runner) {
 	p.releaseLease(r, log)
 }
 
-// idle waits for a wake-up or the slot's poll. Waiting is not being stuck:
-// with touched sets an idle slot sleeps until its poll, which may be set
-// longer than the watchdog's StallTimeout, so the wait counts as busy.
-func (p *Pool) idle(r *runner, waiter *wakeup.Waiter) error {
+// idle waits for a wake-up or the slot's poll, or for less when the last
+// Work call asked to be called back sooner (Lease.CallBackWithin). Waiting
+// is not being stuck: with touched sets an idle slot sleeps until its
+// poll, which may be set longer than the watchdog's StallTimeout, so the
+// wait counts as busy.
+func (p *Pool) idle(r *runner, waiter wakeup.Waiter) error {
 	done := r.lease.Busy()
 	defer done()
+	if d := r.lease.takeRecall(); d > 0 && d < waiter.Poll {
+		waiter.Poll, waiter.Jitter = d, 0
+	}
 	return waiter.Wait(r.fetchCtx)
 }
 

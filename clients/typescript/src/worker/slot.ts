@@ -26,6 +26,14 @@ import * as q from "./sql.js";
 import { HandlerTimeoutError, LeaseLostError, reasonOf, RetryAfterError, DeadLetterError } from "./outcome.js";
 import { Mutex, Semaphore, Wake, sleep } from "./sync.js";
 
+/** How long a deferred acknowledgement waits for the slot's next wake-up before it goes on its own. */
+const ackFoldWaitMs = 100;
+/**
+ * A chunk below batchSize whose payloads stay under this was not cut by the
+ * server's byte budget per chunk (32 MiB), so it ended the slot's batch.
+ */
+const foldBytes = 1 << 20;
+
 /** What the handler gets beside the message. */
 export interface HandlerContext {
   /**
@@ -269,6 +277,7 @@ export class SlotRunner {
     }
     let failedReceives = 0;
     while (!this.stopping()) {
+      let foldAck = false;
       if (this.heldEvents >= env.maxHeldEvents) {
         await this.heldChanged.wait(env.pollIntervalMs, this.ctl.signal, 0);
         continue;
@@ -299,13 +308,20 @@ export class SlotRunner {
               batchId: String(rows[0]!.batch_id),
               msgId: String(rows[0]!.msg_id),
             });
-            continue;
+            foldAck = this.endedBatch(rows);
+            if (!foldAck) continue;
           }
         }
       } finally {
         unlock();
       }
-      // Nothing to do (or the database failed): wait for a tick, a poll, or a stop.
+      // Nothing to do (or the database failed): wait for a tick, a poll, or a stop;
+      // with an acknowledgement waiting to ride on the next receive, not longer
+      // than ackFoldWaitMs.
+      if (foldAck) {
+        await this.wakeUp.wait(Math.min(ackFoldWaitMs, env.pollIntervalMs), this.fetchOrAbort(), 0);
+        continue;
+      }
       const wait = settled ? env.pollIntervalMs : Math.min(env.pollIntervalMs * 2 ** failedReceives, 30_000);
       await this.wakeUp.wait(wait, this.fetchOrAbort(), 0.2);
     }
@@ -341,6 +357,22 @@ export class SlotRunner {
       const e = mapError(`releasing slot ${this.slot}`, err);
       if (!isPgqueError(e, "lease_lost")) env.onError(e);
     }
+  }
+
+  /**
+   * Whether the chunk just handled ended the slot's batch with its
+   * acknowledgement deferred: then the next receive would only acknowledge it
+   * and find nothing, so the slot waits for its next wake-up instead and the
+   * acknowledgement rides on that receive (or goes after ackFoldWaitMs). A
+   * chunk of batchSize, or one the server's byte budget per chunk may have
+   * cut, may leave events of the batch: receive again at once. As the Go
+   * pool's receiveAgain.
+   */
+  private endedBatch(rows: readonly { payload: string | null }[]): boolean {
+    if (this.pendingAck === null || rows.length >= this.env.batchSize) return false;
+    let bytes = 0;
+    for (const r of rows) bytes += r.payload?.length ?? 0;
+    return bytes < foldBytes;
   }
 
   private settles = new Set<Promise<void>>();
