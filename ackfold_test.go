@@ -52,19 +52,7 @@ func TestPartitionedFoldsAckIntoNextWakeUp(t *testing.T) {
 	before := calls.snapshot()[0]
 	for i := range n {
 		key := fmt.Sprintf("k%d", i%3)
-		id, err := env.client.Send(ctx, env.queue, pgque.Event{Type: "e", Payload: i, PartitionKey: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		sent[id] = key
-		select {
-		case got := <-delivered:
-			if got != id {
-				t.Fatalf("delivered %d, want %d", got, id)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("event %d not delivered within 10 s", id)
-		}
+		sent[sendAwait(t, env, delivered, pgque.Event{Type: "e", Payload: i, PartitionKey: key})] = key
 	}
 	// Each event is a chunk of one that ends its batch. Folded, that is a
 	// call per event (and one on its own after the last); unfolded, two.
@@ -93,19 +81,7 @@ func TestPartitionedFoldsAckIntoNextWakeUp(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = again.Stop(context.Background()) }) // idempotent
 	pgtest.WaitFor(t, 30*time.Second, "the slot claimed again", func() bool { return len(again.OwnedSlots()) == 1 })
-	last, err := env.client.Send(ctx, env.queue, pgque.Event{Type: "e", Payload: "last", PartitionKey: "k0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sent[last] = "k0"
-	select {
-	case got := <-delivered:
-		if got != last {
-			t.Fatalf("after the restart event %d was delivered, want %d", got, last)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the event after the restart was not delivered")
-	}
+	sent[sendAwait(t, env, delivered, pgque.Event{Type: "e", Payload: "last", PartitionKey: "k0"})] = "k0"
 	// Stop waits for the last handler, which signalled before it returned,
 	// and anything delivered again would have come before that event.
 	if err := again.Stop(stopCtx); err != nil {

@@ -34,6 +34,25 @@ func (c *slotCalls) snapshot() map[int]int {
 	return out
 }
 
+// sendAwait sends ev and waits until the handler reports its id on
+// delivered, which must be the next id it reports; it returns the id.
+func sendAwait(t *testing.T, env *testEnv, delivered <-chan int64, ev pgque.Event) int64 {
+	t.Helper()
+	id, err := env.client.Send(context.Background(), env.queue, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-delivered:
+		if got != id {
+			t.Fatalf("delivered %d, want %d", got, id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("event %d (key %q) not delivered within 10 s", id, ev.PartitionKey)
+	}
+	return id
+}
+
 // A 16-slot consumer at steady load, one keyed event per tick: only the
 // slot the tick touched makes a call; the other fifteen stay asleep (their
 // poll fallback is longer than the run). Before touched sets, every tick
@@ -83,19 +102,7 @@ func TestPartitionedWakesOnlyTouchedSlots(t *testing.T) {
 	sent := make(map[int64]string)
 	sendOne := func(key string) {
 		t.Helper()
-		id, err := env.client.Send(ctx, env.queue, pgque.Event{Type: "e", Payload: 1, PartitionKey: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		sent[id] = key
-		select {
-		case got := <-delivered:
-			if got != id {
-				t.Fatalf("delivered %d, want %d", got, id)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("event %d (key %s) not delivered within 10 s", id, key)
-		}
+		sent[sendAwait(t, env, delivered, pgque.Event{Type: "e", Payload: 1, PartitionKey: key})] = key
 	}
 	// Until the pool has seen a touched set, the plain tick tag wakes
 	// every slot; one event shows it one. A slot busy when that wake-up
