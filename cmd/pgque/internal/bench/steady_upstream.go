@@ -51,7 +51,7 @@ func newUpstreamSide(ctx context.Context, e *env) (*steadySide, error) {
 		_, err := prodPool.Exec(ctx, upstreamSendSQL, q, eventType, string(body), steadyKey(i))
 		return err
 	}
-	side.sqlConsumer = func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context) (steadyConsumer, error), error) {
+	side.sqlConsumer = func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context, *loopGate) (steadyConsumer, error), error) {
 		c, err := pgx.Connect(ctx, consDSN)
 		if err != nil {
 			return nil, err
@@ -60,9 +60,9 @@ func newUpstreamSide(ctx context.Context, e *env) (*steadySide, error) {
 		if err := subscribeUpstreamSlots(ctx, c, q, slots); err != nil {
 			return nil, err
 		}
-		return func(ctx context.Context) (steadyConsumer, error) {
+		return func(ctx context.Context, gate *loopGate) (steadyConsumer, error) {
 			return startSlotLoops(ctx, consDSN, slots, "pgque_"+q, func(ctx context.Context, c *pgx.Conn, k int) error {
-				return upstreamSlotLoop(ctx, c, q, k, slots, lat)
+				return upstreamSlotLoop(ctx, c, q, k, slots, lat, gate)
 			})
 		}, nil
 	}

@@ -73,9 +73,13 @@ type steadyConfig struct {
 	client string // "go" or "sql"
 	held   bool
 	drain  bool // a backlog drained as fast as it goes, not a rate
+	warm   bool // the drain's loops warmed up on a first backlog before it
 }
 
 func (c steadyConfig) name() string {
+	if c.drain && c.warm {
+		return fmt.Sprintf("drain_s%d_%s_warm", c.slots, c.client)
+	}
 	if c.drain {
 		return fmt.Sprintf("drain_s%d_%s", c.slots, c.client)
 	}
@@ -157,8 +161,9 @@ type steadySide struct {
 	// send sends event i with body to q, keyed steadyKey(i).
 	send func(ctx context.Context, q string, i int, body []byte) error
 	// sqlConsumer subscribes an N-slot consumer of q and returns the
-	// function that starts its SQL loops.
-	sqlConsumer func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context) (steadyConsumer, error), error)
+	// function that starts its SQL loops; a loop waits at gate (when not
+	// nil) before each receive.
+	sqlConsumer func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context, *loopGate) (steadyConsumer, error), error)
 	// goConsumer starts the Go PartitionedConsumer; nil for upstream.
 	goConsumer func(ctx context.Context, q string, slots int, lat *latencyLog) (steadyConsumer, error)
 	// lastTick returns the last tick id of q.
@@ -219,13 +224,15 @@ func (side *steadySide) runAll(ctx context.Context, r *recorder, d time.Duration
 	if side.e.upstream == nil {
 		return nil
 	}
-	cfg := steadyConfig{slots: 16, client: "sql", drain: true}
-	res, err := side.drain(ctx, cfg, drainEvents)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", side.system, cfg.name(), err)
+	for _, warm := range []bool{false, true} {
+		cfg := steadyConfig{slots: 16, client: "sql", drain: true, warm: warm}
+		res, err := side.drain(ctx, cfg, drainEvents)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", side.system, cfg.name(), err)
+		}
+		*results = append(*results, res)
+		recordSteady(r, res)
 	}
-	*results = append(*results, res)
-	recordSteady(r, res)
 	return nil
 }
 
@@ -320,7 +327,7 @@ func newPgqueSide(ctx context.Context, e *env) (*steadySide, error) {
 		_, err := producer.Send(ctx, q, pgque.Event{Type: eventType, Payload: json.RawMessage(body), PartitionKey: steadyKey(i)})
 		return err
 	}
-	side.sqlConsumer = func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context) (steadyConsumer, error), error) {
+	side.sqlConsumer = func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context, *loopGate) (steadyConsumer, error), error) {
 		c, err := pgx.Connect(ctx, consDSN)
 		if err != nil {
 			return nil, err
@@ -331,9 +338,9 @@ func newPgqueSide(ctx context.Context, e *env) (*steadySide, error) {
 			return nil, err
 		}
 		tag := workerpool.TickTag(q)
-		return func(ctx context.Context) (steadyConsumer, error) {
+		return func(ctx context.Context, gate *loopGate) (steadyConsumer, error) {
 			return startSlotLoops(ctx, consDSN, slots, workerpool.SlotsChannel, func(ctx context.Context, c *pgx.Conn, k int) error {
-				return sqlSlotLoop(ctx, c, q, k, slots, tokens[k], tag, lat)
+				return sqlSlotLoop(ctx, c, q, k, slots, tokens[k], tag, lat, gate)
 			})
 		}, nil
 	}
@@ -417,9 +424,9 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 	if cfg.client == "go" {
 		con, err = side.goConsumer(ctx, q, cfg.slots, lat)
 	} else {
-		var start func(context.Context) (steadyConsumer, error)
+		var start func(context.Context, *loopGate) (steadyConsumer, error)
 		if start, err = side.sqlConsumer(ctx, q, cfg.slots, lat); err == nil {
-			con, err = start(ctx)
+			con, err = start(ctx, nil)
 		}
 	}
 	if err != nil {
@@ -467,7 +474,11 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 // drain measures cfg.slots SQL loops draining a backlog of events keyed
 // sends, which the system's ticker cut into ticks as they arrived (and a
 // last forced tick closed): events/s from the loops' start to the last
-// delivery, and the server's figures over that window.
+// delivery, and the server's figures over that window. Cold (cfg.warm
+// false), the window includes the loops' connections and their sessions'
+// first calls, as for a consumer that starts behind; warm, the loops
+// first drain a smaller backlog (a tenth), then wait at a gate while the
+// measured one is built, as for a running consumer that falls behind.
 func (side *steadySide) drain(ctx context.Context, cfg steadyConfig, events int) (steadyResult, error) {
 	res := steadyResult{system: side.system, cfg: cfg}
 	q, err := side.newQueue(ctx)
@@ -479,12 +490,36 @@ func (side *steadySide) drain(ctx context.Context, cfg steadyConfig, events int)
 	if err != nil {
 		return res, err
 	}
-	if _, _, err := paced(ctx, 1e9, events, 16, func(ctx context.Context, i int) error {
-		return side.send(ctx, q, i, sendBody(i))
-	}); err != nil {
-		return res, fmt.Errorf("building the backlog: %w", err)
+	backlog := func(from, to int) error {
+		if _, _, err := paced(ctx, 1e9, to-from, 16, func(ctx context.Context, i int) error {
+			return side.send(ctx, q, from+i, sendBody(from+i))
+		}); err != nil {
+			return fmt.Errorf("building the backlog: %w", err)
+		}
+		return side.closeBacklog(ctx, q)
 	}
-	if err := side.closeBacklog(ctx, q); err != nil {
+	var con steadyConsumer
+	defer func() {
+		if con != nil {
+			_ = con.stop(context.WithoutCancel(ctx))
+		}
+	}()
+	var gate *loopGate
+	warmup := 0
+	if cfg.warm {
+		warmup, gate = events/10, &loopGate{}
+		if con, err = start(ctx, gate); err != nil {
+			return res, err
+		}
+		if err := backlog(events, events+warmup); err != nil {
+			return res, err
+		}
+		if err := lat.waitDelivered(ctx, warmup); err != nil {
+			return res, fmt.Errorf("warming up: %w", err)
+		}
+		gate.close()
+	}
+	if err := backlog(0, events); err != nil {
 		return res, err
 	}
 	m0, err := side.begin(ctx, q)
@@ -492,12 +527,12 @@ func (side *steadySide) drain(ctx context.Context, cfg steadyConfig, events int)
 		return res, err
 	}
 	t0 := time.Now()
-	con, err := start(ctx)
-	if err != nil {
+	if gate != nil {
+		gate.open()
+	} else if con, err = start(ctx, nil); err != nil {
 		return res, err
 	}
-	defer func() { _ = con.stop(context.WithoutCancel(ctx)) }()
-	if err := lat.waitDelivered(ctx, events); err != nil {
+	if err := lat.waitDelivered(ctx, warmup+events); err != nil {
 		return res, err
 	}
 	res.took = time.Since(t0)
@@ -505,11 +540,55 @@ func (side *steadySide) drain(ctx context.Context, cfg steadyConfig, events int)
 		return res, err
 	}
 	res.events, res.achieved = events, float64(events)/res.took.Seconds()
-	if err := con.stop(ctx); err != nil {
+	err, con = con.stop(ctx), nil
+	if err != nil {
 		return res, fmt.Errorf("stopping the consumer: %w", err)
 	}
 	side.e.logf("   %-8s %-22s %s", side.system, cfg.name(), res.line())
 	return res, nil
+}
+
+// loopGate holds SQL loops before their receive calls while it is
+// closed; a nil gate never holds.
+type loopGate struct {
+	mu   sync.Mutex
+	shut chan struct{} // nil while open
+}
+
+func (g *loopGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut == nil {
+		g.shut = make(chan struct{})
+	}
+}
+
+func (g *loopGate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut != nil {
+		close(g.shut)
+		g.shut = nil
+	}
+}
+
+// wait returns when the gate is open or ctx is done.
+func (g *loopGate) wait(ctx context.Context) error {
+	if g == nil {
+		return nil
+	}
+	g.mu.Lock()
+	shut := g.shut
+	g.mu.Unlock()
+	if shut == nil {
+		return nil
+	}
+	select {
+	case <-shut:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // holdHorizon opens a REPEATABLE READ transaction with an xid on another
@@ -706,10 +785,13 @@ func startSlotLoops(ctx context.Context, dsn string, slots int, channel string,
 // names the slot (or at the latest after a second, the poll),
 // receive_partitioned_raw (chunks of 100, each call acknowledging the
 // previous chunk) until a call returns no rows.
-func sqlSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, token, tag string, lat *latencyLog) error {
+func sqlSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, token, tag string, lat *latencyLog, gate *loopGate) error {
 	var ack [3]*int64
 	for {
 		for {
+			if err := gate.wait(ctx); err != nil {
+				return err
+			}
 			rows, err := c.Query(ctx, "select msg_id, batch_id, payload, epoch from pgque.receive_partitioned_raw($1, 'c', $2, $3, 'sql-loop', $4::uuid, 100, $5, $6, $7)",
 				q, k, n, token, ack[0], ack[1], ack[2])
 			if err != nil {

@@ -294,10 +294,13 @@ func subscribeUpstreamSlots(ctx context.Context, c *pgx.Conn, q string, n int) e
 // (pgque_<queue>, one notification per tick), and on each notification
 // receive_partitioned, ack_partitioned when it returned rows, and again
 // until the slot has no unconsumed tick.
-func upstreamSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, lat *latencyLog) error {
+func upstreamSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, lat *latencyLog, gate *loopGate) error {
 	name := fmt.Sprintf("c#%d/%d", k, n)
 	for {
 		for {
+			if err := gate.wait(ctx); err != nil {
+				return err
+			}
 			got, err := upstreamReceive(ctx, c, q, k, n, lat)
 			if err != nil {
 				return err
