@@ -121,28 +121,21 @@ drop function if exists pgque.claim_slot(text, text, integer, text, interval);
 drop function if exists pgque.release_slot(text, text, integer, text);
 drop function if exists pgque._hold_lease(text, text, integer, integer, text);
 
--- _token_hash(token): what the lease row stores of a token.
+-- _token_hash(token): what the lease row stores of a token. This and
+-- _lease_proved are SQL-standard bodies (parsed once, at install, with
+-- the installer's search_path) and have no SET clause, so the planner
+-- inlines them into the holder checks every receive and ack makes.
 create or replace function pgque._token_hash(i_token uuid)
-returns bytea language plpgsql immutable
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    return sha256(uuid_send(i_token));
-end;
-$$;
+returns bytea language sql immutable
+return sha256(uuid_send(i_token));
 
 -- _lease_proved(lease, worker, token): whether (worker, token) proves the
 -- lease: the lease has an owner, it is worker, and token hashes to the
 -- stored hash. A lease left from before tokens (no hash) proves nothing
 -- until it is claimed again.
 create or replace function pgque._lease_proved(l pgque.slot_lease, i_worker text, i_token uuid)
-returns boolean language plpgsql immutable
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    return coalesce(l.sl_owner = i_worker and l.sl_token = pgque._token_hash(i_token), false);
-end;
-$$;
+returns boolean language sql immutable
+return coalesce(l.sl_owner = i_worker and l.sl_token = pgque._token_hash(i_token), false);
 
 -- _check_token(token): a NULL token is a missing argument (22004).
 create or replace function pgque._check_token(i_token uuid)
@@ -270,19 +263,44 @@ create or replace function pgque._hold_lease(i_queue text, i_consumer text, i_sl
                                              i_nslots integer, i_worker text, i_token uuid)
 returns pgque.slot_lease language plpgsql
 set search_path = pg_catalog, pg_temp
+set lock_timeout = '2s'
 as $$
 declare
+    r     record;
     l     pgque.slot_lease;
     v_now timestamptz;
 begin
     perform pgque._check_worker(i_worker);
     perform pgque._check_token(i_token);
     perform pgque._check_slot(i_slot, i_nslots);
-    perform pgque._slot_group(i_queue, i_consumer, i_nslots);
-    l := pgque._lease(i_queue, i_consumer, i_slot);
-    perform pgque._refuse_unproved(l, i_worker, i_token);
+    -- One statement for what _slot_group and _lease read apart (every
+    -- receive and ack comes here): the group's N, the lease row locked
+    -- (waited for at most lock_timeout, as _lease does) and its newest
+    -- state record's time (_lease_until). When something is missing or
+    -- N differs, those two raise the error they always raised.
+    select g.sg_nslots, l1 as lease,
+           (select st.st_time from pgque.sub_state st
+             where st.st_sub = l1.sl_sub order by st.st_seq desc limit 1) as last_state
+      into r
+      from pgque.queue q
+      join pgque.slot_group g on g.sg_queue = q.queue_id and g.sg_consumer = i_consumer
+      join pgque.slot_lease l1 on l1.sl_queue = q.queue_id and l1.sl_consumer = i_consumer and l1.sl_slot = i_slot
+     where q.queue_name = i_queue
+       for update of l1;
+    if found and r.sg_nslots = i_nslots then
+        l := r.lease;
+        l.sl_until := greatest(l.sl_until, r.last_state + l.sl_ttl);
+    else
+        -- The errors they raise, or the lease after a subscription
+        -- committed meanwhile.
+        perform pgque._slot_group(i_queue, i_consumer, i_nslots);
+        l := pgque._lease(i_queue, i_consumer, i_slot);
+        l.sl_until := pgque._lease_until(l);
+    end if;
+    if not pgque._lease_proved(l, i_worker, i_token) then
+        perform pgque._refuse_unproved(l, i_worker, i_token);
+    end if;
     v_now := clock_timestamp();
-    l.sl_until := pgque._lease_until(l);
     if l.sl_until - v_now < l.sl_ttl / 2 then
         perform pgque._touch_state(l.sl_sub);
         l.sl_until := v_now + l.sl_ttl;
