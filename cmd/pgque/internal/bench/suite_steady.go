@@ -387,6 +387,19 @@ func (l *latencyLog) record(payload []byte, now time.Time) error {
 	return nil
 }
 
+// restart forgets the latencies and the count recorded so far (the events
+// already seen stay seen).
+func (l *latencyLog) restart() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ms = nil
+	l.n.Store(0)
+}
+
+// steadyWarmSeq is the first sequence number of a warm-up's events, past
+// any measured window's.
+const steadyWarmSeq = 1 << 30
+
 // waitDelivered waits while events keep arriving until n were delivered;
 // 30 s without progress means delivery is stuck.
 func (l *latencyLog) waitDelivered(ctx context.Context, n int) error {
@@ -441,6 +454,21 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 		}
 		defer release()
 	}
+
+	// Warm-up, unmeasured: the consumer's sessions start cold (a new
+	// queue's reader is planned once per session, and PostgreSQL plans the
+	// first five executions of each statement for their values), which
+	// would otherwise be a large part of a short window at 16 slots.
+	warm := int(float64(cfg.rate) * d.Seconds() / 3)
+	if _, _, err := paced(ctx, cfg.rate, warm, 16, func(ctx context.Context, i int) error {
+		return side.send(ctx, q, steadyWarmSeq+i, sendBody(steadyWarmSeq+i))
+	}); err != nil {
+		return res, fmt.Errorf("producer, warming up: %w", err)
+	}
+	if err := lat.waitDelivered(ctx, warm); err != nil {
+		return res, fmt.Errorf("warming up: %w", err)
+	}
+	lat.restart()
 
 	m0, err := side.begin(ctx, q)
 	if err != nil {
