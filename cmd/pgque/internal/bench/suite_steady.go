@@ -812,7 +812,12 @@ func startSlotLoops(ctx context.Context, dsn string, slots int, channel string,
 // would write it: on each notification on pgque_slots whose touched set
 // names the slot (or at the latest after a second, the poll),
 // receive_partitioned_raw (chunks of 100, each call acknowledging the
-// previous chunk) until a call returns no rows.
+// previous chunk) until a chunk ends the slot's batch. A chunk of fewer
+// than 100 rows and under the byte budget did: the next call would only
+// acknowledge it and find nothing, so the loop waits for the next
+// notification naming the slot, and the acknowledgement rides on that
+// call, or goes after 100 ms at the latest (as the Go pool and the
+// TypeScript worker do; docs/design.md, "Wake-ups proportional to work").
 func sqlSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, token, tag string, lat *latencyLog, gate *loopGate) error {
 	var ack [3]*int64
 	for {
@@ -825,7 +830,7 @@ func sqlSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, token, ta
 			if err != nil {
 				return fmt.Errorf("receive_partitioned_raw slot %d/%d: %w", k, n, err)
 			}
-			got := 0
+			got, bytes := 0, 0
 			now := time.Now()
 			var next [3]*int64
 			for rows.Next() {
@@ -842,26 +847,34 @@ func sqlSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, token, ta
 					rows.Close()
 					return err
 				}
-				got++
+				got, bytes = got+1, bytes+len(payload)
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
 				return fmt.Errorf("receive_partitioned_raw slot %d/%d: %w", k, n, err)
 			}
 			ack = next
-			if got == 0 {
+			if got == 0 || (got < 100 && bytes < sqlLoopFoldBytes) {
 				break
 			}
 		}
-		if err := waitTouched(ctx, c, tag, n, k); err != nil {
+		wait := time.Second
+		if ack[0] != nil {
+			wait = 100 * time.Millisecond
+		}
+		if err := waitTouched(ctx, c, tag, n, k, wait); err != nil {
 			return err
 		}
 	}
 }
 
-// waitTouched waits for a touched set naming slot k of n, or a second.
-func waitTouched(ctx context.Context, c *pgx.Conn, tag string, n, k int) error {
-	wctx, cancel := context.WithTimeout(ctx, time.Second)
+// sqlLoopFoldBytes: a chunk of fewer bytes was not cut by the server's
+// byte budget per chunk (pgque._chunk_bytes, 32 MiB); the Go pool's bound.
+const sqlLoopFoldBytes = 1 << 20
+
+// waitTouched waits for a touched set naming slot k of n, or for wait.
+func waitTouched(ctx context.Context, c *pgx.Conn, tag string, n, k int, wait time.Duration) error {
+	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
 		note, err := c.WaitForNotification(wctx)
