@@ -3,6 +3,7 @@ package pgque_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -98,5 +99,75 @@ func TestPartitionedFoldsAckIntoNextWakeUp(t *testing.T) {
 	}
 	if r.redeliveries != 0 {
 		t.Fatalf("%d redeliveries", r.redeliveries)
+	}
+}
+
+// A slot catching up on a backlog takes its batches one after another: a
+// chunk that ends its batch while later ticks wait wakes the slot through
+// the server (TestBehindSlotWakesItself in the partition suite), so its
+// deferred acknowledgement does not wait for its bound. Here the bound is
+// a minute and the poll too: 120 events over 60 ticks, sent before the
+// consumer started (no tick notification is left for it), drain in well
+// under that, in key order. Without the server's wake-up the first short
+// chunk would stall its slot for the minute.
+func TestPartitionedCatchUpDoesNotWaitForFoldBound(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	if _, err := env.client.SubscribeSlots(ctx, env.queue, "c", 2, pgque.FailurePolicySkip); err != nil {
+		t.Fatal(err)
+	}
+	const ticks, perTick = 60, 2
+	sent := make(map[int64]string)
+	for i := range ticks {
+		for j := range perTick {
+			key := fmt.Sprintf("k%d", j)
+			id, err := env.client.Send(ctx, env.queue, pgque.Event{Type: "e", Payload: i*perTick + j, PartitionKey: key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent[id] = key
+		}
+		if _, err := env.pool.Exec(ctx, "select pgque.force_next_tick($1), pgque.ticker($1)", env.queue); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var chk checker
+	var mu sync.Mutex
+	seen := 0
+	done := make(chan struct{})
+	pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 2, WorkerID: "w", BatchSize: 5,
+		PollInterval: time.Minute,
+		Handler: func(_ context.Context, m *pgque.Message) error {
+			defer chk.begin("w", m)()
+			mu.Lock()
+			defer mu.Unlock()
+			if seen++; seen == ticks*perTick {
+				close(done)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgque.SetAckFoldWait(pc, time.Minute)
+	if err := pc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		mu.Lock()
+		t.Fatalf("%d of %d events handled within 20 s", seen, ticks*perTick)
+	}
+	stopCtx, stop := context.WithTimeout(ctx, 15*time.Second)
+	defer stop()
+	if err := pc.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chk.verify(sent); err != nil {
+		t.Fatal(err)
 	}
 }

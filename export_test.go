@@ -55,6 +55,10 @@ func NotifierSessions(client *Client) int64 {
 // makes. Call it before Start.
 func SetWorkHook(pc *PartitionedConsumer, hook func(slot int)) { pc.workHook = hook }
 
+// SetAckFoldWait sets how long pc's deferred acknowledgements wait for
+// their slot's next wake-up. Call it before Start.
+func SetAckFoldWait(pc *PartitionedConsumer, d time.Duration) { pc.ackFoldWait = d }
+
 // TouchedSets reports whether pc's pool has received a touched set, from
 // which on only touched slots wake on a tick.
 func TouchedSets(pc *PartitionedConsumer) bool { return pc.pool.TouchedSets() }

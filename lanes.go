@@ -266,7 +266,7 @@ func (pc *PartitionedConsumer) receiveAgain(lease *workerpool.Lease, sl *slotSta
 	if n >= foldBytes {
 		return true
 	}
-	lease.CallBackWithin(ackFoldWait)
+	lease.CallBackWithin(pc.ackFoldWait)
 	return false
 }
 

@@ -44,6 +44,10 @@ type PartitionedConsumer struct {
 	lanesMu  sync.Mutex
 	lanes    map[int]*slotState
 
+	// ackFoldWait bounds how long a slot's deferred acknowledgement waits
+	// for its next wake-up (ackFoldWait in lanes.go; tests lengthen it).
+	ackFoldWait time.Duration
+
 	// workHook, when set (by tests, before Start), is told the slot of
 	// every chunk call the pool makes.
 	workHook func(slot int)
@@ -62,7 +66,7 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	case statusInterval == 0:
 		statusInterval = SlotStatusIntervalDefault
 	}
-	pc := &PartitionedConsumer{client: c, config: cfg, lanes: make(map[int]*slotState)}
+	pc := &PartitionedConsumer{client: c, config: cfg, lanes: make(map[int]*slotState), ackFoldWait: ackFoldWait}
 	running := c.metrics.LanesRunning.WithLabelValues(cfg.Queue, cfg.Consumer)
 	pc.lanePool = lanes.NewPool(cfg.MaxWorkers, runtime.GOMAXPROCS(0), func(n int) { running.Set(float64(n)) })
 	work := pc.work

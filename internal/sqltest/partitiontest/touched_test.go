@@ -132,3 +132,109 @@ func TestTickNotifiesTouchedSlots(t *testing.T) {
 		t.Fatalf("tick of %d events: notified %q, want %q", len(many), got, tag+":*")
 	}
 }
+
+// A receive_partitioned_raw whose chunk is short of max and reaches the end
+// of its batch while later ticks wait (a slot behind, catching up) says so
+// on pgque_slots for that slot alone: a client that folds the chunk's
+// acknowledgement into its next wake-up is woken by the call's commit, not
+// after its bound. A chunk of max rows, and a short last chunk with no
+// later tick, say nothing.
+func TestBehindSlotWakesItself(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 4)
+	tag := one[string](t, d.pool, "select pgque._tick_tag('q')")
+	d.tick("q")
+	mine := ptr("k1")
+	slot := expectedSlot(t, d.pool, mine, 4)
+	var others []*string
+	for i := 0; len(others) < 4; i++ {
+		if k := ptr(fmt.Sprintf("o%d", i)); expectedSlot(t, d.pool, k, 4) != slot {
+			others = append(others, k)
+		}
+	}
+	// Six ticks of five events, one of them the slot's. The test's ticks
+	// are forced, which moves the event sequence past max × N, so a
+	// catch-up batch is one tick: one of the slot's events, a chunk short
+	// of max 3 that ends its batch.
+	for range 6 {
+		d.sendBatch("q", append([]*string{mine}, others...))
+		d.tick("q")
+	}
+	s := d.claimAll("q", "c", 4, "w", 3)[slot]
+	token, err := holderToken(ctx, d.pool, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listener := pgtest.Conn(t, d.dsn)
+	if _, err := listener.Exec(ctx, "listen pgque_slots"); err != nil {
+		t.Fatal(err)
+	}
+	self := fmt.Sprintf("%s:4=%s", tag, touchedHex(map[int]bool{slot: true}, 4))
+	var ack [3]*int64
+	recv := func() int {
+		t.Helper()
+		rows, err := d.pool.Query(ctx, `select msg_id, batch_id, epoch from pgque.receive_partitioned_raw('q', 'c', $1, 4, 'w', $2::uuid, 3, $3, $4, $5)`,
+			slot, *token, ack[2], ack[1], ack[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for rows.Next() {
+			var id, batch, epoch int64
+			if err := rows.Scan(&id, &batch, &epoch); err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				ack = [3]*int64{&id, &batch, &epoch}
+			}
+			n++
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		return n
+	}
+	// Six batches: the first five leave later ticks behind them, the sixth
+	// is the last.
+	for b := range 6 {
+		if n := recv(); n != 1 {
+			t.Fatalf("batch %d: %d rows, want the slot's 1", b, n)
+		}
+		if b < 5 {
+			if got := nextTouched(t, listener); got != self {
+				t.Fatalf("batch %d, later ticks waiting: notified %q, want %q", b, got, self)
+			}
+		}
+	}
+	// Caught up: the next notification is the following tick's set, not
+	// the slot's own.
+	d.send("q", mine)
+	d.tick("q")
+	if got, want := nextTouched(t, listener), self; got != want {
+		t.Fatalf("after the last batch: notified %q, want the tick's %q", got, want)
+	}
+	if n := recv(); n != 1 {
+		t.Fatalf("the new tick: %d rows, want 1", n)
+	}
+	// A full chunk (max rows) says nothing: the client receives again at once.
+	for range 2 {
+		d.sendBatch("q", []*string{mine, mine, mine, mine})
+		d.tick("q")
+	}
+	for range 2 {
+		if got := nextTouched(t, listener); got != self {
+			t.Fatalf("a tick of the slot's events: notified %q, want %q", got, self)
+		}
+	}
+	if n := recv(); n != 3 {
+		t.Fatalf("a full chunk: %d rows, want 3", n)
+	}
+	d.send("q", others[0])
+	d.tick("q")
+	if got, want := nextTouched(t, listener), fmt.Sprintf("%s:4=%s", tag, touchedHex(map[int]bool{expectedSlot(t, d.pool, others[0], 4): true}, 4)); got != want {
+		t.Fatalf("after a full chunk: notified %q, want the next tick's %q", got, want)
+	}
+}

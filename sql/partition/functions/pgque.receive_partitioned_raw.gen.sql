@@ -51,6 +51,7 @@ declare
     v_end    text;
     v_last   bigint;
     v_all    boolean;
+    v_rows   bigint;
     v_lim    bigint;
     v_width  bigint;
     v_seq    bigint;
@@ -103,6 +104,11 @@ begin
             select 1 from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_last_tick) then
     if v_last is null then
         perform pgque._resize_poll(l);
+    elsif v_all and v_rows < i_max
+          and exists (select 1 from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_next_tick)
+          and pg_notification_queue_usage() < pgque._notify_max_usage() then
+        perform pg_notify('pgque_slots', pgque._tick_tag(i_queue) || ':' || i_nslots || '='
+                                         || pgque._slots_hex(i_nslots, array[i_slot]));
     end if;
             return;
         end if;
@@ -467,6 +473,7 @@ begin
              order by x.ev_id;
         end if;
         end if;
+        get diagnostics v_rows = row_count;
         if found then
             v_end := current_setting('pgque.chunk_end');
             v_last := split_part(v_end, ' ', 1)::bigint;
@@ -495,6 +502,11 @@ begin
     end if;
     if v_last is null then
         perform pgque._resize_poll(l);
+    elsif v_all and v_rows < i_max
+          and exists (select 1 from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_next_tick)
+          and pg_notification_queue_usage() < pgque._notify_max_usage() then
+        perform pg_notify('pgque_slots', pgque._tick_tag(i_queue) || ':' || i_nslots || '='
+                                         || pgque._slots_hex(i_nslots, array[i_slot]));
     end if;
 end;
 $body$;

@@ -30,6 +30,18 @@
 -- Generic plans only: the set's statement takes arrays as parameters, and
 -- the planner's custom plans for it were replanned on every tick (half of
 -- the function's time).
+-- _slots_hex(nslots, slots): the <hex> of a touched set naming slots of
+-- nslots (see above): ceil(nslots/4) hex digits, slot 4j+b bit 8 >> b of
+-- digit j. Also what a receive that leaves its slot behind sends
+-- (receive_partitioned_raw, "One call per wake-up" in docs/design.md).
+create or replace function pgque._slots_hex(i_nslots integer, i_slots integer[])
+returns text language sql immutable
+return (select string_agg(to_hex(coalesce(d.v, 0)), '' order by j)
+          from generate_series(0, (i_nslots + 3) / 4 - 1) j
+          left join (select x.s / 4 as j, sum(8 >> (x.s % 4))::integer as v
+                       from (select distinct u.s from unnest(i_slots) u(s)) x
+                      group by 1) d using (j));
+
 create or replace function pgque._tick_slots(i_queue_id integer, i_tick_id bigint)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -95,13 +107,8 @@ begin
         perform pg_notify('pgque_slots', v_tag || ':*');
         return;
     end if;
-    select string_agg(n || '=' || (
-               select string_agg(to_hex(coalesce(d.v, 0)), '' order by j)
-                 from generate_series(0, (n + 3) / 4 - 1) j
-                 left join (select s.slot / 4 as j, sum(8 >> (s.slot % 4))::integer as v
-                              from (select distinct pgque.slot_of(k, n)
-                                      from unnest(v_keys) k) s(slot)
-                             group by 1) d using (j)), ',' order by n)
+    select string_agg(n || '=' || pgque._slots_hex(n, array(select pgque.slot_of(k, n) from unnest(v_keys) k)),
+                      ',' order by n)
       into v_set
       from unnest(v_ns) n;
     perform pg_notify('pgque_slots', v_tag || ':' || v_set);
