@@ -53,7 +53,7 @@ demo: deps ## Start a throwaway Postgres and run the multi-tenant workload end t
 bench: deps ## Run the benchmarks and print their ratios.
 	$(GO) run ./cmd/pgque bench
 
-fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
+fuzz: ## Run every fuzz target for FUZZTIME each: a duration (default 30s) or a count of inputs (3000x).
 	@for pkg in $$($(GO) list $(PKGS)); do \
 		for target in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 			echo "== $$pkg $$target"; \
