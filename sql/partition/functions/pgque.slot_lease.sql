@@ -258,7 +258,10 @@ $$;
 -- held it). Every call that acts as the holder goes through here.
 -- Renews the lease when less than half of its ttl is left: the heartbeat
 -- rides on the per-batch calls, at most two appended state records per ttl
--- when the slot writes no state otherwise.
+-- when the slot writes no state otherwise. Every lock it waits for (the
+-- lease row, sub_state for the newest record, and for a renewal the
+-- subscription's lock) is waited for at most lock_timeout, 2 s, then
+-- 55P03, which callers retry.
 create or replace function pgque._hold_lease(i_queue text, i_consumer text, i_slot integer,
                                              i_nslots integer, i_worker text, i_token uuid)
 returns pgque.slot_lease language plpgsql

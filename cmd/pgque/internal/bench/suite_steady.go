@@ -26,9 +26,9 @@ import (
 // fifth of the events on 3 hot keys); the Go Ticker runs with its defaults
 // (10 ms ticks); a consumer of 1, 4 or 16 slots takes the events, either
 // the Go PartitionedConsumer ("go") or one plain SQL loop per slot ("sql")
-// that wakes on each tick notification and calls receive_partitioned_raw
-// with the folded ack until a call returns nothing, as a client without
-// the Go library would. Each configuration runs once without and once with
+// that wakes on each touched set naming its slot and calls
+// receive_partitioned_raw with the folded ack until a chunk ends its
+// batch (see sqlSlotLoop), as a client without the Go library would. Each configuration runs once without and once with
 // a REPEATABLE READ transaction held open on another connection.
 //
 // Over the measured window (the producers' run plus the drain of what they
