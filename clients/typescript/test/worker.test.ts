@@ -4,7 +4,8 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { Ticker, work, type Message, type WorkOptions } from "../src/index.js";
+import { subscribeSlots, Ticker, work, type Message, type WorkOptions } from "../src/index.js";
+import { foldTuning } from "../src/worker/slot.js";
 import { waitFor } from "./harness.js";
 import { barrier, gate, Recorder, sendKeyed, setup } from "./worker_helpers.js";
 
@@ -208,6 +209,37 @@ test("a chunk that ends its batch is acknowledged by the next wake-up's receive:
   }, 10_000);
   await w.stop();
   assert.deepEqual(seen, ids);
+});
+
+test("a slot behind wakes itself at each batch's end: a backlog of many ticks drains without waiting for the fold's bound", async (t) => {
+  const db = await setup(t, "behind", { ticker: false });
+  await subscribeSlots(db.pool, "behind", "c", 2);
+  // 60 ticks of two events each, all written before the worker starts: no
+  // tick's notification will reach it, so only the receive's own wake-up
+  // (a short last chunk of a batch with later ticks) moves it on at once.
+  const ticks = 60;
+  const ids: string[] = [];
+  for (let i = 0; i < ticks; i++) {
+    ids.push(...(await sendKeyed(db.pool, "behind", ["k0", "k1"], 1)));
+    await db.pool.query("select pgque.force_next_tick('behind'), pgque.ticker('behind')");
+  }
+  // The fold's bound and the poll are a minute: without the wake-up each
+  // batch's end would wait that long.
+  const saved = foldTuning.ackFoldWaitMs;
+  foldTuning.ackFoldWaitMs = 60_000;
+  t.after(() => {
+    foldTuning.ackFoldWaitMs = saved;
+  });
+  const rec = new Recorder();
+  const w = db.track(await work(db.pool, { queue: "behind", consumer: "c", slots: 2, claimIntervalMs: 100, pollIntervalMs: 60_000, batchSize: 5 }, (m) => {
+    rec.enter(m);
+    rec.leave(m, true);
+  }));
+  await rec.handled(ids.length, 20_000);
+  await w.stop();
+  assert.deepEqual(rec.violations, []);
+  assert.equal(rec.total, ids.length);
+  assert.deepEqual([...(rec.seen.get("k0") ?? []), ...(rec.seen.get("k1") ?? [])].sort(), [...ids].sort());
 });
 
 test("a tick wakes only the slots it touched: one keyed event per tick calls on its slot alone", async (t) => {

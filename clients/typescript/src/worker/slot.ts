@@ -26,8 +26,13 @@ import * as q from "./sql.js";
 import { HandlerTimeoutError, LeaseLostError, reasonOf, RetryAfterError, DeadLetterError } from "./outcome.js";
 import { Mutex, Semaphore, Wake, sleep } from "./sync.js";
 
-/** How long a deferred acknowledgement waits for the slot's next wake-up before it goes on its own. */
-const ackFoldWaitMs = 100;
+/**
+ * How long a deferred acknowledgement waits for the slot's next wake-up
+ * before it goes on its own: 100 ms. Not part of the package's API (index.ts
+ * does not export it); a test may lengthen it to show that a wake-up, not
+ * this bound, made a call.
+ */
+export const foldTuning = { ackFoldWaitMs: 100 };
 /**
  * A chunk below batchSize whose payloads stay under this was not cut by the
  * server's byte budget per chunk (32 MiB), so it ended the slot's batch.
@@ -317,9 +322,9 @@ export class SlotRunner {
       }
       // Nothing to do (or the database failed): wait for a tick, a poll, or a stop;
       // with an acknowledgement waiting to ride on the next receive, not longer
-      // than ackFoldWaitMs.
+      // than foldTuning.ackFoldWaitMs.
       if (foldAck) {
-        await this.wakeUp.wait(Math.min(ackFoldWaitMs, env.pollIntervalMs), this.fetchOrAbort(), 0);
+        await this.wakeUp.wait(Math.min(foldTuning.ackFoldWaitMs, env.pollIntervalMs), this.fetchOrAbort(), 0);
         continue;
       }
       const wait = settled ? env.pollIntervalMs : Math.min(env.pollIntervalMs * 2 ** failedReceives, 30_000);
@@ -363,7 +368,7 @@ export class SlotRunner {
    * Whether the chunk just handled ended the slot's batch with its
    * acknowledgement deferred: then the next receive would only acknowledge it
    * and find nothing, so the slot waits for its next wake-up instead and the
-   * acknowledgement rides on that receive (or goes after ackFoldWaitMs). A
+   * acknowledgement rides on that receive (or goes after foldTuning.ackFoldWaitMs). A
    * chunk of batchSize, or one the server's byte budget per chunk may have
    * cut, may leave events of the batch: receive again at once. As the Go
    * pool's receiveAgain.
