@@ -69,6 +69,17 @@ as $$
     end
 $$;
 
+-- _slot_of(key, nslots): slot_of without its checks, for pgque's own
+-- callers that pass a validated N: an SQL-standard body, which the planner
+-- inlines into the caller's statement (slot_of, PL/pgSQL with a SET
+-- clause, costs a call per key). Not granted: slot_of, which roles call
+-- with their own rights, keeps its own copy of the expression.
+create or replace function pgque._slot_of(i_key text, i_nslots integer)
+returns integer language sql immutable
+return case when i_key is null then 0
+            else ((pg_catalog.hashtextextended(i_key, 0) operator(pg_catalog.%) i_nslots operator(pg_catalog.+) i_nslots)
+                  operator(pg_catalog.%) i_nslots)::integer end;
+
 -- slot_of(key, nslots): the slot a partition key maps to (G1). Lets
 -- operators and tests ask where a key goes. nslots is validated like
 -- everywhere else (22004, PQ011).

@@ -35,12 +35,23 @@
 -- digit j. Also what a receive that leaves its slot behind sends
 -- (receive_partitioned_raw, "One call per wake-up" in docs/design.md).
 create or replace function pgque._slots_hex(i_nslots integer, i_slots integer[])
-returns text language sql immutable
-return (select string_agg(to_hex(coalesce(d.v, 0)), '' order by j)
-          from generate_series(0, (i_nslots + 3) / 4 - 1) j
-          left join (select x.s / 4 as j, sum(8 >> (x.s % 4))::integer as v
-                       from (select distinct u.s from unnest(i_slots) u(s)) x
-                      group by 1) d using (j));
+returns text language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_digits integer[] := array_fill(0, array[(i_nslots + 3) / 4]);
+    v_slot   integer;
+    v_hex    text := '';
+begin
+    foreach v_slot in array i_slots loop
+        v_digits[v_slot / 4 + 1] := v_digits[v_slot / 4 + 1] | (8 >> (v_slot % 4));
+    end loop;
+    for j in 1 .. cardinality(v_digits) loop
+        v_hex := v_hex || to_hex(v_digits[j]);
+    end loop;
+    return v_hex;
+end;
+$$;
 
 create or replace function pgque._tick_slots(i_queue_id integer, i_tick_id bigint)
 returns void language plpgsql
@@ -107,7 +118,7 @@ begin
         perform pg_notify('pgque_slots', v_tag || ':*');
         return;
     end if;
-    select string_agg(n || '=' || pgque._slots_hex(n, array(select pgque.slot_of(k, n) from unnest(v_keys) k)),
+    select string_agg(n || '=' || pgque._slots_hex(n, array(select pgque._slot_of(k, n) from unnest(v_keys) k)),
                       ',' order by n)
       into v_set
       from unnest(v_ns) n;
