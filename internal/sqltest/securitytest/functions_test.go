@@ -290,6 +290,13 @@ var functions = map[string]fn{
 			bc("PQ085", "'q1'", "'sc'", "0", "2", "'not-owner'", tok, "10", "null", "null", "null"),
 			bc("PQ030", "'q1'", "'sc'", "0", "3", "'w1'", tok, "10", "null", "null", "null"),
 			bc("PQ085", "'q1'", "'sc'", "0", "2", "'w1'", "'00000000-0000-4000-8000-000000000002'", "10", "1", "1", "1"),
+			// The arguments _hold_lease tests before it calls the checks.
+			bc("PQ011", "'q1'", "'sc'", "0", "2", "''", tok, "10", "null", "null", "null"),
+			bc("PQ011", "'q1'", "'sc'", "0", "2", "repeat('w', 201)", tok, "10", "null", "null", "null"),
+			bc("PQ011", "'q1'", "'sc'", "-1", "2", "'w1'", tok, "10", "null", "null", "null"),
+			bc("PQ011", "'q1'", "'sc'", "2", "2", "'w1'", tok, "10", "null", "null", "null"),
+			bc("PQ011", "'q1'", "'sc'", "0", "0", "'w1'", tok, "10", "null", "null", "null"),
+			bc("PQ011", "'q1'", "'sc'", "0", "1025", "'w1'", tok, "10", "null", "null", "null"),
 		}},
 	"pgque.nack_partitioned(text,text,integer,integer,text,uuid,bigint,interval,text)": {roles: "ra",
 		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", tok, "1", "'1 s'", "'r'"}, nullable: []int{8},

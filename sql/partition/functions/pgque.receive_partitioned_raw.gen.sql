@@ -77,12 +77,19 @@ begin
         return;
     end if;
     if i_ack_epoch is not null or i_ack_batch_id is not null or i_ack_msg_id is not null then
-        -- ack_partitioned's checks, under the lease just proved; with no
-        -- blocked key there is nothing for the pause policy to do, and
-        -- the acknowledgement is made below in memory, as receive_raw
-        -- makes its own, with the rest of the call's state change: one
-        -- state record in all.
-        perform pgque._check_delivery(l, i_ack_epoch, i_ack_batch_id, i_ack_msg_id);
+        -- ack_partitioned's checks (_check_delivery), under the lease just
+        -- proved: the proof is whole and of this epoch here, and names the
+        -- chunk handed out last below, on the state read under the
+        -- subscription's lock. A proof that fails a test goes to
+        -- _check_delivery, which raises its error. With no blocked key
+        -- there is nothing for the pause policy to do, and the
+        -- acknowledgement is made below in memory, as receive_raw makes
+        -- its own, with the rest of the call's state change: one state
+        -- record in all.
+        if i_ack_epoch is null or i_ack_batch_id is null or i_ack_msg_id is null
+           or i_ack_epoch <> l.sl_epoch then
+            perform pgque._check_delivery(l, i_ack_epoch, i_ack_batch_id, i_ack_msg_id);
+        end if;
         i_ack_batch := i_ack_batch_id;
     end if;
     if i_max is null then
@@ -91,15 +98,18 @@ begin
     if i_max < 1 or i_max > 100000 then
         raise exception using errcode = 'PQ011', message = format('max must be between 1 and 100000, not %s', i_max);
     end if;
-    select s1.sub_id, s1.sub_queue into v_sub, v_queue
-      from pgque.subscription s1 join pgque.queue q on q.queue_id = s1.sub_queue
-     where q.queue_name = i_queue and s1.sub_name = i_sub;
-    if not found then
-        perform pgque._subscription(i_queue, i_sub); -- raises the right error
-    end if;
+    -- The slot's subscription is the one its lease row names (the lease
+    -- was proved for this N, under its lock).
+    v_sub := l.sl_sub;
+    v_queue := l.sl_queue;
     if i_ack_batch is null then
-        -- A poll with nothing to do reads and locks nothing more.
-        st := pgque._sub_state(v_sub);
+        -- A poll with nothing to do reads and locks nothing more. The
+        -- state is read as _sub_state reads it, written out here and
+        -- under the lock below: a call costs more than its statement.
+        select * into st from pgque.sub_state ss where ss.st_sub = v_sub order by ss.st_seq desc limit 1;
+        if not found then
+            st := pgque._sub_state(v_sub); -- raises the right error
+        end if;
         if st.st_batch is null and not exists (
             select 1 from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_last_tick) then
     if v_last is null then
@@ -113,8 +123,17 @@ begin
             return;
         end if;
     end if;
-    st := pgque._lock_sub(v_sub);
+    -- _lock_sub written out: the receive lock, then the state under it.
+    perform 1 from pgque.subscription s3 where s3.sub_id = v_sub for no key update;
+    select * into st from pgque.sub_state ss where ss.st_sub = v_sub order by ss.st_seq desc limit 1;
+    if not found then
+        st := pgque._sub_state(v_sub); -- raises the right error
+    end if;
     if i_ack_batch is not null then
+        if st.st_batch is distinct from i_ack_batch or st.st_delivered_to is null
+           or i_ack_msg_id > st.st_delivered_to or i_ack_msg_id <= coalesce(st.st_acked_to, -1) then
+            perform pgque._check_delivery(l, i_ack_epoch, i_ack_batch_id, i_ack_msg_id);
+        end if;
         if st.st_batch is distinct from i_ack_batch then
             raise exception using errcode = 'PQ020',
                 message = format('batch %s is not open for consumer %L of queue %L', i_ack_batch, i_sub, i_queue);
@@ -498,7 +517,14 @@ begin
     end loop;
     -- A redelivery of the same chunk writes nothing.
     if v_dirty then
-        perform pgque._put_state(st);
+        -- _put_state written out.
+        st.st_seq := nextval('pgque.sub_state_seq');
+        st.st_time := clock_timestamp();
+        st.st_moved := st.st_time;
+        insert into pgque.sub_state (st_sub, st_seq, st_time, st_last_tick, st_next_tick, st_batch,
+                                     st_acked_to, st_delivered_to, st_delivered_all, st_moved)
+        values (st.st_sub, st.st_seq, st.st_time, st.st_last_tick, st.st_next_tick, st.st_batch,
+                st.st_acked_to, st.st_delivered_to, coalesce(st.st_delivered_all, false), st.st_moved);
     end if;
     if v_last is null then
         perform pgque._resize_poll(l);

@@ -23,6 +23,8 @@
 -- from clock_timestamp(), not the transaction start.
 
 -- _check_worker(worker): validates a worker id.
+-- _hold_lease tests the same before it calls this, _check_token and
+-- _check_slot: keep its test in step with theirs.
 create or replace function pgque._check_worker(i_worker text)
 returns void language plpgsql immutable
 set search_path = pg_catalog, pg_temp
@@ -273,9 +275,16 @@ declare
     l     pgque.slot_lease;
     v_now timestamptz;
 begin
-    perform pgque._check_worker(i_worker);
-    perform pgque._check_token(i_token);
-    perform pgque._check_slot(i_slot, i_nslots);
+    -- The arguments' checks, called only when a test below fails (they
+    -- raise its error): three calls on every receive and ack cost more
+    -- than the tests.
+    if i_worker is null or i_worker = '' or octet_length(i_worker) > 200 or i_token is null
+       or i_slot is null or i_nslots is null or i_nslots < 1 or i_nslots > 1024
+       or i_slot < 0 or i_slot >= i_nslots then
+        perform pgque._check_worker(i_worker);
+        perform pgque._check_token(i_token);
+        perform pgque._check_slot(i_slot, i_nslots);
+    end if;
     -- One statement for what _slot_group and _lease read apart (every
     -- receive and ack comes here): the group's N, the lease row locked
     -- (waited for at most lock_timeout, as _lease does) and its newest
