@@ -46,6 +46,7 @@ declare
     v_prev   pg_snapshot;
     v_cur    pg_snapshot;
     v_xip    xid8[];
+    v_until  bigint;
     v_empty  integer := 0;
     v_budget bigint := pgque._chunk_bytes();
     v_end    text;
@@ -124,7 +125,11 @@ begin
         end if;
     end if;
     -- _lock_sub written out: the receive lock, then the state under it.
-    perform 1 from pgque.subscription s3 where s3.sub_id = v_sub for no key update;
+    -- The lock reads the subscription's seal (an online resize ends a
+    -- sealed subscription at its seal tick): read under the lock, so a
+    -- seal committed meanwhile counts, and no seal can come while it is
+    -- held.
+    select s3.sub_until_tick into v_until from pgque.subscription s3 where s3.sub_id = v_sub for no key update;
     select * into st from pgque.sub_state ss where ss.st_sub = v_sub order by ss.st_seq desc limit 1;
     if not found then
         st := pgque._sub_state(v_sub); -- raises the right error
@@ -154,10 +159,7 @@ begin
     end if;
     loop
         if st.st_batch is null then
-            -- A sealed subscription (an online resize) ends at its seal;
-            -- read under the lock, so a seal committed meanwhile counts.
-            v_next := pgque._batch_end(v_queue, st.st_last_tick, i_span,
-                                       (select s2.sub_until_tick from pgque.subscription s2 where s2.sub_id = v_sub));
+            v_next := pgque._batch_end(v_queue, st.st_last_tick, i_span, v_until);
             if v_next is null then
                 exit;
             end if;
@@ -169,11 +171,13 @@ begin
             v_dirty := true;
         end if;
         -- Both ticks of the batch in one statement (a flip may hold a tick
-        -- in both generations for a moment: any copy will do), and the
-        -- events sent between them (the size estimate the reader's choice
-        -- below goes by).
-        select p.tick_snapshot, c.tick_snapshot, c.tick_event_seq - p.tick_event_seq
-          into v_prev, v_cur, v_span
+        -- in both generations for a moment: any copy will do), the events
+        -- sent between them (the size estimate the reader's choice below
+        -- goes by), and the previous tick's running transactions (v_xip,
+        -- below).
+        select p.tick_snapshot, c.tick_snapshot, c.tick_event_seq - p.tick_event_seq,
+               array(select pg_snapshot_xip(p.tick_snapshot)) || '0'::xid8
+          into v_prev, v_cur, v_span, v_xip
           from (select t.tick_snapshot, t.tick_event_seq from pgque.tick t
                  where t.tick_queue = v_queue and t.tick_id = st.st_last_tick limit 1) p,
                (select t.tick_snapshot, t.tick_event_seq from pgque.tick t
@@ -182,15 +186,14 @@ begin
             raise exception using errcode = 'XX000',
                 message = format('ticks %s/%s of batch %s are missing', st.st_last_tick, st.st_next_tick, st.st_batch);
         end if;
-        -- The running transactions, and 0 (no transaction's id): a list
-        -- the planner cannot prove empty. "ev_txid = any('{}')" is a
+        -- v_xip, read with the ticks: the running transactions, and 0 (no
+        -- transaction's id), a list the planner cannot prove empty. "ev_txid = any('{}')" is a
         -- condition it proves false, and a false condition implies any
         -- partial index's predicate, so it may read that part from the
         -- dedup key index: every event with a key in the table. When 0 is
         -- all there is (no transaction was running: the common case),
         -- "cardinality(v_xip) > 1" folds to false in the custom plan and
         -- drops that scan before it is planned (and so for v_txids).
-        v_xip := array(select pg_snapshot_xip(v_prev)) || '0'::xid8;
         -- The chunk: the batch's next max+1 rows past the acknowledged
         -- ones, for this consumer (and slot), in ev_id order, returned up
         -- to max. The rows: the queue's events, of the batch, for this
