@@ -187,13 +187,14 @@ begin
                 message = format('ticks %s/%s of batch %s are missing', st.st_last_tick, st.st_next_tick, st.st_batch);
         end if;
         -- v_xip, read with the ticks: the running transactions, and 0 (no
-        -- transaction's id), a list the planner cannot prove empty. "ev_txid = any('{}')" is a
-        -- condition it proves false, and a false condition implies any
-        -- partial index's predicate, so it may read that part from the
-        -- dedup key index: every event with a key in the table. When 0 is
-        -- all there is (no transaction was running: the common case),
-        -- "cardinality(v_xip) > 1" folds to false in the custom plan and
-        -- drops that scan before it is planned (and so for v_txids).
+        -- transaction's id), a list the planner cannot prove empty.
+        -- "ev_txid = any('{}')" is a condition it proves false, and a
+        -- false condition implies any partial index's predicate, so it may
+        -- read that part from the dedup key index: every event with a key
+        -- in the table. When 0 is all there is (no transaction was
+        -- running: the common case), "cardinality(v_xip) > 1" folds to
+        -- false in the custom plan and drops that scan before it is
+        -- planned (and so for v_txids).
         -- The chunk: the batch's next max+1 rows past the acknowledged
         -- ones, for this consumer (and slot), in ev_id order, returned up
         -- to max. The rows: the queue's events, of the batch, for this
