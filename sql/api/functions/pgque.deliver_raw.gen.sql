@@ -473,14 +473,7 @@ begin
     end loop;
     -- A redelivery of the same chunk writes nothing.
     if v_dirty then
-        -- _put_state written out.
-        st.st_seq := nextval('pgque.sub_state_seq');
-        st.st_time := clock_timestamp();
-        st.st_moved := st.st_time;
-        insert into pgque.sub_state (st_sub, st_seq, st_time, st_last_tick, st_next_tick, st_batch,
-                                     st_acked_to, st_delivered_to, st_delivered_all, st_moved)
-        values (st.st_sub, st.st_seq, st.st_time, st.st_last_tick, st.st_next_tick, st.st_batch,
-                st.st_acked_to, st.st_delivered_to, coalesce(st.st_delivered_all, false), st.st_moved);
+        perform pgque._put_state(st);
     end if;
 end;
 $body$;
@@ -951,14 +944,7 @@ begin
     end loop;
     -- A redelivery of the same chunk writes nothing.
     if v_dirty then
-        -- _put_state written out.
-        st.st_seq := nextval('pgque.sub_state_seq');
-        st.st_time := clock_timestamp();
-        st.st_moved := st.st_time;
-        insert into pgque.sub_state (st_sub, st_seq, st_time, st_last_tick, st_next_tick, st_batch,
-                                     st_acked_to, st_delivered_to, st_delivered_all, st_moved)
-        values (st.st_sub, st.st_seq, st.st_time, st.st_last_tick, st.st_next_tick, st.st_batch,
-                st.st_acked_to, st.st_delivered_to, coalesce(st.st_delivered_all, false), st.st_moved);
+        perform pgque._put_state(st);
     end if;
 end;
 $body$;

@@ -74,10 +74,7 @@ end;
 $$;
 
 -- _put_state(state): appends a state record (st_seq and st_gen are
--- assigned here; the caller holds _lock_sub). Returns the record. The read
--- path's body (sql/templates/deliver_raw.sql.tmpl) writes the same
--- statements out rather than call this, as it does _lock_sub and
--- _sub_state: a change to one belongs in the other.
+-- assigned here; the caller holds _lock_sub). Returns the record.
 create or replace function pgque._put_state(st pgque.sub_state)
 returns pgque.sub_state language plpgsql
 set search_path = pg_catalog, pg_temp
