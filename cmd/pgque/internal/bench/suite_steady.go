@@ -811,9 +811,9 @@ func startSlotLoops(ctx context.Context, dsn string, slots int, channel string,
 // sqlSlotLoop is pgque's loop for slot k, as a client in another language
 // would write it: on each notification on pgque_slots whose touched set
 // names the slot (or at the latest after a second, the poll),
-// receive_partitioned_raw (chunks of 100, each call acknowledging the
-// previous chunk) until a chunk ends the slot's batch. A chunk of fewer
-// than 100 rows and under the byte budget did: the next call would only
+// receive_partitioned_raw (chunks of sqlLoopChunk, each call acknowledging
+// the previous chunk) until a chunk ends the slot's batch. A shorter chunk
+// under the byte budget did: the next call would only
 // acknowledge it and find nothing, so the loop waits for the next
 // notification naming the slot, and the acknowledgement rides on that
 // call, or goes after 100 ms at the latest (as the Go pool and the
@@ -825,8 +825,8 @@ func sqlSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, token, ta
 			if err := gate.wait(ctx); err != nil {
 				return err
 			}
-			rows, err := c.Query(ctx, "select msg_id, batch_id, payload, epoch from pgque.receive_partitioned_raw($1, 'c', $2, $3, 'sql-loop', $4::uuid, 100, $5, $6, $7)",
-				q, k, n, token, ack[0], ack[1], ack[2])
+			rows, err := c.Query(ctx, "select msg_id, batch_id, payload, epoch from pgque.receive_partitioned_raw($1, 'c', $2, $3, 'sql-loop', $4::uuid, $5, $6, $7, $8)",
+				q, k, n, token, sqlLoopChunk, ack[0], ack[1], ack[2])
 			if err != nil {
 				return fmt.Errorf("receive_partitioned_raw slot %d/%d: %w", k, n, err)
 			}
@@ -854,7 +854,7 @@ func sqlSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, token, ta
 				return fmt.Errorf("receive_partitioned_raw slot %d/%d: %w", k, n, err)
 			}
 			ack = next
-			if got == 0 || (got < 100 && bytes < sqlLoopFoldBytes) {
+			if got == 0 || (got < sqlLoopChunk && bytes < sqlLoopFoldBytes) {
 				break
 			}
 		}
@@ -867,6 +867,11 @@ func sqlSlotLoop(ctx context.Context, c *pgx.Conn, q string, k, n int, token, ta
 		}
 	}
 }
+
+// sqlLoopChunk is the loop's i_max: the chunk size pgque's own clients
+// default to (pgque.BatchSizeDefault in Go, chunkSize in TypeScript), as a
+// client written after them would use.
+const sqlLoopChunk = pgque.BatchSizeDefault
 
 // sqlLoopFoldBytes: a chunk of fewer bytes was not cut by the server's
 // byte budget per chunk (pgque._chunk_bytes, 32 MiB); the Go pool's bound.
