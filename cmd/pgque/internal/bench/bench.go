@@ -41,7 +41,7 @@ type Options struct {
 
 	// UpstreamSQL is the path of upstream PgQue's single-file installer
 	// (its v0.3.0-alpha.1 devel/sql/pgque.sql, extracted by the user). When
-	// set, the steady and wal suites also install it into a database of
+	// set, the steady, drain and wal suites also install it into a database of
 	// their own on the same cluster and measure it beside pgque with the
 	// same workload, through its own API and its default tick schedule.
 	UpstreamSQL string
@@ -175,8 +175,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	rep.Environment = e.describe(ctx)
 	if upstream != nil {
 		rep.Environment.Upstream = upstream.describe()
-		if !slices.Contains(rep.Suites, "steady") && !slices.Contains(rep.Suites, "wal") {
-			e.logf("--upstream-sql is used by the steady and wal suites only, and neither runs")
+		if !slices.ContainsFunc(rep.Suites, func(s string) bool { return s == "steady" || s == "drain" || s == "wal" }) {
+			e.logf("--upstream-sql is used by the steady, drain and wal suites only, and none of them runs")
 		}
 	}
 

@@ -202,3 +202,38 @@ func TestSteadyServerFigures(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainSuite runs the drain suite alone, without upstream: both of
+// pgque's drains, cold and warm, report their rate and server figures,
+// and none of the steady configurations runs.
+func TestDrainSuite(t *testing.T) {
+	binDir, err := pgcluster.FindBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if preloadSettings(binDir, []string{pgssLibrary}) == nil {
+		t.Skipf("the PostgreSQL build in %s ships no pg_stat_statements (contrib)", binDir)
+	}
+	var progress bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{Suites: []string{"drain"}, OutDir: "-", Progress: &progress, tiny: true})
+	if err != nil {
+		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
+	}
+	checkReport(t, rep, "drain")
+	got := map[string]bool{}
+	for _, r := range rep.Results {
+		got[r.Case] = true
+		if !strings.HasPrefix(r.Case, "drain_s16_sql") {
+			t.Errorf("the drain suite recorded %s, not a drain's figure", r.Case)
+		}
+	}
+	for _, n := range []string{"drain_s16_sql", "drain_s16_sql_warm"} {
+		for _, fig := range []string{"_rate", "_recv_ack_time", "_recv_ack_calls", "_cpu_server"} {
+			if !got[n+fig] {
+				t.Errorf("no figure %s%s\nprogress:\n%s", n, fig, progress.String())
+			}
+		}
+	}
+}

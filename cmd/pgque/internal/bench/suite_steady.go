@@ -40,15 +40,24 @@ import (
 // the delivery latency from Send to the handler (p50, p99).
 //
 // With --upstream-sql (steady_upstream.go) the same configurations of the
-// SQL loop run against upstream PgQue afterwards, and both systems drain a
-// backlog over 16 slots with their SQL loops; the output then ends with
-// each figure of upstream beside pgque's and their ratio.
+// SQL loop run against upstream PgQue afterwards; the output then ends
+// with each figure of upstream beside pgque's and their ratio.
+//
+// The drain suite uses the same systems, loops and figures: the SQL loops
+// of a 16-slot consumer drain a backlog (see drain), cold and warm, in
+// pgque and, with --upstream-sql, in upstream PgQue.
 
 func init() {
 	register(&suite{
 		name:    "steady",
 		about:   "server time, CPU, calls, buffers and WAL per event, and latency, at 100/500/2000 ev/s, 1/4/16 slots, Go pool and SQL loop, with and without a held horizon",
 		run:     runSteady,
+		preload: []string{pgssLibrary},
+	})
+	register(&suite{
+		name:    "drain",
+		about:   "16 SQL loops draining a backlog of keyed events, cold and warm: events/s and the steady suite's server figures (with --upstream-sql beside upstream PgQue's)",
+		run:     runDrain,
 		preload: []string{pgssLibrary},
 	})
 }
@@ -180,7 +189,23 @@ func (s *steadySide) stop() {
 	s.closers = nil
 }
 
+// steadyParts says what runSteadyParts measures: the configurations at a
+// steady rate, the drains, or both.
+type steadyParts struct{ configs, drains bool }
+
+// runSteady measures every configuration at its steady rate (beside
+// upstream's with --upstream-sql).
 func runSteady(ctx context.Context, e *env, r *recorder) error {
+	return runSteadyParts(ctx, e, r, steadyParts{configs: true})
+}
+
+// runDrain measures the drains (beside upstream's with --upstream-sql)
+// with the steady suite's systems, loops and figures.
+func runDrain(ctx context.Context, e *env, r *recorder) error {
+	return runSteadyParts(ctx, e, r, steadyParts{drains: true})
+}
+
+func runSteadyParts(ctx context.Context, e *env, r *recorder, parts steadyParts) error {
 	d := pick(e, 3*time.Second, 20*time.Second)
 	drainEvents := pick(e, 20000, 100000)
 	systems := []func(context.Context, *env) (*steadySide, error){newPgqueSide}
@@ -194,7 +219,7 @@ func runSteady(ctx context.Context, e *env, r *recorder) error {
 		if err != nil {
 			return err
 		}
-		err = side.runAll(ctx, r, d, drainEvents, &results)
+		err = side.runAll(ctx, r, parts, d, drainEvents, &results)
 		side.stop()
 		if err != nil {
 			return err
@@ -207,11 +232,11 @@ func runSteady(ctx context.Context, e *env, r *recorder) error {
 	return nil
 }
 
-// runAll measures every configuration of the mode on side, and with
-// --upstream-sql the drain.
-func (side *steadySide) runAll(ctx context.Context, r *recorder, d time.Duration, drainEvents int, results *[]steadyResult) error {
+// runAll measures on side the configurations of the mode, the drains, or
+// both.
+func (side *steadySide) runAll(ctx context.Context, r *recorder, parts steadyParts, d time.Duration, drainEvents int, results *[]steadyResult) error {
 	for _, cfg := range steadyConfigs(side.e) {
-		if cfg.client == "go" && side.goConsumer == nil {
+		if !parts.configs || (cfg.client == "go" && side.goConsumer == nil) {
 			continue
 		}
 		res, err := side.run(ctx, cfg, d)
@@ -221,7 +246,7 @@ func (side *steadySide) runAll(ctx context.Context, r *recorder, d time.Duration
 		*results = append(*results, res)
 		recordSteady(r, res)
 	}
-	if side.e.upstream == nil {
+	if !parts.drains {
 		return nil
 	}
 	for _, warm := range []bool{false, true} {

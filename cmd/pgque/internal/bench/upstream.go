@@ -16,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Upstream PgQue beside pgque. With Options.UpstreamSQL the steady and wal
-// suites also install upstream PgQue's single-file installer, which the
-// user extracted from its repository (the bench ships none of it), into a
-// database of its own on the same cluster, and run the same workload
+// Upstream PgQue beside pgque. With Options.UpstreamSQL the steady, drain
+// and wal suites also install upstream PgQue's single-file installer,
+// which the user extracted from its repository (the bench ships none of
+// it), into a database of its own on the same cluster, and run the same workload
 // through upstream's own API: keyed send, receive_partitioned +
 // ack_partitioned per slot. Both systems live in a schema named pgque, so
 // each needs its own database.

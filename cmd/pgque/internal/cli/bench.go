@@ -46,7 +46,7 @@ and SVG charts go to --out ("-": none).`,
 	f.StringArrayVar(&o.Suites, "suite", nil, "run this suite (repeatable; default all): "+strings.Join(bench.SuiteNames(), ", "))
 	f.BoolVar(&o.Quick, "quick", false, "shrink every suite so the whole run takes about two minutes")
 	f.StringVar(&o.OutDir, "out", bench.OutDirDefault, `directory for report.json and the charts ("-": write nothing)`)
-	f.StringVar(&o.UpstreamSQL, "upstream-sql", "", "also measure upstream PgQue in the steady and wal suites, installed from this file "+
+	f.StringVar(&o.UpstreamSQL, "upstream-sql", "", "also measure upstream PgQue in the steady, drain and wal suites, installed from this file "+
 		"(e.g. git show v0.3.0-alpha.1:devel/sql/pgque.sql from its repository)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON on stdout")
 	return cmd
