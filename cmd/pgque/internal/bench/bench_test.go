@@ -159,12 +159,11 @@ func TestWithDatabase(t *testing.T) {
 	}
 }
 
-// TestSteadyServerFigures runs the steady suite on the bench's own cluster,
-// which preloads pg_stat_statements, and checks that every configuration
-// gets its server-side figures: time, calls and buffers of the receive and
-// ack statements, the CPU of the consumer's backends (a part of every
-// server process's), WAL and latency.
-func TestSteadyServerFigures(t *testing.T) {
+// runWithPgss runs suite in its smallest mode on the bench's own cluster,
+// which preloads pg_stat_statements, checks that its report is well formed,
+// and returns it with the progress output.
+func runWithPgss(t *testing.T, suite string) (*Report, *bytes.Buffer) {
+	t.Helper()
 	binDir, err := pgcluster.FindBinDir()
 	if err != nil {
 		t.Fatal(err)
@@ -175,11 +174,21 @@ func TestSteadyServerFigures(t *testing.T) {
 	var progress bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Options{Suites: []string{"steady"}, OutDir: "-", Progress: &progress, tiny: true})
+	rep, err := Run(ctx, Options{Suites: []string{suite}, OutDir: "-", Progress: &progress, tiny: true})
 	if err != nil {
 		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
 	}
-	checkReport(t, rep, "steady")
+	checkReport(t, rep, suite)
+	return rep, &progress
+}
+
+// TestSteadyServerFigures runs the steady suite on the bench's own cluster,
+// which preloads pg_stat_statements, and checks that every configuration
+// gets its server-side figures: time, calls and buffers of the receive and
+// ack statements, the CPU of the consumer's backends (a part of every
+// server process's), WAL and latency.
+func TestSteadyServerFigures(t *testing.T) {
+	rep, progress := runWithPgss(t, "steady")
 	got := map[string]float64{}
 	for _, r := range rep.Results {
 		got[r.Case] = r.Value
@@ -207,21 +216,7 @@ func TestSteadyServerFigures(t *testing.T) {
 // pgque's drains, cold and warm, report their rate and server figures,
 // and none of the steady configurations runs.
 func TestDrainSuite(t *testing.T) {
-	binDir, err := pgcluster.FindBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if preloadSettings(binDir, []string{pgssLibrary}) == nil {
-		t.Skipf("the PostgreSQL build in %s ships no pg_stat_statements (contrib)", binDir)
-	}
-	var progress bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, Options{Suites: []string{"drain"}, OutDir: "-", Progress: &progress, tiny: true})
-	if err != nil {
-		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
-	}
-	checkReport(t, rep, "drain")
+	rep, progress := runWithPgss(t, "drain")
 	got := map[string]bool{}
 	for _, r := range rep.Results {
 		got[r.Case] = true
