@@ -146,6 +146,17 @@ begin
 end;
 $$;
 
+-- _in_chunk(state, batch, msg_id): whether msg_id of batch is in the chunk
+-- that state says the slot handed out last and has not acknowledged: the
+-- test of _check_delivery's PQ035, in one place. An SQL-standard body,
+-- inlined into its callers' statements: receive_partitioned_raw tests a
+-- folded acknowledgement with it under the subscription's lock and calls
+-- _check_delivery, which raises, only when it fails. NULL is false.
+create or replace function pgque._in_chunk(st pgque.sub_state, i_batch bigint, i_msg_id bigint)
+returns boolean language sql immutable
+return coalesce(not (st.st_batch is distinct from i_batch or st.st_delivered_to is null
+                     or i_msg_id > st.st_delivered_to or i_msg_id <= coalesce(st.st_acked_to, -1)), false);
+
 -- _check_delivery(lease, epoch, batch, msg_id): proves that the caller
 -- settles the chunk the slot handed out last: its lease epoch is the
 -- current one (PQ032 otherwise: the lease changed hands since it
@@ -169,8 +180,7 @@ begin
                              i_epoch, l.sl_slot, l.sl_consumer, l.sl_epoch);
     end if;
     st := pgque._sub_state(l.sl_sub);
-    if st.st_batch is distinct from i_batch or st.st_delivered_to is null
-       or i_msg_id > st.st_delivered_to or i_msg_id <= coalesce(st.st_acked_to, -1) then
+    if not pgque._in_chunk(st, i_batch, i_msg_id) then
         raise exception using errcode = 'PQ035',
             message = format('event %s of batch %s is not in the chunk slot %s of consumer %L handed out last',
                              i_msg_id, i_batch, l.sl_slot, l.sl_consumer);

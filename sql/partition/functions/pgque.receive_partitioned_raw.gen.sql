@@ -135,8 +135,7 @@ begin
         st := pgque._sub_state(v_sub); -- raises the right error
     end if;
     if i_ack_batch is not null then
-        if st.st_batch is distinct from i_ack_batch or st.st_delivered_to is null
-           or i_ack_msg_id > st.st_delivered_to or i_ack_msg_id <= coalesce(st.st_acked_to, -1) then
+        if not pgque._in_chunk(st, i_ack_batch_id, i_ack_msg_id) then
             perform pgque._check_delivery(l, i_ack_epoch, i_ack_batch_id, i_ack_msg_id);
         end if;
         if st.st_batch is distinct from i_ack_batch then
