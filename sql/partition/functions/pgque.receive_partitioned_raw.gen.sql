@@ -111,12 +111,16 @@ begin
         if not found then
             st := pgque._sub_state(v_sub); -- raises the right error
         end if;
-        if st.st_batch is null and not exists (
-            select 1 from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_last_tick) then
+        -- Whether a later tick exists, asked as min(): the planner reads
+        -- it from the tick index whatever the plan. Asked as EXISTS, the
+        -- generic plan the session caches may read the whole tick table
+        -- (TestTickProbesUseTheIndex says when).
+        if st.st_batch is null and (
+            select min(t.tick_id) from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_last_tick) is null then
     if v_last is null then
         perform pgque._resize_poll(l);
     elsif v_all and v_rows < i_max
-          and exists (select 1 from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_next_tick)
+          and (select min(t.tick_id) from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_next_tick) is not null
           and pg_notification_queue_usage() < pgque._notify_max_usage() then
         perform pg_notify('pgque_slots', pgque._tick_tag(i_queue) || ':' || i_nslots || '='
                                          || pgque._slots_hex(i_nslots, array[i_slot]));
@@ -525,7 +529,7 @@ begin
     if v_last is null then
         perform pgque._resize_poll(l);
     elsif v_all and v_rows < i_max
-          and exists (select 1 from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_next_tick)
+          and (select min(t.tick_id) from pgque.tick t where t.tick_queue = v_queue and t.tick_id > st.st_next_tick) is not null
           and pg_notification_queue_usage() < pgque._notify_max_usage() then
         perform pg_notify('pgque_slots', pgque._tick_tag(i_queue) || ':' || i_nslots || '='
                                          || pgque._slots_hex(i_nslots, array[i_slot]));
