@@ -56,7 +56,7 @@ func Install(ctx context.Context, conn Conn) (Result, error) {
 	}
 	var res Result
 	err = inTx(ctx, conn, func(tx pgx.Tx) error {
-		if res.Previous, err = InstalledVersion(ctx, tx); err != nil {
+		if res.Previous, err = ownVersion(ctx, tx); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, script); err != nil {

@@ -46,3 +46,33 @@ func InstalledVersion(ctx context.Context, q Querier) (string, error) {
 	}
 	return *v, nil
 }
+
+// ownVersion is InstalledVersion as the installer reads it, before the
+// script's preflight has run: only when schema pgque, its version table
+// and its version function all belong to the installing role. Otherwise
+// it reads nothing and returns "": calling a function, or reading a table
+// (a view, a column type's output function), of a schema another role
+// prepared would run that role's code as the installer, and the
+// preflight, the script's first statement, refuses such a schema with an
+// error naming its owner.
+func ownVersion(ctx context.Context, q Querier) (string, error) {
+	var own bool
+	err := q.QueryRow(ctx, `select coalesce(pg_catalog.bool_and(o.owner operator(pg_catalog.=) r.oid), true)
+		from (select n.nspowner as owner from pg_catalog.pg_namespace n
+		       where n.nspname operator(pg_catalog.=) 'pgque'
+		      union all
+		      select c.relowner from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace
+		       where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
+		      union all
+		      select p.proowner from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) p.pronamespace
+		       where n.nspname operator(pg_catalog.=) 'pgque' and p.proname operator(pg_catalog.=) 'version') o,
+		     pg_catalog.pg_roles r
+		where r.rolname operator(pg_catalog.=) current_user`).Scan(&own)
+	if err != nil {
+		return "", fmt.Errorf("reading the installed pgque version: %w", err)
+	}
+	if !own {
+		return "", nil
+	}
+	return InstalledVersion(ctx, q)
+}

@@ -54,7 +54,7 @@ export async function migrate(exec: Executor): Promise<MigrateResult> {
   try {
     return await withTransaction(exec, async (tx) => {
       await lockInstall(tx);
-      const previous = await installedVersion(tx);
+      const previous = await ownVersion(tx);
       await tx.query(script);
       const version = await installedVersion(tx);
       if (version !== SCHEMA_VERSION) {
@@ -104,6 +104,33 @@ async function lockInstall(exec: Executor): Promise<void> {
   // caller's lock_timeout back.
   await exec.query("release savepoint pgque_lock");
   await exec.query("select pg_catalog.set_config('lock_timeout', $1, true)", [prev.rows[0]!.v]);
+}
+
+/**
+ * installedVersion as the installer reads it, before the script's
+ * preflight has run: only when schema pgque, its version table and its
+ * version function all belong to the installing role. Otherwise it reads
+ * nothing and returns "": calling a function, or reading a table (a view,
+ * a column type's output function), of a schema another role prepared
+ * would run that role's code as the installer, and the preflight, the
+ * script's first statement, refuses such a schema with an error naming its
+ * owner. As the Go installer's ownVersion.
+ */
+async function ownVersion(exec: Executor): Promise<string> {
+  const { rows } = await exec.query<{ own: boolean }>(
+    `select coalesce(pg_catalog.bool_and(o.owner operator(pg_catalog.=) r.oid), true) as own
+       from (select n.nspowner as owner from pg_catalog.pg_namespace n
+              where n.nspname operator(pg_catalog.=) 'pgque'
+             union all
+             select c.relowner from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace
+              where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
+             union all
+             select p.proowner from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) p.pronamespace
+              where n.nspname operator(pg_catalog.=) 'pgque' and p.proname operator(pg_catalog.=) 'version') o,
+            pg_catalog.pg_roles r
+      where r.rolname operator(pg_catalog.=) current_user`,
+  );
+  return rows[0]!.own ? installedVersion(exec) : "";
 }
 
 /**

@@ -65,3 +65,40 @@ test("migrate inside the caller's transaction lands only when it commits", async
     c.release();
   }
 });
+
+test("migrate refuses a schema another role prepared, and runs none of its code", async (t) => {
+  const db = await testDb({ install: false, t });
+  const role = `prep_${process.pid}_${Date.now()}`;
+  const { rows } = await db.pool.query<{ db: string }>("select current_database() as db");
+  await db.pool.query(`create role ${role}`);
+  try {
+    await db.pool.query(`grant create on database "${rows[0]!.db}" to ${role}`);
+    // The role's trap: a version the installer would read before the
+    // script, through a function that raises when it runs.
+    const c = await db.pool.connect();
+    try {
+      await c.query(`set role ${role}`);
+      await c.query("create schema pgque");
+      await c.query(
+        "create table pgque.version (singleton boolean primary key default true, version text not null, installed_at timestamptz default now())",
+      );
+      await c.query("insert into pgque.version (version) values ('0.0.1')");
+      await c.query(
+        "create function pgque.version() returns text language plpgsql as $$ begin raise exception 'the planted code ran as %', current_user; end $$",
+      );
+      await c.query("reset role");
+    } finally {
+      c.release();
+    }
+    await assert.rejects(migrate(db.pool), (err) => {
+      assert.ok(isPgqueError(err, "permission_denied"), String(err));
+      assert.match(String(err), new RegExp(`owned by role ${role}`));
+      assert.doesNotMatch(String(err), /planted code ran/);
+      return true;
+    });
+  } finally {
+    await db.pool.query("drop schema if exists pgque cascade");
+    await db.pool.query(`drop owned by ${role}`);
+    await db.pool.query(`drop role ${role}`);
+  }
+});

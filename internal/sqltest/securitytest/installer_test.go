@@ -78,6 +78,14 @@ func TestInstallRefusesAPreparedSchema(t *testing.T) {
 			`create trigger t before insert or update on pgque.version for each row execute function public.pwn()`),
 			want: "owned by role attacker"},
 		{name: "attacker empty schema", attacker: []string{`create schema pgque`}, want: "owned by role attacker"},
+		// The installer reads the version before the script: it must not
+		// call a version function it does not own.
+		{name: "attacker schema with version function", attacker: []string{
+			`create schema pgque`,
+			`create table pgque.version (singleton boolean primary key default true, version text not null, installed_at timestamptz default now())`,
+			`insert into pgque.version (version) values ('0.0.1')`,
+			`create function pgque.version() returns text language plpgsql as $$ begin raise exception 'attacker code ran as %', current_user; end $$`},
+			want: "owned by role attacker"},
 		{name: "attacker schema opened to public", attacker: []string{`create schema pgque`, `grant all on schema pgque to public`},
 			want: "owned by role attacker"},
 		{name: "owner schema, attacker function", owner: []string{`create schema pgque`, `grant create, usage on schema pgque to attacker`},
@@ -123,9 +131,9 @@ func TestInstallRefusesAPreparedSchema(t *testing.T) {
 			if codeOf(err) != "42501" || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "attacker code ran") {
 				t.Fatalf("install error = %v (SQLSTATE %s), want 42501 naming %q", err, codeOf(err), tc.want)
 			}
-			// The superuser is refused the same way (it becomes the owner).
+			// The superuser is refused the same way, and runs nothing.
 			super := pgtest.Conn(t, c.DSN("prep"+itoa(i)))
-			if _, err := install.Install(ctx, super); codeOf(err) != "42501" {
+			if _, err := install.Install(ctx, super); codeOf(err) != "42501" || strings.Contains(err.Error(), "attacker code ran") {
 				t.Fatalf("superuser install error = %v, want 42501", err)
 			}
 		})
@@ -155,8 +163,11 @@ func aclSnapshot(t *testing.T, conn *pgx.Conn) []string {
 }
 
 // TestSuperuserReinstallKeepsOwnersAndGrants installs as a non-superuser
-// owner, adds grants of its own, and re-installs as a superuser (and again
-// as the owner): every object keeps its owner and every privilege stays.
+// owner and adds grants of its own. A superuser's re-install is refused
+// (the schema is another role's, and the superuser has not said it trusts
+// that role); as the owner, by options '-c role=pgque_owner' on its
+// connection, it upgrades, and so does the owner: every object keeps its
+// owner and every privilege stays.
 func TestSuperuserReinstallKeepsOwnersAndGrants(t *testing.T) {
 	c, _, newDB := installerCluster(t)
 	ctx := context.Background()
@@ -170,10 +181,18 @@ func TestSuperuserReinstallKeepsOwnersAndGrants(t *testing.T) {
 		`select pgque.create_queue('q')`)
 	before := aclSnapshot(t, owner)
 	super := pgtest.Conn(t, c.DSN("reinst"))
+	_, err := install.Install(ctx, super)
+	if codeOf(err) != "42501" || !strings.Contains(err.Error(), "owned by role pgque_owner") {
+		t.Fatalf("a superuser's re-install over pgque_owner's schema: %v, want 42501 naming the owner", err)
+	}
+	if pe := (*pgconn.PgError)(nil); !errors.As(err, &pe) || !strings.Contains(pe.Hint, "options='-c role=pgque_owner'") {
+		t.Errorf("the refusal (%v) has no hint saying how to install as the owner", err)
+	}
+	superAsOwner := pgtest.Conn(t, pgtest.DSNWith(c.DSN("reinst"), "options", "-c role=pgque_owner"))
 	for _, who := range []struct {
 		name string
 		conn *pgx.Conn
-	}{{"superuser", super}, {"owner", owner}, {"superuser again", super}} {
+	}{{"superuser as the owner", superAsOwner}, {"owner", owner}, {"superuser as the owner again", superAsOwner}} {
 		if _, err := install.Install(ctx, who.conn); err != nil {
 			t.Fatalf("re-install as %s: %v", who.name, err)
 		}

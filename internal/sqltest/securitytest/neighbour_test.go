@@ -34,7 +34,7 @@ import (
 //     claim its slots, with guessed lease tokens;
 //   - a role with CREATE on the database has planted functions, operators
 //     and domains in public;
-//   - a superuser re-installs pgque.
+//   - a superuser re-installs pgque, as its owner.
 //
 // Then it checks that every event was handled, in order per key, the
 // producer was never held up past a bound, the pool kept its slots, no
@@ -301,9 +301,10 @@ func TestHostileNeighbours(t *testing.T) {
 		}
 	}()
 
-	// The superuser re-installs while everything runs.
+	// The superuser re-installs while everything runs, as the schema's
+	// owner (it refuses a schema another role owns otherwise).
 	pgtest.WaitFor(t, 30*time.Second, "the producer to be sending", func() bool { return sent.Load() >= 100 })
-	superApp := pgtest.Conn(t, c.DSN("neighbours"))
+	superApp := pgtest.Conn(t, pgtest.DSNWith(c.DSN("neighbours"), "options", "-c role=pgque_owner"))
 	if _, err := install.Install(ctx, superApp); err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) {

@@ -9,10 +9,12 @@
 -- installing role and holds nothing owned by another role, and nobody but
 -- its owner may create objects in it.
 --
--- A superuser re-installing (upgrading) a schema that another role owns
--- becomes that owner for the rest of the transaction (SET LOCAL ROLE), so
--- an upgrade never hands objects, or SECURITY DEFINER functions, to a
--- superuser, and grants the owner made stay in place.
+-- That holds for a superuser too: a schema another role owns may be that
+-- role's trap (a superuser who went on as its owner would install a pgque
+-- that role owns, SECURITY DEFINER functions and every payload with it).
+-- A superuser upgrading a pgque that another role installed says which
+-- role it trusts by installing as that role: with options '-c role=<owner>'
+-- on its connection (or SET ROLE, then install in that session).
 select pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 
 do $preflight$
@@ -27,15 +29,13 @@ begin
         return;
     end if;
     if v_owner operator(pg_catalog.<>) v_me then
-        if (select rolsuper from pg_catalog.pg_roles where oid = v_me) then
-            execute pg_catalog.format('set local role %I', v_owner::regrole::text);
-        else
-            raise exception using
-                errcode = '42501',
-                message = pg_catalog.format('schema pgque is owned by role %s, not by the installing role %s: refusing to install into it',
-                                            v_owner::regrole::text, current_user),
-                hint = 'install as the owner of schema pgque, or drop the schema if you did not create it';
-        end if;
+        raise exception using
+            errcode = '42501',
+            message = pg_catalog.format('schema pgque is owned by role %s, not by the installing role %s: refusing to install into it',
+                                        v_owner::regrole::text, current_user),
+            hint = pg_catalog.format('install as role %s (a superuser can add options=''-c role=%s'' to its connection string), '
+                                     'or drop the schema if that role did not install pgque',
+                                     v_owner::regrole::text, v_owner::regrole::text);
     end if;
     select pg_catalog.string_agg(what, ', ' order by what) into v_bad from (
         select pg_catalog.format('relation %s (owner %s)', c.oid::regclass::text, c.relowner::regrole::text) as what
