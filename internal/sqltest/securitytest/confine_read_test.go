@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgque/pgque/internal/install"
 	"github.com/pgque/pgque/internal/testing/pgtest"
@@ -208,5 +209,58 @@ func TestConfinedStrangerReadsNothing(t *testing.T) {
 		if err := conns[r].QueryRow(context.Background(), `select count(*) from pgque.key_heads('q1', 'sc')`).Scan(&keys); err != nil || keys == 0 {
 			t.Errorf("key_heads('q1', 'sc') as %s: %d rows, %v; want the keys", r, keys, err)
 		}
+	}
+}
+
+// TestConfinedViewsLeakNothingToCheapQuals: the views that list several
+// queues are security barriers. A stranger's own function in the WHERE
+// clause, declared cheaper than the view's _may_read filter, would
+// otherwise run first, on every row, and could pass the confined queue's
+// consumers, slots and epochs out (a NOTICE here) before the filter drops
+// the rows.
+func TestConfinedViewsLeakNothingToCheapQuals(t *testing.T) {
+	ctx := context.Background()
+	db, _ := confinedReadDB(t)
+	// Consumers only the confined queue has, and their twin on q2.
+	mustExec(t, db, `select pgque.subscribe_slot('q1', 'secretcons', s, 2) from generate_series(0, 1) s`,
+		`select pgque.subscribe_slot('q2', 'opencons', s, 2) from generate_series(0, 1) s`)
+	cfg := db.Config().Copy()
+	cfg.User = strangerReader
+	cfg.Password = ""
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
+	stranger, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Close(ctx)
+	// Of the slot's own columns (the lease's), so that it may be pushed down
+	// to the scan that _may_read filters.
+	if _, err := stranger.Exec(ctx, `create function pg_temp.leak(c text, s integer) returns boolean
+		language plpgsql cost 0.0000001 as $$ begin raise notice 'saw %/%', c, s; return true; end $$`); err != nil {
+		t.Fatal(err)
+	}
+	views := 0
+	for _, name := range possibleListings(t, db) {
+		if !strings.HasPrefix(name, "pgque.partition_slot_") {
+			continue
+		}
+		views++
+		notices = notices[:0]
+		var n int
+		if err := stranger.QueryRow(ctx, `select count(*) from `+name+` where pg_temp.leak(consumer, slot)`).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, m := range notices {
+			if strings.HasPrefix(m, "saw secretcons/") {
+				t.Errorf("%s passed a row of the confined queue to the stranger's function: %s", name, m)
+			}
+		}
+		if !slices.ContainsFunc(notices, func(m string) bool { return strings.HasPrefix(m, "saw opencons/") }) {
+			t.Errorf("%s: the stranger's function saw no row of q2 (%v): the check proves nothing", name, notices)
+		}
+	}
+	if views != 3 {
+		t.Errorf("found %d partition_slot_ views among the listings, want 3", views)
 	}
 }

@@ -87,7 +87,7 @@ $$;
 -- and blocked_keys (keys blocked under pause) say how much of it waits on
 -- a failed head rather than on the worker.
 select pgque._create_view('partition_slot_status', $ddl$
-create or replace view pgque.partition_slot_status as
+create or replace view pgque.partition_slot_status with (security_barrier) as
 select q.queue_name      as queue,
        l.sl_consumer     as consumer,
        l.sl_slot         as slot,
@@ -117,7 +117,7 @@ $ddl$);
 -- partition_slot_leases: the slots and their leases only, without the lag
 -- (which costs a read of each slot's backlog): cheap enough to poll.
 select pgque._create_view('partition_slot_leases', $ddl$
-create or replace view pgque.partition_slot_leases as
+create or replace view pgque.partition_slot_leases with (security_barrier) as
 select q.queue_name  as queue,
        l.sl_consumer as consumer,
        l.sl_slot     as slot,

@@ -34,7 +34,7 @@
 -- out (_may_read). Tables (read): slot_lease, slot_group, queue,
 -- sub_state, tick.
 select pgque._create_view('partition_slot_stalls', $ddl$
-create or replace view pgque.partition_slot_stalls as
+create or replace view pgque.partition_slot_stalls with (security_barrier) as
 select v.queue, v.consumer, v.slot, v.nslots, v.owner, v.lease_live,
        v.behind_since, v.last_progress, v.stall_after,
        case when v.behind_since is not null then greatest(v.behind_since, v.last_progress) end as stalled_since,
