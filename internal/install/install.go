@@ -98,12 +98,16 @@ func inTx(ctx context.Context, conn Conn, fn func(pgx.Tx) error) (err error) {
 }
 
 // FreshLockWait bounds how long the first Install of a database waits for
-// the advisory lock before it goes on without it.
+// the advisory lock before it goes on without it, and how long an upgrade
+// waits for its lock on pgque.version before it fails.
 const FreshLockWait = 10 * time.Second
 
 // lockInstall serialises Install and Uninstall. On an installed database it
 // takes a self-conflicting lock on pgque.version, which a role without a
-// pgque grant cannot take or hold. On a fresh database it waits at most
+// pgque grant cannot take or hold, waiting at most FreshLockWait: a pgque
+// role can hold a lock on it without the right to (PREPARE of an UPDATE
+// locks the table and runs nothing), so a longer wait fails with an error
+// naming the sessions that hold it. On a fresh database it waits at most
 // FreshLockWait for the advisory lock (another installer starting at the
 // same moment finishes well within it) and then goes on without it: a
 // stranger holding the key cannot stall the install, and at worst two first
@@ -122,35 +126,57 @@ func lockInstall(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	if installed {
-		_, err := tx.Exec(ctx, "lock table pgque.version in share row exclusive mode")
-		return err
+		got, err := lockWithin(ctx, tx, "lock table pgque.version in share row exclusive mode")
+		if err != nil || got {
+			return err
+		}
+		var holders string
+		if err := tx.QueryRow(ctx, `select coalesce(pg_catalog.string_agg(distinct pg_catalog.format('pid %s (role %s)',
+				l.pid, coalesce(a.usename::text, '?')), ', '), 'none now')
+			  from pg_catalog.pg_locks l left join pg_catalog.pg_stat_activity a on a.pid operator(pg_catalog.=) l.pid
+			 where l.granted and l.relation operator(pg_catalog.=) 'pgque.version'::pg_catalog.regclass
+			   and l.pid operator(pg_catalog.<>) pg_catalog.pg_backend_pid()`).Scan(&holders); err != nil {
+			return err
+		}
+		return fmt.Errorf("pgque.version stayed locked for %s by %s: another install or uninstall is running, "+
+			"or a session holds a lock on it; retry when it ends", FreshLockWait, holders)
 	}
+	// Held by someone else for too long: go on without it.
+	_, err := lockWithin(ctx, tx, fmt.Sprintf("select pg_catalog.pg_advisory_xact_lock(%d)", LockKey))
+	return err
+}
+
+// lockWithin runs stmt, which takes a lock, waiting at most FreshLockWait,
+// and reports whether it got the lock. The transaction's lock_timeout is
+// left as it was.
+func lockWithin(ctx context.Context, tx pgx.Tx, stmt string) (bool, error) {
 	var prev string
 	if err := tx.QueryRow(ctx, "select pg_catalog.current_setting('lock_timeout')").Scan(&prev); err != nil {
-		return err
+		return false, err
 	}
 	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
-	_, err = sp.Exec(ctx, "select pg_catalog.set_config('lock_timeout', $1, true), pg_catalog.pg_advisory_xact_lock($2)",
-		fmt.Sprintf("%dms", FreshLockWait.Milliseconds()), LockKey)
+	_, err = sp.Exec(ctx, "select pg_catalog.set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", FreshLockWait.Milliseconds()))
+	if err == nil {
+		_, err = sp.Exec(ctx, stmt)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
-		// Held by someone else for too long: go on without it. Rolling
-		// back the savepoint also undoes the lock_timeout.
-		return sp.Rollback(ctx)
+		// Rolling back the savepoint also undoes the lock_timeout.
+		return false, sp.Rollback(ctx)
 	}
 	if err != nil {
-		return errors.Join(err, sp.Rollback(ctx))
+		return false, errors.Join(err, sp.Rollback(ctx))
 	}
 	// Releasing the savepoint keeps the lock and the lock_timeout: put the
 	// caller's lock_timeout back.
 	if err := sp.Commit(ctx); err != nil {
-		return err
+		return false, err
 	}
 	_, err = tx.Exec(ctx, "select pg_catalog.set_config('lock_timeout', $1, true)", prev)
-	return err
+	return err == nil, err
 }
 
 // ignoreClosed drops the error of rolling back a transaction that already

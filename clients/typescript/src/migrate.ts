@@ -73,9 +73,12 @@ export async function migrate(exec: Executor): Promise<MigrateResult> {
 /**
  * Serialises installs the way the Go installer does: on an installed
  * database a self-conflicting lock on pgque.version, which only pgque's
- * owner and pgque_admin can take; on a fresh one the advisory lock, waited
- * for at most FRESH_LOCK_WAIT_MS so a stranger holding the key cannot stall
- * the install.
+ * owner and pgque_admin can take, waited for at most FRESH_LOCK_WAIT_MS (a
+ * pgque role can hold a lock on it without the right to: PREPARE of an
+ * UPDATE locks the table and runs nothing), then failing with an error
+ * naming the sessions that hold it; on a fresh one the advisory lock,
+ * waited for at most FRESH_LOCK_WAIT_MS so a stranger holding the key
+ * cannot stall the install.
  */
 async function lockInstall(exec: Executor): Promise<void> {
   const { rows } = await exec.query<{ installed: boolean }>(`select exists (
@@ -84,26 +87,47 @@ async function lockInstall(exec: Executor): Promise<void> {
        and pg_catalog.has_schema_privilege(n.oid, 'USAGE')
        and pg_catalog.has_table_privilege(c.oid, 'UPDATE')) as installed`);
   if (rows[0]!.installed) {
-    await exec.query("lock table pgque.version in share row exclusive mode");
-    return;
+    if (await lockWithin(exec, "lock table pgque.version in share row exclusive mode")) return;
+    const held = await exec.query<{ h: string }>(
+      `select coalesce(pg_catalog.string_agg(distinct pg_catalog.format('pid %s (role %s)',
+              l.pid, coalesce(a.usename::text, '?')), ', '), 'none now') as h
+         from pg_catalog.pg_locks l left join pg_catalog.pg_stat_activity a on a.pid operator(pg_catalog.=) l.pid
+        where l.granted and l.relation operator(pg_catalog.=) 'pgque.version'::pg_catalog.regclass
+          and l.pid operator(pg_catalog.<>) pg_catalog.pg_backend_pid()`,
+    );
+    throw new PgqueError(
+      `pgque.version stayed locked for ${FRESH_LOCK_WAIT_MS / 1000} s by ${held.rows[0]!.h}: another install or ` +
+        "uninstall is running, or a session holds a lock on it; retry when it ends",
+      "database",
+      "55P03",
+    );
   }
+  // Held by someone else for too long: go on without it.
+  await lockWithin(exec, `select pg_catalog.pg_advisory_xact_lock(${LOCK_KEY}::bigint)`);
+}
+
+/**
+ * Runs sql, which takes a lock, waiting at most FRESH_LOCK_WAIT_MS; whether
+ * it got the lock. The transaction's lock_timeout is left as it was.
+ */
+async function lockWithin(exec: Executor, sql: string): Promise<boolean> {
   const prev = await exec.query<{ v: string }>("select pg_catalog.current_setting('lock_timeout') as v");
   await exec.query("savepoint pgque_lock");
   try {
-    await exec.query(
-      "select pg_catalog.set_config('lock_timeout', $1, true), pg_catalog.pg_advisory_xact_lock($2::bigint)",
-      [`${FRESH_LOCK_WAIT_MS}ms`, LOCK_KEY],
-    );
+    await exec.query("select pg_catalog.set_config('lock_timeout', $1, true)", [`${FRESH_LOCK_WAIT_MS}ms`]);
+    await exec.query(sql);
   } catch (err) {
+    // Rolling back the savepoint also undoes the lock_timeout.
     await exec.query("rollback to savepoint pgque_lock");
-    // 55P03 lock_not_available: held by someone else too long; go on.
-    if (sqlstateOf(err) === "55P03") return;
+    // 55P03 lock_not_available: held by someone else too long.
+    if (sqlstateOf(err) === "55P03") return false;
     throw err;
   }
   // Releasing the savepoint keeps the lock and the lock_timeout: put the
   // caller's lock_timeout back.
   await exec.query("release savepoint pgque_lock");
   await exec.query("select pg_catalog.set_config('lock_timeout', $1, true)", [prev.rows[0]!.v]);
+  return true;
 }
 
 /**

@@ -1,5 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import pg from "pg";
 import { checkSchema, installScript, installedVersion, migrate, SCHEMA_VERSION, SchemaVersionError, isPgqueError, sendBatch } from "../src/index.js";
 import { testDb } from "./harness.js";
 
@@ -99,6 +100,32 @@ test("migrate refuses a schema another role prepared, and runs none of its code"
   } finally {
     await db.pool.query("drop schema if exists pgque cascade");
     await db.pool.query(`drop owned by ${role}`);
+    await db.pool.query(`drop role ${role}`);
+  }
+});
+
+test("an upgrade fails naming the session that holds pgque.version locked, then goes through", async (t) => {
+  const db = await testDb({ t });
+  const role = `hv_${process.pid}_${Date.now()}`;
+  await db.pool.query(`create role ${role} login in role pgque_reader`);
+  const reader = new pg.Client({ connectionString: db.urlAs(role) });
+  try {
+    await reader.connect();
+    // PREPARE of an UPDATE locks the table and runs nothing: a reader
+    // may do it without the right to update.
+    await reader.query("begin");
+    await reader.query("prepare p as update pgque.version set version = version");
+    const pid = (await reader.query<{ pid: number }>("select pg_backend_pid() as pid")).rows[0]!.pid;
+    await assert.rejects(migrate(db.pool), (err) => {
+      assert.ok(isPgqueError(err), String(err));
+      assert.equal((err as { code?: string }).code, "55P03");
+      assert.match(String(err), new RegExp(`pid ${pid} \\(role ${role}\\)`));
+      return true;
+    });
+    await reader.query("rollback");
+    assert.equal((await migrate(db.pool)).version, SCHEMA_VERSION);
+  } finally {
+    await reader.end();
     await db.pool.query(`drop role ${role}`);
   }
 });

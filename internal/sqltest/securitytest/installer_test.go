@@ -305,3 +305,44 @@ func grantsGrew(line string, after map[string]bool) bool {
 	}
 	return false
 }
+
+// TestHeldVersionLockFailsUpgradeClearly: a pgque role can hold a lock on
+// pgque.version without the right to change it (PREPARE of an UPDATE locks
+// the table and runs nothing). An upgrade waits for it at most
+// install.FreshLockWait, then fails naming the session, and goes through
+// once that session ends.
+func TestHeldVersionLockFailsUpgradeClearly(t *testing.T) {
+	ctx := context.Background()
+	_, super, newDB := installerCluster(t)
+	dsn := newDB("heldversion")
+	owner := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "pgque_owner"))
+	if _, err := install.Install(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, super, `create role hv_reader login`)
+	mustExec(t, owner, `grant pgque_reader to hv_reader`)
+	reader := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "hv_reader"))
+	tx, err := reader.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `prepare p as update pgque.version set version = version`); err != nil {
+		t.Fatal(err)
+	}
+	var pid int32
+	if err := tx.QueryRow(ctx, `select pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	bounded, cancel := context.WithTimeout(ctx, install.FreshLockWait+20*time.Second)
+	_, err = install.Install(bounded, owner)
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "pid "+itoa(int(pid))+" (role hv_reader)") {
+		t.Fatalf("upgrade with pgque.version held by a reader: %v, want an error naming pid %d", err, pid)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := install.Install(ctx, owner); err != nil {
+		t.Fatalf("upgrade after the reader let go: %v", err)
+	}
+}

@@ -59,7 +59,27 @@ $$;
 -- retries and dead letters. Refuses while consumers are subscribed unless
 -- force is true. Detaching partitions needs a short exclusive lock on
 -- pgque.event; it waits at most 5 seconds for producers to get out of the way.
+-- The queue's own sequence and event tables are locked first, alone: a
+-- wait for them (a producer of this queue finishing its transaction, or any
+-- session that holds a lock on one of them, which a role may do without
+-- the right to use them: nextval() locks a sequence before it checks the
+-- privilege, PREPARE locks the tables it names) then holds up only this
+-- queue's producers, not every producer behind the lock on pgque.event.
+-- When they stay locked past 5 seconds it fails with 55P03 naming the
+-- sessions that hold them, having dropped nothing.
 -- Returns 1.
+-- _lock_holders(relations): the other sessions holding a lock on any of
+-- them, as "pid N (role R)", for an error message.
+create or replace function pgque._lock_holders(i_rels oid[])
+returns text language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce(string_agg(distinct format('pid %s (role %s)', l.pid, coalesce(a.usename::text, '?')), ', '), 'none now')
+      from pg_catalog.pg_locks l left join pg_catalog.pg_stat_activity a on a.pid = l.pid
+     where l.granted and l.locktype = 'relation' and l.database = (select oid from pg_catalog.pg_database where datname = current_database())
+       and l.relation = any (i_rels) and l.pid <> pg_backend_pid()
+$$;
+
 create or replace function pgque.drop_queue(i_queue text, i_force boolean)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -76,10 +96,21 @@ begin
             message = format('queue %L still has consumers (for example %L); unsubscribe them or drop with force', i_queue, v_sub);
     end if;
     perform set_config('lock_timeout', '5s', true);
+    begin
+        execute format('drop sequence if exists %s', q.queue_event_seq);
+        for v_n in 0 .. q.queue_ntables - 1 loop
+            execute format('lock table %s in access exclusive mode', pgque._event_table(q.queue_id, v_n));
+        end loop;
+    exception when lock_not_available then
+        raise exception using errcode = '55P03',
+            message = format('queue %L is locked by other sessions (%s): drop_queue waited 5 s and dropped nothing; retry when they end',
+                             i_queue, pgque._lock_holders(array[q.queue_event_seq::oid]
+                                                          || array(select pgque._event_table(q.queue_id, n)::regclass::oid
+                                                                     from generate_series(0, q.queue_ntables - 1) n)));
+    end;
     for v_n in 0 .. q.queue_ntables - 1 loop
         execute format('drop table if exists %s', pgque._event_table(q.queue_id, v_n));
     end loop;
-    execute format('drop sequence if exists %s', q.queue_event_seq);
     delete from pgque.tick where tick_queue = q.queue_id;
     delete from pgque.queue where queue_id = q.queue_id;
     return 1;
