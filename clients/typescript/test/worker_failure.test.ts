@@ -122,6 +122,47 @@ test("a handler past handlerTimeoutMs sees its signal aborted, and the event is 
   assert.deepEqual(rows, [{ n: 0 }]);
 });
 
+test("every event's handler gets a signal of its own", async (t) => {
+  const db = await setup(t, "sig");
+  const signals = new Set<AbortSignal>();
+  let calls = 0;
+  const done = gate();
+  const w = db.track(await work(db.pool, { ...fast, queue: "sig", consumer: "c", slots: 1 }, async (_m: Message, { signal }) => {
+    signals.add(signal);
+    signal.addEventListener("abort", () => {});
+    if (++calls === 20) done.open();
+  }));
+  await sendKeyed(db.pool, "sig", ["k"], 20);
+  await done.wait;
+  await w.stop();
+  assert.equal(signals.size, 20);
+});
+
+test("a handler that ignores its signal and returns after its timeout has handled the event", async (t) => {
+  const db = await setup(t, "late");
+  const results: unknown[] = [];
+  const done = gate();
+  const w = db.track(await work(db.pool, {
+    ...fast, queue: "late", consumer: "c", slots: 1, handlerTimeoutMs: 50,
+    onHandled: (_m, r) => {
+      results.push(r.error);
+      if (results.length === 3) done.open();
+    },
+  }, async (m: Message, { signal }) => {
+    // The first event runs past its timeout, sees its signal aborted, and returns.
+    if ((m.payload as { i: number }).i === 0) {
+      await new Promise((r) => setTimeout(r, 150));
+      assert.ok(signal.aborted && signal.reason instanceof HandlerTimeoutError);
+    }
+  }));
+  await sendKeyed(db.pool, "late", ["k"], 3);
+  await done.wait;
+  await w.stop();
+  assert.deepEqual(results, [undefined, undefined, undefined]);
+  const { rows } = await db.pool.query("select count(*)::int as n from pgque.retry_queue");
+  assert.deepEqual(rows, [{ n: 0 }]);
+});
+
 test("a replayed dead letter arrives marked, keeps its retries, and the report says what it overtook", async (t) => {
   const db = await setup(t, "rp");
   const seen: { id: string; replay: boolean; retry: number }[] = [];

@@ -531,7 +531,11 @@ export class SlotRunner {
     }
   }
 
-  /** Runs the handler on m with its timeout and the slot's signal. */
+  /**
+   * Runs the handler on m with its timeout and the slot's signal. Each call
+   * gets a signal of its own, derived from the slot's: listeners a handler
+   * adds to it go with the event instead of piling up on the slot's.
+   */
   private async invoke(m: Message): Promise<Outcome> {
     const { env } = this;
     const signals = [this.ctl.signal];
@@ -543,7 +547,7 @@ export class SlotRunner {
       t = setTimeout(() => tc.abort(new HandlerTimeoutError(env.handlerTimeoutMs)), env.handlerTimeoutMs);
       signals.push(timer.signal);
     }
-    const signal = signals.length === 1 ? signals[0]! : AbortSignal.any(signals);
+    const signal = AbortSignal.any(signals);
     const began = performance.now();
     let out: Outcome;
     let error: unknown;
