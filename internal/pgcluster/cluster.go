@@ -18,7 +18,9 @@ import (
 )
 
 // Superuser is the bootstrap superuser every cluster is created with. Local
-// connections are trusted, so it needs no password.
+// connections are trusted, so it needs no password; only the server's OS
+// user (and root) may reach the socket: its directory and the socket are
+// mode 0700, so another local account cannot connect as the superuser.
 const Superuser = "postgres"
 
 // Options configures Start. The zero value is ready to use.
@@ -103,6 +105,7 @@ func (c *Cluster) baseSettings() map[string]string {
 	return map[string]string{
 		"listen_addresses":        "",
 		"unix_socket_directories": c.dir,
+		"unix_socket_permissions": "0700",
 		"port":                    strconv.Itoa(c.port),
 		"fsync":                   "off",
 		"max_connections":         "300",
@@ -178,14 +181,15 @@ func freePort() int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// makeClusterDir creates the cluster directory, owned by u and readable by
-// everyone (so a root caller can reach the socket).
+// makeClusterDir creates the cluster directory, owned by u and closed to
+// everyone else (mode 0700, as MkdirTemp makes it): the socket is in it
+// and connections are trusted. A root caller reaches the socket anyway.
 func makeClusterDir(u *osUser) (string, error) {
 	dir, err := os.MkdirTemp(clusterDirBase(), "pgque-pg-")
 	if err != nil {
 		return "", fmt.Errorf("creating cluster directory: %w", err)
 	}
-	if err := os.Chmod(dir, 0o755); err != nil {
+	if err := os.Chmod(dir, 0o700); err != nil {
 		return "", errors.Join(fmt.Errorf("creating cluster directory: %w", err), os.RemoveAll(dir))
 	}
 	if u.cred != nil {

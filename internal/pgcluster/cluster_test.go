@@ -5,9 +5,12 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,5 +216,48 @@ func TestClusterRunsTheChosenVersion(t *testing.T) {
 	conn := connect(t, ctx, c.DSN("postgres"))
 	if got := queryInt(t, ctx, conn, "select current_setting('server_version_num')::int / 10000"); strconv.Itoa(got) != major {
 		t.Fatalf("%s=%s, but the cluster runs PostgreSQL %d", pgcluster.EnvVersion, major, got)
+	}
+}
+
+// TestOtherLocalUsersCannotConnect: connections are trusted, so the socket
+// is the only gate: another local account (nobody, which does not run the
+// server) running psql against the cluster is refused by the file system,
+// while the caller connects. Run as root, which can act as another user.
+func TestOtherLocalUsersCannotConnect(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run psql as another local user")
+	}
+	psql, err := exec.LookPath("psql")
+	if err != nil {
+		t.Skip("psql is not installed")
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skip("no user nobody")
+	}
+	c, ctx := setup(t, pgcluster.Options{})
+	fi, err := os.Stat(c.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && strconv.Itoa(int(st.Uid)) == nobody.Uid {
+		t.Skip("the server runs as nobody here")
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	gid, _ := strconv.Atoi(nobody.Gid)
+	cmd := exec.CommandContext(ctx, psql, "-X", "-At", "-c", "select current_user", c.DSN("postgres"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	cmd.Dir = "/"
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("psql as nobody connected to the cluster as %q", strings.TrimSpace(string(out)))
+	}
+	if !strings.Contains(string(out), "Permission denied") {
+		t.Errorf("psql as nobody failed, but not on the socket's permissions: %s", out)
+	}
+	conn := connect(t, ctx, c.DSN("postgres"))
+	if n := queryInt(t, ctx, conn, "select 1"); n != 1 {
+		t.Fatalf("select 1 = %d", n)
 	}
 }
