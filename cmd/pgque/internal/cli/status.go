@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -98,7 +99,9 @@ type statusReport struct {
 	Queues    []queueStatus  `json:"queues"`
 	Consumers []consumerInfo `json:"consumers"`
 	Slots     []slotRow      `json:"slots"`
-	// Blocked are the keys the pause policy holds back after a failure.
+	// Blocked are the keys the pause policy holds back after a failure;
+	// null when the role may not read them (blocked_keys is for readers
+	// and admins: a producer's login sees the rest).
 	Blocked []blockedKey `json:"blocked_keys"`
 	// Resizes are the slot resizes in progress and the last completed ones.
 	Resizes []resizeRow `json:"resizes"`
@@ -136,6 +139,7 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 		}
 	}
 	rep := &statusReport{Time: began, Consumers: []consumerInfo{}, Slots: nonNil(slots), Blocked: []blockedKey{}, Warnings: []string{}}
+	hideBlocked := false
 	blockers, canSee, err := view.Blockers(ctx, s.Client)
 	if err != nil {
 		return nil, err
@@ -193,6 +197,10 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 		}
 		rep.Queues = append(rep.Queues, qs)
 		blocked, err := s.blockedKeys(ctx, q.Name, "")
+		if errors.Is(err, pgque.ErrPermissionDenied) {
+			hideBlocked = true
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -212,6 +220,9 @@ func gatherStatus(ctx context.Context, s *session, queue string, th *thresholds)
 				b.Queue, b.Consumer, b.Slot, fmtKey(b.Key), b.State, fmtSeconds(time.Since(b.Since).Seconds()), b.HeadEvID, b.Failures, b.Deferred, deref(b.Reason)))
 		}
 		rep.Blocked = append(rep.Blocked, blocked...)
+	}
+	if hideBlocked {
+		rep.Blocked = nil
 	}
 	rep.Queues = nonNil(rep.Queues)
 	if rep.Resizes, err = resizeRows(ctx, s, queue); err != nil {

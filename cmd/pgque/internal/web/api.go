@@ -57,9 +57,13 @@ func (s *Server) sample(ctx context.Context) (sample, error) {
 	if canSee {
 		smp.Blockers = nonNil(bs)
 	}
-	// Keys held while their lane runs (key lanes), counted on their slots.
+	// Keys held while their lane runs (key lanes), counted on their slots;
+	// not for a login that may not read blocked keys (a producer's).
 	for _, q := range qs {
 		bks, err := s.cfg.Client.BlockedKeys(ctx, q.Name, "")
+		if errors.Is(err, pgque.ErrPermissionDenied) {
+			break
+		}
 		if err != nil {
 			return smp, err
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 	"time"
 
@@ -56,4 +57,46 @@ func TestConsoleShowsRotationBlockers(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// TestConsoleOverviewAsProducer: a producer's login may not read blocked
+// keys (nor rotation blockers); the console's overview still answers, with
+// its queues, instead of 403 on every refresh.
+func TestConsoleOverviewAsProducer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewInstalledDB(t)
+	admin := pgtest.Conn(t, dsn)
+	role := "console_producer_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	for _, s := range []string{"create role " + role + " login in role pgque_writer", "select pgque.create_queue('q')",
+		"select pgque.subscribe_slot('q', 'c', s, 2, 'pause') from generate_series(0, 1) s"} {
+		if _, err := admin.Exec(ctx, s); err != nil {
+			t.Fatal(s, err)
+		}
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "drop role "+role) })
+	client, err := pgque.NewClient(pgtest.Pool(t, pgtest.DSNWith(dsn, "user", role)), &pgque.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	srv, err := New(Config{Client: client, Logger: slog.New(slog.DiscardHandler),
+		AllowedHosts: []string{"127.0.0.1"}, SampleInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Run(runCtx) }()
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() { hs.Close(); cancel(); <-done })
+
+	code, body, _ := do(t, "GET", hs.URL+"/api/overview", nil, "")
+	var ov overview
+	if err := json.Unmarshal([]byte(body), &ov); code != 200 || err != nil {
+		t.Fatalf("overview as a producer: %d %s (%v)", code, body, err)
+	}
+	if len(ov.Queues) != 1 || ov.Queues[0].Name != "q" {
+		t.Errorf("overview as a producer: queues %+v, want q", ov.Queues)
+	}
 }
