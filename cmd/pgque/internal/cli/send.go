@@ -37,9 +37,11 @@ line is sent in one transaction. So a malformed line anywhere fails the whole
 command (the error names the line) and nothing at all is sent: there are no
 half-sent inputs.
 
---type and --key apply to every event. With --envelope each line is instead
+Each stdin line is at most 64 MiB. --type and --key apply to every event. With --envelope each line is instead
 an object {"type": ..., "key": ..., "dedup_key": ..., "payload": ...} whose
-type and key override the flags, so one stream can carry many partition keys.
+type and key override the flags, so one stream can carry many partition keys
+("key": null sends the line with no key). As in the Go library, an empty
+key is no key: --key "" and "key": "" send the NULL key (slot 0).
 
 --dedup-key (one event only) or the envelope's "dedup_key" makes a send safe
 to retry: a key the queue has seen within its dedup_window (default 5
@@ -115,7 +117,7 @@ func (a *app) printSent(queue string, ids []int64, asJSON bool) error {
 // envelopeLine is one --envelope line.
 type envelopeLine struct {
 	Type     *string         `json:"type"`
-	Key      *string         `json:"key"`
+	Key      json.RawMessage `json:"key"` // absent: --key; null: no key
 	DedupKey *string         `json:"dedup_key"`
 	Payload  json.RawMessage `json:"payload"`
 }
@@ -126,7 +128,9 @@ func readEvents(r io.Reader, typ, key string, envelope bool) ([]pgque.Event, err
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
 	var events []pgque.Event
-	for n := 1; sc.Scan(); n++ {
+	n := 0
+	for sc.Scan() {
+		n++
 		line := bytes.TrimSpace(sc.Bytes())
 		if len(line) == 0 {
 			continue
@@ -148,8 +152,15 @@ func readEvents(r io.Reader, typ, key string, envelope bool) ([]pgque.Event, err
 			if env.Type != nil {
 				ev.Type = *env.Type
 			}
-			if env.Key != nil {
-				ev.PartitionKey = *env.Key
+			if len(env.Key) > 0 {
+				var k *string
+				if err := json.Unmarshal(env.Key, &k); err != nil {
+					return nil, lineErr(n, "not an envelope object", errors.New(`"key" is neither a string nor null`))
+				}
+				ev.PartitionKey = ""
+				if k != nil {
+					ev.PartitionKey = *k
+				}
 			}
 			if env.DedupKey != nil {
 				ev.DedupKey = *env.DedupKey
@@ -163,7 +174,10 @@ func readEvents(r io.Reader, typ, key string, envelope bool) ([]pgque.Event, err
 		}
 		events = append(events, ev)
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return nil, fmt.Errorf("stdin line %d is longer than %d MiB, the longest line pgque send reads; nothing was sent",
+			n+1, maxLineBytes>>20)
+	} else if err != nil {
 		return nil, fmt.Errorf("reading stdin after %d events: %w; nothing was sent", len(events), err)
 	}
 	return events, nil

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -133,5 +134,39 @@ func TestSlotWarningsHeldBack(t *testing.T) {
 	behind.Lag = 4
 	if w := th.slotWarnings(&behind); len(w) != 1 || !strings.Contains(w[0], "stuck") {
 		t.Errorf("slot with an event behind its cursor: warnings %q, want stuck", w)
+	}
+}
+
+// TestEnvelopeKeyNullOverridesFlag: an envelope's "key" overrides --key:
+// a string is the key, null is no key, absent keeps --key; anything else is
+// refused naming the line.
+func TestEnvelopeKeyNullOverridesFlag(t *testing.T) {
+	t.Parallel()
+	in := `{"key":"a","payload":1}` + "\n" + `{"key":null,"payload":2}` + "\n" + `{"payload":3}` + "\n"
+	evs, err := readEvents(strings.NewReader(in), "t", "flag", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, e := range evs {
+		keys = append(keys, e.PartitionKey)
+	}
+	if want := []string{"a", "", "flag"}; !slices.Equal(keys, want) {
+		t.Errorf("keys %q, want %q", keys, want)
+	}
+	_, err = readEvents(strings.NewReader(`{"key":5,"payload":1}`+"\n"), "t", "", true)
+	if err == nil || !strings.Contains(err.Error(), `stdin line 1: not an envelope object: "key" is neither a string nor null`) {
+		t.Errorf("a numeric key: %v", err)
+	}
+}
+
+// TestSendLineTooLong: a stdin line past the limit is refused naming the
+// line and the limit, and nothing is sent.
+func TestSendLineTooLong(t *testing.T) {
+	t.Parallel()
+	in := "{}\n\n\"" + strings.Repeat("x", maxLineBytes) + "\"\n"
+	_, err := readEvents(strings.NewReader(in), "t", "", false)
+	if err == nil || !strings.Contains(err.Error(), "stdin line 3 is longer than 64 MiB") {
+		t.Errorf("a line of 64 MiB and more: %v", err)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -281,13 +283,16 @@ func (s *Server) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"dead_letters": nonNil(view.DeadLettersOf(dls)), "actions_enabled": s.cfg.AllowActions})
 }
 
+// maxOlderThan is the longest purge bound in seconds a time.Duration holds.
+const maxOlderThan = float64(math.MaxInt64 / int64(time.Second))
+
 // actionRequest is the body of every action.
 type actionRequest struct {
 	Queue    string  `json:"queue"`
 	Consumer string  `json:"consumer"`
 	Key      *string `json:"key"`
 	ID       int64   `json:"id"`
-	// OlderThan (seconds) bounds a purge.
+	// OlderThan (seconds) bounds a purge, at most maxOlderThan.
 	OlderThan float64 `json:"older_than_seconds"`
 }
 
@@ -325,8 +330,8 @@ func (s *Server) apiAction(w http.ResponseWriter, r *http.Request) {
 		rep, err = s.cfg.Client.ReplayDeadLetterReport(ctx, req.Queue, req.ID)
 		result, warning = rep.EventID, view.ReplayWarning(rep)
 	case "purge":
-		if req.OlderThan < 0 {
-			writeError(w, http.StatusBadRequest, "older_than_seconds must not be negative")
+		if req.OlderThan < 0 || req.OlderThan > maxOlderThan {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("older_than_seconds must be between 0 and %.0f (about 292 years)", maxOlderThan))
 			return
 		}
 		result, err = s.cfg.Client.PurgeDeadLetters(ctx, req.Queue, &pgque.PurgeFilter{Consumer: req.Consumer,

@@ -141,6 +141,10 @@ func TestConsoleHTTP(t *testing.T) {
 	}
 	// The replayed event fails again and comes back; purge removes it.
 	pgtest.WaitFor(t, 30*time.Second, "the replayed event to be dead-lettered again", func() bool { return len(w.deadLetters(t)) > 0 })
+	if code, body, _ := do(t, "POST", rw.URL+"/api/actions/purge", good, `{"queue":"files","older_than_seconds":1e10}`); code != 400 ||
+		!strings.Contains(body, "older_than_seconds must be between 0 and") {
+		t.Errorf("purge older than 1e10 s: %d %s, want 400 naming the bound", code, body)
+	}
 	if code, body, _ := do(t, "POST", rw.URL+"/api/actions/purge", good, `{"queue":"files"}`); code != 200 || strings.Contains(body, `"result":0`) {
 		t.Errorf("purge: %d %s", code, body)
 	}
