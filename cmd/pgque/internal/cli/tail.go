@@ -165,6 +165,9 @@ func (a *app) runTail(ctx context.Context, s *session, o *tailOptions) (err erro
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 		t.r = s.Receiver(tx)
 	}
+	if err := checkTailConsumer(ctx, s, o); err != nil {
+		return err
+	}
 	cleanup := context.WithoutCancel(ctx)
 	switch {
 	case o.consumer == "":
@@ -201,6 +204,29 @@ func (a *app) runTail(ctx context.Context, s *session, o *tailOptions) (err erro
 		}
 	}
 	return t.loop(ctx, a)
+}
+
+// checkTailConsumer refuses, before anything is claimed, a --consumer that
+// is a partitioned consumer read without --slot, and a --slot k/N whose N
+// is not the consumer's: the errors the server would give (not subscribed,
+// or a slot held by someone else when the wrong slot is busy) do not say
+// what is wrong.
+func checkTailConsumer(ctx context.Context, s *session, o *tailOptions) error {
+	if o.consumer == "" {
+		return nil
+	}
+	slots, err := s.Slots(ctx, o.queue, o.consumer)
+	if err != nil || len(slots) == 0 {
+		return nil // not partitioned, or not readable: the receive says why
+	}
+	n := slots[0].NSlots
+	switch {
+	case o.nslots == 0:
+		return fmt.Errorf("consumer %q of queue %q is a partitioned consumer with %d slots: read one slot with --slot k/%d", o.consumer, o.queue, n, n)
+	case o.nslots != n:
+		return fmt.Errorf("--slot %s: consumer %q of queue %q has %d slots, not %d (--slot k/%d)", o.slotArg, o.consumer, o.queue, n, o.nslots, n)
+	}
+	return nil
 }
 
 // loop receives, prints and acknowledges until ctx ends or --max is
