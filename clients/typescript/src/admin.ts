@@ -212,6 +212,9 @@ export async function replayDeadLetter(exec: Executor, queue: string, id: string
 
 /** replayDeadLetter, reporting the later events of the key the replay comes after. */
 export async function replayDeadLetterReport(exec: Executor, queue: string, id: string | bigint): Promise<ReplayReport> {
+  if (typeof id === "string" && !/^-?[0-9]{1,19}$/.test(id)) {
+    throw invalid(`dead letter id ${JSON.stringify(id)} is not an integer`);
+  }
   return one<ReplayReport>(exec, `replaying dead letter ${id} of queue "${queue}"`,
     `select ev_id::pg_catalog.text as "eventId", later_delivered::pg_catalog.float8 as "laterDelivered",
             history_complete as "historyComplete", consumer, key

@@ -87,6 +87,7 @@ test("a blocked key: list, unblock into a dead letter, replay, purge", async () 
   assert.equal(await replayDeadLetter(db.pool, "blk", dls[0]!.id), head);
   assert.deepEqual(await deadLetters(db.pool, "blk"), []);
   await assert.rejects(replayDeadLetter(db.pool, "blk", dls[0]!.id), (err) => isPgqueError(err, "dead_letter_not_found"));
+  await assert.rejects(replayDeadLetter(db.pool, "blk", "abc"), (err) => isPgqueError(err, "invalid_argument") && /"abc" is not an integer/.test(String(err)));
 });
 
 test("dead letters of a plain consumer are purged", async () => {

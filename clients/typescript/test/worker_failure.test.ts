@@ -138,6 +138,30 @@ test("every event's handler gets a signal of its own", async (t) => {
   assert.equal(signals.size, 20);
 });
 
+test("a handler that throws undefined has failed, and onHandled says so", async (t) => {
+  const db = await setup(t, "undef");
+  const errors: unknown[] = [];
+  const seen: number[] = [];
+  const done = gate();
+  // onHandled sees the handler's payload type (P), as the handler does.
+  const w = db.track(await work<{ i: number }>(db.pool, {
+    ...fast, queue: "undef", consumer: "c", slots: 1,
+    onHandled: (m, r) => {
+      seen.push(m.payload.i);
+      errors.push(r.error);
+      if (errors.length === 2) done.open();
+    },
+  }, async (m) => {
+    if (m.retryCount === 0) throw undefined;
+  }));
+  await sendKeyed(db.pool, "undef", ["k"], 1);
+  await done.wait;
+  await w.stop();
+  assert.ok(errors[0] instanceof Error && /the handler threw undefined/.test(errors[0].message), String(errors[0]));
+  assert.equal(errors[1], undefined);
+  assert.deepEqual(seen, [0, 0]);
+});
+
 test("a handler that ignores its signal and returns after its timeout has handled the event", async (t) => {
   const db = await setup(t, "late");
   const results: unknown[] = [];

@@ -43,7 +43,8 @@ import type { FailurePolicy } from "../admin.js";
 import { defaultWorkerId } from "../workerid.js";
 
 
-export interface WorkOptions {
+/** P is the payload type the handler expects, as in work<P>; onHandled sees the same. */
+export interface WorkOptions<P = unknown> {
   queue: string;
   consumer: string;
   /**
@@ -100,7 +101,7 @@ export interface WorkOptions {
    * (null: dead-lettered at once). For logs, metrics and traces; a throw
    * from it goes to onError.
    */
-  onHandled?: (msg: Message, result: HandleResult) => void;
+  onHandled?: (msg: Message<P>, result: HandleResult) => void;
 }
 
 /** What a worker did since it started, read by Worker.stats(). */
@@ -199,7 +200,7 @@ async function startSlots(db: ConnectionSource, queue: string, consumer: string,
  * share of them and calls handler for every event, each key's events in
  * order and one at a time. Resolves once the slots are subscribed.
  */
-export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions, handler: Handler<P>): Promise<Worker> {
+export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, handler: Handler<P>): Promise<Worker> {
   const configured = positive("slots", opts.slots, NaN);
   if (!Number.isInteger(configured)) throw new PgqueError(`work: slots must be an integer, not ${configured}`, "invalid_argument");
   if (opts.failurePolicy !== undefined && opts.failurePolicy !== "skip" && opts.failurePolicy !== "pause") {
@@ -278,7 +279,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions,
       if (n === nslots) await followResize();
       return n !== nslots;
     },
-    onHandled: opts.onHandled,
+    onHandled: opts.onHandled as ((msg: Message, r: HandleResult) => void) | undefined,
     counters,
   };
   const maxActiveOpt = opts.maxActiveSlots === undefined ? undefined : positive("maxActiveSlots", opts.maxActiveSlots, 1);

@@ -559,7 +559,9 @@ export class SlotRunner {
       await env.handler(m, { signal, completeIn });
       out = { ok: true };
     } catch (err) {
-      error = err;
+      // A throw of undefined or null fails the event too: onHandled's
+      // error says so rather than reading as a success.
+      error = err ?? new Error(`the handler threw ${String(err)}`);
       if (timer?.signal.aborted && !(err instanceof HandlerTimeoutError)) {
         error = new HandlerTimeoutError(env.handlerTimeoutMs);
         (error as Error).cause = err;

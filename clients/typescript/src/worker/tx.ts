@@ -33,7 +33,7 @@ const ALREADY_COMPLETED = "PQ038";
  * the event in it (complete_partitioned_in_tx) and commits. db must be a
  * pool on the database pgque is installed in.
  */
-export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions, handler: TxHandler<P>): Promise<Worker> {
+export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, handler: TxHandler<P>): Promise<Worker> {
   return work<P>(db, opts, async (msg: Message<P>, ctx: HandlerContext) => {
     const tx = await checkout(db);
     let broken = false;
