@@ -14,18 +14,36 @@ import (
 // Install's preflight refuses such a schema with a clear error).
 // It calls pgque.version(), which every pgque role may execute, when that
 // function exists, and reads the table (pgque_admin only) on installs that
-// predate it.
+// predate it. Either only when it can run no code of another role as the
+// caller: the function is the caller's own (the current_user's, not a
+// role it is a member of: a superuser is a member of every role), or
+// SECURITY DEFINER with a
+// pinned search_path and owned by the schema's owner (so it runs as that
+// owner, as pgque's does); the table is the caller's own, or a plain table
+// without row security owned by the schema's owner. Anything else (a
+// schema pgque someone prepared, as a trap for whoever looks) reads as "".
 func InstalledVersion(ctx context.Context, q Querier) (string, error) {
 	var table, fn bool
 	err := q.QueryRow(ctx, `select
 		exists (select 1 from pg_catalog.pg_class c
 		        join pg_catalog.pg_namespace n on n.oid = c.relnamespace
 		        where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
-		          and pg_catalog.has_schema_privilege(n.oid, 'USAGE')),
+		          and pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+		          and (c.relowner operator(pg_catalog.=) r.oid
+		               or (c.relkind operator(pg_catalog.=) 'r' and not c.relrowsecurity
+		                   and c.relowner operator(pg_catalog.=) n.nspowner
+		                   and exists (select 1 from pg_catalog.pg_attribute a
+		                               where a.attrelid operator(pg_catalog.=) c.oid and a.attname operator(pg_catalog.=) 'version'
+		                                 and a.atttypid operator(pg_catalog.=) 'pg_catalog.text'::pg_catalog.regtype)))),
 		exists (select 1 from pg_catalog.pg_proc p
 		        join pg_catalog.pg_namespace n on n.oid = p.pronamespace
 		        where n.nspname operator(pg_catalog.=) 'pgque' and p.proname operator(pg_catalog.=) 'version'
-		          and p.pronargs operator(pg_catalog.=) 0)`).Scan(&table, &fn)
+		          and p.pronargs operator(pg_catalog.=) 0
+		          and (p.proowner operator(pg_catalog.=) r.oid
+		               or (p.prosecdef and p.proowner operator(pg_catalog.=) n.nspowner
+		                   and exists (select 1 from pg_catalog.unnest(p.proconfig) g
+		                               where g operator(pg_catalog.~~) 'search\_path=%'))))
+		from pg_catalog.pg_roles r where r.rolname operator(pg_catalog.=) current_user`).Scan(&table, &fn)
 	if err != nil {
 		return "", fmt.Errorf("reading the installed pgque version: %w", err)
 	}

@@ -160,18 +160,35 @@ async function ownVersion(exec: Executor): Promise<string> {
 /**
  * The pgque version installed in the database; "" when pgque is not
  * installed or the caller may not use schema pgque. Every pgque role may
- * call it.
+ * call it. Like the Go InstalledVersion, it calls pgque.version() (or
+ * reads the table, on installs older than the function) only when that can
+ * run no code of another role as the caller: the function is the
+ * current_user's own, or SECURITY DEFINER with a pinned search_path and
+ * owned by the schema's owner, as pgque's is; the table is the caller's
+ * own, or a plain text-typed table without row security owned by the
+ * schema's owner. A schema pgque someone prepared as a trap reads as "".
  */
 export async function installedVersion(exec: Executor): Promise<string> {
   const { rows } = await exec.query<{ has_table: boolean; has_fn: boolean }>(`select
     exists (select 1 from pg_catalog.pg_class c
             join pg_catalog.pg_namespace n on n.oid = c.relnamespace
             where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
-              and pg_catalog.has_schema_privilege(n.oid, 'USAGE')) as has_table,
+              and pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+              and (c.relowner operator(pg_catalog.=) r.oid
+                   or (c.relkind operator(pg_catalog.=) 'r' and not c.relrowsecurity
+                       and c.relowner operator(pg_catalog.=) n.nspowner
+                       and exists (select 1 from pg_catalog.pg_attribute a
+                                   where a.attrelid operator(pg_catalog.=) c.oid and a.attname operator(pg_catalog.=) 'version'
+                                     and a.atttypid operator(pg_catalog.=) 'pg_catalog.text'::pg_catalog.regtype)))) as has_table,
     exists (select 1 from pg_catalog.pg_proc p
             join pg_catalog.pg_namespace n on n.oid = p.pronamespace
             where n.nspname operator(pg_catalog.=) 'pgque' and p.proname operator(pg_catalog.=) 'version'
-              and p.pronargs operator(pg_catalog.=) 0) as has_fn`);
+              and p.pronargs operator(pg_catalog.=) 0
+              and (p.proowner operator(pg_catalog.=) r.oid
+                   or (p.prosecdef and p.proowner operator(pg_catalog.=) n.nspowner
+                       and exists (select 1 from pg_catalog.unnest(p.proconfig) g
+                                   where g operator(pg_catalog.~~) 'search\\_path=%')))) as has_fn
+    from pg_catalog.pg_roles r where r.rolname operator(pg_catalog.=) current_user`);
   if (!rows[0]!.has_table) return "";
   const q = rows[0]!.has_fn ? "select pgque.version() as v" : "select version as v from pgque.version";
   const v = await exec.query<{ v: string | null }>(q);

@@ -97,6 +97,10 @@ test("migrate refuses a schema another role prepared, and runs none of its code"
       assert.doesNotMatch(String(err), /planted code ran/);
       return true;
     });
+    // Nor does reading the version (checkSchema, at a worker's start): the
+    // planted function is not called (it would raise), its plain table is
+    // read.
+    assert.equal(await installedVersion(db.pool), "0.0.1");
   } finally {
     await db.pool.query("drop schema if exists pgque cascade");
     await db.pool.query(`drop owned by ${role}`);

@@ -131,10 +131,14 @@ func TestInstallRefusesAPreparedSchema(t *testing.T) {
 			if codeOf(err) != "42501" || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "attacker code ran") {
 				t.Fatalf("install error = %v (SQLSTATE %s), want 42501 naming %q", err, codeOf(err), tc.want)
 			}
-			// The superuser is refused the same way, and runs nothing.
+			// The superuser is refused the same way, and runs nothing; nor
+			// does reading the version (pgque version, uninstall) run it.
 			super := pgtest.Conn(t, c.DSN("prep"+itoa(i)))
 			if _, err := install.Install(ctx, super); codeOf(err) != "42501" || strings.Contains(err.Error(), "attacker code ran") {
 				t.Fatalf("superuser install error = %v, want 42501", err)
+			}
+			if _, err := install.InstalledVersion(ctx, super); err != nil {
+				t.Fatalf("the superuser reading the version: %v", err)
 			}
 		})
 	}
