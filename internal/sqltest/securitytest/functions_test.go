@@ -342,11 +342,11 @@ var functions = map[string]fn{
 	"pgque.slot_group_info(text,text)": {roles: "ra", args: []string{"'q1'", "'sc'"}, nullAs: map[int]string{1: "PQ034"},
 		cases: []badCase{bc("PQ034", "'q1'", "'nope'"), bc("PQ001", "'nope'", "'sc'")}},
 	"pgque.blocked_keys(text,text)": {roles: "ra", args: []string{"'q1'", "'sc'"}, nullable: []int{1},
-		cases: []badCase{bc("PQ001", "'nope'", "null")}},
+		cases: []badCase{bc("PQ001", "'nope'", "null"), bc("PQ034", "'q1'", "'nope'")}},
 	"pgque.unblock_key(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ036"},
-		cases: []badCase{bc("PQ036", "'q1'", "'sc'", "'k1'")}},
+		cases: []badCase{bc("PQ036", "'q1'", "'sc'", "'k1'"), bc("PQ034", "'q1'", "'nope'", "'k1'")}},
 	"pgque.retry_key_now(text,text,text)": {roles: "a", args: []string{"'q1'", "'sc'", "'k1'"}, nullable: []int{2}, nullAs: map[int]string{1: "PQ036"},
-		cases: []badCase{bc("PQ036", "'q1'", "'sc'", "'k1'")}},
+		cases: []badCase{bc("PQ036", "'q1'", "'sc'", "'k1'"), bc("PQ034", "'q1'", "'nope'", "'k1'")}},
 	// The key views read only; a NULL slot means every slot.
 	"pgque.key_heads(text,text,integer,integer,integer)": {roles: "rwa", args: []string{"'q1'", "'sc'", "0", "10", "1000"},
 		nullable: []int{2}, nullAs: map[int]string{1: "PQ034"}, cases: []badCase{

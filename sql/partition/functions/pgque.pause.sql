@@ -222,7 +222,9 @@ $$;
 -- head failed and waits for its retry), 'releasing' (the head was settled
 -- and the deferred events are being put back) or 'held' (the key is held
 -- while its lane runs; key_block stores it as 'inflight'). 42501 for a login that
--- may not read a confined queue (_authorize_read).
+-- may not read a confined queue (_authorize_read); PQ034 for a consumer
+-- the queue has no slots of (a misspelt name would otherwise read as
+-- "nothing is blocked"), as key_heads and slot_group_info.
 create or replace function pgque.blocked_keys(i_queue text, i_consumer text default null)
 returns table (queue text, consumer text, slot integer, key text, state text, head_ev_id bigint,
                since timestamptz, failures integer, reason text, deferred bigint)
@@ -233,6 +235,7 @@ declare
     v_ok boolean := pgque._authorize_read(i_queue);
     q pgque.queue := pgque._queue(i_queue);
 begin
+    perform pgque._slot_consumer(q, i_consumer);
     return query
     select q.queue_name, l.sl_consumer, l.sl_slot, kb.kb_key,
            case kb.kb_state when 'inflight' then 'held' else kb.kb_state end, kb.kb_head, kb.kb_since,
@@ -245,8 +248,23 @@ begin
 end;
 $$;
 
--- _blocked(queue, consumer, key): the block row of a key, or PQ036 (not
--- blocked).
+-- _slot_consumer(queue, consumer): raises PQ034 unless consumer (NULL:
+-- any) has slots on the queue.
+create or replace function pgque._slot_consumer(q pgque.queue, i_consumer text)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_consumer is not null and not exists (
+        select 1 from pgque.slot_group g where g.sg_queue = q.queue_id and g.sg_consumer = i_consumer) then
+        raise exception using errcode = 'PQ034',
+            message = format('consumer %L has no slots on queue %L', i_consumer, q.queue_name);
+    end if;
+end;
+$$;
+
+-- _blocked(queue, consumer, key): the block row of a key, PQ034 for a
+-- consumer the queue has no slots of, or PQ036 (not blocked).
 create or replace function pgque._blocked(i_queue text, i_consumer text, i_key text)
 returns pgque.key_block language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -261,7 +279,7 @@ begin
      where q.queue_name = i_queue and l.sl_consumer = i_consumer and kb.kb_kid = pgque._kid(i_key)
        for update of kb;
     if not found then
-        perform pgque._queue(i_queue);
+        perform pgque._slot_consumer(pgque._queue(i_queue), i_consumer);
         raise exception using errcode = 'PQ036',
             message = format('key %s is not blocked for consumer %L on queue %L',
                              coalesce(quote_literal(i_key), 'NULL'), i_consumer, i_queue);
