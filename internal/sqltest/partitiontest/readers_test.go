@@ -22,31 +22,56 @@ type readCost struct {
 
 func measureRead(t *testing.T, conn *pgxpool.Conn, f func(tx pgx.Tx)) readCost {
 	t.Helper()
-	const stats = `select (select coalesce(sum(seq_tup_read + coalesce(idx_tup_fetch, 0)), 0)::bigint
+	d := xactDelta(t, conn, `select (select coalesce(sum(seq_tup_read + coalesce(idx_tup_fetch, 0)), 0)::bigint
 		  from pg_catalog.pg_stat_xact_user_tables where schemaname = 'pgque' and relname like 'event\_%'),
 		(select coalesce(sum(calls), 0)::bigint
-		  from pg_catalog.pg_stat_xact_user_functions where schemaname = 'pgque' and funcname like '\_read\_%')`
+		  from pg_catalog.pg_stat_xact_user_functions where schemaname = 'pgque' and funcname like '\_read\_%')`, f)
+	return readCost{rows: d[0], readerCalls: d[1]}
+}
+
+// xactDelta runs f in a transaction on conn (with track_functions = 'pl')
+// and returns how much each bigint column of stats, a query of the
+// transaction's own statistics (pg_stat_xact_*), grew meanwhile.
+func xactDelta(t *testing.T, conn *pgxpool.Conn, stats string, f func(tx pgx.Tx)) []int64 {
+	t.Helper()
 	ctx := context.Background()
-	var c readCost
+	var delta []int64
+	read := func(tx pgx.Tx) ([]int64, error) {
+		rows, err := tx.Query(ctx, stats)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) ([]int64, error) {
+			vals, err := r.Values()
+			out := make([]int64, len(vals))
+			for i, v := range vals {
+				out[i] = v.(int64)
+			}
+			return out, err
+		})
+	}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "set local track_functions = 'pl'"); err != nil {
 			return err
 		}
-		var r0, c0, r1, c1 int64
-		if err := tx.QueryRow(ctx, stats).Scan(&r0, &c0); err != nil {
+		before, err := read(tx)
+		if err != nil {
 			return err
 		}
 		f(tx)
-		if err := tx.QueryRow(ctx, stats).Scan(&r1, &c1); err != nil {
+		after, err := read(tx)
+		if err != nil {
 			return err
 		}
-		c = readCost{rows: r1 - r0, readerCalls: c1 - c0}
+		for i := range after {
+			delta = append(delta, after[i]-before[i])
+		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return delta
 }
 
 // receiveIDs returns the ev_ids of one receive_raw chunk and acknowledges it.

@@ -13,26 +13,8 @@ import (
 // statistics. (An empty tick table may be scanned: it has no row to read.)
 func tickScans(t *testing.T, conn *pgxpool.Conn, f func(tx pgx.Tx)) int64 {
 	t.Helper()
-	const stats = `select coalesce(sum(seq_tup_read), 0)::bigint from pg_catalog.pg_stat_xact_user_tables
-		where schemaname = 'pgque' and relname like 'tick\_%'`
-	ctx := context.Background()
-	var n int64
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		var n0, n1 int64
-		if err := tx.QueryRow(ctx, stats).Scan(&n0); err != nil {
-			return err
-		}
-		f(tx)
-		if err := tx.QueryRow(ctx, stats).Scan(&n1); err != nil {
-			return err
-		}
-		n = n1 - n0
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return xactDelta(t, conn, `select coalesce(sum(seq_tup_read), 0)::bigint from pg_catalog.pg_stat_xact_user_tables
+		where schemaname = 'pgque' and relname like 'tick\_%'`, f)[0]
 }
 
 // T-tick-probes: whether a later tick exists is asked of the tick index,

@@ -32,16 +32,7 @@ func TestConsoleShowsRotationBlockers(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := pgtest.HoldTx(t, pgtest.Conn(t, dsn), `select pgque.subscribe('q', 'held')`)
-	srv, err := New(Config{Client: client, Logger: slog.New(slog.DiscardHandler),
-		AllowedHosts: []string{"127.0.0.1"}, SampleInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Run(runCtx) }()
-	hs := httptest.NewServer(srv)
-	t.Cleanup(func() { hs.Close(); cancel(); <-done })
+	hs := serveConsole(t, client)
 
 	var ov overview
 	pgtest.WaitFor(t, 10*time.Second, "the held session in the overview", func() bool {
@@ -80,16 +71,7 @@ func TestConsoleOverviewAsProducer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(client.Close)
-	srv, err := New(Config{Client: client, Logger: slog.New(slog.DiscardHandler),
-		AllowedHosts: []string{"127.0.0.1"}, SampleInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Run(runCtx) }()
-	hs := httptest.NewServer(srv)
-	t.Cleanup(func() { hs.Close(); cancel(); <-done })
+	hs := serveConsole(t, client)
 
 	code, body, _ := do(t, "GET", hs.URL+"/api/overview", nil, "")
 	var ov overview
@@ -99,4 +81,21 @@ func TestConsoleOverviewAsProducer(t *testing.T) {
 	if len(ov.Queues) != 1 || ov.Queues[0].Name != "q" {
 		t.Errorf("overview as a producer: queues %+v, want q", ov.Queues)
 	}
+}
+
+// serveConsole runs a read-only console on client, sampling every 100 ms,
+// until the test ends.
+func serveConsole(t *testing.T, client *pgque.Client) *httptest.Server {
+	t.Helper()
+	srv, err := New(Config{Client: client, Logger: slog.New(slog.DiscardHandler),
+		AllowedHosts: []string{"127.0.0.1"}, SampleInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Run(runCtx) }()
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() { hs.Close(); cancel(); <-done })
+	return hs
 }
