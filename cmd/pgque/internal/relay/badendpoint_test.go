@@ -379,6 +379,12 @@ func TestRelayConfigErrors(t *testing.T) {
 			t.Errorf("the error %q shows the password", err)
 		}
 	}
+	for _, h := range []string{"Host", "content-length", "ce-id", "Pgque-Slot", "Idempotency-Key"} {
+		_, err := relay.New(&relay.Config{URL: "http://x/", Queue: "q", Consumer: "c", AuthHeader: h, AuthValue: "token"})
+		if !errors.Is(err, relay.ErrInvalidConfig) || !strings.Contains(err.Error(), "one the relay or HTTP itself sets") {
+			t.Errorf("auth header %q: %v, want ErrInvalidConfig", h, err)
+		}
+	}
 	_, err := relay.New(&relay.Config{URL: "http://x/", Queue: "q", Consumer: "c", AuthValue: "tok\nen"})
 	if !errors.Is(err, relay.ErrInvalidConfig) || strings.Contains(err.Error(), "tok") {
 		t.Errorf("bad auth value: %v, want ErrInvalidConfig without the value", err)

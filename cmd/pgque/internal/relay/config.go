@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -144,6 +145,8 @@ func (c *Config) validate() (*url.URL, error) {
 		return nil, invalid("unreachable backoff min %v is above max %v", c.UnreachableBackoffMin, c.UnreachableBackoffMax)
 	case c.AuthHeader != "" && !validHeaderName(c.AuthHeader):
 		return nil, invalid("auth header name %q is not a valid HTTP header name", c.AuthHeader)
+	case c.AuthHeader != "" && reservedHeader(c.AuthHeader):
+		return nil, invalid("auth header name %q is one the relay or HTTP itself sets (Host, Content-*, ce-*, pgque-*, ...): the secret would not be sent as given", c.AuthHeader)
 	case c.AuthValue != "" && !validHeaderValue(c.AuthValue):
 		// The value itself is never echoed.
 		return nil, invalid("the auth header value contains a control character")
@@ -195,6 +198,18 @@ func (c *Config) httpClient(u *url.URL) (*http.Client, error) {
 }
 
 // validHeaderName reports whether s is an RFC 9110 token.
+// reservedHeader reports whether name is a header the request sets itself:
+// HTTP's framing and routing, and every header the relay writes.
+func reservedHeader(name string) bool {
+	n := strings.ToLower(name)
+	switch n {
+	case "host", "content-length", "content-type", "transfer-encoding", "connection", "te", "trailer",
+		"upgrade", "expect", "keep-alive", "proxy-connection", "idempotency-key":
+		return true
+	}
+	return strings.HasPrefix(n, "ce-") || strings.HasPrefix(n, "pgque-")
+}
+
 func validHeaderName(s string) bool {
 	if s == "" {
 		return false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"testing"
@@ -32,7 +33,7 @@ func TestConsoleShowsRotationBlockers(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := pgtest.HoldTx(t, pgtest.Conn(t, dsn), `select pgque.subscribe('q', 'held')`)
-	hs := serveConsole(t, client)
+	hs := serveConsole(t, Config{Client: client, SampleInterval: 100 * time.Millisecond})
 
 	var ov overview
 	pgtest.WaitFor(t, 10*time.Second, "the held session in the overview", func() bool {
@@ -71,7 +72,7 @@ func TestConsoleOverviewAsProducer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(client.Close)
-	hs := serveConsole(t, client)
+	hs := serveConsole(t, Config{Client: client, SampleInterval: 100 * time.Millisecond})
 
 	code, body, _ := do(t, "GET", hs.URL+"/api/overview", nil, "")
 	var ov overview
@@ -83,12 +84,12 @@ func TestConsoleOverviewAsProducer(t *testing.T) {
 	}
 }
 
-// serveConsole runs a read-only console on client, sampling every 100 ms,
-// until the test ends.
-func serveConsole(t *testing.T, client *pgque.Client) *httptest.Server {
+// serveConsole runs a console with cfg (its logger discarding, its host
+// 127.0.0.1) until the test ends.
+func serveConsole(t *testing.T, cfg Config) *httptest.Server {
 	t.Helper()
-	srv, err := New(Config{Client: client, Logger: slog.New(slog.DiscardHandler),
-		AllowedHosts: []string{"127.0.0.1"}, SampleInterval: 100 * time.Millisecond})
+	cfg.Logger, cfg.AllowedHosts = slog.New(slog.DiscardHandler), []string{"127.0.0.1"}
+	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,4 +99,28 @@ func serveConsole(t *testing.T, client *pgque.Client) *httptest.Server {
 	hs := httptest.NewServer(srv)
 	t.Cleanup(func() { hs.Close(); cancel(); <-done })
 	return hs
+}
+
+// TestConsoleTokenRedirectStaysOnSite: opening the console with ?token=
+// sets the cookie and redirects to the same path without the token, on
+// this site, even for a path that starts with two slashes.
+func TestConsoleTokenRedirectStaysOnSite(t *testing.T) {
+	t.Parallel()
+	client, err := pgque.NewClient(pgtest.Pool(t, pgtest.NewInstalledDB(t)), &pgque.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	hs := serveConsole(t, Config{Client: client, Token: testToken, RequireToken: true})
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for path, want := range map[string]string{"/keys": "/keys?a=1", "//evil.example/x": "/evil.example/x?a=1"} {
+		resp, err := noFollow.Get(hs.URL + path + "?a=1&" + TokenParam + "=" + testToken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
+			t.Errorf("GET %s with the token: %d to %q, want 303 to %q", path, resp.StatusCode, resp.Header.Get("Location"), want)
+		}
+	}
 }

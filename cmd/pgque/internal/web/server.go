@@ -154,7 +154,8 @@ func (s *Server) tokenPresented(w http.ResponseWriter, r *http.Request) bool {
 			HttpOnly: true, SameSite: http.SameSiteStrictMode})
 		q := r.URL.Query()
 		q.Del(TokenParam)
-		to := url.URL{Path: r.URL.Path, RawQuery: q.Encode()}
+		// The same path on this site: "//host/x" would be another site's.
+		to := url.URL{Path: "/" + strings.TrimLeft(r.URL.Path, "/"), RawQuery: q.Encode()}
 		http.Redirect(w, r, to.String(), http.StatusSeeOther)
 		return false
 	}

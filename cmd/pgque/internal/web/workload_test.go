@@ -160,21 +160,11 @@ func (w *workload) start(t *testing.T, s service) {
 // its sampler.
 func (w *workload) serve(t *testing.T, actions bool) *httptest.Server {
 	t.Helper()
-	cfg := Config{Client: w.client, Logger: slog.New(slog.DiscardHandler),
-		AllowedHosts: []string{"127.0.0.1"}, SampleInterval: 200 * time.Millisecond}
+	cfg := Config{Client: w.client, SampleInterval: 200 * time.Millisecond}
 	if actions {
 		cfg.AllowActions, cfg.Token = true, testToken
 	}
-	srv, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Run(ctx) }()
-	hs := httptest.NewServer(srv)
-	t.Cleanup(func() { hs.Close(); cancel(); <-done })
-	return hs
+	return serveConsole(t, cfg)
 }
 
 // blockedKey reports whether key is blocked for indexer.
