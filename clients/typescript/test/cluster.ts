@@ -107,8 +107,11 @@ export async function startCluster(): Promise<Cluster> {
   const user = serverUser();
   // Socket paths are limited to about 100 bytes: keep the directory short.
   const base = tmpdir().length > 60 || user.uid !== undefined ? "/tmp" : tmpdir();
+  // Connections are trusted: only the server's OS user (and root) may
+  // reach the socket, so another local account cannot connect as the
+  // superuser.
   const dir = mkdtempSync(path.join(base, "pgque-ts-"));
-  chmodSync(dir, 0o755);
+  chmodSync(dir, 0o700);
   if (user.uid !== undefined) chownSync(dir, user.uid, user.gid!);
   const port = await freePort();
   const data = path.join(dir, "data");
@@ -140,6 +143,7 @@ export async function startCluster(): Promise<Cluster> {
         "# throwaway test cluster, not durable",
         "listen_addresses = ''",
         `unix_socket_directories = '${dir}'`,
+        "unix_socket_permissions = 0700",
         `port = ${port}`,
         "fsync = off",
         "max_connections = 300",
