@@ -22,6 +22,7 @@ import (
 // wait), and after 5 s it fails with 55P03 naming the session, having
 // dropped nothing. Once the lock is gone the drop goes through.
 func TestLockedQueueDropStallsNoOtherProducer(t *testing.T) {
+	t.Parallel() // its own cluster; it waits out a lock timeout
 	ctx := context.Background()
 	_, super, newDB := installerCluster(t)
 	dsn := newDB("droplock")

@@ -316,6 +316,7 @@ func grantsGrew(line string, after map[string]bool) bool {
 // install.FreshLockWait, then fails naming the session, and goes through
 // once that session ends.
 func TestHeldVersionLockFailsUpgradeClearly(t *testing.T) {
+	t.Parallel() // its own cluster; it waits out a lock timeout
 	ctx := context.Background()
 	_, super, newDB := installerCluster(t)
 	dsn := newDB("heldversion")
