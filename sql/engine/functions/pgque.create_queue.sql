@@ -55,6 +55,18 @@ begin
 end;
 $$;
 
+-- _lock_holders(relations): the other sessions holding a lock on any of
+-- them, as "pid N (role R)", for an error message.
+create or replace function pgque._lock_holders(i_rels oid[])
+returns text language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce(string_agg(distinct format('pid %s (role %s)', l.pid, coalesce(a.usename::text, '?')), ', '), 'none now')
+      from pg_catalog.pg_locks l left join pg_catalog.pg_stat_activity a on a.pid = l.pid
+     where l.granted and l.locktype = 'relation' and l.database = (select oid from pg_catalog.pg_database where datname = current_database())
+       and l.relation = any (i_rels) and l.pid <> pg_backend_pid()
+$$;
+
 -- drop_queue(queue[, force]): drops a queue, its event tables, ticks,
 -- retries and dead letters. Refuses while consumers are subscribed unless
 -- force is true. Detaching partitions needs a short exclusive lock on
@@ -68,18 +80,6 @@ $$;
 -- When they stay locked past 5 seconds it fails with 55P03 naming the
 -- sessions that hold them, having dropped nothing.
 -- Returns 1.
--- _lock_holders(relations): the other sessions holding a lock on any of
--- them, as "pid N (role R)", for an error message.
-create or replace function pgque._lock_holders(i_rels oid[])
-returns text language sql stable
-set search_path = pg_catalog, pg_temp
-as $$
-    select coalesce(string_agg(distinct format('pid %s (role %s)', l.pid, coalesce(a.usename::text, '?')), ', '), 'none now')
-      from pg_catalog.pg_locks l left join pg_catalog.pg_stat_activity a on a.pid = l.pid
-     where l.granted and l.locktype = 'relation' and l.database = (select oid from pg_catalog.pg_database where datname = current_database())
-       and l.relation = any (i_rels) and l.pid <> pg_backend_pid()
-$$;
-
 create or replace function pgque.drop_queue(i_queue text, i_force boolean)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp

@@ -235,7 +235,9 @@ declare
     v_ok boolean := pgque._authorize_read(i_queue);
     q pgque.queue := pgque._queue(i_queue);
 begin
-    perform pgque._slot_consumer(q, i_consumer);
+    if i_consumer is not null then
+        perform pgque._slot_group(i_queue, i_consumer, null); -- PQ034 without slots
+    end if;
     return query
     select q.queue_name, l.sl_consumer, l.sl_slot, kb.kb_key,
            case kb.kb_state when 'inflight' then 'held' else kb.kb_state end, kb.kb_head, kb.kb_since,
@@ -248,20 +250,7 @@ begin
 end;
 $$;
 
--- _slot_consumer(queue, consumer): raises PQ034 unless consumer (NULL:
--- any) has slots on the queue.
-create or replace function pgque._slot_consumer(q pgque.queue, i_consumer text)
-returns void language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    if i_consumer is not null and not exists (
-        select 1 from pgque.slot_group g where g.sg_queue = q.queue_id and g.sg_consumer = i_consumer) then
-        raise exception using errcode = 'PQ034',
-            message = format('consumer %L has no slots on queue %L', i_consumer, q.queue_name);
-    end if;
-end;
-$$;
+drop function if exists pgque._slot_consumer(pgque.queue, text);
 
 -- _blocked(queue, consumer, key): the block row of a key, PQ034 for a
 -- consumer the queue has no slots of, or PQ036 (not blocked).
@@ -279,7 +268,10 @@ begin
      where q.queue_name = i_queue and l.sl_consumer = i_consumer and kb.kb_kid = pgque._kid(i_key)
        for update of kb;
     if not found then
-        perform pgque._slot_consumer(pgque._queue(i_queue), i_consumer);
+        perform pgque._queue(i_queue);
+        if i_consumer is not null then
+            perform pgque._slot_group(i_queue, i_consumer, null); -- PQ034 without slots
+        end if;
         raise exception using errcode = 'PQ036',
             message = format('key %s is not blocked for consumer %L on queue %L',
                              coalesce(quote_literal(i_key), 'NULL'), i_consumer, i_queue);
