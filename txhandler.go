@@ -63,6 +63,12 @@ func txHandler(db txBeginner, h HandlerTxFunc, complete completer) HandlerFunc {
 		if errors.Is(err, ErrAlreadyCompleted) {
 			return nil
 		}
+		// A statement cut short because ctx ended says only "context
+		// canceled"; the cause says why (ErrLeaseLost when the pool fenced
+		// the slot first, before the completion could be refused).
+		if cause := context.Cause(ctx); err != nil && ctx.Err() != nil && cause != nil && !errors.Is(err, cause) {
+			err = fmt.Errorf("%w (%w)", err, cause)
+		}
 		return err
 	}
 }
