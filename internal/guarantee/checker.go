@@ -407,20 +407,30 @@ func (c *check) checkG2(r *Report) {
 		epoch int64
 		start time.Time
 	}
+	// An epoch starts when its lease is claimed or, for a worker that logs
+	// no claims, at its first handler run.
 	firsts := map[int]map[int64]time.Time{}
-	for _, ivs := range c.byKey {
-		for _, iv := range ivs {
-			m := firsts[slotID(iv.Attempt)]
-			if m == nil {
-				m = map[int64]time.Time{}
-				firsts[slotID(iv.Attempt)] = m
-			}
-			if s, ok := m[iv.Epoch]; !ok || iv.Start.Before(s) {
-				m[iv.Epoch] = iv.Start
-			}
+	started := func(slot int, epoch int64, at time.Time) {
+		m := firsts[slot]
+		if m == nil {
+			m = map[int64]time.Time{}
+			firsts[slot] = m
+		}
+		if s, ok := m[epoch]; !ok || at.Before(s) {
+			m[epoch] = at
 		}
 	}
-	// superseded(slot, epoch): when a newer epoch of the slot first worked.
+	for _, ivs := range c.byKey {
+		for _, iv := range ivs {
+			started(slotID(iv.Slot, iv.NSlots), iv.Epoch, iv.Start)
+		}
+	}
+	for _, cl := range c.h.Claims {
+		if cl.NSlots > 0 {
+			started(slotID(cl.Slot, cl.NSlots), cl.Epoch, cl.At)
+		}
+	}
+	// superseded(slot, epoch): when a newer epoch of the slot started.
 	suffix := map[int][]epochStart{}
 	for slot, m := range firsts {
 		var es []epochStart
@@ -450,7 +460,7 @@ func (c *check) checkG2(r *Report) {
 	holders := map[holder]string{}
 	for _, ivs := range c.byKey {
 		for _, iv := range ivs {
-			holders[holder{slotID(iv.Attempt), iv.Epoch}] = iv.Proc
+			holders[holder{slotID(iv.Slot, iv.NSlots), iv.Epoch}] = iv.Proc
 		}
 	}
 	for h, proc := range holders {
@@ -472,7 +482,7 @@ func (c *check) checkG2(r *Report) {
 	for key, ivs := range c.byKey {
 		for i := range ivs {
 			a := ivs[i]
-			if t, ok := superseded(slotID(a.Attempt), a.Epoch); ok && t.Before(a.end) {
+			if t, ok := superseded(slotID(a.Slot, a.NSlots), a.Epoch); ok && t.Before(a.end) {
 				from := laterOf(t, a.Start)
 				active := a.end.Sub(from) - c.frozen(a.Proc, from, a.end)
 				r.ZombieRuns++
@@ -490,7 +500,7 @@ func (c *check) checkG2(r *Report) {
 				if a.NSlots != b.NSlots && a.NSlots != 0 && b.NSlots != 0 {
 					// Slots of two N overlapping on a key: allowed only
 					// for a fenced zombie of the old one (bounded above).
-					if t, ok := superseded(slotID(a.Attempt), a.Epoch); !ok || b.Start.Before(t) {
+					if t, ok := superseded(slotID(a.Slot, a.NSlots), a.Epoch); !ok || b.Start.Before(t) {
 						from, to := laterOf(a.Start, b.Start), earlierOf(a.end, b.end)
 						r.flag(GG2, key, b.EvID, "handled by slot %d/%d while slot %d/%d handled ev %d, for %v (across a resize)",
 							b.Slot, b.NSlots, a.Slot, a.NSlots, a.EvID, to.Sub(from))
@@ -666,4 +676,4 @@ func earlierOf(a, b time.Time) time.Time {
 
 // slotID names the slot of an attempt across resizes: slot k of N is
 // another slot than slot k of M.
-func slotID(a *Attempt) int { return a.NSlots*4096 + a.Slot }
+func slotID(slot, nslots int) int { return nslots*4096 + slot }

@@ -282,6 +282,24 @@ func TestCheckAcrossResize(t *testing.T) {
 	b.h.Attempts[3].Start = ms(15) // the new slot starts while the old one runs
 	mustFlag(t, &b.h, GG2, "across a resize")
 
+	// A frozen worker's handler of the old N outlives the resize: another
+	// worker took its slot over (a claim, and no handler run, since the
+	// old slot had nothing left but the released key) and the cutover gave
+	// the key to a new slot. A zombie, allowed for a lease TTL of running.
+	zombie := func(claim bool, end int) *hb {
+		b := resized()
+		b.h.Attempts[2].End = ms(end)
+		b.h.Attempts[3].Start, b.h.Attempts[3].End = ms(1500), ms(1510)
+		b.fault(FaultWorkerStop, "w1", 15, 1600)
+		if claim {
+			b.h.Claims = []Claim{{Proc: "w3", Slot: 0, NSlots: 2, Epoch: 2, At: ms(1100)}}
+		}
+		return b
+	}
+	mustPass(t, &zombie(true, 1650).h)
+	mustFlag(t, &zombie(false, 1650).h, GG2, "across a resize")
+	mustFlag(t, &zombie(true, 2700).h, GG2, "more than the lease TTL") // 1.1 s of running after the claim
+
 	b = resized()
 	b.h.Attempts[3].Slot = 2 // not a's slot under N=4
 	mustFlag(t, &b.h, GG1, "maps to slot 3")

@@ -98,6 +98,18 @@ type Fault struct {
 	End    time.Time `json:"end"` // when the fault was lifted (SIGCONT, restart done)
 }
 
+// Claim is a slot lease a worker was granted, as its log says. From At on
+// every older epoch of the slot is fenced: a handler of one still running
+// is a zombie's. A takeover that finds the slot's batch done hands out no
+// event, so a claim is the only record that it superseded the epoch before.
+type Claim struct {
+	Proc   string    `json:"proc"`
+	Slot   int       `json:"slot"`
+	NSlots int       `json:"nslots"`
+	Epoch  int64     `json:"epoch"`
+	At     time.Time `json:"at"`
+}
+
 // History is everything the checker needs.
 type History struct {
 	// Policy is "pause" or "skip".
@@ -120,6 +132,10 @@ type History struct {
 	Committed   []Committed
 	DeadLetters []DeadLetter
 	Faults      []Fault
+	// Claims are the leases granted during the run, when the workers log
+	// them (Go workers do); without them a takeover is known from its
+	// first handler run only.
+	Claims []Claim
 
 	// Tx is set when the handlers ran as HandlerTx, each writing one row
 	// to chaos_effects in its transaction; Effects counts those rows per

@@ -51,7 +51,7 @@ func (p *Pool) run(r *runner) {
 	defer p.runners.Done()
 	defer p.exited(r)
 	defer p.drain(r)
-	log := p.log().With(slog.Int("slot", r.lease.Slot), slog.Int64("epoch", r.lease.Epoch))
+	log := p.log().With(slog.Int("slot", r.lease.Slot), slog.Int("nslots", r.lease.NSlots), slog.Int64("epoch", r.lease.Epoch))
 	log.DebugContext(r.workCtx, "pgque: slot claimed")
 	waiter := wakeup.Waiter{Notify: r.wake.C(), Poll: p.cfg.PollInterval, Jitter: 0.2}
 	for failures := 0; r.fetchCtx.Err() == nil && !r.release.Load(); {

@@ -92,6 +92,9 @@ func TestChaosShortRun(t *testing.T) {
 				keepRunDir(t, o.RunDir)
 				t.Fatal("the workers did not drain the queue")
 			}
+			if sum.Workers > 0 && sum.Claims < sum.Workers {
+				t.Errorf("%d lease claims read from the logs of %d workers", sum.Claims, sum.Workers)
+			}
 			if sum.Report.Committed < 500 {
 				t.Errorf("only %d events committed", sum.Report.Committed)
 			}

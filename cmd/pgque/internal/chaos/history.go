@@ -19,6 +19,7 @@ import "github.com/pgque/pgque/internal/guarantee"
 // The history the checker takes and its parts (see package guarantee).
 type (
 	Attempt    = guarantee.Attempt
+	Claim      = guarantee.Claim
 	Committed  = guarantee.Committed
 	DeadLetter = guarantee.DeadLetter
 	Fault      = guarantee.Fault

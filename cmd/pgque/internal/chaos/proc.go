@@ -81,7 +81,12 @@ type payload struct {
 func runProc(cfg ProcConfig, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// Workers log at debug level: the checker reads their slot claims.
+	level := slog.LevelWarn
+	if cfg.Role == RoleWorker {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	var err error
 	switch cfg.Role {
 	case RoleWorker:

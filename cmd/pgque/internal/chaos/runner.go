@@ -166,8 +166,11 @@ type Summary struct {
 	// Fencings counts "slot fenced" warnings in the workers' logs: a worker
 	// found its lease lost (expired locally, or another epoch on renewal)
 	// and cancelled the slot's handlers.
-	Fencings int     `json:"fencings"`
-	Report   *Report `json:"report"`
+	Fencings int `json:"fencings"`
+	// Claims counts the leases the Go workers logged as granted: what
+	// tells the checker when an epoch that handed out nothing more began.
+	Claims int     `json:"claims"`
+	Report *Report `json:"report"`
 	// Workers and TSWorkers are the Go and TypeScript worker processes;
 	// TSSuccesses counts the handler successes of TypeScript workers and
 	// TSKills the worker kills that hit one.
@@ -583,6 +586,7 @@ func (r *runner) run(ctx context.Context) (*Summary, error) {
 	sum.Faults[FaultHandlerPanic] = rep.Panics
 	sum.Fencings = countInLogs(filepath.Join(r.dir, "logs"), "pgque: slot fenced")
 	sum.Faults[FaultLeaseExpiry] = sum.Fencings
+	sum.Claims = len(h.Claims)
 	return sum, nil
 }
 
@@ -743,7 +747,8 @@ func (r *runner) history(ctx context.Context, end time.Time) (*History, int64, e
 	r.mu.Lock()
 	h.Faults = slices.Clone(r.faults)
 	r.mu.Unlock()
-	h.Faults = append(h.Faults, logFaults(filepath.Join(r.dir, "logs"))...)
+	logged, claims := readLogs(filepath.Join(r.dir, "logs"))
+	h.Faults, h.Claims = append(h.Faults, logged...), claims
 	conn, err := connectRetry(ctx, r.dsn)
 	if err != nil {
 		return nil, 0, err
@@ -813,6 +818,7 @@ func PrintSummary(w io.Writer, s *Summary) {
 	row("takeovers (epoch changes seen)", rep.Takeovers)
 	row("slot epochs (sum, from the DB)", s.SlotEpochs)
 	row("fencings (worker logs)", s.Fencings)
+	row("lease claims (worker logs)", s.Claims)
 	row("takeovers from live holders", rep.LiveTakeovers)
 	row("zombie handler runs", rep.ZombieRuns)
 	row("handlers cancelled (lease lost)", rep.Cancelled)
@@ -892,7 +898,8 @@ func Recheck(dir string) (*History, *Report, error) {
 				h.Faults = append(h.Faults, f)
 			}
 		}
-		h.Faults = append(h.Faults, logFaults(filepath.Join(dir, "logs"))...)
+		logged, claims := readLogs(filepath.Join(dir, "logs"))
+		h.Faults, h.Claims = append(h.Faults, logged...), claims
 		return &h, nil, nil
 	}
 	if err != nil {
@@ -902,7 +909,11 @@ func Recheck(dir string) (*History, *Report, error) {
 		return nil, nil, err
 	}
 	if !slices.ContainsFunc(h.Faults, func(f Fault) bool { return f.Kind == FaultFence || f.Kind == FaultWorkError }) {
-		h.Faults = append(h.Faults, logFaults(filepath.Join(dir, "logs"))...) // a run from before they were saved
+		logged, _ := readLogs(filepath.Join(dir, "logs")) // a run from before they were saved
+		h.Faults = append(h.Faults, logged...)
+	}
+	if h.Claims == nil {
+		_, h.Claims = readLogs(filepath.Join(dir, "logs"))
 	}
 	h.Attempts = loader.attempts
 	return &h, Check(&h), nil
@@ -947,14 +958,18 @@ var (
 	logTime   = regexp.MustCompile(`^time=(\S+) `)
 	logWorker = regexp.MustCompile(` worker=(\S+)`)
 	logSlot   = regexp.MustCompile(` slot=([0-9]+)`)
+	logNSlots = regexp.MustCompile(` nslots=([0-9]+)`)
+	logEpoch  = regexp.MustCompile(` epoch=([0-9]+)`)
 )
 
-// logFaults reads the workers' logs for the slots they fenced themselves
-// and the slot calls that failed: the explanations of same-epoch
-// redeliveries.
-func logFaults(dir string) []Fault {
+// readLogs reads the workers' logs for the slots they fenced themselves
+// and the slot calls that failed (the explanations of same-epoch
+// redeliveries), and for the leases they were granted (when an older
+// epoch was superseded).
+func readLogs(dir string) ([]Fault, []Claim) {
 	files, _ := filepath.Glob(filepath.Join(dir, "w*.log"))
-	var out []Fault
+	var faults []Fault
+	var claims []Claim
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -967,6 +982,7 @@ func logFaults(dir string) []Fault {
 				kind = FaultFence
 			case strings.Contains(line, `msg="pgque: working slot"`):
 				kind = FaultWorkError
+			case strings.Contains(line, `msg="pgque: slot claimed"`):
 			default:
 				continue
 			}
@@ -978,15 +994,29 @@ func logFaults(dir string) []Fault {
 			if err != nil {
 				continue
 			}
-			flt := Fault{Kind: kind, Target: wk[1], Start: at, End: at}
+			slot := -1
 			if sl := logSlot.FindStringSubmatch(line); sl != nil {
-				n, _ := strconv.Atoi(sl[1])
-				flt.Slot = &n
+				slot, _ = strconv.Atoi(sl[1])
 			}
-			out = append(out, flt)
+			if kind == "" {
+				n, e := logNSlots.FindStringSubmatch(line), logEpoch.FindStringSubmatch(line)
+				if slot < 0 || n == nil || e == nil {
+					continue
+				}
+				cl := Claim{Proc: wk[1], Slot: slot, At: at}
+				cl.NSlots, _ = strconv.Atoi(n[1])
+				cl.Epoch, _ = strconv.ParseInt(e[1], 10, 64)
+				claims = append(claims, cl)
+				continue
+			}
+			flt := Fault{Kind: kind, Target: wk[1], Start: at, End: at}
+			if slot >= 0 {
+				flt.Slot = &slot
+			}
+			faults = append(faults, flt)
 		}
 	}
-	return out
+	return faults, claims
 }
 
 // resizeNs are the N a resize fault chooses from: at most four, the limit
