@@ -44,7 +44,9 @@ type DeadLetterEntry struct {
 // DeadLetterLimitDefault of every consumer.
 type DeadLetterFilter struct {
 	// Consumer, when set, selects only that consumer's dead letters: for
-	// a partitioned consumer, those of every slot.
+	// a partitioned consumer, those of every slot. A consumer the queue
+	// does not know (not subscribed, no dead letters there) is
+	// ErrConsumerNotFound.
 	Consumer string
 	// Limit caps how many are returned, oldest first; zero means
 	// DeadLetterLimitDefault.
@@ -141,7 +143,8 @@ func (c *Client) ReplayDeadLetterReport(ctx context.Context, queue string, id in
 // value selects all of them.
 type PurgeFilter struct {
 	// Consumer, when set, selects only that consumer's dead letters (of
-	// every slot of a partitioned consumer).
+	// every slot of a partitioned consumer); ErrConsumerNotFound when the
+	// queue does not know it.
 	Consumer string
 	// OlderThan, when positive, keeps the dead letters younger than this.
 	OlderThan time.Duration

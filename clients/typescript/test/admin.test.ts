@@ -90,7 +90,7 @@ test("a blocked key: list, unblock into a dead letter, replay, purge", async () 
   await assert.rejects(replayDeadLetter(db.pool, "blk", "abc"), (err) => isPgqueError(err, "invalid_argument") && /"abc" is not an integer/.test(String(err)));
 });
 
-test("dead letters of a plain consumer are purged", async () => {
+test("dead letters of a plain consumer are purged, and a consumer the queue does not know is an error", async () => {
   await createQueue(db.pool, "dlq");
   await setQueueConfig(db.pool, "dlq", "max_retries", "0");
   await db.pool.query("select pgque.subscribe('dlq', 'p')");
@@ -105,5 +105,9 @@ test("dead letters of a plain consumer are purged", async () => {
   assert.equal(await purgeDeadLetters(db.pool, "dlq", { olderThanMs: 3_600_000 }), 0);
   assert.equal(await purgeDeadLetters(db.pool, "dlq", { consumer: "p" }), 1);
   assert.deepEqual(await deadLetters(db.pool, "dlq"), []);
+  assert.deepEqual(await deadLetters(db.pool, "dlq", { consumer: "p" }), []);
+  // A misspelt consumer is an error, not an empty list or a count of 0.
+  await assert.rejects(deadLetters(db.pool, "dlq", { consumer: "P" }), (err) => isPgqueError(err, "consumer_not_found"));
+  await assert.rejects(purgeDeadLetters(db.pool, "dlq", { consumer: "P" }), (err) => isPgqueError(err, "consumer_not_found"));
   await assert.rejects(setQueueConfig(db.pool, "dlq", "no_such_param", "1"), (err) => isPgqueError(err, "unknown_parameter"));
 });

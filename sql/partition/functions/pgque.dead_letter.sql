@@ -14,11 +14,33 @@ as $$
         or pg_catalog.starts_with(i_stored, i_consumer operator(pg_catalog.||) '#')
 $$;
 
+-- _dl_consumer_known(queue_id, queue, consumer): raises PQ002 unless
+-- consumer is NULL, subscribed to the queue (as a plain consumer or by
+-- its slots) or still has dead letters there (an unsubscribed consumer's
+-- are kept): a misspelt name is an error, not an empty answer.
+create or replace function pgque._dl_consumer_known(i_queue_id integer, i_queue text, i_consumer text)
+returns void language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_consumer is null
+       or exists (select 1 from pgque.subscription s
+                   where s.sub_queue = i_queue_id and pgque._dl_of(s.sub_name, i_consumer))
+       or exists (select 1 from pgque.dead_letter d
+                   where d.dl_queue = i_queue_id and pgque._dl_of(d.dl_consumer, i_consumer)) then
+        return;
+    end if;
+    raise exception using errcode = 'PQ002',
+        message = format('consumer %s is not subscribed to queue %s and has no dead letters there', i_consumer, i_queue);
+end;
+$$;
+
 -- dlq_list(queue, consumer, max): the oldest dead letters of a queue (of
 -- one consumer when given: a slot consumer's name selects every slot's),
 -- at most max rows. Raises 42501 for a login that may not read a confined
 -- queue (_authorize_read), PQ001 for an unknown queue, PQ011 for a NULL
--- or negative max. Returns per dead letter: dl_id, consumer (the
+-- or negative max, PQ002 for a consumer the queue does not know
+-- (_dl_consumer_known). Returns per dead letter: dl_id, consumer (the
 -- subscription it failed for: the slot's for a slot consumer,
 -- '<consumer>#<slot>/<N>'), dl_time, reason, the event's ev_id, ev_time,
 -- ev_retry, ev_type, ev_data (the payload), ev_extra1..4 (ev_extra1 is
@@ -63,6 +85,9 @@ begin
          where d.dl_queue = q.queue_id and pgque._dl_of(d.dl_consumer, i_consumer)
          order by d.dl_id
          limit i_max;
+    if not found then
+        perform pgque._dl_consumer_known(q.queue_id, i_queue, i_consumer);
+    end if;
 end;
 $$;
 
@@ -153,7 +178,8 @@ $$;
 -- dlq_purge(queue, consumer, older_than): deletes dead letters of a queue
 -- (of one consumer when given, every slot of a slot consumer) older than
 -- older_than. Returns how many. Like dlq_list, refuses (42501) a login
--- that may not read a confined queue. Tables: dead_letter.
+-- that may not read a confined queue, and a consumer the queue does not
+-- know (PQ002). Tables: dead_letter.
 create or replace function pgque.dlq_purge(i_queue text, i_consumer text default null,
                                            i_older_than interval default '0')
 returns bigint language plpgsql security definer
@@ -181,6 +207,9 @@ begin
      where dl_queue = q.queue_id and pgque._dl_of(dl_consumer, i_consumer)
        and dl_time <= v_cut;
     get diagnostics v_n = row_count;
+    if v_n = 0 then
+        perform pgque._dl_consumer_known(q.queue_id, i_queue, i_consumer);
+    end if;
     return v_n;
 end;
 $$;
