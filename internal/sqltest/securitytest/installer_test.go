@@ -231,6 +231,7 @@ func TestSuperuserReinstallKeepsOwnersAndGrants(t *testing.T) {
 // grant holds every advisory lock key pgque ever used; install (fresh and
 // upgrade) and create_queue still finish promptly.
 func TestStrangerLocksDoNotStallInstallOrCreateQueue(t *testing.T) {
+	t.Parallel() // its own cluster; the fresh install waits out FreshLockWait
 	_, _, newDB := installerCluster(t)
 	dsn := newDB("locks")
 	stranger := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "stranger"))
