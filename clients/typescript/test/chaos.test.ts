@@ -27,6 +27,8 @@ interface Summary {
   ts_workers: number;
   ts_successes: number;
   ts_kills: number;
+  claims: number;
+  ts_claims?: number;
 }
 
 test("chaos: a mixed Go and TypeScript consumer group under every fault loses nothing and breaks no guarantee", { skip: haveGo ? false : "the Go toolchain is not on PATH", timeout: 15 * 60_000 }, async () => {
@@ -53,6 +55,7 @@ test("chaos: a mixed Go and TypeScript consumer group under every fault loses no
   assert.equal(sum.ts_workers, 2);
   assert.ok(sum.ts_successes > 0 && sum.ts_successes < sum.report.successes, `both languages handled events (TypeScript ${sum.ts_successes} of ${sum.report.successes})${story}`);
   assert.ok(sum.ts_kills >= 1, `a TypeScript worker was killed${story}`);
+  assert.ok((sum.ts_claims ?? 0) >= 2 && sum.claims > sum.ts_claims!, `both languages logged their claims (TypeScript ${sum.ts_claims} of ${sum.claims})${story}`);
   const kinds = ["worker-kill", "worker-stop", "pg-restart", "ticker-kill", "producer-kill", "resize"];
   if (existsSync("/usr/sbin/pgbouncer")) kinds.push("pgbouncer-kill");
   for (const k of kinds) assert.ok((sum.faults[k] ?? 0) > 0, `no ${k} fault was injected${story}`);

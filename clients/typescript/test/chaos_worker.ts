@@ -17,7 +17,8 @@
 //     events always;
 //   - logs the slots it fenced and the slot calls that failed in the Go
 //     logger's text format, which the runner reads to explain a chunk
-//     delivered again under the same epoch;
+//     delivered again under the same epoch, and the slots it claimed (the
+//     start of an epoch, for the checker);
 //   - stops gracefully on SIGTERM (at most 10 s, then hard).
 //
 // Under pause the pool itself never hands a key's later events of a chunk
@@ -181,6 +182,13 @@ async function main(): Promise<number> {
     concurrency: Math.max(1, cfg.lanes) * cfg.slots,
     retryDelayMs: (retry) => (cfg.retry_delay / ns) * (retry + 1),
     listen: cfg.poll_only ? false : undefined,
+    // The checker takes a claim as the start of its epoch, as the Go
+    // workers' debug log "pgque: slot claimed" says.
+    onSlot: (c) => {
+      if (c.kind === "claimed") {
+        process.stderr.write(`time=${now()} level=DEBUG msg="pgque: slot claimed" worker=${cfg.id} slot=${c.slot} nslots=${c.nslots} epoch=${c.epoch}\n`);
+      }
+    },
     onError: (err) => {
       if (err instanceof LeaseLostError) logLine("pgque: slot fenced", cfg.id, err.slot, err);
       else {

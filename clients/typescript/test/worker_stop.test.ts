@@ -10,7 +10,7 @@ import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { work, WorkerKilledError, type Message, type WorkOptions } from "../src/index.js";
+import { work, WorkerKilledError, type Message, type SlotChange, type WorkOptions } from "../src/index.js";
 import { waitFor } from "./harness.js";
 import { gate, sendKeyed, setup } from "./worker_helpers.js";
 
@@ -27,7 +27,8 @@ test("stop() lets the handler in flight finish, acknowledges it and releases the
   const release = gate();
   const started = gate();
   const handled: string[] = [];
-  const w1 = db.track(await work(db.pool, { ...fast, queue: "gs", consumer: "c", slots: 1 }, async (m: Message) => {
+  const changes: SlotChange[] = [];
+  const w1 = db.track(await work(db.pool, { ...fast, queue: "gs", consumer: "c", slots: 1, onSlot: (c) => changes.push(c) }, async (m: Message) => {
     started.open();
     await release.wait;
     handled.push(m.id);
@@ -43,6 +44,11 @@ test("stop() lets the handler in flight finish, acknowledges it and releases the
   await stopping;
   assert.deepEqual(handled, [e0]);
   assert.equal((await owner(db)).owner, null, "the lease was released");
+  const { epoch } = await owner(db);
+  assert.deepEqual(changes, [
+    { kind: "claimed", slot: 0, nslots: 1, epoch },
+    { kind: "ended", slot: 0, nslots: 1, epoch, fenced: false },
+  ], "onSlot saw the claim and the end of the slot's lease");
   // A new worker receives only what the first did not acknowledge.
   const next: Message[] = [];
   const got = gate();
@@ -71,13 +77,16 @@ test("kill() aborts the handlers and acknowledges nothing; another worker takes 
   assert.equal((await owner(db)).owner, w1.workerId, "a hard stop does not release the lease");
   const got = gate();
   const next: Message[] = [];
-  db.track(await work(db.pool, { ...fast, queue: "hs", consumer: "c", slots: 1, leaseTtlMs: 1500 }, (m: Message) => {
+  const changes: SlotChange[] = [];
+  db.track(await work(db.pool, { ...fast, queue: "hs", consumer: "c", slots: 1, leaseTtlMs: 1500, onSlot: (c) => changes.push(c) }, (m: Message) => {
     next.push(m);
     got.open();
   }));
   await got.wait;
   assert.equal(next[0]!.id, e0);
   assert.equal(next[0]!.epoch, BigInt(before.epoch) + 1n);
+  assert.deepEqual(changes, [{ kind: "claimed", slot: 0, nslots: 1, epoch: String(BigInt(before.epoch) + 1n) }],
+    "onSlot saw the takeover's claim under the next epoch");
 });
 
 test("a worker process killed with SIGKILL mid-chunk: the survivor takes the slot over and handles the chunk again", async (t) => {

@@ -1,7 +1,7 @@
 // The worker pool: work() and what its handlers use.
 export { work } from "./pool.js";
 export { workTx, type TxHandler } from "./tx.js";
-export type { WorkOptions, StopOptions, Worker, WorkerStats } from "./pool.js";
+export type { WorkOptions, StopOptions, Worker, WorkerStats, SlotChange } from "./pool.js";
 export type { Handler, HandlerContext, HandleResult } from "./slot.js";
 export type { Message } from "./message.js";
 export { RetryAfterError, DeadLetterError, HandlerTimeoutError, LeaseLostError, WorkerKilledError, retryAfter, deadLetter } from "./outcome.js";

@@ -102,6 +102,28 @@ export interface WorkOptions<P = unknown> {
    * from it goes to onError.
    */
   onHandled?: (msg: Message<P>, result: HandleResult) => void;
+  /**
+   * Called when this worker starts working a slot (it claimed the slot's
+   * lease) and when it stops (a stop, its fair share, a resize, or a fence
+   * when the lease expired or another worker took it). Between the two the
+   * slot's events come to this worker, as Kafka's partitions between an
+   * assignment and a revocation. For logs, metrics and per-slot state; a
+   * throw from it goes to onError.
+   */
+  onSlot?: (change: SlotChange) => void;
+}
+
+/** A slot this worker started or stopped working (WorkOptions.onSlot). */
+export interface SlotChange {
+  /** "claimed": the lease is this worker's and it starts; "ended": it stopped working the slot. */
+  kind: "claimed" | "ended";
+  slot: number;
+  /** The consumer's slot count the slot belongs to. */
+  nslots: number;
+  /** The lease epoch, a decimal string: each claim of a slot has a greater one. */
+  epoch: string;
+  /** With "ended": the worker fenced the slot (its lease expired, or another worker holds it now). */
+  fenced?: boolean;
 }
 
 /** What a worker did since it started, read by Worker.stats(). */
@@ -329,11 +351,22 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     trigger.fire();
   });
 
+  function slotChanged(change: SlotChange): void {
+    if (!opts.onSlot) return;
+    try {
+      opts.onSlot(change);
+    } catch (err) {
+      onError(err);
+    }
+  }
+
   function start(slot: number, n: number, lease: q.Lease, at: number): void {
     const r = new SlotRunner(env, slot, n, lease, at, runners.get(slot)?.done);
     runners.set(slot, r);
+    slotChanged({ kind: "claimed", slot, nslots: n, epoch: lease.epoch });
     void r.done.finally(() => {
       if (runners.get(slot) === r) runners.delete(slot);
+      slotChanged({ kind: "ended", slot, nslots: n, epoch: lease.epoch, fenced: r.fenced });
       trigger.fire();
     });
   }

@@ -167,10 +167,12 @@ type Summary struct {
 	// found its lease lost (expired locally, or another epoch on renewal)
 	// and cancelled the slot's handlers.
 	Fencings int `json:"fencings"`
-	// Claims counts the leases the Go workers logged as granted: what
-	// tells the checker when an epoch that handed out nothing more began.
-	Claims int     `json:"claims"`
-	Report *Report `json:"report"`
+	// Claims counts the leases the workers logged as granted (TSClaims
+	// those of TypeScript workers): what tells the checker when an epoch
+	// that handed out nothing more began.
+	Claims   int     `json:"claims"`
+	TSClaims int     `json:"ts_claims,omitempty"`
+	Report   *Report `json:"report"`
 	// Workers and TSWorkers are the Go and TypeScript worker processes;
 	// TSSuccesses counts the handler successes of TypeScript workers and
 	// TSKills the worker kills that hit one.
@@ -587,6 +589,11 @@ func (r *runner) run(ctx context.Context) (*Summary, error) {
 	sum.Fencings = countInLogs(filepath.Join(r.dir, "logs"), "pgque: slot fenced")
 	sum.Faults[FaultLeaseExpiry] = sum.Fencings
 	sum.Claims = len(h.Claims)
+	for _, c := range h.Claims {
+		if o.tsProc(c.Proc) {
+			sum.TSClaims++
+		}
+	}
 	return sum, nil
 }
 
@@ -819,6 +826,9 @@ func PrintSummary(w io.Writer, s *Summary) {
 	row("slot epochs (sum, from the DB)", s.SlotEpochs)
 	row("fencings (worker logs)", s.Fencings)
 	row("lease claims (worker logs)", s.Claims)
+	if s.TSWorkers > 0 {
+		row("  by TypeScript workers", s.TSClaims)
+	}
 	row("takeovers from live holders", rep.LiveTakeovers)
 	row("zombie handler runs", rep.ZombieRuns)
 	row("handlers cancelled (lease lost)", rep.Cancelled)
