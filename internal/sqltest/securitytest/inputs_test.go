@@ -314,3 +314,61 @@ func TestAbsurdNumbersThroughTheClient(t *testing.T) {
 		t.Errorf("%d slot subscriptions of a failed Start remain (%v)", n, err)
 	}
 }
+
+// TestLongKeysSettle: a partition key too long for a btree entry (any
+// text a writer sends, or a table source's writer writes) is blocked by
+// the pause policy's nack and held by the lanes' hold like any other key.
+// Spelled whole in key_block and deferred, whose indexes hold at most
+// about 2.7 kB, it made both fail with 54000 at every attempt: the slot,
+// with every other key in it, could never be settled.
+func TestLongKeysSettle(t *testing.T) {
+	_, conn := setupDB(t)
+	ctx := context.Background()
+	mustExec(t, conn,
+		`select pgque.create_queue('lk')`,
+		`select pgque.subscribe_slot('lk', 'p', 0, 1, 'pause')`,
+		`select pgque.subscribe_slot('lk', 'h', 0, 1)`,
+		// 3000 characters of 2 and 3 bytes that do not compress.
+		`create table long_key as select string_agg(chr(256 + (i * 7919) % 20000), '') as k from generate_series(1, 3000) i`,
+		`select pgque.send('lk', 't', '{"n":1}'::jsonb, (select k from long_key))`,
+		`select pgque.send('lk', 't', '{"n":2}'::jsonb, (select k from long_key))`,
+		`select pgque.send('lk', 't', '{"n":3}'::jsonb, 'short')`,
+		`select pgque.force_next_tick('lk')`,
+		`select pgque.ticker('lk')`)
+	for _, consumer := range []string{"p", "h"} {
+		var token string
+		var epoch int64
+		if err := conn.QueryRow(ctx, `select token::text, epoch from pgque.claim_slot('lk', $1, 0, 'w', '1 min')`, consumer).Scan(&token, &epoch); err != nil {
+			t.Fatal(consumer, "claim:", err)
+		}
+		var head, batch int64
+		if err := conn.QueryRow(ctx, `select min(msg_id), min(batch_id) from pgque.receive_partitioned('lk', $1, 0, 1, 'w', $2::uuid, 10)`,
+			consumer, token).Scan(&head, &batch); err != nil {
+			t.Fatal(consumer, "receive:", err)
+		}
+		var err error
+		if consumer == "p" {
+			_, err = conn.Exec(ctx, `select pgque.nack_partitioned('lk', 'p', 0, 1, 'w', $1::uuid, $2, $3, $4, '1 hour', 'boom')`,
+				token, epoch, batch, head)
+		} else {
+			_, err = conn.Exec(ctx, `select pgque.hold_key_partitioned('lk', 'h', 0, 1, 'w', $1::uuid, $2, $3, (select k from long_key), $4)`,
+				token, epoch, batch, head)
+		}
+		if err != nil {
+			t.Fatalf("consumer %s: settling the head of a 3000-character key: %v", consumer, err)
+		}
+		if _, err := conn.Exec(ctx, `select pgque.ack_partitioned('lk', $1, 0, 1, 'w', $2::uuid, $3, $4, $5)`,
+			consumer, token, epoch, batch, head); err != nil {
+			t.Fatalf("consumer %s: ack: %v", consumer, err)
+		}
+		var state string
+		var deferred int64
+		if err := conn.QueryRow(ctx, `select b.state, b.deferred from pgque.blocked_keys('lk', $1) b where b.key = (select k from long_key)`,
+			consumer).Scan(&state, &deferred); err != nil {
+			t.Fatalf("consumer %s: blocked_keys: %v", consumer, err)
+		}
+		if want := map[string]string{"p": "blocked", "h": "held"}[consumer]; state != want || deferred < 1 {
+			t.Errorf("consumer %s: the long key is %s with %d deferred, want %s with at least 1", consumer, state, deferred, want)
+		}
+	}
+}

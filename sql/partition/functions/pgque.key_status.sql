@@ -157,16 +157,16 @@ begin
     -- One row per (slot, key) and source (log, retry queue, deferred),
     -- folded by grouping rather than joined: the sources have no
     -- statistics, and a join of two large ones would loop. kid spells the
-    -- key with NULL distinct, as key_block does (_kid, inlined).
+    -- key with NULL distinct, as key_block does (_kid).
     return query
     with sl as (select * from pgque._key_slots(i_queue, i_consumer, i_slot)),
     src as (
-        select sl.sl_slot, case when x.key is null then 'n' else 'k' || x.key end as kid, x.key,
+        select sl.sl_slot, pgque._kid(x.key) as kid, x.key,
                x.head_ev_id, x.head_time, x.pending, x.in_batch > 0 as in_batch, false as retrying,
                null::timestamptz as retry_at, 0::bigint as deferred, x.truncated
           from sl cross join lateral pgque._slot_keys(sl.sl_sub, sl.sl_slot, v_nslots, v_budget) x
         union all
-        select sl.sl_slot, case when rq.ev_extra1 is null then 'n' else 'k' || rq.ev_extra1 end, rq.ev_extra1,
+        select sl.sl_slot, pgque._kid(rq.ev_extra1), rq.ev_extra1,
                min(rq.ev_id), min(rq.ev_time), count(*), false, true, min(rq.ev_retry_after), 0, false
           from sl join pgque.retry_queue rq on rq.ev_owner = sl.sl_sub
          group by 1, 2, 3

@@ -10,10 +10,33 @@
 -- blocked key; healthy events cost a read of key_block only while the slot
 -- has a blocked key, and no write ever.
 
--- _kid(key): the key spelled so that NULL is a key of its own.
+-- _kid(key): the key spelled so that NULL is a key of its own: 'n' for
+-- NULL, 'k' || key for a key of at most 512 bytes, and for a longer one
+-- 'h' || the hex SHA-256 of its bytes (_kid_long). kb_kid and ev_group are
+-- indexed (key_block's primary key, deferred_group_idx), and a btree entry
+-- holds at most about 2.7 kB: a partition key is any text a writer (or a
+-- table source's writer) sends, and spelled whole, a long one made the
+-- pause policy's nack and the lanes' key hold fail with 54000 at every
+-- attempt, so that its slot (every key in it) could never be settled.
+-- The readers that test a key against kb_kid inline the short case and
+-- call this for the rest.
+create or replace function pgque._kid_long(i_key text)
+returns text language sql immutable
+set search_path = pg_catalog, pg_temp
+as $$ select 'h' || encode(sha256(convert_to(i_key, getdatabaseencoding())), 'hex') $$;
+
 create or replace function pgque._kid(i_key text)
 returns text language sql immutable
-as $$ select case when i_key is null then 'n' else 'k' operator(pg_catalog.||) i_key end $$;
+as $$ select case when i_key is null then 'n'
+                  when pg_catalog.octet_length(i_key) operator(pg_catalog.<=) 512 then 'k' operator(pg_catalog.||) i_key
+                  else pgque._kid_long(i_key) end $$;
+
+-- Blocks and deferrals of long keys recorded before they were hashed (the
+-- ones whose index entry fitted) take the spelling _kid gives now.
+update pgque.key_block set kb_kid = pgque._kid(kb_key)
+ where octet_length(kb_kid) > 513 and kb_kid = 'k' || kb_key;
+update pgque.deferred set ev_group = pgque._kid(ev_extra1)
+ where octet_length(ev_group) > 513 and ev_group = 'k' || ev_extra1;
 
 -- _key_filter(key): a predicate selecting the key's events, built from an
 -- integer (the key's hash) so no caller string enters SQL text; callers

@@ -54,7 +54,9 @@ begin
         v_out := 0;
         for r in select * from pgque._deliver_raw(i_queue, v_sub, i_max, i_slot, i_nslots, i_max::bigint * i_nslots) loop
             v_batch := r.batch_id;
-            if not ((case when r.partition_key is null then 'n' else 'k' || r.partition_key end) = any(v_kids))
+            if not ((case when r.partition_key is null then 'n'
+                             when octet_length(r.partition_key) <= 512 then 'k' || r.partition_key
+                             else pgque._kid_long(r.partition_key) end) = any(v_kids))
                or pgque._pause_keep(l.sl_sub, r.batch_id, r.msg_id, r.partition_key) then
                 msg_id := r.msg_id;
                 batch_id := r.batch_id;

@@ -44,8 +44,8 @@ select pgque._add_column('pgque.slot_lease', 'sl_token',
 -- ev_id order; newer events of the key are still deferred. The state
 -- resolves when the event kb_wait, handed out in batch kb_wait_batch, is
 -- acknowledged (or the head is dead-lettered). kb_kid is the key with NULL
--- spelled distinctly ('n' for NULL, 'k' || key otherwise); it is also the
--- deferral group.
+-- spelled distinctly (pgque._kid: 'n' for NULL, 'k' || key, or a hash of a
+-- long key); it is also the deferral group.
 create table if not exists pgque.key_block (
     kb_sub        integer not null references pgque.subscription (sub_id) on delete cascade,
     kb_kid        text not null,
