@@ -372,3 +372,41 @@ func TestLongKeysSettle(t *testing.T) {
 		}
 	}
 }
+
+// TestUndeliverablePayloadsAreRefused: receive hands data out as jsonb,
+// and data jsonb cannot parse as a JSON string of its text, but a jsonb
+// string holds at most 268435455 bytes (_deliverable_bytes). A writer's
+// longer payload that jsonb cannot parse (a JSON string that long, through
+// the text forms of send and send_batch or through insert_event) was
+// stored, and then every receive of its batch failed with 54000: the
+// queue's consumers were stopped for good. Such data is refused when it is
+// written. Writing 256 MB takes the better part of a minute, so the test
+// lowers the bound in its own database to 1000 bytes and writes, beyond
+// it, JSON that json accepts and jsonb refuses (a number out of numeric's
+// range); the same JSON under the bound is still stored.
+func TestUndeliverablePayloadsAreRefused(t *testing.T) {
+	_, conn := setupDB(t)
+	ctx := context.Background()
+	mustExec(t, conn,
+		`create or replace function pgque._deliverable_bytes() returns bigint language sql immutable as $$ select 1000::bigint $$`,
+		`select pgque.create_queue('huge')`, `select pgque.subscribe('huge', 'c')`)
+	long := `'[1e1000000, "' || repeat('x', 2000) || '"]'`
+	short := `'[1e1000000, "x"]'`
+	for _, stmt := range []string{
+		`select pgque.send('huge', 't', %s::text, null)`,
+		`select pgque.send_batch('huge', 't', array['{}', %s])`,
+		`select pgque.insert_event('huge', 't', %s)`,
+	} {
+		if _, err := conn.Exec(ctx, fmt.Sprintf(stmt, long)); code(err) != "54000" {
+			t.Errorf("%s: %v, want 54000", fmt.Sprintf(stmt, "<2 kB>"), err)
+		}
+		if _, err := conn.Exec(ctx, fmt.Sprintf(stmt, short)); err != nil {
+			t.Errorf("%s: %v", fmt.Sprintf(stmt, short), err)
+		}
+	}
+	mustExec(t, conn, `select pgque.force_next_tick('huge')`, `select pgque.ticker('huge')`)
+	var n int
+	if err := conn.QueryRow(ctx, `select count(*) from pgque.receive('huge', 'c', 10)`).Scan(&n); err != nil || n != 4 {
+		t.Errorf("receive: %d events, %v; want 4", n, err)
+	}
+}

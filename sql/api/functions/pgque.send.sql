@@ -108,9 +108,13 @@ declare
 begin
     -- One test on the common path: NULLs and the NUL escape take the
     -- branch, valid JSON without "\u0000" does not.
-    if i_type is null or i_payload::json is null or strpos(i_payload, E'\\u0000') > 0 then
+    if i_type is null or i_payload::json is null or strpos(i_payload, E'\\u0000') > 0
+       or octet_length(i_payload) > pgque._deliverable_bytes() then
         if i_payload is null or i_type is null then
             raise exception using errcode = '22004', message = 'event type and payload must not be NULL';
+        end if;
+        if octet_length(i_payload) > pgque._deliverable_bytes() then
+            perform pgque._check_deliverable(i_payload);
         end if;
         perform i_payload::jsonb;
     end if;
@@ -263,6 +267,7 @@ begin
     if i_check then
         perform count(case when strpos(p, E'\\u0000') > 0 then p::jsonb::text else p::json::text end)
            from unnest(i_payloads) as p;
+        perform pgque._check_deliverable(p) from unnest(i_payloads) as p where octet_length(p) > pgque._deliverable_bytes();
     end if;
 
     if i_dedup_keys is not null then

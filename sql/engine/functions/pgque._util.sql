@@ -158,3 +158,30 @@ create or replace function pgque._event_table(i_queue_id integer, i_n integer)
 returns text language sql immutable
 as $$ select 'pgque.' operator(pg_catalog.||) pg_catalog.quote_ident('event_' operator(pg_catalog.||)
           i_queue_id::pg_catalog.text operator(pg_catalog.||) '_' operator(pg_catalog.||) i_n::pg_catalog.text) $$;
+
+-- _deliverable_bytes(): the longest jsonb string, 268435455 bytes (see
+-- _check_deliverable). Inlined.
+create or replace function pgque._deliverable_bytes()
+returns bigint language sql immutable
+as $$ select 268435455::bigint $$;
+
+-- _check_deliverable(data): refuses (54000) event data that receive and
+-- receive_partitioned could never hand out, before it is stored. They
+-- deliver data as jsonb, and data jsonb cannot hold as a JSON string of
+-- its text (_payload), but a jsonb string holds at most 268435455 bytes:
+-- data longer than that which is not JSON jsonb can hold made every
+-- receive of its batch fail, so one send stopped the queue's consumers
+-- for good. The writers call it only for data over that length (one
+-- length test on their path); such data passes when jsonb holds it.
+create or replace function pgque._check_deliverable(i_data text)
+returns void language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform i_data::jsonb;
+exception when data_exception or program_limit_exceeded then
+    raise exception using errcode = '54000',
+        message = format('event data of %s bytes cannot be delivered: data over %s bytes must be JSON that jsonb can hold',
+                         octet_length(i_data), pgque._deliverable_bytes());
+end;
+$$;
