@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgque/pgque/internal/dbq"
 )
@@ -18,6 +19,8 @@ import (
 // Returning an error, or panicking, rolls tx back (no writes, no record)
 // and then nacks the event as a HandlerFunc's error does (RetryAfter and
 // DeadLetter work the same). It must not commit or roll tx back itself.
+// When only the completion failed, waiting out its lock timeout, the
+// transaction is run again at once (up to three times) rather than nacked.
 //
 // After a crash between the commit and the chunk's acknowledgement, the
 // chunk is redelivered and the handler runs again for an event already
@@ -46,20 +49,35 @@ type completer func(ctx context.Context, q *dbq.Queries, m *Message) error
 // txHandler makes a HandlerFunc that runs h and then complete in one
 // transaction over db. An event found completed already is a success: its
 // writes are committed, and this attempt's are rolled back.
+//
+// A completion that waited out its lock timeout (55P03: the lease row was
+// held, by the slot's own receives and other completions on a busy
+// machine) is not the handler's failure: the transaction is run again, up
+// to completionAttempts times, rather than nacked, which would count a
+// retry against max_retries and hold a paused key.
 func txHandler(db txBeginner, h HandlerTxFunc, complete completer) HandlerFunc {
 	return func(ctx context.Context, m *Message) error {
-		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-			if err := h(ctx, tx, m); err != nil {
-				return err
+		var err error
+		for attempt := 1; ; attempt++ {
+			completing := false
+			err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+				if err := h(ctx, tx, m); err != nil {
+					return err
+				}
+				// Last, just before the commit: the completion's share lock on
+				// the subscription or lease row holds back the slot's receives
+				// and a takeover until the transaction ends.
+				completing = true
+				if err := complete(ctx, dbq.New(tx), m); err != nil {
+					return mapError(fmt.Sprintf("completing event %d", m.ID), err)
+				}
+				completing = false
+				return nil
+			})
+			if !completing || attempt == completionAttempts || ctx.Err() != nil || !isLockTimeout(err) {
+				break
 			}
-			// Last, just before the commit: the completion's share lock on
-			// the subscription or lease row holds back the slot's receives
-			// and a takeover until the transaction ends.
-			if err := complete(ctx, dbq.New(tx), m); err != nil {
-				return mapError(fmt.Sprintf("completing event %d", m.ID), err)
-			}
-			return nil
-		})
+		}
 		if errors.Is(err, ErrAlreadyCompleted) {
 			return nil
 		}
@@ -71,6 +89,16 @@ func txHandler(db txBeginner, h HandlerTxFunc, complete completer) HandlerFunc {
 		}
 		return err
 	}
+}
+
+// completionAttempts bounds how often txHandler runs a handler whose
+// completion timed out waiting for its lock.
+const completionAttempts = 3
+
+// isLockTimeout reports whether err is a statement's lock timeout (55P03).
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // handlerOf is the HandlerFunc a consumer calls: handler, or handlerTx

@@ -122,3 +122,48 @@ test("workTx: the handler's connection lost between statements fails the attempt
   await waitFor("the retry's effect", async () => (await effects(db.pool)).get(id!) === 1, 20_000);
   assert.deepEqual(attempts, [0, 1], "the lost attempt failed and was retried");
 });
+
+// The completion keeps a share lock on the slot's lease row and waits for
+// it at most 2 s; on a busy machine the slot's own receives and other
+// completions can hold the row longer. Such a lock timeout is not the
+// handler's failure: the transaction runs again, the event is not retried
+// (no retry counted against max_retries, no paused key), and its effect
+// commits once.
+test("workTx: a completion that waited out its lock timeout runs the handler again instead of failing the event", async (t) => {
+  const db = await setup(t, "txlock");
+  await db.pool.query("create table effect (ev bigint not null)");
+  const holder = await db.pool.connect(); // released before the test's pool ends
+  const proceed = gate();
+  const started = gate();
+  const runs: { id: string; retry: number }[] = [];
+  const outcomes: unknown[] = [];
+  const done = gate();
+  db.track(await workTx(db.pool, {
+    ...fast, queue: "txlock", consumer: "c", slots: 1,
+    onHandled: (_m, r) => {
+      outcomes.push(r.error);
+      done.open();
+    },
+  }, async (m, tx) => {
+    runs.push({ id: m.id, retry: m.retryCount });
+    if (runs.length === 1) {
+      started.open();
+      await proceed.wait;
+    } else await holder.query("rollback"); // the lease row's holder lets go
+    await insertEffect(tx, m);
+  }));
+  try {
+    const [id] = await sendKeyed(db.pool, "txlock", ["k"], 1);
+    await started.wait;
+    await holder.query("begin");
+    await holder.query("select 1 from pgque.slot_lease where sl_consumer = 'c' for update");
+    proceed.open(); // its completion now waits 2 s for the lease row, in vain
+    await done.wait;
+    assert.deepEqual(runs, [{ id, retry: 0 }, { id, retry: 0 }], "run again at once, not retried later");
+    assert.deepEqual(outcomes, [undefined], "one handled call, no failure");
+    assert.deepEqual([...(await effects(db.pool))], [[id, 1]]);
+  } finally {
+    await holder.query("rollback").catch(() => {});
+    holder.release();
+  }
+});

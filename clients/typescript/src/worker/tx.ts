@@ -26,6 +26,10 @@ export type TxHandler<P = unknown> = (msg: Message<P>, tx: PooledConnection, ctx
 
 /** The SQLSTATE of a completion that finds its event completed before. */
 const ALREADY_COMPLETED = "PQ038";
+/** A statement's lock timeout. */
+const LOCK_TIMEOUT = "55P03";
+/** How often workTx runs a handler whose completion timed out waiting for its lock, as the Go client. */
+const COMPLETION_ATTEMPTS = 3;
 
 /**
  * work() with a transactional handler: for each event the worker checks a
@@ -35,23 +39,33 @@ const ALREADY_COMPLETED = "PQ038";
  */
 export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, handler: TxHandler<P>): Promise<Worker> {
   return work<P>(db, opts, async (msg: Message<P>, ctx: HandlerContext) => {
-    const tx = await checkout(db);
-    let broken = false;
-    try {
-      await tx.query("begin");
-      await handler(msg, tx, { signal: ctx.signal });
-      await ctx.completeIn(tx);
-      await tx.query("commit");
-    } catch (err) {
-      // A connection whose COMMIT failed is not reused: the outcome of
-      // the transaction is unknown to it.
-      await tx.query("rollback").catch(() => {
-        broken = true;
-      });
-      if (sqlstateOf(err) === ALREADY_COMPLETED) return; // done before: handled
-      throw err;
-    } finally {
-      tx.release(broken);
+    for (let attempt = 1; ; attempt++) {
+      const tx = await checkout(db);
+      let broken = false;
+      let completing = false;
+      try {
+        await tx.query("begin");
+        await handler(msg, tx, { signal: ctx.signal });
+        completing = true;
+        await ctx.completeIn(tx);
+        completing = false;
+        await tx.query("commit");
+        return;
+      } catch (err) {
+        // A connection whose COMMIT failed is not reused: the outcome of
+        // the transaction is unknown to it.
+        await tx.query("rollback").catch(() => {
+          broken = true;
+        });
+        if (sqlstateOf(err) === ALREADY_COMPLETED) return; // done before: handled
+        // The completion waited out its lock timeout (the lease row was
+        // held by the slot's own calls on a busy machine): not the
+        // handler's failure, which would count a retry; run it again.
+        if (completing && sqlstateOf(err) === LOCK_TIMEOUT && attempt < COMPLETION_ATTEMPTS && !ctx.signal.aborted) continue;
+        throw err;
+      } finally {
+        tx.release(broken);
+      }
     }
   });
 }
