@@ -3,6 +3,8 @@
 // a slow key not stalling its slot, and the message's fields.
 
 import { test } from "node:test";
+import { createRequire } from "node:module";
+import pg from "pg";
 import assert from "node:assert/strict";
 import { subscribeSlots, Ticker, work, type Message, type WorkOptions } from "../src/index.js";
 import { foldTuning } from "../src/worker/slot.js";
@@ -164,13 +166,35 @@ test("with LISTEN, the package's Ticker wakes an idle worker without waiting for
   }
 });
 
-async function wakeTest(db: Awaited<ReturnType<typeof setup>>): Promise<void> {
+test("with LISTEN, a pg.Pool of another copy of pg (a file: or linked install, an undeduped pg) is woken too", async (t) => {
+  const db = await setup(t, "wake", { ticker: false });
+  // A second copy of the pg module, as an application gets when npm does
+  // not dedupe its pg with the package's: its Pool is not this package's.
+  const req = createRequire(import.meta.url);
+  for (const k of Object.keys(req.cache)) if (/[\\/]node_modules[\\/]pg(-pool)?[\\/]/.test(k)) delete req.cache[k];
+  const otherPg = req("pg") as typeof pg;
+  assert.notEqual(otherPg.Pool, pg.Pool);
+  const pool = new otherPg.Pool({ connectionString: db.url });
+  const ticker = new Ticker(db.pool, { tickIntervalMs: 50 });
+  await ticker.start();
+  try {
+    await wakeTest(db, pool);
+  } finally {
+    await ticker.stop();
+    await pool.end();
+  }
+});
+
+async function wakeTest(db: Awaited<ReturnType<typeof setup>>, pool: pg.Pool = db.pool): Promise<void> {
   let got = false;
   // A poll interval of a minute: only the tick's NOTIFY can wake the slot in time.
-  const w = db.track(await work(db.pool, { queue: "wake", consumer: "c", slots: 2, claimIntervalMs: 100, pollIntervalMs: 60_000 }, () => {
+  const w = db.track(await work(pool, { queue: "wake", consumer: "c", slots: 2, claimIntervalMs: 100, pollIntervalMs: 60_000 }, () => {
     got = true;
   }));
   await waitFor("both slots claimed", () => w.ownedSlots().length === 2);
+  // Let each slot's first receive (right after its claim) find nothing and
+  // start its poll wait, so that the event can come only by a wake-up.
+  await new Promise((r) => setTimeout(r, 1000));
   await db.pool.query("select pgque.send('wake', 't', '{}'::jsonb, 'k')");
   await waitFor("the event, woken by the tick", () => got, 20_000);
   await w.stop();

@@ -30,7 +30,7 @@
 // N can neither receive nor acknowledge.
 
 import pg from "pg";
-import { checkout, type ConnectionSource } from "../executor.js";
+import { checkout, isPool, type ConnectionSource } from "../executor.js";
 import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { makePlan } from "./fairshare.js";
 import { hintTag, Listener, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
@@ -180,11 +180,21 @@ export interface Worker {
  */
 export const CONCURRENCY_DEFAULT = 256;
 
+/**
+ * The LISTEN connection of a pg.Pool: a client of the pool's own Client
+ * class with the pool's options. The pool is recognised by its shape, as
+ * isPool does, not by instanceof: an application's pg is often another copy
+ * of the module than this package's (a file: or linked install, or a pg
+ * version npm does not dedupe), and an instanceof test would then turn
+ * every wake-up off in silence, leaving each slot to its poll.
+ */
 function listenFrom(db: ConnectionSource): ListenConnect | null {
-  const opts = (db as { options?: pg.ClientConfig }).options;
-  if (!(db instanceof pg.Pool) || !opts) return null;
+  const p = db as { options?: pg.ClientConfig; Client?: typeof pg.Client };
+  const opts = p.options;
+  if (!isPool(db) || !opts || typeof opts !== "object") return null;
+  const Client = typeof p.Client === "function" ? p.Client : pg.Client;
   return async () => {
-    const c = new pg.Client(opts);
+    const c = new Client(opts);
     await c.connect();
     return c;
   };
