@@ -14,7 +14,12 @@ export interface Message<P = unknown> {
   readonly rawPayload: string | null;
   /** How many times the event was retried before (0 on first delivery). */
   readonly retryCount: number;
-  /** True when this is a retry of an event that failed before. */
+  /**
+   * True when this is a retry of an event that failed before (retryCount
+   * > 0) or a replayed dead letter. False for an event delivered again
+   * after a crash, a hard stop or a takeover, whose retry count is
+   * unchanged: it says nothing about whether the event was handled before.
+   */
   readonly redelivered: boolean;
   /**
    * True when the event is a dead letter an operator put back (`dlq
