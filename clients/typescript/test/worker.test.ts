@@ -187,14 +187,20 @@ test("with LISTEN, a pg.Pool of another copy of pg (a file: or linked install, a
 
 async function wakeTest(db: Awaited<ReturnType<typeof setup>>, pool: pg.Pool = db.pool): Promise<void> {
   let got = false;
+  // Each slot's first receive, right after its claim, must have found
+  // nothing before the event is sent: then only a wake-up brings it.
+  let received = 0;
+  const query = pool.query.bind(pool) as (text: unknown, params?: unknown[]) => Promise<unknown>;
+  (pool as unknown as { query: typeof query }).query = async (text, params) => {
+    const r = await query(text, params);
+    if (typeof text === "string" && text.includes("receive_partitioned_raw")) received++;
+    return r;
+  };
   // A poll interval of a minute: only the tick's NOTIFY can wake the slot in time.
   const w = db.track(await work(pool, { queue: "wake", consumer: "c", slots: 2, claimIntervalMs: 100, pollIntervalMs: 60_000 }, () => {
     got = true;
   }));
-  await waitFor("both slots claimed", () => w.ownedSlots().length === 2);
-  // Let each slot's first receive (right after its claim) find nothing and
-  // start its poll wait, so that the event can come only by a wake-up.
-  await new Promise((r) => setTimeout(r, 1000));
+  await waitFor("both slots claimed and received once", () => w.ownedSlots().length === 2 && received >= 2);
   await db.pool.query("select pgque.send('wake', 't', '{}'::jsonb, 'k')");
   await waitFor("the event, woken by the tick", () => got, 20_000);
   await w.stop();
