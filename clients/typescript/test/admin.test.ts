@@ -76,7 +76,8 @@ test("a blocked key: list, unblock into a dead letter, replay, purge", async () 
   // A slot's dead letters belong to the slot's subscription, consumer#slot/N.
   const dls = await deadLetters(db.pool, "blk", { consumer: `c#${slot}/2` });
   assert.equal(dls.length, 1);
-  assert.deepEqual(await deadLetters(db.pool, "blk", { consumer: "other" }), []);
+  assert.deepEqual((await deadLetters(db.pool, "blk", { consumer: "c" })).map((d) => d.id), [dls[0]!.id], "the consumer's name selects its slots'");
+  await assert.rejects(deadLetters(db.pool, "blk", { consumer: "other" }), (err) => isPgqueError(err, "consumer_not_found"));
   assert.equal(dls[0]!.eventId, head);
   assert.equal(dls[0]!.key, "");
   assert.equal(dls[0]!.type, "T");
