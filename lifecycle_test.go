@@ -147,3 +147,59 @@ func TestHungRenewalDelaysNoOtherSlot(t *testing.T) {
 	}
 	_ = locker.Rollback(ctx)
 }
+
+// TestOnSlotSeesClaimsFencesAndStops: OnSlot reports a slot's claim, its
+// fence when a renewal cannot get through within the lease TTL (another
+// session holds the lease row), the claim under the next epoch once it can,
+// and the end at Stop.
+func TestOnSlotSeesClaimsFencesAndStops(t *testing.T) {
+	env := setup(t)
+	ctx := context.Background()
+	changes := make(chan pgque.SlotChange, 16)
+	pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: env.queue, Consumer: "c", Slots: 1,
+		LeaseTTL: time.Second, ClaimInterval: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+		Handler: func(context.Context, *pgque.Message) error { return nil },
+		OnSlot:  func(c pgque.SlotChange) { changes <- c }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := func(what string) pgque.SlotChange {
+		t.Helper()
+		select {
+		case c := <-changes:
+			return c
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no OnSlot call for %s", what)
+			return pgque.SlotChange{}
+		}
+	}
+	claimed := next("the claim")
+	if claimed.Ended || claimed.Slot != 0 || claimed.NSlots != 1 || claimed.Epoch < 1 {
+		t.Fatalf("first change %+v, want slot 0/1 claimed", claimed)
+	}
+	holder, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `select 1 from pgque.slot_lease where sl_consumer = 'c' for update`); err != nil {
+		t.Fatal(err)
+	}
+	fenced := next("the fence")
+	_ = holder.Rollback(ctx)
+	if want := (pgque.SlotChange{Slot: 0, NSlots: 1, Epoch: claimed.Epoch, Ended: true, Fenced: true}); fenced != want {
+		t.Fatalf("while a renewal waits past the TTL: %+v, want %+v", fenced, want)
+	}
+	again := next("the claim after the fence")
+	if again.Ended || again.Epoch <= claimed.Epoch {
+		t.Fatalf("after the fence: %+v, want a claim under an epoch above %d", again, claimed.Epoch)
+	}
+	if err := pc.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := next("the stop"), (pgque.SlotChange{Slot: 0, NSlots: 1, Epoch: again.Epoch, Ended: true}); got != want {
+		t.Fatalf("at Stop: %+v, want %+v", got, want)
+	}
+}

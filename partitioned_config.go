@@ -193,6 +193,28 @@ type PartitionedConsumerConfig struct {
 	// producers start. Start logs a warning when it creates a subscription
 	// that misses events already sent.
 	StartFromOldest bool
+	// OnSlot, when set, is called when this process starts working a slot
+	// (it claimed the slot's lease) and when it stops (Stop, its fair share,
+	// a resize, or a fence when the lease expired or another process took
+	// it). Between the two the slot's events come to this process, as a
+	// Kafka consumer's partitions between assignment and revocation: the
+	// place to log lease moves or keep per-slot state. It runs on the
+	// pool's goroutines and must return quickly.
+	OnSlot func(SlotChange)
+}
+
+// SlotChange is a slot a PartitionedConsumer started or stopped working
+// (PartitionedConsumerConfig.OnSlot).
+type SlotChange struct {
+	Slot, NSlots int
+	// Epoch is the lease's: each claim of a slot has a greater one.
+	Epoch int64
+	// Ended is false when the process claimed the slot and starts working
+	// it, true when it stopped.
+	Ended bool
+	// Fenced, with Ended: the process fenced the slot, because its lease
+	// expired or another process holds it now.
+	Fenced bool
 }
 
 func (c *PartitionedConsumerConfig) withDefaults() PartitionedConsumerConfig {

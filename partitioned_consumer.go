@@ -110,6 +110,7 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		IsSlotCountChanged: func(err error) bool {
 			return errors.Is(err, ErrSlotCountMismatch) || errors.Is(err, ErrSlotNotSubscribed)
 		},
+		OnSlot: onSlot(cfg.OnSlot),
 	})
 	return pc, nil
 }
@@ -258,4 +259,14 @@ func newSubscriptionMissed(ctx context.Context, q *dbq.Queries, queue, consumer 
 		}
 	}
 	return q.EventsBeforeSubscription(ctx, queue, consumer)
+}
+
+// onSlot adapts PartitionedConsumerConfig.OnSlot to the pool's hook.
+func onSlot(f func(SlotChange)) func(slot, nslots int, epoch int64, ended, fenced bool) {
+	if f == nil {
+		return nil
+	}
+	return func(slot, nslots int, epoch int64, ended, fenced bool) {
+		f(SlotChange{Slot: slot, NSlots: nslots, Epoch: epoch, Ended: ended, Fenced: fenced})
+	}
 }

@@ -90,6 +90,10 @@ type Config struct {
 	// OnError, when set, receives each error the pool logs and then
 	// retries after a backoff (optional).
 	OnError func(context.Context, error)
+	// OnSlot, when set, is called with ended false when a runner starts on
+	// a claimed slot, and with ended true when it exits; fenced says its
+	// workCtx ended with LeaseLostCause (optional).
+	OnSlot func(slot, nslots int, epoch int64, ended, fenced bool)
 }
 
 // reportError hands err to Config.OnError, if set.

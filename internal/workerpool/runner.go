@@ -2,6 +2,7 @@ package workerpool
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,9 @@ func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot, nslots int, 
 	p.mu.Lock()
 	p.running[slot] = r
 	p.mu.Unlock()
+	if p.cfg.OnSlot != nil {
+		p.cfg.OnSlot(slot, nslots, epoch, false, false)
+	}
 	p.runners.Add(1)
 	go p.run(r)
 }
@@ -142,7 +146,11 @@ func (p *Pool) exited(r *runner) {
 	r.lease.close()
 	r.stopFetch()
 	r.fetchCancel()
+	fenced := p.cfg.LeaseLostCause != nil && errors.Is(context.Cause(r.workCtx), p.cfg.LeaseLostCause)
 	r.cancel(nil)
+	if p.cfg.OnSlot != nil {
+		p.cfg.OnSlot(r.lease.Slot, r.lease.NSlots, r.lease.Epoch, true, fenced)
+	}
 	p.mu.Lock()
 	if p.running[r.lease.Slot] == r {
 		delete(p.running, r.lease.Slot)
