@@ -77,7 +77,8 @@ func managedClient(t *testing.T, dsn string) *pgque.Client {
 // roundTrip has the owner create a queue and subscribe 4 slots, the writer
 // send keyed events and the reader's partitioned pool receive every one, in
 // order per key. Something must tick the queue meanwhile.
-func (m *managedService) roundTrip(t *testing.T, wait time.Duration) {
+// explain, when set, says on a timeout what the ticking side did.
+func (m *managedService) roundTrip(t *testing.T, wait time.Duration, explain func() string) {
 	t.Helper()
 	ctx := context.Background()
 	owner := managedClient(t, m.ownerDSN)
@@ -121,7 +122,13 @@ func (m *managedService) roundTrip(t *testing.T, wait time.Duration) {
 		}
 		sent[id] = key
 	}
-	pgtest.WaitFor(t, wait, "the reader to receive all 40 events", func() bool { return chk.distinct() == len(sent) })
+	if !pgtest.Eventually(ctx, wait, func() bool { return chk.distinct() == len(sent) }) {
+		why := ""
+		if explain != nil {
+			why = "; " + explain()
+		}
+		t.Fatalf("timed out after %v waiting for the reader to receive all %d events (%d received)%s", wait, len(sent), chk.distinct(), why)
+	}
 	if _, err := chk.verify(sent); err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +147,7 @@ func TestManagedServiceInstallWithGoTicker(t *testing.T) {
 		t.Fatalf("shared_preload_libraries = %q (%v), want none", preload, err)
 	}
 	startTicker(t, managedClient(t, m.ownerDSN))
-	m.roundTrip(t, 30*time.Second)
+	m.roundTrip(t, 30*time.Second, nil)
 }
 
 // T-managed-install-cron: the same with pg_cron ticking instead of Go, where
@@ -159,6 +166,13 @@ func TestManagedServiceInstallWithPgCron(t *testing.T) {
 	if _, err := pgtest.Conn(t, m.ownerDSN).Exec(context.Background(), "select pgque.start()"); err != nil {
 		t.Fatalf("owner scheduling the ticker with pg_cron: %v", err)
 	}
-	// pg_cron starts the job at the next minute.
-	m.roundTrip(t, 100*time.Second)
+	// pg_cron starts the job at the next minute; on a busy machine a run
+	// may start late or fail to start, and the one a minute later ticks.
+	m.roundTrip(t, 160*time.Second, func() string {
+		var runs string
+		err := pgtest.Conn(t, m.cluster.DSN("app")).QueryRow(context.Background(),
+			`select coalesce(string_agg(format('%s %s %s', start_time, status, return_message), '; ' order by runid), 'no run')
+			   from cron.job_run_details`).Scan(&runs)
+		return fmt.Sprintf("pg_cron runs: %s (%v)", runs, err)
+	})
 }
