@@ -11,6 +11,7 @@ import { chmodSync, chownSync, existsSync, mkdtempSync, readFileSync, appendFile
 import { tmpdir } from "node:os";
 import path from "node:path";
 import net from "node:net";
+import { fileURLToPath } from "node:url";
 
 export interface Cluster {
   /** Directory of the socket, the data directory and the server log. */
@@ -27,10 +28,19 @@ interface OsUser {
   gid?: number;
 }
 
-/** Finds the directory holding initdb and pg_ctl (PostgreSQL 15 or newer). */
+/**
+ * Finds the directory holding initdb and pg_ctl, as the Go tests do:
+ * PGQUE_PG_BINDIR names it; PGQUE_PG_VERSION names a major, looked up in
+ * the build cache scripts/fetch-postgres fills (PGQUE_PG_CACHE, else
+ * .cache/postgres in the nearest directory above this one that has it),
+ * then in Debian's layout; otherwise Debian's newest of 17, 16 and 15, or
+ * pg_ctl on PATH.
+ */
 function binDir(): string {
   const fromEnv = process.env.PGQUE_PG_BINDIR;
   if (fromEnv) return fromEnv;
+  const major = process.env.PGQUE_PG_VERSION;
+  if (major) return versionBinDir(major);
   for (const v of ["17", "16", "15"]) {
     const d = `/usr/lib/postgresql/${v}/bin`;
     if (existsSync(path.join(d, "pg_ctl"))) return d;
@@ -38,6 +48,26 @@ function binDir(): string {
   const which = spawnSync("sh", ["-c", "command -v pg_ctl"], { encoding: "utf8" });
   if (which.status === 0 && which.stdout.trim() !== "") return path.dirname(which.stdout.trim());
   throw new Error("no PostgreSQL server binaries found (install PostgreSQL 15+, `make deps`, or set PGQUE_TEST_DSN)");
+}
+
+function versionBinDir(major: string): string {
+  if (!/^[1-9][0-9]$/.test(major)) throw new Error(`PGQUE_PG_VERSION=${JSON.stringify(major)} is not a PostgreSQL major version such as 18`);
+  const candidates: string[] = [];
+  const cache = process.env.PGQUE_PG_CACHE ?? buildCache();
+  if (cache) candidates.push(path.join(cache, major, "bin"));
+  candidates.push(`/usr/lib/postgresql/${major}/bin`);
+  const found = candidates.find((d) => existsSync(path.join(d, "pg_ctl")));
+  if (found) return found;
+  throw new Error(`PGQUE_PG_VERSION=${major}: no server binaries in ${candidates.join(", ")}; fetch them with \`scripts/fetch-postgres ${major}\``);
+}
+
+/** .cache/postgres in the nearest directory above this file's that has one. */
+function buildCache(): string | undefined {
+  for (let dir = path.dirname(fileURLToPath(import.meta.url)); ; dir = path.dirname(dir)) {
+    const cache = path.join(dir, ".cache", "postgres");
+    if (existsSync(cache)) return cache;
+    if (dir === path.dirname(dir)) return undefined;
+  }
 }
 
 function lookupUser(name: string): OsUser | undefined {
