@@ -410,3 +410,33 @@ func TestUndeliverablePayloadsAreRefused(t *testing.T) {
 		t.Errorf("receive: %d events, %v; want 4", n, err)
 	}
 }
+
+// TestLongKeysDoNotStopTheTicker: the tick's touched set (_tick_slots)
+// collected the partition keys of up to 4·N + 1 of the batch's events in
+// one array. A key is any text a writer sends, and an array holds at most
+// 1 GB, so 4097 keys of 256 kB on a queue with a 1024-slot consumer made
+// ticker() fail, and with it the tick of every other queue, for as long
+// as those events were the next batch: the Go ticker and run_ticker call
+// ticker(). The keys compress (they cost little to write); the tick reads
+// them whole.
+func TestLongKeysDoNotStopTheTicker(t *testing.T) {
+	dsn, conn := setupDB(t)
+	ctx := context.Background()
+	mustExec(t, conn,
+		`select pgque.create_queue('lk')`,
+		`select pgque.subscribe_slot('lk', 'p', s, 1024) from generate_series(0, 1023) s`,
+		`select pgque.create_queue('bystander')`,
+		`select pgque.subscribe('bystander', 'c')`)
+	writer := asRole(t, dsn, roleWriter)
+	mustExec(t, writer,
+		`select count(pgque.send('lk', 't', '{}'::jsonb, repeat('x', 262200) || g)) from generate_series(1, 4097) g`,
+		`select pgque.send('bystander', 't', '{"n":1}'::jsonb)`)
+	mustExec(t, conn, `select pgque.force_next_tick('lk')`, `select pgque.force_next_tick('bystander')`)
+	if _, err := conn.Exec(ctx, `select pgque.ticker()`); err != nil {
+		t.Fatalf("ticker() with 4097 keys of 256 kB in a batch: %v", err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `select count(*) from pgque.receive('bystander', 'c', 10)`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("the other queue's consumer: %d events, %v; want its event ticked", n, err)
+	}
+}

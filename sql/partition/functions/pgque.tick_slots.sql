@@ -64,7 +64,7 @@ declare
     v_cur   pg_snapshot;
     v_cap   integer;
     v_xip   xid8[];
-    v_keys  text[];
+    v_hash  bigint[];
     v_set   text;
     v_tag   text;
 begin
@@ -100,8 +100,12 @@ begin
     -- from the previous tick's xmax, and the transactions it saw running.
     -- "ev_txid = any('{}')" is planned as a scan, hence the sentinel 0.
     v_xip := array(select pg_snapshot_xip(v_prev)) || '0'::xid8;
-    v_keys := array(
-        select u.ev_extra1 from (
+    -- Each key's hash (_slot_of's), not the key: a key is any text a
+    -- writer sends, and 4·N + 1 long ones collected whole made an array
+    -- over PostgreSQL's 1 GB, so that every ticker() call, the tick of every
+    -- queue, failed for as long as they stayed in the batch.
+    v_hash := array(
+        select case when u.ev_extra1 is not null then hashtextextended(u.ev_extra1, 0) end from (
             select ev.ev_extra1, ev.ev_txid from pgque.event ev
              where ev.ev_part >= pgque._part_lo(i_queue_id) and ev.ev_part < pgque._part_hi(i_queue_id)
                and ev.ev_txid >= pg_snapshot_xmax(v_prev) and ev.ev_txid < pg_snapshot_xmax(v_cur)
@@ -111,14 +115,16 @@ begin
                and cardinality(v_xip) > 1 and ev.ev_txid = any(v_xip)) u
          where pg_visible_in_snapshot(u.ev_txid, v_cur)
          limit v_cap + 1);
-    if cardinality(v_keys) = 0 then
+    if cardinality(v_hash) = 0 then
         return;
     end if;
-    if cardinality(v_keys) > v_cap then
+    if cardinality(v_hash) > v_cap then
         perform pg_notify('pgque_slots', v_tag || ':*');
         return;
     end if;
-    select string_agg(n || '=' || pgque._slots_hex(n, array(select pgque._slot_of(k, n) from unnest(v_keys) k)),
+    -- _slot_of of each key, from its hash (NULL for the NULL key).
+    select string_agg(n || '=' || pgque._slots_hex(n, array(select coalesce(((h % n + n) % n)::integer, 0)
+                                                          from unnest(v_hash) h)),
                       ',' order by n)
       into v_set
       from unnest(v_ns) n;
