@@ -440,3 +440,35 @@ func TestLongKeysDoNotStopTheTicker(t *testing.T) {
 		t.Errorf("the other queue's consumer: %d events, %v; want its event ticked", n, err)
 	}
 }
+
+// TestLongKeysDoNotStopReceive: a chunk's byte budget counted the events'
+// data only, and a writer chooses the type and the key as freely. 1000
+// events of 1.1 MB keys (cheap to write: they compress) made the chunk of
+// a receive of 1000, the Go client's default, an array of rows over
+// PostgreSQL's 1 GB: every receive of the batch failed with 54000, and
+// the queue's consumers, plain and partitioned, were stopped for good.
+// Every text an event is handed out with now counts against the budget.
+func TestLongKeysDoNotStopReceive(t *testing.T) {
+	dsn, conn := setupDB(t)
+	ctx := context.Background()
+	mustExec(t, conn,
+		`select pgque.create_queue('lk')`,
+		`select pgque.subscribe('lk', 'c')`,
+		`select pgque.subscribe_slot('lk', 'p', 0, 1)`)
+	writer := asRole(t, dsn, roleWriter)
+	mustExec(t, writer,
+		`select count(pgque.send('lk', 't', '{}'::jsonb, repeat('x', 1100000) || g)) from generate_series(1, 1000) g`)
+	mustExec(t, conn, `select pgque.force_next_tick('lk')`, `select pgque.ticker('lk')`)
+	var n int
+	if err := conn.QueryRow(ctx, `select count(*) from pgque.receive('lk', 'c', 1000)`).Scan(&n); err != nil || n < 1 {
+		t.Errorf("receive of 1000 events with 1.1 MB keys: %d events, %v; want a chunk", n, err)
+	}
+	var token string
+	if err := conn.QueryRow(ctx, `select token::text from pgque.claim_slot('lk', 'p', 0, 'w', '1 min')`).Scan(&token); err != nil {
+		t.Fatal("claim:", err)
+	}
+	if err := conn.QueryRow(ctx, `select count(*) from pgque.receive_partitioned('lk', 'p', 0, 1, 'w', $1::uuid, 1000)`,
+		token).Scan(&n); err != nil || n < 1 {
+		t.Errorf("receive_partitioned of 1000 events with 1.1 MB keys: %d events, %v; want a chunk", n, err)
+	}
+}

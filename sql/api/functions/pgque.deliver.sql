@@ -34,10 +34,10 @@ exception when others then
 end;
 $$;
 
--- _chunk_bytes(): the byte budget of one chunk (sum of the events' data).
--- A chunk holds at least one event, so a single event larger than the
--- budget is delivered alone; otherwise its events' data add up to at most
--- the budget.
+-- _chunk_bytes(): the byte budget of one chunk (sum of the events' data,
+-- types, keys and extra fields). A chunk holds at least one event, so a
+-- single event larger than the budget is delivered alone; otherwise its
+-- events' texts add up to at most the budget.
 create or replace function pgque._chunk_bytes()
 returns bigint language sql immutable
 as $$ select 33554432::bigint $$;

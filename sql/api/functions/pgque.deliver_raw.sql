@@ -2,7 +2,7 @@
 --
 -- _deliver_raw is what receive, receive_raw and receive_partitioned run. It
 -- hands out a batch in chunks of at most max rows and _chunk_bytes() of
--- data, redelivered until acknowledged, the state recording whether a
+-- data, types and keys, redelivered until acknowledged, the state recording whether a
 -- chunk reached the batch's end, at a low cost per chunk: the batch is read
 -- by one static statement (the slot predicate takes the slot and the slot
 -- count as parameters), which cuts and returns the chunk in one pass;

@@ -328,7 +328,9 @@ begin
           from (select e.*,
                        row_number() over w as rn,
                        count(*) over w as cnt,
-                       sum(octet_length(e.ev_data)) over w as bytes
+                       sum(coalesce(octet_length(e.ev_data), 0) + coalesce(octet_length(e.ev_type), 0)
+                           + coalesce(octet_length(e.ev_extra1), 0) + coalesce(octet_length(e.ev_extra2), 0)
+                           + coalesce(octet_length(e.ev_extra3), 0) + coalesce(octet_length(e.ev_extra4), 0)) over w as bytes
                   from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
@@ -373,9 +375,13 @@ begin
                    x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4, l.sl_epoch
               from (select e.*,
                            row_number() over w as rn,
-                           sum(octet_length(e.ev_data)) over w as run,
+                           sum(coalesce(octet_length(e.ev_data), 0) + coalesce(octet_length(e.ev_type), 0)
+                           + coalesce(octet_length(e.ev_extra1), 0) + coalesce(octet_length(e.ev_extra2), 0)
+                           + coalesce(octet_length(e.ev_extra3), 0) + coalesce(octet_length(e.ev_extra4), 0)) over w as run,
                            lead(e.ev_id) over w as nxt,
-                           lead(octet_length(e.ev_data)) over w as nxt_len
+                           lead(coalesce(octet_length(e.ev_data), 0) + coalesce(octet_length(e.ev_type), 0)
+                           + coalesce(octet_length(e.ev_extra1), 0) + coalesce(octet_length(e.ev_extra2), 0)
+                           + coalesce(octet_length(e.ev_extra3), 0) + coalesce(octet_length(e.ev_extra4), 0)) over w as nxt_len
                       from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
@@ -417,7 +423,9 @@ begin
           from (select e.*,
                        row_number() over w as rn,
                        count(*) over w as cnt,
-                       sum(octet_length(e.ev_data)) over w as bytes
+                       sum(coalesce(octet_length(e.ev_data), 0) + coalesce(octet_length(e.ev_type), 0)
+                           + coalesce(octet_length(e.ev_extra1), 0) + coalesce(octet_length(e.ev_extra2), 0)
+                           + coalesce(octet_length(e.ev_extra3), 0) + coalesce(octet_length(e.ev_extra4), 0)) over w as bytes
                   from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
@@ -462,9 +470,13 @@ begin
                    x.ev_extra1, x.ev_extra2, x.ev_extra3, x.ev_extra4, l.sl_epoch
               from (select e.*,
                            row_number() over w as rn,
-                           sum(octet_length(e.ev_data)) over w as run,
+                           sum(coalesce(octet_length(e.ev_data), 0) + coalesce(octet_length(e.ev_type), 0)
+                           + coalesce(octet_length(e.ev_extra1), 0) + coalesce(octet_length(e.ev_extra2), 0)
+                           + coalesce(octet_length(e.ev_extra3), 0) + coalesce(octet_length(e.ev_extra4), 0)) over w as run,
                            lead(e.ev_id) over w as nxt,
-                           lead(octet_length(e.ev_data)) over w as nxt_len
+                           lead(coalesce(octet_length(e.ev_data), 0) + coalesce(octet_length(e.ev_type), 0)
+                           + coalesce(octet_length(e.ev_extra1), 0) + coalesce(octet_length(e.ev_extra2), 0)
+                           + coalesce(octet_length(e.ev_extra3), 0) + coalesce(octet_length(e.ev_extra4), 0)) over w as nxt_len
                       from (select u.* from (select ev.ev_id, ev.ev_type, ev.ev_data, ev.ev_retry, ev.ev_time,
                  ev.ev_extra1, ev.ev_extra2, ev.ev_extra3, ev.ev_extra4
             from pgque.event ev
