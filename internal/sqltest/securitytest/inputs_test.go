@@ -472,3 +472,27 @@ func TestLongKeysDoNotStopReceive(t *testing.T) {
 		t.Errorf("receive_partitioned of 1000 events with 1.1 MB keys: %d events, %v; want a chunk", n, err)
 	}
 }
+
+// TestLongKeysDoNotBreakKeyShares: key_shares picked each slot's top key
+// as the first of an array of every key it scanned, and 1000 keys of
+// 1.1 MB made that array exceed PostgreSQL's 1 GB: a writer's keys broke
+// the view (and the console's keys page) for every reader of the queue.
+func TestLongKeysDoNotBreakKeyShares(t *testing.T) {
+	dsn, conn := setupDB(t)
+	ctx := context.Background()
+	mustExec(t, conn, `select pgque.create_queue('lk')`, `select pgque.subscribe_slot('lk', 'p', 0, 1)`)
+	writer := asRole(t, dsn, roleWriter)
+	mustExec(t, writer,
+		`select count(pgque.send('lk', 't', '{}'::jsonb, repeat('x', 1100000) || g)) from generate_series(1, 1000) g`,
+		`select pgque.send('lk', 't', '{}'::jsonb, 'hot') from generate_series(1, 3)`)
+	mustExec(t, conn, `select pgque.force_next_tick('lk')`, `select pgque.ticker('lk')`)
+	reader := asRole(t, dsn, roleReader)
+	var top string
+	var pending, keys int64
+	if err := reader.QueryRow(ctx, `select top_key, pending, keys from pgque.key_shares('lk', 'p')`).Scan(&top, &pending, &keys); err != nil {
+		t.Fatalf("key_shares with 1000 keys of 1.1 MB: %v", err)
+	}
+	if top != "hot" || pending != 1003 || keys != 1001 {
+		t.Errorf("key_shares: top key %.10q, %d pending, %d keys; want \"hot\", 1003, 1001", top, pending, keys)
+	}
+}

@@ -223,18 +223,23 @@ begin
     select g.sg_nslots into v_nslots
       from pgque.slot_group g join pgque.queue q on q.queue_id = g.sg_queue
      where q.queue_name = i_queue and g.sg_consumer = i_consumer;
+    -- The top key is picked by rank, not as the first of an array of the
+    -- slot's keys: a writer's keys may be long, and an array of the
+    -- scanned keys (up to i_scan of them) can exceed PostgreSQL's 1 GB.
     return query
-    select sl.sl_slot, coalesce(max(x.scanned), 0)::bigint,
-           (array_agg(x.key order by x.pending desc, x.head_ev_id))[1],
-           coalesce(max(x.pending), 0)::bigint,
-           case when coalesce(max(x.scanned), 0) = 0 then 0::double precision
-                else max(x.pending)::double precision / max(x.scanned) end,
-           count(x.head_ev_id), coalesce(bool_or(x.truncated), false)
-      from pgque._key_slots(i_queue, i_consumer, null) sl
-      left join lateral pgque._slot_keys(sl.sl_sub, sl.sl_slot, v_nslots, greatest(1, i_scan / greatest(v_slots, 1))) x
-        on true
-     group by sl.sl_slot
-     order by sl.sl_slot;
+    select y.sl_slot, coalesce(max(y.scanned), 0)::bigint,
+           max(y.key) filter (where y.rk = 1),
+           coalesce(max(y.pending), 0)::bigint,
+           case when coalesce(max(y.scanned), 0) = 0 then 0::double precision
+                else max(y.pending)::double precision / max(y.scanned) end,
+           count(y.head_ev_id), coalesce(bool_or(y.truncated), false)
+      from (select sl.sl_slot, x.key, x.pending, x.scanned, x.head_ev_id, x.truncated,
+                   row_number() over (partition by sl.sl_slot order by x.pending desc, x.head_ev_id) as rk
+              from pgque._key_slots(i_queue, i_consumer, null) sl
+              left join lateral pgque._slot_keys(sl.sl_sub, sl.sl_slot, v_nslots, greatest(1, i_scan / greatest(v_slots, 1))) x
+                on true) y
+     group by y.sl_slot
+     order by y.sl_slot;
 end;
 $$;
 
