@@ -50,12 +50,14 @@ a shorter one is refused), or a random token printed once at start. The
 database role of --dsn bounds what any action can do: run the console as a
 pgque_reader role to make actions impossible.
 
-On a loopback address (the default) the console answers only to the Host
-names localhost, 127.0.0.1 and ::1 (or those of --allowed-host), so that a web
-page cannot reach it by DNS rebinding. Listening beyond loopback, every
-request, reads included, needs the token: open /?token=<token> once in the
-browser (it sets a same-site cookie), or send the token in the X-Pgque-Token
-header.`,
+Every request, reads included, needs the token ($` + EnvWebToken + `, or a
+random one printed at start): open the address printed at start, or
+/?token=<token>, once in the browser (it sets a same-site cookie), or send the
+token in the X-Pgque-Token header. On loopback too: any local user can reach
+a loopback port, and the console reads with the role of --dsn. On a loopback
+address (the default) the console also answers only to the Host names
+localhost, 127.0.0.1 and ::1 (or those of --allowed-host), so that a web page
+cannot reach it by DNS rebinding.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			host, _, err := net.SplitHostPort(listen)
@@ -76,10 +78,6 @@ header.`,
 			if generated {
 				fmt.Fprintf(a.stderr, "pgque web: token (send it in the %s header): %s\n", web.TokenHeader, cfg.Token)
 			}
-			if cfg.RequireToken {
-				fmt.Fprintf(a.stderr, "pgque web: listening beyond loopback: every request needs the token; "+
-					"open http://<host>:<port>/?%s=<token> once in the browser\n", web.TokenParam)
-			}
 			cfg.Client, cfg.Logger, cfg.SampleInterval = s.Client, a.logger(slog.LevelInfo), sample
 			srv, err := web.New(cfg)
 			if err != nil {
@@ -94,6 +92,13 @@ header.`,
 				mode = "actions enabled"
 			}
 			fmt.Fprintf(a.stdout, "pgque web: serving http://%s (%s)\n", ln.Addr(), mode)
+			if generated {
+				fmt.Fprintf(a.stderr, "pgque web: every request needs the token; open http://%s/?%s=%s once in the browser\n",
+					ln.Addr(), web.TokenParam, cfg.Token)
+			} else {
+				fmt.Fprintf(a.stderr, "pgque web: every request needs the token; open http://%s/?%s=<$%s> once in the browser\n",
+					ln.Addr(), web.TokenParam, EnvWebToken)
+			}
 			return serveWeb(ctx, ln, srv)
 		},
 	}
@@ -105,23 +110,22 @@ header.`,
 	return cmd
 }
 
-// webAccess is who may reach a console listening on host: a loopback
-// address answers only to loopback Host names (unless hosts says
-// otherwise), any other address requires the token on every request. The
-// token is envToken, or a random one (generated true) when actions or the
-// exposure need one.
+// webAccess is who may reach a console listening on host: every request
+// needs the token, on loopback too, since any local user can reach a
+// loopback port and the console reads with its own database role (dead
+// letters, payloads and keys of every queue that role may read); a
+// loopback address also answers only to loopback Host names (unless hosts
+// says otherwise). The token is envToken, or a random one (generated
+// true).
 func webAccess(host string, allowActions bool, hosts []string, envToken string) (cfg web.Config, generated bool) {
-	loopback := defaultWebHosts(host)
-	cfg.AllowActions, cfg.RequireToken = allowActions, loopback == nil
+	cfg.AllowActions, cfg.RequireToken = allowActions, true
 	cfg.AllowedHosts = hosts
 	if len(hosts) == 0 {
-		cfg.AllowedHosts = loopback
+		cfg.AllowedHosts = defaultWebHosts(host)
 	}
-	if allowActions || cfg.RequireToken {
-		cfg.Token = envToken
-		if cfg.Token == "" {
-			cfg.Token, generated = randomHex(16), true
-		}
+	cfg.Token = envToken
+	if cfg.Token == "" {
+		cfg.Token, generated = randomHex(16), true
 	}
 	return cfg, generated
 }

@@ -36,10 +36,12 @@ func get(t *testing.T, client *http.Client, url, host string, header map[string]
 }
 
 // TestWebRebindingHost: a console on a loopback address answers only to
-// loopback Host names; one listening beyond loopback answers no request
-// without its token, so a page that rebinds its own name to the console
-// (Host evil.example) reads nothing, while the operator who opened
-// /?token= once (cookie) or sends the header reads the queues.
+// loopback Host names; no console answers a request without its token, so
+// a page that rebinds its own name to the console (Host evil.example)
+// reads nothing, nor does another local user who reaches a loopback
+// console (it read dead letters with the console's database role), while
+// the operator who opened /?token= once (cookie) or sends the header reads
+// the queues.
 func TestWebRebindingHost(t *testing.T) {
 	t.Parallel()
 	c := &cli{t: t, dsn: pgtest.NewInstalledDB(t)}
@@ -50,7 +52,7 @@ func TestWebRebindingHost(t *testing.T) {
 	}
 	serve := func(listenHost string) (*httptest.Server, web.Config) {
 		cfg, generated := webAccess(listenHost, false, nil, "")
-		if cfg.RequireToken && (!generated || len(cfg.Token) < web.MinTokenLength) {
+		if !cfg.RequireToken || !generated || len(cfg.Token) < web.MinTokenLength {
 			t.Fatalf("%s: token %q (generated %v)", listenHost, cfg.Token, generated)
 		}
 		cfg.Client, cfg.Logger = client, slog.New(slog.DiscardHandler)
@@ -63,11 +65,18 @@ func TestWebRebindingHost(t *testing.T) {
 		return hs, cfg
 	}
 
-	loop, _ := serve("127.0.0.1")
+	loop, loopCfg := serve("127.0.0.1")
 	for host, want := range map[string]int{"evil.example": http.StatusMisdirectedRequest, "evil.example:8642": http.StatusMisdirectedRequest,
-		"localhost:8642": http.StatusOK, "127.0.0.1": http.StatusOK, "[::1]:8642": http.StatusOK} {
-		if code, body := get(t, http.DefaultClient, loop.URL+"/api/overview", host, nil); code != want {
-			t.Errorf("loopback console, Host %s: %d %s, want %d", host, code, body, want)
+		"localhost:8642": http.StatusUnauthorized, "127.0.0.1": http.StatusUnauthorized, "[::1]:8642": http.StatusUnauthorized} {
+		for _, path := range []string{"/api/overview", "/api/dlq?queue=secretq", "/"} {
+			if code, body := get(t, http.DefaultClient, loop.URL+path, host, nil); code != want || strings.Contains(body, "secretq") {
+				t.Errorf("loopback console, GET %s as Host %s without the token: %d %s, want %d", path, host, code, body, want)
+			}
+		}
+		if want == http.StatusUnauthorized {
+			if code, body := get(t, http.DefaultClient, loop.URL+"/api/overview", host, map[string]string{web.TokenHeader: loopCfg.Token}); code != http.StatusOK || !strings.Contains(body, "secretq") {
+				t.Errorf("loopback console, Host %s with the token: %d %s", host, code, body)
+			}
 		}
 	}
 
