@@ -4,7 +4,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { deadLetter, deadLetters, HandlerTimeoutError, replayDeadLetterReport, retryAfter, work, type FailurePolicy, type Message, type WorkOptions } from "../src/index.js";
+import { blockedKeys, deadLetter, deadLetters, HandlerTimeoutError, replayDeadLetterReport, retryAfter, work, type FailurePolicy, type Message, type WorkOptions } from "../src/index.js";
 import { gate, sendKeyed, setup } from "./worker_helpers.js";
 import { waitFor } from "./harness.js";
 
@@ -160,6 +160,25 @@ test("a handler that throws undefined has failed, and onHandled says so", async 
   assert.ok(errors[0] instanceof Error && /the handler threw undefined/.test(errors[0].message), String(errors[0]));
   assert.equal(errors[1], undefined);
   assert.deepEqual(seen, [0, 0]);
+});
+
+test("a thrown object that is no Error fails its event, with its JSON as the reason", async (t) => {
+  const db = await setup(t, "objs");
+  const failed: unknown[] = [];
+  // String() of an object without a prototype throws; of a plain object it is "[object Object]".
+  const bare = Object.assign(Object.create(null) as object, { code: "E_BARE" });
+  const w = db.track(await work<{ i: number }>(db.pool, {
+    ...fast, queue: "objs", consumer: "c", slots: 1, failurePolicy: "pause", retryDelayMs: () => 60_000,
+    onHandled: (_m, r) => failed.push(r.error),
+  }, async (m) => {
+    throw m.key === "plain" ? { code: "E_QUOTA", tenant: "t1" } : bare;
+  }));
+  await sendKeyed(db.pool, "objs", ["plain", "bare"], 1);
+  await waitFor("both failures reported", () => failed.length === 2);
+  await waitFor("both keys blocked", async () => (await blockedKeys(db.pool, "objs", "c")).length === 2);
+  await w.stop();
+  const reasons = Object.fromEntries((await blockedKeys(db.pool, "objs", "c")).map((b) => [b.key, b.reason]));
+  assert.deepEqual(reasons, { plain: '{"code":"E_QUOTA","tenant":"t1"}', bare: '{"code":"E_BARE"}' });
 });
 
 test("a handler that ignores its signal and returns after its timeout has handled the event", async (t) => {

@@ -66,7 +66,33 @@ export function deadLetter(err?: unknown): DeadLetterError {
 function describe(cause: unknown, fallback: string): string {
   if (cause instanceof Error) return cause.message;
   if (cause === undefined || cause === null) return fallback;
-  return String(cause);
+  return textOf(cause);
+}
+
+/**
+ * The text of a thrown value that is no Error. A plain object reads as its
+ * JSON, not "[object Object]"; String() of an object without a prototype
+ * throws, and a reason must never throw: the event's failure would be lost
+ * with its slot's chunk.
+ */
+function textOf(v: unknown): string {
+  if (typeof v === "object" && v !== null) {
+    const own = (v as { toString?: unknown }).toString;
+    if (typeof own !== "function" || own === Object.prototype.toString) {
+      try {
+        const j = JSON.stringify(v);
+        if (j !== undefined) return j;
+      } catch {
+        // circular, or holding a bigint: the tag below
+      }
+      return Object.prototype.toString.call(v);
+    }
+  }
+  try {
+    return String(v);
+  } catch {
+    return Object.prototype.toString.call(v);
+  }
 }
 
 /** ReasonMaxBytes of the Go library: the longest reason stored with a nack. */
@@ -77,7 +103,7 @@ export function reasonOf(err: unknown): string {
   let s: string;
   if (err instanceof DeadLetterError || err instanceof RetryAfterError) s = err.message;
   else if (err instanceof Error) s = `${err.name === "Error" ? "" : err.name + ": "}${err.message}`;
-  else s = String(err);
+  else s = textOf(err);
   // PostgreSQL text cannot hold NUL.
   s = s.replace(/\u0000/g, "");
   if (Buffer.byteLength(s) <= reasonMaxBytes) return s;
