@@ -80,6 +80,31 @@ for (const tx of [true, false]) {
   });
 }
 
+test("workTx: a handler that ends its transaction, or goes on in an aborted one, fails its event instead of completing it", async (t) => {
+  const db = await setup(t, "txend");
+  await db.pool.query("create table effect (ev bigint not null)");
+  const errors = new Map<string, unknown>();
+  const w = db.track(await workTx(db.pool, {
+    ...fast, queue: "txend", consumer: "c", slots: 1, failurePolicy: "pause", retryDelayMs: () => 60_000,
+    onHandled: (m, r) => void errors.set(m.key!, r.error),
+  }, async (m: Message, tx) => {
+    await insertEffect(tx, m);
+    if (m.key === "rollback") await tx.query("rollback");
+    if (m.key === "commit") await tx.query("commit");
+    if (m.key === "aborted") await tx.query("select 1/0").catch(() => {});
+  }));
+  await sendKeyed(db.pool, "txend", ["rollback", "commit", "aborted"], 1);
+  await waitFor("three handler calls", () => errors.size === 3);
+  await w.stop();
+  for (const [key, want] of [["rollback", /ended its transaction/], ["commit", /ended its transaction/], ["aborted", /a statement of the handler failed and the handler went on/]] as const) {
+    const err = errors.get(key);
+    assert.ok(err instanceof Error && want.test(err.message), `${key}: ${String(err)}`);
+  }
+  // None was completed: each waits for its retry, holding its key.
+  const { rows } = await db.pool.query<{ key: string }>("select key from pgque.blocked_keys('txend', 'c') order by key");
+  assert.deepEqual(rows.map((r) => r.key), ["aborted", "commit", "rollback"]);
+});
+
 test("workTx: a failed attempt's writes roll back with it, and the retry applies them once", async (t) => {
   const db = await setup(t, "txr");
   await db.pool.query("create table effect (ev bigint not null)");

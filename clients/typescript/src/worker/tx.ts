@@ -26,10 +26,27 @@ export type TxHandler<P = unknown> = (msg: Message<P>, tx: PooledConnection, ctx
 
 /** The SQLSTATE of a completion that finds its event completed before. */
 const ALREADY_COMPLETED = "PQ038";
+/** A statement in a transaction a failed statement aborted. */
+const IN_FAILED_TRANSACTION = "25P02";
 /** A statement's lock timeout. */
 const LOCK_TIMEOUT = "55P03";
 /** How often workTx runs a handler whose completion timed out waiting for its lock, as the Go client. */
 const COMPLETION_ATTEMPTS = 3;
+
+/**
+ * Fails the attempt when the handler left no open transaction to complete
+ * the event in: a COMMIT or ROLLBACK run on tx would otherwise let the
+ * completion commit on its own, the event done and its effects committed
+ * apart from it, or rolled back and lost. Read from the status of the
+ * connection's last ReadyForQuery (node-postgres sets it before a query
+ * that succeeded resolves); a connection that does not tell is not checked.
+ */
+function checkOpen(tx: PooledConnection): void {
+  const status = (tx as { getTransactionStatus?: () => string | null }).getTransactionStatus?.();
+  if (status === "I") {
+    throw new Error("workTx: the handler ended its transaction (COMMIT or ROLLBACK on tx), so the event cannot be completed with its writes; write through tx and return, or throw to roll back");
+  }
+}
 
 /**
  * work() with a transactional handler: for each event the worker checks a
@@ -46,6 +63,7 @@ export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, 
       try {
         await tx.query("begin");
         await handler(msg, tx, { signal: ctx.signal });
+        checkOpen(tx);
         completing = true;
         await ctx.completeIn(tx);
         completing = false;
@@ -62,6 +80,11 @@ export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, 
         // held by the slot's own calls on a busy machine): not the
         // handler's failure, which would count a retry; run it again.
         if (completing && sqlstateOf(err) === LOCK_TIMEOUT && attempt < COMPLETION_ATTEMPTS && !ctx.signal.aborted) continue;
+        // A statement of the handler failed, its error caught, and the
+        // handler returned: PostgreSQL's own error does not say so.
+        if (completing && sqlstateOf(err) === IN_FAILED_TRANSACTION) {
+          throw new Error("workTx: a statement of the handler failed and the handler went on: its transaction is aborted, so the event cannot be completed; let the error propagate, or roll back to a savepoint", { cause: err });
+        }
         throw err;
       } finally {
         tx.release(broken);
