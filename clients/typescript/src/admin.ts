@@ -105,6 +105,50 @@ export async function setFailurePolicy(exec: Executor, queue: string, consumer: 
     "select pgque.set_failure_policy($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)", [queue, consumer, policy]);
 }
 
+/**
+ * Starts an online resize of consumer's slots to nslots (docs/design.md,
+ * "Online resize of N") and returns its seal tick. Producers and workers
+ * keep running: workers follow the resize by themselves. It completes once
+ * the old slots are worked (resizes() shows its phase). Fails with
+ * "resize_in_progress" while another resize of the consumer runs, and
+ * "invalid_argument" when it has nslots already. Needs pgque_admin.
+ */
+export async function resizeSlots(exec: Executor, queue: string, consumer: string, nslots: number): Promise<string> {
+  if (!Number.isInteger(nslots) || nslots < 1) throw invalid(`nslots must be an integer of at least 1, not ${nslots}`);
+  const r = await one<{ tick: string }>(exec, `resizing consumer "${consumer}" of queue "${queue}" to ${nslots} slots`,
+    "select pgque.resize_slots($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int4)::pg_catalog.text as tick", [queue, consumer, nslots]);
+  return r.tick;
+}
+
+/** A resize of a consumer's slots: one in progress, or the consumer's last one. */
+export interface Resize {
+  queue: string;
+  consumer: string;
+  /** The slot count now: the old N until the cutover, the new one after. */
+  nslots: number;
+  /** The N a resize in progress goes to; null once done (nslots is it). */
+  resizeTo: number | null;
+  phase: "draining" | "settling" | "cutover" | "done";
+  /** The tick the resize sealed the old N at; null once done. */
+  sealTick: string | null;
+  /** When the resize in progress started; null once done. */
+  started: Date | null;
+  /** When the last resize completed; null while one is in progress. */
+  finished: Date | null;
+  slotsDone: number;
+  slotsTotal: number;
+  heldKeys: number;
+  blockedKeys: number;
+}
+
+/** The resizes in progress and each consumer's last one, of queue or of every queue. */
+export async function resizes(exec: Executor, queue?: string): Promise<Resize[]> {
+  return all<Resize>(exec, queue === undefined ? "reading resizes" : `reading the resizes of queue "${queue}"`,
+    `select queue, consumer, nslots, resize_to as "resizeTo", phase, seal_tick::pg_catalog.text as "sealTick", started, finished,
+            slots_done as "slotsDone", slots_total as "slotsTotal", held_keys as "heldKeys", blocked_keys as "blockedKeys"
+       from pgque.resize_status($1::pg_catalog.text) order by queue, consumer`, [queue ?? null]);
+}
+
 /** A key held by a failing head event under the "pause" policy. */
 export interface BlockedKey {
   queue: string;

@@ -6,7 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
-import { work, type Message } from "../src/index.js";
+import { isPgqueError, resizes, resizeSlots, slots, subscribeSlots, work, type Message } from "../src/index.js";
 import { waitFor } from "./harness.js";
 import { Recorder, sendKeyed, setup } from "./worker_helpers.js";
 
@@ -81,4 +81,28 @@ test("a worker started with the N the consumer had before a resize works the cur
 
   // Any other N is still refused.
   await assert.rejects(work(db.pool, { queue: "rsz2", consumer: "c", slots: 5, ...fast }, () => {}), { kind: "slot_count_mismatch" });
+});
+
+test("resizeSlots starts a resize that a worker completes, and resizes() follows it", async (t) => {
+  const db = await setup(t, "rszapi");
+  const rec = new Recorder();
+  const ns = new Map<string, number>();
+  // No worker yet: the cutover waits for one (a receive), so the resize is seen in progress.
+  await subscribeSlots(db.pool, "rszapi", "c", 2);
+  const tick = await resizeSlots(db.pool, "rszapi", "c", 5);
+  assert.match(tick, /^[0-9]+$/);
+  const [running] = await resizes(db.pool, "rszapi");
+  assert.deepEqual([running!.nslots, running!.resizeTo, running!.sealTick, running!.phase === "done"], [2, 5, tick, false]);
+  await assert.rejects(resizeSlots(db.pool, "rszapi", "c", 3), (err) => isPgqueError(err, "resize_in_progress"));
+  await assert.rejects(resizeSlots(db.pool, "rszapi", "c", 0), (err) => isPgqueError(err, "invalid_argument"));
+  const w = db.track(await work(db.pool, { queue: "rszapi", consumer: "c", slots: 2, ...fast }, recording(rec, ns)));
+  await waitFor("the resize to finish", async () => (await resizes(db.pool, "rszapi"))[0]?.phase === "done");
+  const [r] = await resizes(db.pool, "rszapi");
+  assert.deepEqual([r!.consumer, r!.nslots, r!.resizeTo, r!.slotsDone, r!.finished instanceof Date], ["c", 5, null, 5, true]);
+  await assert.rejects(resizeSlots(db.pool, "rszapi", "c", 5), (err) => isPgqueError(err, "invalid_argument"));
+  const ids = await sendKeyed(db.pool, "rszapi", range(10).map((i) => `k${i}`), 2);
+  await rec.handled(ids.length);
+  await w.stop();
+  assert.deepEqual(new Set([...ns.values()]), new Set([5]));
+  assert.equal((await slots(db.pool, "rszapi", "c")).length, 5);
 });
