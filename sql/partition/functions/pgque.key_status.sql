@@ -55,17 +55,23 @@ begin
     if s.sub_next_tick is not null then
         select tick_snapshot into v_next from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_next_tick;
     end if;
+    -- Grouped by _kid (a long key's hash), and the key read back from its
+    -- head row: a key is a writer's text of any length, stored compressed,
+    -- and grouping by the text itself decompressed it again at every
+    -- comparison (a minute for 1000 keys of 1 MB).
     return query execute
-        'with e as (select ev_id, ev_time, ev_txid, ev_extra1 from pgque.event'
+        'with e as materialized (select ev_id, ev_time, ev_txid, ev_extra1 from pgque.event'
      || ' where ev_part >= $1 and ev_part < $2 and ev_txid >= $3'
      || ' and not pg_catalog.pg_visible_in_snapshot(ev_txid, $4)'
      || ' and (ev_owner is null or ev_owner = $5)'
      || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '')
-     || ' order by ev_txid limit $7)'
-     || ' select ev_extra1, min(ev_id), min(ev_time), count(*),'
-     || ' count(*) filter (where $6::pg_snapshot is not null and pg_catalog.pg_visible_in_snapshot(ev_txid, $6)),'
-     || ' (sum(count(*)) over ())::bigint, (sum(count(*)) over ()) >= $7'
-     || ' from e group by ev_extra1'
+     || ' order by ev_txid limit $7),'
+     || ' g as (select min(ev_id) as head, min(ev_time) as head_time, count(*) as n,'
+     || ' count(*) filter (where $6::pg_snapshot is not null and pg_catalog.pg_visible_in_snapshot(ev_txid, $6)) as nb'
+     || ' from e group by pgque._kid(ev_extra1))'
+     || ' select h.ev_extra1, g.head, g.head_time, g.n, g.nb,'
+     || ' (sum(g.n) over ())::bigint, (sum(g.n) over ()) >= $7'
+     || ' from g join e h on h.ev_id operator(pg_catalog.=) g.head'
       using pgque._part_lo(s.sub_queue), pgque._part_hi(s.sub_queue), pg_snapshot_xmin(v_snap), v_snap, s.sub_id, v_next, i_scan;
 end;
 $$;
@@ -223,23 +229,28 @@ begin
     select g.sg_nslots into v_nslots
       from pgque.slot_group g join pgque.queue q on q.queue_id = g.sg_queue
      where q.queue_name = i_queue and g.sg_consumer = i_consumer;
-    -- The top key is picked by rank, not as the first of an array of the
-    -- slot's keys: a writer's keys may be long, and an array of the
-    -- scanned keys (up to i_scan of them) can exceed PostgreSQL's 1 GB.
+    -- The keys are a writer's text, of any length: neither collected into
+    -- an array (a slot's scanned keys can pass PostgreSQL's 1 GB) nor
+    -- carried through a sort (1000 keys of 1 MB took a minute of external
+    -- sort passes). Each slot's top key is found by its (pending, head)
+    -- alone, then read back by its head.
     return query
-    select y.sl_slot, coalesce(max(y.scanned), 0)::bigint,
-           max(y.key) filter (where y.rk = 1),
-           coalesce(max(y.pending), 0)::bigint,
-           case when coalesce(max(y.scanned), 0) = 0 then 0::double precision
-                else max(y.pending)::double precision / max(y.scanned) end,
-           count(y.head_ev_id), coalesce(bool_or(y.truncated), false)
-      from (select sl.sl_slot, x.key, x.pending, x.scanned, x.head_ev_id, x.truncated,
-                   row_number() over (partition by sl.sl_slot order by x.pending desc, x.head_ev_id) as rk
-              from pgque._key_slots(i_queue, i_consumer, null) sl
-              left join lateral pgque._slot_keys(sl.sl_sub, sl.sl_slot, v_nslots, greatest(1, i_scan / greatest(v_slots, 1))) x
-                on true) y
-     group by y.sl_slot
-     order by y.sl_slot;
+    with x as materialized (
+        select sl.sl_slot, k.key, k.pending, k.scanned, k.head_ev_id, k.truncated
+          from pgque._key_slots(i_queue, i_consumer, null) sl
+          left join lateral pgque._slot_keys(sl.sl_sub, sl.sl_slot, v_nslots, greatest(1, i_scan / greatest(v_slots, 1))) k
+            on true),
+    a as (
+        select x.sl_slot, max(x.scanned) as scanned, max(x.pending) as top_pending,
+               count(x.head_ev_id) as nkeys, bool_or(x.truncated) as truncated,
+               (min(array[-x.pending, x.head_ev_id]))[2] as top_head
+          from x group by x.sl_slot)
+    select a.sl_slot, coalesce(a.scanned, 0)::bigint, t.key, coalesce(a.top_pending, 0)::bigint,
+           case when coalesce(a.scanned, 0) = 0 then 0::double precision
+                else a.top_pending::double precision / a.scanned end,
+           a.nkeys, coalesce(a.truncated, false)
+      from a left join x t on t.sl_slot = a.sl_slot and t.head_ev_id = a.top_head
+     order by a.sl_slot;
 end;
 $$;
 
