@@ -242,9 +242,10 @@ func (pc *PartitionedConsumer) workLanes(fetchCtx, workCtx context.Context, leas
 // slot's next wake-up before it is sent on its own.
 const ackFoldWait = 100 * time.Millisecond
 
-// foldBytes: a chunk below BatchSize whose payloads stay under this was not
-// cut by the server's byte budget per chunk (pgque._chunk_bytes, 32 MiB),
-// so it ended the slot's batch.
+// foldBytes: a chunk below BatchSize whose payloads, types and keys stay
+// under this was not cut by the server's byte budget per chunk
+// (pgque._chunk_bytes, 32 MiB, which counts every text handed out), so it
+// ended the slot's batch.
 const foldBytes = 1 << 20
 
 // receiveAgain says whether the slot receives again at once after chunk
@@ -261,7 +262,7 @@ func (pc *PartitionedConsumer) receiveAgain(lease *workerpool.Lease, sl *slotSta
 	}
 	n := 0
 	for _, m := range c.msgs {
-		n += len(m.Payload)
+		n += len(m.Payload) + len(m.Type) + len(m.PartitionKey)
 	}
 	if n >= foldBytes {
 		return true

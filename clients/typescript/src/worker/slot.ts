@@ -21,7 +21,7 @@
 
 import { checkout, type ConnectionSource, type Executor } from "../executor.js";
 import { isPgqueError, mapError } from "../errors.js";
-import { toMessage, type Message } from "./message.js";
+import { toMessage, type ChunkRow, type Message } from "./message.js";
 import * as q from "./sql.js";
 import { HandlerTimeoutError, LeaseLostError, reasonOf, RetryAfterError, DeadLetterError } from "./outcome.js";
 import { Mutex, Semaphore, Wake, sleep } from "./sync.js";
@@ -373,10 +373,11 @@ export class SlotRunner {
    * cut, may leave events of the batch: receive again at once. As the Go
    * pool's receiveAgain.
    */
-  private endedBatch(rows: readonly { payload: string | null }[]): boolean {
+  private endedBatch(rows: readonly Pick<ChunkRow, "payload" | "type" | "partition_key">[]): boolean {
     if (this.pendingAck === null || rows.length >= this.env.batchSize) return false;
+    // The budget counts every text handed out: types and keys as payloads.
     let bytes = 0;
-    for (const r of rows) bytes += r.payload?.length ?? 0;
+    for (const r of rows) bytes += (r.payload?.length ?? 0) + r.type.length + (r.partition_key?.length ?? 0);
     return bytes < foldBytes;
   }
 
