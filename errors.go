@@ -3,6 +3,7 @@ package pgque
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -72,7 +73,8 @@ var (
 	// ErrPermissionDenied: the role may not call this function, or the
 	// queue is confined (grant_queue) and the login may not do that on it:
 	// consume or produce, or read its dead letters, keys, slots and status
-	// (42501).
+	// (42501). PostgreSQL's own refusals ("permission denied for function
+	// send", "... for schema pgque") go on to name the pgque roles.
 	ErrPermissionDenied = errors.New("pgque: permission denied")
 	// ErrInvalidPayload: an event payload is not valid JSON, could not be
 	// marshalled, or holds text PostgreSQL cannot store (SQLSTATE 22P02,
@@ -151,8 +153,18 @@ type Error struct {
 	pgErr    *pgconn.PgError
 }
 
-// Error returns the server's message prefixed with the SQLSTATE.
+// roleHint follows PostgreSQL's own permission errors (42501 "permission
+// denied for function send", "... for schema pgque"): they name the object,
+// not the pgque role that grants it. pgque's own 42501 errors say more.
+const roleHint = "pgque_writer may send, pgque_reader may consume, pgque_admin may do both and administer: " +
+	"grant the login the role its job needs"
+
+// Error returns the server's message followed by the SQLSTATE, and by
+// roleHint for PostgreSQL's own permission errors.
 func (e *Error) Error() string {
+	if e.Code == "42501" && strings.HasPrefix(e.Message, "permission denied for ") {
+		return fmt.Sprintf("%s (SQLSTATE %s; %s)", e.Message, e.Code, roleHint)
+	}
 	return fmt.Sprintf("%s (SQLSTATE %s)", e.Message, e.Code)
 }
 

@@ -132,8 +132,19 @@ export function mapError(doing: string, err: unknown): unknown {
   const code = sqlstateOf(err);
   if (code === undefined) return err;
   const message = err instanceof Error ? err.message : String(err);
-  return new PgqueError(`${doing}: ${message} (SQLSTATE ${code})`, kindOf(code), code, { cause: err });
+  const hint = code === "42501" && message.startsWith("permission denied for ") ? `; ${roleHint}` : "";
+  return new PgqueError(`${doing}: ${message} (SQLSTATE ${code}${hint})`, kindOf(code), code, { cause: err });
 }
+
+/**
+ * Follows PostgreSQL's own permission errors ("permission denied for
+ * function send", "... for schema pgque"): they name the object, not the
+ * pgque role that grants it. pgque's own 42501 errors say more. The Go
+ * library adds the same words.
+ */
+const roleHint =
+  "pgque_writer may send, pgque_reader may consume, pgque_admin may do both and administer: " +
+  "grant the login the role its job needs";
 
 /** Runs fn, rethrowing what it throws through mapError(doing, ...). */
 export async function mapped<T>(doing: string, fn: () => Promise<T>): Promise<T> {

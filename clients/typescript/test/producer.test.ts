@@ -153,6 +153,34 @@ test("errors map by SQLSTATE to kinds", async () => {
   await assert.rejects(send(db.pool, "", { payload: 1 }), (err) => isPgqueError(err, "queue_not_found") || isPgqueError(err, "invalid_name"));
 });
 
+// PostgreSQL's permission errors name what was refused (a function, schema
+// pgque), not the pgque role that grants it: the error names the roles too.
+test("a send refused for want of a role names the pgque roles", async (t) => {
+  const q = await newQueue("perm");
+  const tag = `${process.pid}_${Date.now()}`;
+  const cases = [
+    { role: `perm_reader_${tag}`, grant: " in role pgque_reader", refused: /permission denied for function/ },
+    { role: `perm_none_${tag}`, grant: "", refused: /permission denied for schema pgque/ },
+  ];
+  for (const c of cases) {
+    await db.pool.query(`create role ${c.role} login${c.grant}`);
+    t.after(() => db.pool.query(`drop role if exists ${c.role}`));
+  }
+  for (const c of cases) {
+    const pool = new pg.Pool({ connectionString: db.urlAs(c.role), max: 1 });
+    try {
+      await assert.rejects(send(pool, q, { payload: 1 }), (err) => {
+        assert.ok(isPgqueError(err, "permission_denied"), String(err));
+        assert.match(err.message, c.refused);
+        assert.match(err.message, /pgque_writer may send, pgque_reader may consume/);
+        return true;
+      });
+    } finally {
+      await pool.end();
+    }
+  }
+});
+
 test("concurrent sends on a pool coalesce, and a bad event fails alone", async () => {
   const q = await newQueue("coalesce");
   const pool = new pg.Pool({ connectionString: db.url, max: 4, allowExitOnIdle: true });
