@@ -17,8 +17,8 @@
 // site cannot forge one. The database role the console connects as bounds
 // what any action can do.
 //
-// With Config.RequireToken (pgque web sets it when listening beyond
-// loopback) every request needs the token, in the header or in the
+// With Config.RequireToken (pgque web always sets it, on loopback too:
+// any local user can reach a loopback port) every request needs the token, in the header or in the
 // SameSite=Strict cookie that opening /?token=<token> once sets: a page
 // that rebinds its own DNS name to the console's address sends neither, so
 // it reads nothing, whatever Host it names.
