@@ -66,9 +66,10 @@ type Config struct {
 	// request: at least MinTokenLength characters.
 	Token string
 	// RequireToken refuses every request (pages, API, static files) that
-	// carries the token neither in TokenHeader nor in TokenCookie. Set it
-	// when the console listens beyond loopback: otherwise any page a
-	// browser on the network loads could read it by DNS rebinding.
+	// carries the token neither in TokenHeader nor in TokenCookie. pgque
+	// web always sets it: beyond loopback any page a browser on the
+	// network loads could otherwise read the console by DNS rebinding,
+	// and on loopback any local user could.
 	RequireToken bool
 	// AllowedHosts lists the Host header values (without port) the console
 	// answers to, against DNS rebinding; empty answers to any.
