@@ -53,6 +53,15 @@ type Result struct {
 	Previous string
 	// Version is the version installed now.
 	Version string
+	// RoleAdmins lists, as "role on pgque_role", the roles other than the
+	// installing one and superusers that hold ADMIN OPTION on a pgque role:
+	// each may grant that role to any role, itself included. On
+	// PostgreSQL 16 and later a CREATEROLE role holds it on every role it
+	// created, so one that created the pgque roles before the install
+	// keeps that power. Check that each is a role you trust (a DBA, the
+	// owner of pgque in another database of the cluster); see
+	// docs/security.md.
+	RoleAdmins []string
 }
 
 // Fresh reports whether Install created pgque rather than upgrading it.
@@ -64,7 +73,7 @@ func (r Result) Fresh() bool { return r.Previous == "" }
 // errors.As.
 func Install(ctx context.Context, conn Conn) (Result, error) {
 	res, err := install.Install(ctx, conn)
-	return Result{Previous: res.Previous, Version: res.Version}, err
+	return Result{Previous: res.Previous, Version: res.Version, RoleAdmins: res.RoleAdmins}, err
 }
 
 // Uninstall drops the pgque schema and everything in it, in one

@@ -40,6 +40,15 @@ type Result struct {
 	Previous string
 	// Version is the version installed now, read back from pgque.version.
 	Version string
+	// RoleAdmins lists, as "role on pgque_role", the roles other than the
+	// installing one and superusers that hold ADMIN OPTION on a pgque role,
+	// so that each may grant that role to any role, itself included. On
+	// PostgreSQL 16 and later a CREATEROLE role holds it on every role it
+	// created: one that created the pgque roles before the install (a DBA,
+	// the owner of pgque in another database of the cluster, or a role
+	// that should not have it) keeps that power. The install cannot tell
+	// them apart; the operator can (docs/security.md).
+	RoleAdmins []string
 }
 
 // Fresh reports whether Install created pgque rather than upgrading it.
@@ -68,7 +77,8 @@ func Install(ctx context.Context, conn Conn) (Result, error) {
 		if res.Version != sqlfiles.Version {
 			return fmt.Errorf("the script recorded version %q, want %q", res.Version, sqlfiles.Version)
 		}
-		return nil
+		res.RoleAdmins, err = RoleAdmins(ctx, tx)
+		return err
 	})
 	if err != nil {
 		return Result{}, fmt.Errorf("installing pgque: %w", err)
@@ -186,4 +196,23 @@ func ignoreClosed(err error) error {
 		return nil
 	}
 	return err
+}
+
+// RoleAdmins returns what Result.RoleAdmins lists, for the role q runs as.
+// It reads the catalog only.
+func RoleAdmins(ctx context.Context, q Querier) ([]string, error) {
+	var admins []string
+	err := q.QueryRow(ctx, `
+		select coalesce(array_agg(a order by a), '{}') from (
+			select distinct pg_catalog.format('%s on %s', m.member::regrole, m.roleid::regrole) as a
+			  from pg_catalog.pg_auth_members m
+			  join pg_catalog.pg_roles r on r.oid operator(pg_catalog.=) m.member
+			 where m.roleid operator(pg_catalog.=) any (array(select oid from pg_catalog.pg_roles
+			                    where rolname operator(pg_catalog.=) any ('{pgque_reader,pgque_writer,pgque_admin}')))
+			   and m.admin_option and not r.rolsuper
+			   and r.rolname operator(pg_catalog.<>) current_user) s`).Scan(&admins)
+	if err != nil {
+		return nil, fmt.Errorf("listing the roles that may grant pgque's roles: %w", err)
+	}
+	return admins, nil
 }

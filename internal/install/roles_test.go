@@ -115,3 +115,58 @@ func TestUninstallDropRolesKeepsUsedRoles(t *testing.T) {
 		t.Fatalf("roles after uninstalling db2 = %v, want [pgque_writer] (app is a member)", got)
 	}
 }
+
+// TestInstallReportsRoleAdmins: the install lists the roles, other than
+// the installing one and superusers, that may grant a pgque role to any
+// role. On PostgreSQL 16 and later a CREATEROLE role holds ADMIN OPTION on
+// the roles it creates, so one that created pgque's roles (before the
+// install, or by installing into another database of the cluster) keeps
+// that power over every database's pgque; an explicit WITH ADMIN OPTION
+// grant counts on every version.
+func TestInstallReportsRoleAdmins(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := pgtest.NewCluster(t, pgcluster.Options{})
+	su := pgtest.Conn(t, c.DSN("postgres"))
+	exec(t, su,
+		"create role creator login createrole",
+		"create role dba nologin",
+		"create database first owner creator",
+		"create database second")
+	var version int
+	if err := su.QueryRow(ctx, "select current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+
+	first, err := install.Install(ctx, pgtest.Conn(t, pgtest.DSNWith(c.DSN("first"), "user", "creator")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.RoleAdmins) != 0 {
+		t.Errorf("the role that created pgque's roles, installing, is told of itself: %v", first.RoleAdmins)
+	}
+
+	secondDB := pgtest.Conn(t, c.DSN("second"))
+	second, err := install.Install(ctx, secondDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	if version >= 160000 {
+		want = []string{"creator on pgque_admin", "creator on pgque_reader", "creator on pgque_writer"}
+	}
+	if !slices.Equal(second.RoleAdmins, want) {
+		t.Errorf("a superuser's install into another database: role admins %v, want %v", second.RoleAdmins, want)
+	}
+
+	exec(t, su, "grant pgque_reader to dba with admin option")
+	again, err := install.Install(ctx, secondDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = append([]string{"dba on pgque_reader"}, want...)
+	slices.Sort(want)
+	if !slices.Equal(again.RoleAdmins, want) {
+		t.Errorf("after a grant WITH ADMIN OPTION: role admins %v, want %v", again.RoleAdmins, want)
+	}
+}

@@ -30,7 +30,28 @@ export interface MigrateResult {
   previous: string;
   /** The version installed now. */
   version: string;
+  /**
+   * The roles other than the installing one and superusers that hold ADMIN
+   * OPTION on a pgque role, as "role on pgque_role": each may grant that
+   * role to any role, itself included. On PostgreSQL 16 and later a
+   * CREATEROLE role holds it on every role it created, so one that created
+   * the pgque roles before the install keeps that power. Check that each
+   * is a role you trust (a DBA, the owner of pgque in another database of
+   * the cluster); see docs/security.md. As the Go installer's RoleAdmins.
+   */
+  roleAdmins: string[];
 }
+
+/** The query behind MigrateResult.roleAdmins; the catalog only. */
+const ROLE_ADMINS = `
+select coalesce(array_agg(a order by a), '{}') as admins from (
+  select distinct pg_catalog.format('%s on %s', m.member::regrole, m.roleid::regrole) as a
+    from pg_catalog.pg_auth_members m
+    join pg_catalog.pg_roles r on r.oid operator(pg_catalog.=) m.member
+   where m.roleid operator(pg_catalog.=) any (array(select oid from pg_catalog.pg_roles
+                      where rolname operator(pg_catalog.=) any ('{pgque_reader,pgque_writer,pgque_admin}')))
+     and m.admin_option and not r.rolsuper
+     and r.rolname operator(pg_catalog.<>) current_user) s`;
 
 let scriptCache: Promise<string> | undefined;
 
@@ -63,7 +84,8 @@ export async function migrate(exec: Executor): Promise<MigrateResult> {
           "schema_version",
         );
       }
-      return { previous, version };
+      const admins = await tx.query<{ admins: string[] }>(ROLE_ADMINS);
+      return { previous, version, roleAdmins: admins.rows[0]!.admins };
     });
   } catch (err) {
     throw mapError("installing pgque", err);

@@ -9,15 +9,33 @@ test("migrate installs a fresh database, then upgrades in place keeping data", a
   await assert.rejects(checkSchema(db.pool), (err) => isPgqueError(err, "not_installed"));
 
   const first = await migrate(db.pool);
-  assert.deepEqual(first, { previous: "", version: SCHEMA_VERSION });
+  assert.deepEqual([first.previous, first.version], ["", SCHEMA_VERSION]);
   await checkSchema(db.pool);
 
   await db.pool.query("select pgque.create_queue('keep')");
   await db.pool.query(`select pgque.send('keep', 't', '{"a":1}'::jsonb, null)`);
   const again = await migrate(db.pool);
-  assert.deepEqual(again, { previous: SCHEMA_VERSION, version: SCHEMA_VERSION });
+  assert.deepEqual([again.previous, again.version], [SCHEMA_VERSION, SCHEMA_VERSION]);
   const { rows } = await db.pool.query("select queue_name from pgque.get_queue_info('keep')");
   assert.deepEqual(rows, [{ queue_name: "keep" }]);
+});
+
+// A role other than the installer's that holds ADMIN OPTION on a pgque
+// role may grant it to any role (on PostgreSQL 16+ a CREATEROLE role has it
+// on the roles it created): migrate names it for the operator to check.
+test("migrate names the roles that may grant pgque's roles", async (t) => {
+  const db = await testDb({ t });
+  const role = `admin_of_reader_${process.pid}_${Date.now()}`;
+  await db.pool.query(`create role ${role} nologin`);
+  try {
+    assert.ok(!(await migrate(db.pool)).roleAdmins.includes(`${role} on pgque_reader`));
+    await db.pool.query(`grant pgque_reader to ${role} with admin option`);
+    const res = await migrate(db.pool);
+    assert.ok(res.roleAdmins.includes(`${role} on pgque_reader`), `roleAdmins ${JSON.stringify(res.roleAdmins)}`);
+    assert.ok(!res.roleAdmins.some((a) => a.startsWith("postgres ")), "a superuser is listed");
+  } finally {
+    await db.pool.query(`drop role if exists ${role}`);
+  }
 });
 
 test("the bundled script is the schema version's", async (t) => {
@@ -40,7 +58,8 @@ test("migrate upgrades an older install: functions come back, the version moves,
     return true;
   });
 
-  assert.deepEqual(await migrate(db.pool), { previous: "0.0.1", version: SCHEMA_VERSION });
+  const upgraded = await migrate(db.pool);
+  assert.deepEqual([upgraded.previous, upgraded.version], ["0.0.1", SCHEMA_VERSION]);
   await checkSchema(db.pool);
   const ids = await sendBatch(db.pool, "old", [{ type: "A", payload: 1 }, { type: "B", payload: 2 }]);
   assert.equal(ids.length, 2);

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -79,8 +80,15 @@ func (a *app) runInstall(ctx context.Context, asJSON, upgrade bool) error {
 	if err != nil {
 		return err
 	}
+	if len(res.RoleAdmins) > 0 {
+		fmt.Fprintf(a.stderr, "pgque install: warning: these roles may grant pgque's roles to any role (ADMIN OPTION; "+
+			"on PostgreSQL 16+ a CREATEROLE role has it on the roles it created): %s; "+
+			"make sure each is one you trust, or have a superuser revoke it (docs/security.md)\n",
+			strings.Join(res.RoleAdmins, ", "))
+	}
 	if asJSON {
-		return a.printJSON(map[string]any{"previous": res.Previous, "version": res.Version, "fresh": res.Fresh()})
+		return a.printJSON(map[string]any{"previous": res.Previous, "version": res.Version, "fresh": res.Fresh(),
+			"role_admins": append([]string{}, res.RoleAdmins...)})
 	}
 	switch {
 	case res.Fresh():
