@@ -198,20 +198,11 @@ func ignoreClosed(err error) error {
 	return err
 }
 
-// RoleAdmins returns what Result.RoleAdmins lists, for the role q runs as.
-// It reads the catalog only.
+// RoleAdmins returns what Result.RoleAdmins lists, for the role q runs as
+// (pgque._role_admins(), which only the owner may call).
 func RoleAdmins(ctx context.Context, q Querier) ([]string, error) {
 	var admins []string
-	err := q.QueryRow(ctx, `
-		select coalesce(array_agg(a order by a), '{}') from (
-			select distinct pg_catalog.format('%s on %s', m.member::regrole, m.roleid::regrole) as a
-			  from pg_catalog.pg_auth_members m
-			  join pg_catalog.pg_roles r on r.oid operator(pg_catalog.=) m.member
-			 where m.roleid operator(pg_catalog.=) any (array(select oid from pg_catalog.pg_roles
-			                    where rolname operator(pg_catalog.=) any ('{pgque_reader,pgque_writer,pgque_admin}')))
-			   and m.admin_option and not r.rolsuper
-			   and r.rolname operator(pg_catalog.<>) current_user) s`).Scan(&admins)
-	if err != nil {
+	if err := q.QueryRow(ctx, `select pgque._role_admins()`).Scan(&admins); err != nil {
 		return nil, fmt.Errorf("listing the roles that may grant pgque's roles: %w", err)
 	}
 	return admins, nil

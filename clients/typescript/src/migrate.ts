@@ -42,17 +42,6 @@ export interface MigrateResult {
   roleAdmins: string[];
 }
 
-/** The query behind MigrateResult.roleAdmins; the catalog only. */
-const ROLE_ADMINS = `
-select coalesce(array_agg(a order by a), '{}') as admins from (
-  select distinct pg_catalog.format('%s on %s', m.member::regrole, m.roleid::regrole) as a
-    from pg_catalog.pg_auth_members m
-    join pg_catalog.pg_roles r on r.oid operator(pg_catalog.=) m.member
-   where m.roleid operator(pg_catalog.=) any (array(select oid from pg_catalog.pg_roles
-                      where rolname operator(pg_catalog.=) any ('{pgque_reader,pgque_writer,pgque_admin}')))
-     and m.admin_option and not r.rolsuper
-     and r.rolname operator(pg_catalog.<>) current_user) s`;
-
 let scriptCache: Promise<string> | undefined;
 
 /** The install script, as `pgque sql` prints it. */
@@ -84,7 +73,7 @@ export async function migrate(exec: Executor): Promise<MigrateResult> {
           "schema_version",
         );
       }
-      const admins = await tx.query<{ admins: string[] }>(ROLE_ADMINS);
+      const admins = await tx.query<{ admins: string[] }>("select pgque._role_admins() as admins");
       return { previous, version, roleAdmins: admins.rows[0]!.admins };
     });
   } catch (err) {

@@ -37,3 +37,25 @@ $roles$;
 create schema if not exists pgque;
 revoke all on schema pgque from public;
 grant usage on schema pgque to pgque_reader, pgque_writer, pgque_admin;
+
+-- _role_admins(): the roles other than the calling one and superusers that
+-- hold ADMIN OPTION on a pgque role, as 'role on pgque_role', sorted: each
+-- may grant that role to any role, itself included. On PostgreSQL 16 and
+-- later a CREATEROLE role holds it on every role it created, so one that
+-- created pgque's roles before the first install keeps that power; the
+-- install cannot tell it from a DBA or from the owner of pgque in another
+-- database, so the installers report it instead of refusing (Go:
+-- install.Result.RoleAdmins, `pgque install`'s warning; TypeScript:
+-- migrate()'s roleAdmins). Reads the catalog only. Not granted: the
+-- installing owner calls it.
+create or replace function pgque._role_admins()
+returns text[] language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce(array_agg(a order by a), '{}') from (
+        select distinct format('%s on %s', m.member::regrole, m.roleid::regrole) as a
+          from pg_auth_members m join pg_roles r on r.oid = m.member
+         where m.roleid = any (array(select oid from pg_roles
+                                      where rolname = any ('{pgque_reader,pgque_writer,pgque_admin}')))
+           and m.admin_option and not r.rolsuper and r.rolname <> current_user) s
+$$;
