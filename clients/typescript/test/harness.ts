@@ -98,6 +98,10 @@ export async function testDb(opts: TestDbOptions = {}): Promise<TestDb> {
     close: async () => {
       if (closed) return;
       closed = true;
+      // The drop below ends every session on the database, those of the
+      // code under test too; a pool whose idle connection ends that way
+      // emits "error", and with no listener that is an uncaught exception.
+      pool.on("error", () => {});
       await pool.end();
       const c = new pg.Client({ connectionString: dsn });
       await c.connect();
