@@ -10,12 +10,23 @@ import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { work, WorkerKilledError, type Message, type SlotChange, type WorkOptions } from "../src/index.js";
+import { HandlersStillRunningError, work, WorkerKilledError, type Message, type SlotChange, type WorkOptions } from "../src/index.js";
 import { waitFor } from "./harness.js";
 import { gate, sendKeyed, setup } from "./worker_helpers.js";
 
 const fast: Partial<WorkOptions> = { claimIntervalMs: 100, pollIntervalMs: 50, retryDelayMs: () => 20, listen: false };
 const here = path.dirname(fileURLToPath(import.meta.url));
+
+/** Whether p settles within ms: a bound on a stop, never a wait for a condition. */
+async function within(p: Promise<unknown>, ms: number): Promise<boolean> {
+  let t: NodeJS.Timeout | undefined;
+  const late = new Promise<boolean>((r) => (t = setTimeout(() => r(false), ms)));
+  try {
+    return await Promise.race([p.then(() => true), late]);
+  } finally {
+    clearTimeout(t);
+  }
+}
 
 async function owner(db: { pool: import("pg").Pool }, slot = 0): Promise<{ owner: string | null; epoch: string }> {
   const { rows } = await db.pool.query("select owner, epoch::text from pgque.partition_slot_leases where slot = $1", [slot]);
@@ -137,4 +148,69 @@ test("two workers of one consumer converge to a fair share of its slots", async 
   await waitFor("3 slots each", () => w1.ownedSlots().length === 3 && w2.ownedSlots().length === 3, 15_000);
   await w2.stop();
   await waitFor("the first worker to take the released slots back", () => w1.ownedSlots().length === 6, 15_000);
+});
+
+test("stop({ timeoutMs }) gives up on a handler that ignores its signal, names its event to onError, and another worker receives it again", async (t) => {
+  const db = await setup(t, "stuck");
+  const started = gate();
+  const never = gate(); // opened only at the end
+  const errors: unknown[] = [];
+  const w1 = db.track(await work(db.pool, { ...fast, queue: "stuck", consumer: "c", slots: 1, leaseTtlMs: 1500, onError: (e) => errors.push(e) }, async () => {
+    started.open();
+    await never.wait;
+  }));
+  try {
+    const [e0] = await sendKeyed(db.pool, "stuck", ["k"], 1);
+    await started.wait;
+    const t0 = performance.now();
+    assert.ok(await within(w1.stop({ timeoutMs: 200 }), 5000), "stop() resolves within 5 s while the handler ignores its signal");
+    const elapsed = performance.now() - t0;
+    assert.ok(elapsed < 3000, `stop() took ${elapsed} ms`);
+    const gaveUp = errors.filter((e) => e instanceof HandlersStillRunningError);
+    assert.equal(gaveUp.length, 1, `onError saw ${errors.map(String).join("; ")}`);
+    assert.deepEqual(gaveUp[0]!.running, [{ slot: 0, eventId: e0 }]);
+    assert.match(gaveUp[0]!.message, new RegExp(`slot 0 event ${e0}\\b`));
+    assert.equal(w1.stats().running, 1, "the abandoned handler still runs");
+    assert.ok(await within(w1.kill(), 5000), "kill() after the stop resolves within 5 s");
+    // Nothing was acknowledged: the next owner receives the event again
+    // once the first worker's lease ran out.
+    const got = gate();
+    const next: Message[] = [];
+    db.track(await work(db.pool, { ...fast, queue: "stuck", consumer: "c", slots: 1, leaseTtlMs: 1500 }, (m: Message) => {
+      next.push(m);
+      got.open();
+    }));
+    await got.wait;
+    assert.equal(next[0]!.id, e0);
+  } finally {
+    never.open();
+  }
+  await waitFor("the abandoned handler to return", () => w1.stats().running === 0);
+});
+
+test("kill() gives up on a handler that ignores its signal before its key was held, and names it", async (t) => {
+  const db = await setup(t, "stuckkill");
+  const started = gate();
+  const never = gate(); // opened only at the end
+  const errors: unknown[] = [];
+  // A long holdAfterMs: the chunk waits for its lane, which is never held.
+  const w1 = db.track(await work(db.pool, { ...fast, queue: "stuckkill", consumer: "c", slots: 1, holdAfterMs: 600_000, onError: (e) => errors.push(e) }, async () => {
+    started.open();
+    await never.wait;
+  }));
+  try {
+    const [e0] = await sendKeyed(db.pool, "stuckkill", ["k"], 1);
+    await started.wait;
+    const t0 = performance.now();
+    assert.ok(await within(w1.kill(), 5000), "kill() resolves within 5 s while the handler ignores its signal");
+    const elapsed = performance.now() - t0;
+    assert.ok(elapsed < 3000, `kill() took ${elapsed} ms`);
+    const gaveUp = errors.filter((e) => e instanceof HandlersStillRunningError);
+    assert.equal(gaveUp.length, 1, `onError saw ${errors.map(String).join("; ")}`);
+    assert.deepEqual(gaveUp[0]!.running, [{ slot: 0, eventId: e0 }]);
+    assert.equal(w1.stats().running, 1, "the abandoned handler still runs");
+  } finally {
+    never.open();
+  }
+  await waitFor("the abandoned handler to return", () => w1.stats().running === 0);
 });

@@ -53,6 +53,30 @@ export class WorkerKilledError extends Error {
   }
 }
 
+/** A handler call kill() gave up waiting for (HandlersStillRunningError.running). */
+export interface RunningHandler {
+  slot: number;
+  /** The id of the event the handler is handling, a decimal string. */
+  eventId: string;
+}
+
+/**
+ * Passed to onError when a hard stop gave up waiting for handlers that
+ * ignore their aborted signal (ABANDON_WAIT_MS after aborting them): the
+ * stop resolves anyway and they are abandoned. Nothing of theirs is
+ * acknowledged; their events are delivered again to the slot's next owner
+ * after the lease TTL. As the Go library's StillRunningError.
+ */
+export class HandlersStillRunningError extends Error {
+  constructor(readonly running: readonly RunningHandler[], readonly waitedMs: number) {
+    const what = running.length === 0
+      ? "the worker's calls in flight"
+      : running.map((h) => `slot ${h.slot} event ${h.eventId}`).join(", ");
+    super(`the worker was stopped hard and gave up ${waitedMs} ms after aborting its handlers; still running: ${what} (abandoned: delivered again after the lease TTL)`);
+    this.name = "HandlersStillRunningError";
+  }
+}
+
 /** `throw retryAfter(err, 5000)`: retry the event in 5 s. */
 export function retryAfter(err: unknown, delayMs: number): RetryAfterError {
   return new RetryAfterError(delayMs, err);

@@ -34,7 +34,7 @@ import { checkout, isPool, type ConnectionSource } from "../executor.js";
 import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { makePlan } from "./fairshare.js";
 import { hintTag, Listener, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
-import { WorkerKilledError } from "./outcome.js";
+import { HandlersStillRunningError, WorkerKilledError } from "./outcome.js";
 import { defaultRetryDelay, SlotRunner, type HandleCounters, type HandleResult, type Handler, type SlotEnv } from "./slot.js";
 import type { Message } from "./message.js";
 import * as q from "./sql.js";
@@ -91,8 +91,9 @@ export interface WorkOptions<P = unknown> {
    * Receives errors the pool recovers from: a failed receive, claim pass,
    * renewal, settle or LISTEN connection (each retried), and a
    * LeaseLostError (with its slot) for each slot it fenced: the chunk in
-   * hand is delivered again. Default: console.warn. Handler errors are not
-   * among them (onHandled).
+   * hand is delivered again; and a HandlersStillRunningError when a hard
+   * stop abandoned handlers that ignore their signal. Default:
+   * console.warn. Handler errors are not among them (onHandled).
    */
   onError?: (err: unknown) => void;
   /**
@@ -145,7 +146,12 @@ export interface WorkerStats {
 export interface StopOptions {
   /** false: stop hard at once (as kill()). Default true. */
   graceful?: boolean;
-  /** A graceful stop that has not finished after this long turns hard. */
+  /**
+   * A graceful stop that has not finished after this long turns hard
+   * (kill()), so the stop resolves at most ABANDON_WAIT_MS later even when
+   * a handler ignores its signal. Without it a graceful stop waits for
+   * every handler to return, however long that takes.
+   */
   timeoutMs?: number;
 }
 
@@ -162,13 +168,21 @@ export interface Worker {
   stats(): WorkerStats;
   /**
    * Stops fetching, lets each slot finish and acknowledge its chunk in
-   * flight and settle its held keys, releases the leases. Idempotent.
+   * flight and settle its held keys, releases the leases. Idempotent. With
+   * timeoutMs it turns into kill() when not done by then, and resolves as
+   * kill() does; it never rejects.
    */
   stop(opts?: StopOptions): Promise<void>;
   /**
    * Stops hard: handlers' signals are aborted, nothing more is
    * acknowledged or released; the next owner receives the chunks in flight
-   * again after the lease TTL.
+   * again after the lease TTL. Resolves once every handler has returned,
+   * or ABANDON_WAIT_MS after aborting them when some ignore their signal:
+   * those are abandoned and named by a HandlersStillRunningError passed to
+   * onError (a rejection would be unhandled in the usual
+   * `process.on("SIGTERM", () => void worker.stop(...))`, and the process
+   * should go on shutting down). An abandoned handler's key gets no next
+   * event from this worker, which fetches nothing more. It never rejects.
    */
   kill(): Promise<void>;
 }
@@ -179,6 +193,13 @@ export interface Worker {
  * places to run at once; 64 held it to a third of that.
  */
 export const CONCURRENCY_DEFAULT = 256;
+
+/**
+ * How long kill() waits, after aborting the handlers' signals, for those
+ * that ignore theirs before it abandons them and resolves: 1 s, the Go
+ * library's AbandonWait. A SIGTERM budget is stop's timeoutMs plus this.
+ */
+export const ABANDON_WAIT_MS = 1000;
 
 /**
  * The LISTEN connection of a pg.Pool: a client of the pool's own Client
@@ -449,14 +470,39 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     await listener?.close();
   }
 
-  async function kill(): Promise<void> {
+  let killed: Promise<void> | null = null;
+  function kill(): Promise<void> {
     fetchCtl.abort();
     if (!killCtl.signal.aborted) {
       killCtl.abort(new WorkerKilledError());
       for (const r of runners.values()) r.abandon(killCtl.signal.reason);
     }
     stopped ??= finish();
-    await stopped;
+    killed ??= giveUpLate(stopped);
+    return killed;
+  }
+
+  /**
+   * Waits for finish() at most ABANDON_WAIT_MS: a handler that ignores its
+   * aborted signal must not hold a shutdown forever. What still runs then
+   * is abandoned: its runner fetches, acknowledges and releases nothing
+   * more (its signal is aborted and the pool stopped claiming, so no
+   * handler starts in this process after it), and finish() goes on in the
+   * background until it returns.
+   */
+  async function giveUpLate(finishing: Promise<void>): Promise<void> {
+    let t: NodeJS.Timeout | undefined;
+    const late = new Promise<boolean>((r) => (t = setTimeout(() => r(true), ABANDON_WAIT_MS)));
+    const gaveUp = await Promise.race([finishing.then(() => false), late]);
+    clearTimeout(t);
+    if (!gaveUp) return;
+    const running = [...runners.values()].flatMap((r) => r.running().map((eventId) => ({ slot: r.slot, eventId })));
+    const err = new HandlersStillRunningError(running, ABANDON_WAIT_MS);
+    onError(err);
+    // What finish() would do last; it may still be waiting for the
+    // coordinator or a runner, and then does it again (both are idempotent).
+    clearInterval(keeper);
+    await listener?.close();
   }
 
   const ownedSlots = () => [...runners].filter(([, r]) => !r.fenced && r.nslots === nslots).map(([s]) => s).sort((a, b) => a - b);
@@ -465,7 +511,8 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     ownedSlots,
     stats: () => ({ ...counters, errors, lastError, ownedSlots: ownedSlots() }),
     async stop(so: StopOptions = {}) {
-      if (so.graceful === false) return kill();
+      // After a kill, finish() may wait for an abandoned handler forever.
+      if (so.graceful === false || killCtl.signal.aborted) return kill();
       fetchCtl.abort();
       for (const r of runners.values()) r.wake();
       stopped ??= finish();

@@ -145,6 +145,8 @@ export class SlotRunner {
   private heldEvents = 0;
   private heldChanged = new Wake();
   private pendingAck: q.Delivery | null = null;
+  /** Every lane whose handlers may still run, held or not. */
+  private readonly lanes = new Set<Lane>();
   /** Local time until which the lease is known to be held. */
   private leaseUntil: number;
   private renewing = false;
@@ -158,11 +160,26 @@ export class SlotRunner {
    * prev is the previous runner of the slot in this process, fenced but
    * perhaps still waiting for a handler that ignores its signal: this one
    * receives nothing before it is gone, so that a key's next event never
-   * starts while its previous handler still runs (G2).
+   * starts while its previous handler still runs (G2). done resolves only
+   * once every handler of the runner has returned, also after a fence or a
+   * kill that left run() early.
    */
   constructor(private readonly env: SlotEnv, readonly slot: number, readonly nslots: number, private lease: q.Lease, claimedAt: number, prev?: Promise<void>) {
     this.leaseUntil = claimedAt + env.leaseTtlMs;
-    this.done = (prev ?? Promise.resolve()).then(() => this.run()).catch((err) => env.onError(err));
+    this.done = (prev ?? Promise.resolve())
+      .then(() => this.run())
+      .catch((err) => env.onError(err))
+      .then(() => this.lanesDone());
+  }
+
+  /** Resolves once no lane of this runner runs a handler or may start one. */
+  private async lanesDone(): Promise<void> {
+    while (this.lanes.size > 0) await Promise.allSettled([...this.lanes].map((l) => l.done));
+  }
+
+  /** The ids of the events whose handler runs now. */
+  running(): string[] {
+    return [...this.lanes].flatMap((l) => (l.runningId === null ? [] : [l.runningId]));
   }
 
   /** The signal handlers of this slot see. */
@@ -401,6 +418,10 @@ export class SlotRunner {
       else byKey.set(m.key, [m]);
     }
     const lanes = [...byKey].map(([key, events]) => new Lane(key, events, (lane) => this.runLane(lane, pause)));
+    for (const l of lanes) {
+      this.lanes.add(l);
+      void l.done.finally(() => this.lanes.delete(l)).catch(() => {});
+    }
     const toHold = await this.waitLanes(lanes);
     if (this.ctl.signal.aborted) return;
     const failures = lanes.flatMap((l) => l.failures);
