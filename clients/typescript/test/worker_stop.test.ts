@@ -10,7 +10,8 @@ import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { HandlersStillRunningError, work, WorkerKilledError, type Message, type SlotChange, type WorkOptions } from "../src/index.js";
+import pg from "pg";
+import { HandlersStillRunningError, work, workTx, WorkerKilledError, type Message, type SlotChange, type WorkOptions } from "../src/index.js";
 import { waitFor } from "./harness.js";
 import { gate, sendKeyed, setup } from "./worker_helpers.js";
 
@@ -213,4 +214,71 @@ test("kill() gives up on a handler that ignores its signal before its key was he
     never.open();
   }
   await waitFor("the abandoned handler to return", () => w1.stats().running === 0);
+});
+
+test("workTx: a hard stop gives up on a handler that holds its transaction: its connection is destroyed, its writes roll back, pool.end() returns", async (t) => {
+  const db = await setup(t, "stucktx");
+  await db.pool.query("create table stuck_effects (id text primary key)");
+  // The worker's own pool, for the test to end.
+  const txPool = new pg.Pool({ connectionString: db.url, max: 4 });
+  txPool.on("error", () => {});
+  const started = gate();
+  const never = gate(); // opened only at the end
+  const errors: unknown[] = [];
+  let late: unknown = "the handler never returned";
+  const returned = gate();
+  const w1 = db.track(await workTx(txPool, { ...fast, queue: "stucktx", consumer: "c", slots: 1, leaseTtlMs: 1500, onError: (e) => errors.push(e) }, async (m, tx) => {
+    await tx.query("insert into stuck_effects values ($1)", [m.id]);
+    started.open();
+    await never.wait;
+    try {
+      await tx.query("insert into stuck_effects values ($1)", [m.id + "-late"]);
+      late = null;
+    } catch (err) {
+      late = err;
+    } finally {
+      returned.open();
+    }
+  }));
+  try {
+    const [e0] = await sendKeyed(db.pool, "stucktx", ["k"], 1);
+    await started.wait;
+    const t0 = performance.now();
+    assert.ok(await within(w1.stop({ timeoutMs: 200 }), 5000), "stop() resolves within 5 s while the handler ignores its signal");
+    const elapsed = performance.now() - t0;
+    assert.ok(elapsed < 3000, `stop() took ${elapsed} ms`);
+    const gaveUp = errors.filter((e) => e instanceof HandlersStillRunningError);
+    assert.equal(gaveUp.length, 1, `onError saw ${errors.map(String).join("; ")}`);
+    assert.deepEqual(gaveUp[0]!.running, [{ slot: 0, eventId: e0 }]);
+    // The handler's connection is gone, not checked out: the pool ends.
+    assert.ok(await within(txPool.end(), 5000), "the worker's pool ends within 5 s");
+    // Its transaction rolled back: the same key inserts (it would wait on
+    // the uncommitted row's lock, up to the lock timeout, if it were open).
+    const c = await db.pool.connect();
+    try {
+      await c.query("begin");
+      await c.query("set local lock_timeout = '5s'");
+      await c.query("insert into stuck_effects values ($1)", [e0]);
+      await c.query("rollback");
+    } finally {
+      c.release();
+    }
+    // Nothing was completed or acknowledged: the next owner handles the
+    // event again and commits its effect.
+    const got = gate();
+    db.track(await workTx(db.pool, { ...fast, queue: "stucktx", consumer: "c", slots: 1, leaseTtlMs: 1500 }, async (m, tx) => {
+      await tx.query("insert into stuck_effects values ($1)", [m.id]);
+      got.open();
+    }));
+    await got.wait;
+    await waitFor("the redelivered event's effect to commit", async () => (await db.pool.query("select 1 from stuck_effects where id = $1", [e0])).rowCount === 1);
+  } finally {
+    never.open();
+  }
+  await returned.wait;
+  assert.ok(late instanceof Error, "the abandoned handler's statement after the give-up failed");
+  await waitFor("the abandoned handler to return", () => w1.stats().running === 0);
+  const { rows } = await db.pool.query("select id from stuck_effects order by id");
+  assert.equal(rows.length, 1, `effects: ${JSON.stringify(rows)}`);
+  assert.equal(w1.stats().handled, 0, "the abandoned event does not count as handled");
 });

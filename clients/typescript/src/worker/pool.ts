@@ -182,7 +182,9 @@ export interface Worker {
    * onError (a rejection would be unhandled in the usual
    * `process.on("SIGTERM", () => void worker.stop(...))`, and the process
    * should go on shutting down). An abandoned handler's key gets no next
-   * event from this worker, which fetches nothing more. It never rejects.
+   * event from this worker, which fetches nothing more; under workTx its
+   * connection is destroyed, so its transaction rolls back and it does not
+   * hold pool.end(). It never rejects.
    */
   kill(): Promise<void>;
 }
@@ -291,6 +293,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
 
   const fetchCtl = new AbortController();
   const killCtl = new AbortController();
+  const abandonCtl = new AbortController();
   const runners = new Map<number, SlotRunner>();
   const holdoff = new Map<number, number>();
   let prevFree = new Set<number>();
@@ -314,6 +317,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     sem: new Semaphore(positive("concurrency", opts.concurrency, CONCURRENCY_DEFAULT)),
     fetch: fetchCtl.signal,
     kill: killCtl.signal,
+    abandoned: abandonCtl.signal,
     policy: () => policy,
     setPolicy: (p) => {
       policy = p;
@@ -487,8 +491,8 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
    * aborted signal must not hold a shutdown forever. What still runs then
    * is abandoned: its runner fetches, acknowledges and releases nothing
    * more (its signal is aborted and the pool stopped claiming, so no
-   * handler starts in this process after it), and finish() goes on in the
-   * background until it returns.
+   * handler starts in this process after it), workTx destroys its
+   * connection, and finish() goes on in the background until it returns.
    */
   async function giveUpLate(finishing: Promise<void>): Promise<void> {
     let t: NodeJS.Timeout | undefined;
@@ -498,6 +502,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     if (!gaveUp) return;
     const running = [...runners.values()].flatMap((r) => r.running().map((eventId) => ({ slot: r.slot, eventId })));
     const err = new HandlersStillRunningError(running, ABANDON_WAIT_MS);
+    abandonCtl.abort(err);
     onError(err);
     // What finish() would do last; it may still be waiting for the
     // coordinator or a runner, and then does it again (both are idempotent).

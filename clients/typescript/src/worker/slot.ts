@@ -56,6 +56,17 @@ export interface HandlerContext {
   completeIn(conn: Executor): Promise<void>;
 }
 
+/**
+ * The key under which the context of a handler call carries the pool's
+ * give-up signal: aborted when a hard stop stopped waiting for the handlers
+ * still running (ABANDON_WAIT_MS after aborting them). Not part of the
+ * package's API: workTx destroys the connection of a call it abandons.
+ */
+export const abandonedSignal: unique symbol = Symbol("pgque.abandoned");
+
+/** A HandlerContext as the runner passes it, with the give-up signal. */
+export type RunnerContext = HandlerContext & { readonly [abandonedSignal]?: AbortSignal };
+
 export type Handler<P = unknown> = (msg: Message<P>, ctx: HandlerContext) => unknown | Promise<unknown>;
 
 /** How one handler call ended, as the onHandled hook sees it. */
@@ -98,6 +109,8 @@ export interface SlotEnv {
   fetch: AbortSignal;
   /** Aborted by kill(): abandon everything. */
   kill: AbortSignal;
+  /** Aborted when kill() gave up waiting for the handlers still running. */
+  abandoned: AbortSignal;
   policy: () => string;
   setPolicy: (p: string) => void;
   onError: (err: unknown) => void;
@@ -578,7 +591,8 @@ export class SlotRunner {
       const token = this.lease.token;
       const completeIn = (conn: Executor) =>
         q.completeInTx(conn, env.queue, env.consumer, this.slot, this.nslots, env.worker, token, m.epoch, m.batchId, m.id);
-      await env.handler(m, { signal, completeIn });
+      const ctx: RunnerContext = { signal, completeIn, [abandonedSignal]: env.abandoned };
+      await env.handler(m, ctx);
       out = { ok: true };
     } catch (err) {
       // A throw of undefined or null fails the event too: onHandled's

@@ -14,7 +14,7 @@ import { checkout, type ConnectionSource, type PooledConnection } from "../execu
 import { sqlstateOf } from "../errors.js";
 import type { Message } from "./message.js";
 import { work, type WorkOptions, type Worker } from "./pool.js";
-import type { HandlerContext } from "./slot.js";
+import { abandonedSignal, type HandlerContext, type RunnerContext } from "./slot.js";
 
 /**
  * A transactional handler: tx is a connection inside an open transaction
@@ -56,13 +56,33 @@ function checkOpen(tx: PooledConnection): void {
  */
 export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, handler: TxHandler<P>): Promise<Worker> {
   return work<P>(db, opts, async (msg: Message<P>, ctx: HandlerContext) => {
+    // A signal of this call's own: a listener on the pool's signal per
+    // handler running would pile up (and warn past ten).
+    const pools = (ctx as RunnerContext)[abandonedSignal];
+    const abandoned = pools && AbortSignal.any([pools]);
     for (let attempt = 1; ; attempt++) {
       const tx = await checkout(db);
       let broken = false;
       let completing = false;
+      // A hard stop that gave up on this handler (it ignores its signal)
+      // destroys the connection rather than leave it checked out: the
+      // server rolls the transaction back, pool.end() does not wait for
+      // it, and the handler's next statement fails. The connection is
+      // then gone: nothing below may complete, commit or release it.
+      let destroyed = false;
+      const destroy = () => {
+        destroyed = true;
+        tx.release(abandoned!.reason as Error);
+      };
+      if (abandoned?.aborted) {
+        tx.release();
+        throw abandoned.reason;
+      }
+      abandoned?.addEventListener("abort", destroy, { once: true });
       try {
         await tx.query("begin");
         await handler(msg, tx, { signal: ctx.signal });
+        if (destroyed) throw abandoned!.reason;
         checkOpen(tx);
         completing = true;
         await ctx.completeIn(tx);
@@ -70,6 +90,7 @@ export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, 
         await tx.query("commit");
         return;
       } catch (err) {
+        if (destroyed) throw abandoned!.reason;
         // A connection whose COMMIT failed is not reused: the outcome of
         // the transaction is unknown to it.
         await tx.query("rollback").catch(() => {
@@ -87,7 +108,8 @@ export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, 
         }
         throw err;
       } finally {
-        tx.release(broken);
+        abandoned?.removeEventListener("abort", destroy);
+        if (!destroyed) tx.release(broken);
       }
     }
   });
