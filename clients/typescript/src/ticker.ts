@@ -13,17 +13,21 @@
 // next lease check.
 //
 // Every call is its own short statement on the pool, so the ticker works
-// through a transaction-mode pooler too (without the resign wake-up, which
-// needs LISTEN; the lease is then sought every quarter of its TTL).
+// through a transaction-mode pooler too (with listen: false: the resign
+// wake-up needs LISTEN, and the lease is then sought every quarter of its
+// TTL). The LISTEN connection is its own, as the worker pool's is, never
+// one of the pool's: held for the ticker's life, it would leave a pool of
+// max 1 with nothing to tick with, and a small one a connection short.
 //
 // The functions it calls are pgque_admin's: start() checks the role's
 // rights first and fails at once, naming each function it may not run,
 // rather than warning for ever.
 
-import { isPool, type Executor, type PooledConnection } from "./executor.js";
+import type { Executor } from "./executor.js";
 import { PgqueError, mapError } from "./errors.js";
 import { checkSchema } from "./migrate.js";
 import { WORKER_ID_MAX_BYTES, defaultWorkerId } from "./workerid.js";
+import { Listener, listenFrom, type ListenConnect } from "./worker/listener.js";
 
 export const TICK_INTERVAL_MS_DEFAULT = 10;
 export const RETRY_INTERVAL_MS_DEFAULT = 1_000;
@@ -62,6 +66,14 @@ export interface TickerOptions {
   onError?: (err: unknown) => void;
   /** Called when this ticker gains or loses the lease. */
   onLeaderChange?: (leader: boolean) => void;
+  /**
+   * Opens the connection that LISTENs for a leader's resignation, so that
+   * a standing ticker takes over at once. Default: a pg.Client of its own
+   * with the pool's options when exec is a pg.Pool (not one of the pool's
+   * connections); `false`: none (behind a transaction pooler, where LISTEN
+   * does not work), and the lease is sought every quarter of its TTL.
+   */
+  listen?: ListenConnect | false;
 }
 
 /** Counters for tests and status pages. */
@@ -90,7 +102,8 @@ export class Ticker {
   private stopping = false;
   private loop?: Promise<void>;
   private wake?: () => void;
-  private listener?: PooledConnection;
+  private readonly listenConnect: ListenConnect | null;
+  private listener?: Listener;
   // When each duty is due next, and the local, conservative end of the lease.
   private nextLead = 0;
   private nextRetry = 0;
@@ -105,6 +118,7 @@ export class Ticker {
     this.maintIntervalMs = opts.maintIntervalMs ?? MAINT_INTERVAL_MS_DEFAULT;
     this.onError = opts.onError ?? ((err) => console.warn("pgque: ticker:", err instanceof Error ? err.message : err));
     this.onLeaderChange = opts.onLeaderChange ?? (() => {});
+    this.listenConnect = opts.listen === false ? null : opts.listen ?? listenFrom(exec);
     const id = Buffer.byteLength(this.workerId);
     if (id === 0 || id > WORKER_ID_MAX_BYTES) {
       throw new PgqueError(`pgque: ticker workerId must be 1 to ${WORKER_ID_MAX_BYTES} bytes, got ${id}`, "invalid_argument");
@@ -174,7 +188,8 @@ export class Ticker {
       }
     } finally {
       await this.resign();
-      this.unlisten();
+      await this.listener?.close();
+      this.listener = undefined;
     }
   }
 
@@ -248,46 +263,22 @@ export class Ticker {
   }
 
   /**
-   * LISTENs for resignations on one connection of the pool, when exec is a
-   * pool. Without it (a single connection, a broken listener) the lease is
-   * still sought every quarter TTL.
+   * LISTENs for resignations on a connection of its own (listen), which
+   * reconnects when it breaks. Without one (a single connection given, or
+   * listen: false) the lease is still sought every quarter TTL.
    */
   private async listen(): Promise<void> {
-    if (!isPool(this.exec)) return;
-    let conn: PooledConnection;
-    try {
-      conn = await this.exec.connect();
-      await conn.query(`listen ${RESIGN_CHANNEL}`);
-    } catch (err) {
-      this.onError(mapError("listening for ticker resignations", err));
-      return;
-    }
-    const c = conn as PooledConnection & {
-      on(ev: "notification", fn: (n: { channel: string }) => void): void;
-      on(ev: "error", fn: (err: Error) => void): void;
-    };
-    c.on("notification", (n) => {
-      if (n.channel !== RESIGN_CHANNEL || this.leader) return;
+    if (this.listenConnect === null) return;
+    const l = new Listener(this.listenConnect, (err) => this.onError(mapError("listening for ticker resignations", err)), [RESIGN_CHANNEL]);
+    // Also called with "" after a reconnect: a resignation may have been
+    // missed meanwhile, and seeking the lease once more costs one call.
+    l.onPrefix(RESIGN_CHANNEL, "", () => {
+      if (this.leader) return;
       this.nextLead = 0;
       this.wake?.();
     });
-    c.on("error", (err) => {
-      // The connection broke: polling goes on; drop the listener.
-      this.onError(mapError("listening for ticker resignations", err));
-      if (this.listener === conn) {
-        this.listener = undefined;
-        conn.release(err);
-      }
-    });
-    this.listener = conn;
-  }
-
-  private unlisten(): void {
-    const conn = this.listener;
-    this.listener = undefined;
-    // Destroyed rather than returned: a connection still LISTENing must
-    // not serve other queries of the pool.
-    conn?.release(true);
+    this.listener = l;
+    await l.ready;
   }
 }
 

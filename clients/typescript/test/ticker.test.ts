@@ -57,6 +57,56 @@ test("two tickers elect one leader; stopping it hands over at once, and ticks re
   assert.deepEqual(errors, []);
 });
 
+test("a ticker on a pool of one connection ticks, and listens on a connection of its own", async () => {
+  // The resignation LISTEN once held one of the pool's connections for the
+  // ticker's life: with max 1 the ticker itself then waited for ever for a
+  // connection, and every other query of the pool with it.
+  const pool = new pg.Pool({ connectionString: db.url, max: 1 });
+  pool.on("error", () => {});
+  const errors: unknown[] = [];
+  const lead = newTicker(pool, "ts-one", errors);
+  const standby = newTicker(pool, "ts-standby", errors);
+  try {
+    await lead.start();
+    await waitFor("the ticker on a 1-connection pool to tick", () => lead.stats.ticks >= 3, 5_000);
+    const { rows } = await pool.query("select 1 as one");
+    assert.equal(rows[0].one, 1, "the pool still serves other queries");
+    await standby.start();
+    const checks = standby.stats.leadChecks;
+    await waitFor("the standby ticker to ask for the lease", () => standby.stats.leadChecks > checks, 5_000);
+    // The standby asks again only every quarter TTL (2.5 s): a handover
+    // within 2 s is its own LISTEN connection hearing the resignation.
+    const t0 = Date.now();
+    await lead.stop();
+    await waitFor("the standby to take over", () => standby.isLeader(), 2_000);
+    assert.ok(Date.now() - t0 < 2_000);
+    assert.ok(pool.totalCount <= 1);
+  } finally {
+    await lead.stop();
+    await standby.stop();
+    await pool.end();
+  }
+  assert.deepEqual(errors, []);
+});
+
+test("a ticker with listen: false opens no LISTEN connection and still leads", async () => {
+  const errors: unknown[] = [];
+  const t = new Ticker(db.pool, { workerId: "ts-nolisten", onError: (err) => errors.push(err), listen: false, leaseTtlMs: 1_000 });
+  const listening = async () => {
+    const { rows } = await db.pool.query(
+      "select count(*)::int as n from pg_stat_activity where datname = current_database() and query ilike 'listen pgque_ticker%'");
+    return rows[0].n as number;
+  };
+  try {
+    await t.start();
+    await waitFor("the ticker to lead", () => t.isLeader(), 5_000);
+    assert.equal(await listening(), 0);
+  } finally {
+    await t.stop();
+  }
+  assert.deepEqual(errors, []);
+});
+
 test("a ticker defers to a lease held through the Go ticker's SQL", async () => {
   const errors: unknown[] = [];
   // The Go ticker (internal/tickerd) leads with exactly this call.

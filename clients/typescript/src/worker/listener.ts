@@ -12,6 +12,7 @@
 
 import { createHash } from "node:crypto";
 import pg from "pg";
+import { isPool, type Executor } from "../executor.js";
 
 export const tickChannel = "pgque";
 export const slotsChannel = "pgque_slots";
@@ -29,6 +30,26 @@ export function hintTag(queue: string, consumer: string): string {
 
 /** Opens the dedicated LISTEN connection (not from the pool: it is held). */
 export type ListenConnect = () => Promise<pg.Client>;
+
+/**
+ * The LISTEN connection of a pg.Pool: a client of the pool's own Client
+ * class with the pool's options. The pool is recognised by its shape, as
+ * isPool does, not by instanceof: an application's pg is often another copy
+ * of the module than this package's (a file: or linked install, or a pg
+ * version npm does not dedupe), and an instanceof test would then turn
+ * every wake-up off in silence, leaving each slot to its poll.
+ */
+export function listenFrom(db: Executor): ListenConnect | null {
+  const p = db as { options?: pg.ClientConfig; Client?: typeof pg.Client };
+  const opts = p.options;
+  if (!isPool(db) || !opts || typeof opts !== "object") return null;
+  const Client = typeof p.Client === "function" ? p.Client : pg.Client;
+  return async () => {
+    const c = new Client(opts);
+    await c.connect();
+    return c;
+  };
+}
 
 /** A subscription: fn gets the payload ("" after a reconnect). */
 type Sub = { channel: string; match: (payload: string) => boolean; fn: (payload: string) => void };
@@ -79,7 +100,11 @@ export class Listener {
   /** Resolves once the first connection is up or failed. */
   readonly ready: Promise<void>;
 
-  constructor(private readonly connect: ListenConnect, private readonly onError: (err: unknown) => void) {
+  constructor(
+    private readonly connect: ListenConnect,
+    private readonly onError: (err: unknown) => void,
+    private readonly channels: readonly string[],
+  ) {
     this.ready = this.open();
   }
 
@@ -110,9 +135,7 @@ export class Listener {
       });
       c.on("error", (err) => this.broken(c!, err));
       c.on("end", () => this.broken(c!, new Error("LISTEN connection ended")));
-      await c.query(`listen ${tickChannel}`);
-      await c.query(`listen ${slotsChannel}`);
-      await c.query(`listen ${presenceChannel}`);
+      for (const ch of this.channels) await c.query(`listen ${ch}`);
       if (this.closed) {
         await c.end().catch(() => {});
         return;

@@ -29,11 +29,10 @@
 // of two N at once. The server stays the authority: a runner with a stale
 // N can neither receive nor acknowledge.
 
-import pg from "pg";
-import { checkout, isPool, type ConnectionSource } from "../executor.js";
+import { checkout, type ConnectionSource } from "../executor.js";
 import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { makePlan } from "./fairshare.js";
-import { hintTag, Listener, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
+import { hintTag, Listener, listenFrom, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
 import { HandlersStillRunningError, WorkerKilledError } from "./outcome.js";
 import { defaultRetryDelay, SlotRunner, type HandleCounters, type HandleResult, type Handler, type SlotEnv } from "./slot.js";
 import type { Message } from "./message.js";
@@ -61,7 +60,11 @@ export interface WorkOptions<P = unknown> {
    * one, another one than persisted fails with kind policy_mismatch.
    */
   failurePolicy?: FailurePolicy;
-  /** Handlers running at once over all slots of this worker. Default 256, as the Go pool's MaxWorkers. */
+  /**
+   * Handlers running at once over all slots of this worker. Default 256, as
+   * the Go pool's MaxWorkers; under workTx on a pg.Pool, the pool's max
+   * less 2 (each handler holds a connection).
+   */
   concurrency?: number;
   /** Aborts a handler's signal after this long and fails the event (0: none). Default 0. */
   handlerTimeoutMs?: number;
@@ -203,26 +206,6 @@ export const CONCURRENCY_DEFAULT = 256;
  */
 export const ABANDON_WAIT_MS = 1000;
 
-/**
- * The LISTEN connection of a pg.Pool: a client of the pool's own Client
- * class with the pool's options. The pool is recognised by its shape, as
- * isPool does, not by instanceof: an application's pg is often another copy
- * of the module than this package's (a file: or linked install, or a pg
- * version npm does not dedupe), and an instanceof test would then turn
- * every wake-up off in silence, leaving each slot to its poll.
- */
-function listenFrom(db: ConnectionSource): ListenConnect | null {
-  const p = db as { options?: pg.ClientConfig; Client?: typeof pg.Client };
-  const opts = p.options;
-  if (!isPool(db) || !opts || typeof opts !== "object") return null;
-  const Client = typeof p.Client === "function" ? p.Client : pg.Client;
-  return async () => {
-    const c = new Client(opts);
-    await c.connect();
-    return c;
-  };
-}
-
 function positive(name: string, v: number | undefined, def: number, min = 1): number {
   if (v === undefined) return def;
   if (!Number.isFinite(v) || v < min) throw new PgqueError(`work: ${name} must be a number of at least ${min}, not ${v}`, "invalid_argument");
@@ -360,7 +343,9 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
   }
 
   const listenConnect = opts.listen === false ? null : opts.listen ?? listenFrom(db);
-  const listener = listenConnect ? new Listener(listenConnect, (err) => onError(mapError("listening for wake-ups", err))) : null;
+  const listener = listenConnect
+    ? new Listener(listenConnect, (err) => onError(mapError("listening for wake-ups", err)), [tickChannel, slotsChannel, presenceChannel])
+    : null;
   const hint = hintTag(opts.queue, opts.consumer);
   let lastHint = 0;
   // A tick's touched set wakes only the slots it names. Once the server
