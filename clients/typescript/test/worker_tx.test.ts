@@ -6,7 +6,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { PooledConnection } from "../src/executor.js";
-import { work, workTx, type Message, type WorkOptions } from "../src/index.js";
+import pg from "pg";
+import { send, work, workTx, type Message, type WorkOptions } from "../src/index.js";
 import { gate, sendKeyed, setup } from "./worker_helpers.js";
 import { waitFor } from "./harness.js";
 
@@ -120,6 +121,68 @@ test("workTx: a failed attempt's writes roll back with it, and the retry applies
   await waitFor("the event's effect", async () => (await effects(db.pool)).get(id!) === 1);
   assert.equal(attempts, 2);
   assert.deepEqual([...(await effects(db.pool))], [[id, 1]]);
+});
+
+// Each running workTx handler holds a connection; with more handlers than
+// connections, the pool's first-come queue made the worker's own calls
+// (lease renewals among them) and the application's sends wait behind
+// every handler queued before them. By default a transactional worker now
+// runs at most max - 2 handlers, so the pool always has connections left.
+test("workTx on a small pool leaves two connections free: sends and the worker's calls go on while handlers block", async (t) => {
+  const db = await setup(t, "txp");
+  await db.pool.query("create table effect (ev bigint not null)");
+  const small = new pg.Pool({ connectionString: db.url, max: 4 });
+  small.on("error", () => {});
+  t.after(() => small.end());
+  const release = gate();
+  let running = 0;
+  let most = 0;
+  const w = db.track(await workTx(small, { ...fast, queue: "txp", consumer: "c", slots: 4 }, async (m, c) => {
+    most = Math.max(most, ++running);
+    try {
+      await release.wait;
+      await insertEffect(c, m);
+    } finally {
+      running--;
+    }
+  }));
+  const ids = await sendKeyed(db.pool, "txp", ["a", "b", "c", "d", "e", "f", "g", "h"], 2);
+  await waitFor("two handlers to hold their connections", () => running === 2);
+  // With every connection held by a handler this send would wait for the
+  // gate, which opens only after it.
+  const sent = send(small, "txp", { payload: { late: true }, partitionKey: "z" });
+  const inTime = await Promise.race([sent.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 5_000).unref())]);
+  assert.equal(inTime, true, "a send on the worker's pool went through while its handlers were blocked");
+  assert.equal(w.stats().running, 2);
+  release.open();
+  await waitFor("every effect", async () => (await effects(db.pool)).size === ids.length + 1);
+  assert.equal(most, 2, "at most max - 2 handlers ran at once");
+});
+
+// The wait for a connection takes no signal: a handler whose connection
+// came only after a kill (from a handler the kill ended) must not start,
+// nor commit, then.
+test("workTx: a handler whose connection comes after the worker was killed does not run", async (t) => {
+  const db = await setup(t, "txk");
+  const small = new pg.Pool({ connectionString: db.url, max: 2 });
+  small.on("error", () => {});
+  t.after(() => small.end());
+  let calls = 0;
+  const w = db.track(await workTx(small, { ...fast, queue: "txk", consumer: "c", slots: 1, concurrency: 4 }, async (_m, _tx, { signal }) => {
+    calls++;
+    // Honours its signal: the kill ends it at once, and its connection goes
+    // to a handler still waiting for one.
+    await new Promise<void>((resolve) => {
+      if (signal.aborted) resolve();
+      signal.addEventListener("abort", () => resolve(), { once: true });
+    });
+    throw signal.reason;
+  }));
+  await sendKeyed(db.pool, "txk", ["a", "b", "c", "d"], 1);
+  await waitFor("two handlers running and two waiting for a connection", () => calls === 2 && small.waitingCount >= 2);
+  await w.kill();
+  await waitFor("the waiting checkouts to be served", () => small.waitingCount === 0 && small.idleCount === small.totalCount);
+  assert.equal(calls, 2, "no handler started after the kill");
 });
 
 // pg's pool stops listening for a connection's errors while it is checked

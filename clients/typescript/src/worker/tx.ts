@@ -10,7 +10,7 @@
 // transaction rolls back, and the event counts as handled. A failed attempt
 // rolls back with its writes, then retries or dead-letters as usual.
 
-import { checkout, type ConnectionSource, type PooledConnection } from "../executor.js";
+import { checkout, isPool, type ConnectionSource, type PooledConnection } from "../executor.js";
 import { sqlstateOf } from "../errors.js";
 import type { Message } from "./message.js";
 import { work, type WorkOptions, type Worker } from "./pool.js";
@@ -48,20 +48,50 @@ function checkOpen(tx: PooledConnection): void {
   }
 }
 
+/** Connections of a pg.Pool a transactional worker leaves to everything but its handlers. */
+export const TX_SPARE_CONNECTIONS = 2;
+
+/**
+ * The handlers a transactional worker runs at once when its options do not
+ * say: its pg.Pool's max less TX_SPARE_CONNECTIONS, at least 1. Each
+ * running handler holds a connection for its whole transaction, and the
+ * pool queues every checkout first come, first served: with more handlers
+ * than connections, the worker's lease renewals, receives and
+ * acknowledgements, and the application's sends on the same pool, waited
+ * behind every handler queued before them — long enough for slots to be
+ * fenced (their leases ran out) and for sends to take tens of seconds. A
+ * pool that does not tell its max gets work()'s default.
+ */
+function txConcurrency(db: ConnectionSource): number | undefined {
+  const max = (db as { options?: { max?: unknown } }).options?.max;
+  if (!isPool(db) || typeof max !== "number" || !Number.isFinite(max)) return undefined;
+  return Math.max(1, Math.floor(max) - TX_SPARE_CONNECTIONS);
+}
+
 /**
  * work() with a transactional handler: for each event the worker checks a
  * connection out of db, begins a transaction, runs handler on it, completes
  * the event in it (complete_partitioned_in_tx) and commits. db must be a
- * pool on the database pgque is installed in.
+ * pool on the database pgque is installed in. Unless opts.concurrency says
+ * otherwise, at most the pool's max less TX_SPARE_CONNECTIONS handlers run
+ * at once (txConcurrency).
  */
 export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, handler: TxHandler<P>): Promise<Worker> {
-  return work<P>(db, opts, async (msg: Message<P>, ctx: HandlerContext) => {
+  const concurrency = opts.concurrency ?? txConcurrency(db);
+  return work<P>(db, { ...opts, concurrency }, async (msg: Message<P>, ctx: HandlerContext) => {
     // A signal of this call's own: a listener on the pool's signal per
     // handler running would pile up (and warn past ten).
     const pools = (ctx as RunnerContext)[abandonedSignal];
     const abandoned = pools && AbortSignal.any([pools]);
     for (let attempt = 1; ; attempt++) {
       const tx = await checkout(db);
+      // The wait for a connection takes no signal: a stop, a lost lease or
+      // the timeout may have come meanwhile, and the handler must not
+      // start (and commit) after it.
+      if (ctx.signal.aborted) {
+        tx.release();
+        throw ctx.signal.reason;
+      }
       let broken = false;
       let completing = false;
       // A hard stop that gave up on this handler (it ignores its signal)
