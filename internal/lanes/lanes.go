@@ -12,15 +12,12 @@
 // partition key: every key gets a goroutine that runs its events one at a
 // time in ev_id order, and the lanes run concurrently, bounded by a
 // per-slot and a per-process semaphore. When all lanes of a chunk are done
-// the chunk is settled as before. When only a few lanes are left, the keys
-// of those that would keep the slot waiting are held on the server (their
-// unfinished events deferred, later ones deferred on receipt) and the chunk
-// is acknowledged without them: a lane whose handler has run for HoldAfter
-// (a slow key) and, once the few have been left for HoldAfter, a lane
-// running a handler with more events of its key behind it (a hot key: many
-// fast events take as long as one slow one). The slot fetches on, and each
-// held lane, once finished, settles its key with one call that releases
-// what arrived for the key meanwhile.
+// the chunk is settled as before. When only a few lanes have been left
+// running for HoldAfter, the keys of those running a handler are held on
+// the server (their unfinished events deferred, later ones deferred on
+// receipt) and the chunk is acknowledged without them: the slot fetches
+// on, and each held lane, once finished, settles its key with one call that
+// releases what arrived for the key meanwhile.
 //
 // The package knows nothing of the database: the consumer runs handlers
 // and settles held keys (Host), and settles each chunk with what Chunk
@@ -55,10 +52,8 @@ const slowMean = 50 * time.Microsecond
 const checkMax = 8 * FanOutAfter
 
 // HoldAfter is how long the last few lanes of a chunk may keep it open
-// before the keys of those busy in a handler are held, and how long one
-// handler may run before its key is held without that grace. Holding costs
-// a few writes per held event; waiting costs the slot that long without
-// fetching.
+// before the keys of those running a handler are held. Holding costs a few
+// writes per held event; waiting costs the slot that long without fetching.
 const HoldAfter = 50 * time.Millisecond
 
 // fewDiv: lanes are "few" when at most 1/fewDiv of the chunk's lanes (at
@@ -319,12 +314,11 @@ wait:
 				timer = time.NewTimer(HoldAfter)
 				timerC = timer.C
 			}
-			// When every lane left would be held now, waiting for the
-			// grace (or the next look) only keeps the slot from fetching:
-			// hold them now.
-			late := now.Sub(fewSince) >= HoldAfter
-			if holdableLanes(c.lanes, now, late) == pending {
-				if holding = markHolds(c.lanes, now, late); len(holding) > 0 {
+			// When every lane left runs a handler that has run for
+			// HoldAfter already, waiting for the grace only keeps the slot
+			// from fetching: hold them now.
+			if slowLanes(c.lanes, now) == pending {
+				if holding = markHolds(c.lanes, now); len(holding) > 0 {
 					break wait
 				}
 			}
@@ -333,13 +327,10 @@ wait:
 		case <-c.doneCh:
 			pending--
 		case now := <-timerC:
-			// The timer fires HoldAfter after the few were left, or later.
-			holding = markHolds(c.lanes, now, true)
+			holding = markHolds(c.lanes, now)
 			if len(holding) > 0 {
 				break wait
 			}
-			// None was in a handler just now (between two events, or
-			// waiting for a place): look again soon.
 			timer.Reset(HoldAfter / 5)
 		}
 	}
@@ -898,14 +889,16 @@ func (s *Slot[M, K]) release() {
 	<-s.sem
 }
 
-// markHolds marks as held, from their running event, the lanes that
-// holdableAt holds at now, and returns them; late tells that the chunk's
-// last few lanes have kept it open for HoldAfter.
-func markHolds[M Event[K], K comparable](lanes []*lane[M, K], now time.Time, late bool) []*lane[M, K] {
+// markHolds marks as held, from their first unfinished event, the lanes
+// whose running handler has run for HoldAfter by now, and returns them. A
+// lane waiting for a place in a semaphore, or for its turn on the CPU
+// between fast handlers, is not a slow key: holding it would only cost
+// writes.
+func markHolds[M Event[K], K comparable](lanes []*lane[M, K], now time.Time) []*lane[M, K] {
 	var out []*lane[M, K]
 	for _, ln := range lanes {
 		ln.mu.Lock()
-		if ln.holdableAt(now, late) {
+		if ln.slowAt(now) {
 			ln.held, ln.heldFrom = true, ln.next
 			out = append(out, ln)
 		}
@@ -925,27 +918,18 @@ func (ln *lane[M, K]) runningFor(now time.Time) time.Duration {
 	return now.Sub(ln.started)
 }
 
-// holdableAt reports whether the lane is to be held at now (ln.mu held):
-// it runs a handler, and that handler has run for HoldAfter (a slow key) or,
-// late (the chunk's last few lanes have kept it open for HoldAfter), more
-// events of its key wait behind it (a hot key, whose fast handlers one
-// after another keep the slot as long as a slow one). A lane running its
-// last event is about to finish; a lane waiting for a place in a
-// semaphore, or for a held lane of its key, is held up by other keys:
-// holding either would only cost writes.
-func (ln *lane[M, K]) holdableAt(now time.Time, late bool) bool {
-	if ln.finished || !ln.running || ln.next >= len(ln.msgs) {
-		return false
-	}
-	return now.Sub(ln.started) >= HoldAfter || (late && ln.next+1 < len(ln.msgs))
+// slowAt reports whether the lane's running handler has run for HoldAfter
+// by now (ln.mu held).
+func (ln *lane[M, K]) slowAt(now time.Time) bool {
+	return !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= HoldAfter
 }
 
-// holdableLanes counts the lanes that markHolds would hold at now.
-func holdableLanes[M Event[K], K comparable](lanes []*lane[M, K], now time.Time, late bool) int {
+// slowLanes counts the lanes that markHolds would hold at now.
+func slowLanes[M Event[K], K comparable](lanes []*lane[M, K], now time.Time) int {
 	n := 0
 	for _, ln := range lanes {
 		ln.mu.Lock()
-		if ln.holdableAt(now, late) {
+		if ln.slowAt(now) {
 			n++
 		}
 		ln.mu.Unlock()

@@ -37,8 +37,7 @@ func idsOf(evs []*event) []int {
 
 // host is a Host that records what ran and checks, as it runs, that no two
 // handlers of one key overlap (one in flight per key). Events in gate wait
-// for their channel before they return, the other events of a key in delay
-// for that long; events in fail fail.
+// for their channel before they return; events in fail fail.
 type host struct {
 	mu       sync.Mutex
 	ran      []int
@@ -46,7 +45,6 @@ type host struct {
 	inFlight map[string]int
 	overlap  []string
 	gate     map[int]<-chan struct{}
-	delay    map[string]time.Duration
 	fail     map[int]bool
 	settled  []Held[*event, string]
 	settle   chan struct{} // receives one value per SettleHeld
@@ -55,7 +53,7 @@ type host struct {
 
 func newHost() *host {
 	return &host{started: map[int]chan struct{}{}, inFlight: map[string]int{}, gate: map[int]<-chan struct{}{},
-		delay: map[string]time.Duration{}, fail: map[int]bool{}, settle: make(chan struct{}, 16)}
+		fail: map[int]bool{}, settle: make(chan struct{}, 16)}
 }
 
 // startedC returns a channel closed when event id's handler starts.
@@ -81,17 +79,11 @@ func (h *host) Run(ctx context.Context, e *event) error {
 		h.started[e.id] = c
 	}
 	close(c)
-	g, d := h.gate[e.id], h.delay[e.key]
+	g := h.gate[e.id]
 	h.mu.Unlock()
-	switch {
-	case g != nil:
+	if g != nil {
 		select {
 		case <-g:
-		case <-ctx.Done():
-		}
-	case d > 0:
-		select {
-		case <-time.After(d):
 		case <-ctx.Done():
 		}
 	}
@@ -456,104 +448,6 @@ func TestHolds(t *testing.T) {
 				if slices.Contains(h.handled(), 4) {
 					t.Error("the abandoned lane went on after its context ended")
 				}
-			}
-		})
-	}
-}
-
-// A hot key, many fast events in one chunk, keeps the slot waiting as long
-// as a slow key: once it is the last lane left for HoldAfter it is held
-// from its running event, and the chunk settles long before the key's last
-// event ran. The held lane handles the rest of the key's events, in order
-// and each once, and settles them itself.
-func TestHoldsHotKey(t *testing.T) {
-	t.Parallel()
-	h := newHost()
-	keys := []string{"h", "a", "h", "b", "h", "c", "h", "d"}
-	for len(keys) < 44 {
-		keys = append(keys, "h")
-	}
-	evs := chunkOf(0, keys...)
-	var hot []int
-	for _, e := range evs {
-		if e.key == "h" {
-			hot = append(hot, e.id)
-		}
-	}
-	last := hot[len(hot)-1]
-	// 10 ms a handler: the hot lane takes 400 ms, none of its handlers
-	// HoldAfter. Its last event waits for the test, so that the lane cannot
-	// finish before the chunk settles.
-	h.delay["h"] = 10 * time.Millisecond
-	release := make(chan struct{})
-	h.gate[last] = release
-	s := newTestSlot(h)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c := s.Run(ctx, evs, false)
-	holds := c.Holds()
-	if len(holds) != 1 || holds[0].Key != "h" {
-		t.Fatalf("holds %+v, want key h", holds)
-	}
-	head := holds[0].Head.id
-	if head == last {
-		t.Fatalf("the hot key was held only at its last event: the chunk waited for its %d fast handlers", len(hot)-1)
-	}
-	if fs := c.Failures(); len(fs) != 0 {
-		t.Fatalf("chunk failures %+v, want none", fs)
-	}
-	c.Detach()
-	close(release)
-	recv(t, h.settle, "the hot key's settlement")
-	s.Wait()
-	h.checkOrder(t, evs)
-	var ran []int
-	for _, id := range h.handled() {
-		if evs[id-1].key == "h" {
-			ran = append(ran, id)
-		}
-	}
-	if !slices.Equal(ran, hot) {
-		t.Errorf("hot key handled %v, want %v", ran, hot)
-	}
-	held := h.settled[0]
-	if want := hot[slices.Index(hot, head):]; held.Key != "h" || !slices.Equal(idsOf(held.Handled), want) {
-		t.Errorf("settled %v of key %q, want %v of h", idsOf(held.Handled), held.Key, want)
-	}
-}
-
-// A lane is held when its running handler has run for HoldAfter, or, late
-// (the chunk's last few lanes have kept it open for HoldAfter), when it runs
-// a handler with more of its key's events behind it; not between two
-// handlers, nor while it runs its last event briefly.
-func TestHoldableAt(t *testing.T) {
-	t.Parallel()
-	now := time.Now()
-	for _, tc := range []struct {
-		name     string
-		events   int
-		next     int
-		running  bool
-		finished bool
-		ran      time.Duration
-		late     bool
-		want     bool
-	}{
-		{name: "slow handler", events: 1, running: true, ran: HoldAfter, want: true},
-		{name: "fast handler with a backlog, in the grace", events: 3, running: true, ran: time.Millisecond},
-		{name: "fast handler with a backlog, late", events: 3, next: 1, running: true, ran: time.Millisecond, late: true, want: true},
-		{name: "fast last handler, late", events: 3, next: 2, running: true, ran: time.Millisecond, late: true},
-		{name: "slow last handler", events: 3, next: 2, running: true, ran: HoldAfter, want: true},
-		{name: "between two handlers, late", events: 3, next: 1, ran: HoldAfter, late: true},
-		{name: "finished", events: 3, next: 3, finished: true, late: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			ln := newLane[*event]("k")
-			ln.msgs, ln.results = chunkOf(0, slices.Repeat([]string{"k"}, tc.events)...), make([]error, tc.events)
-			ln.next, ln.running, ln.finished, ln.started = tc.next, tc.running, tc.finished, now.Add(-tc.ran)
-			if got := ln.holdableAt(now, tc.late); got != tc.want {
-				t.Errorf("holdable %v, want %v", got, tc.want)
 			}
 		})
 	}

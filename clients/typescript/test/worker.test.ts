@@ -123,50 +123,6 @@ test("a slow key does not stall the other keys of its slot", async (t) => {
   assert.deepEqual(rows, [{ n: 0 }]);
 });
 
-test("a hot key, many fast events, does not stall the other keys of its slot", async (t) => {
-  const db = await setup(t, "hot");
-  const rec = new Recorder();
-  const later = ["x", "y", "z"];
-  const laterDone = gate();
-  const hotStarted = gate();
-  const hotDone = gate();
-  let hotLast = "";
-  // Each of the hot key's handlers takes 15 ms, far below holdAfterMs (50),
-  // or returns at once when the later events are all handled: the chunk
-  // barrier would make the later events wait for all of them first.
-  const w = await work(db.pool, { ...fast, queue: "hot", consumer: "c", slots: 1, batchSize: 500 }, async (m) => {
-    rec.enter(m);
-    try {
-      if (m.key === "hot") {
-        hotStarted.open();
-        await Promise.race([laterDone.wait, new Promise((r) => setTimeout(r, 15))]);
-      }
-    } finally {
-      rec.leave(m, true);
-      if (later.every((k) => rec.seen.get(k)?.length === 2)) laterDone.open();
-      if (m.id === hotLast) hotDone.open();
-    }
-  });
-  db.track(w);
-  // One transaction, so one chunk: 150 events of the hot key among one each of a, b, c.
-  const keys = ["hot", "a", "hot", "b", "hot", "c", ...Array<string>(146).fill("hot")];
-  const first = await sendKeyed(db.pool, "hot", keys, 1);
-  const hot = first.filter((_, i) => keys[i] === "hot");
-  hotLast = hot.at(-1)!;
-  await hotStarted.wait;
-  // Sent after the first chunk was received: only a later receive gets them.
-  const more = await sendKeyed(db.pool, "hot", later, 2);
-  const winner = await Promise.race([laterDone.wait.then(() => "later keys"), hotDone.wait.then(() => "hot key")]);
-  assert.equal(winner, "later keys", "the later keys waited for the hot key's last event");
-  await rec.handled(first.length + more.length);
-  await w.stop();
-  assert.deepEqual(rec.violations, []);
-  assert.deepEqual(rec.seen.get("hot"), hot, "the hot key's events each handled once, in order");
-  // The hold left nothing behind on the server.
-  const { rows } = await db.pool.query("select count(*)::int as n from pgque.key_block");
-  assert.deepEqual(rows, [{ n: 0 }]);
-});
-
 test("the message carries key, type, parsed payload, id as a string, epoch, slot and time", async (t) => {
   const db = await setup(t, "msg");
   const got: Message[] = [];

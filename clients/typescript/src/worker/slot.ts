@@ -6,14 +6,11 @@
 // under the pool's concurrency limit) → settle: nack the failures, hold
 // the keys still running, ack the chunk, in one transaction → repeat.
 //
-// A slow or hot key does not stall its slot: once all but a few lanes of a
-// chunk are done and each of the rest is in a handler that has run for
-// holdAfterMs (a slow key) or, when the few have been left for holdAfterMs,
-// in a handler with more of its key's events behind it (a hot key: many
-// fast events take as long as one slow one), those keys are held
-// (hold_key_partitioned defers their unfinished events on the server) and
-// the chunk is acknowledged; the held lanes go on from memory and each
-// settles its key with settle_held_partitioned when done.
+// A slow key does not stall its slot: once all but a few lanes of a chunk
+// are done and the rest have been in one handler for holdAfterMs, those
+// keys are held (hold_key_partitioned defers their unfinished events on
+// the server) and the chunk is acknowledged; the held lanes go on from
+// memory and each settles its key with settle_held_partitioned when done.
 // Settles of held lanes and the chunk cycle share the slot's mutex, so a
 // release never races a chunk received but not acknowledged.
 //
@@ -144,32 +141,12 @@ class Lane {
   runningSince: number | null = null;
   runningId: string | null = null;
   finished = false;
-  /** When the lane finished (Date.now()), null before. */
-  finishedAt: number | null = null;
   readonly done: Promise<void>;
 
   constructor(readonly key: string | null, readonly events: Message[], run: (lane: Lane) => Promise<void>) {
     this.done = run(this).finally(() => {
       this.finished = true;
-      this.finishedAt = Date.now();
     });
-  }
-
-  /**
-   * How long from now until the lane is to be held, 0 when it is to be
-   * held now; null while it runs no handler (between two events, or
-   * waiting for a place in the pool), which is no slow or hot key but one
-   * held up by others: holding it would only cost writes. A lane is to be
-   * held once its handler has run for holdAfterMs, or, after graceEnd
-   * (when the chunk's last few lanes have kept it open for holdAfterMs),
-   * while its handler's event is not its last: a lane on its last event
-   * is about to finish.
-   */
-  holdIn(now: number, holdAfterMs: number, graceEnd: number): number | null {
-    if (this.finished || this.runningId === null || this.runningSince === null) return null;
-    const slow = this.runningSince + holdAfterMs - now;
-    const hot = this.runningId === this.events.at(-1)!.id ? slow : graceEnd - now;
-    return Math.max(0, Math.min(slow, hot));
   }
 }
 
@@ -511,9 +488,8 @@ export class SlotRunner {
   /**
    * Waits until every lane is done, or until the stragglers should be held:
    * all but a few lanes (at most an eighth, at least one) are done and each
-   * of the rest is to be held (Lane.holdIn), the grace counted from when
-   * they became few. Returns the lanes to hold, their heads (the running
-   * events) marked.
+   * of the rest has been in one handler for holdAfterMs. Returns the lanes
+   * to hold, their heads marked.
    */
   private async waitLanes(lanes: Lane[]): Promise<Lane[]> {
     const all = Promise.all(lanes.map((l) => l.done)).then(() => true);
@@ -533,29 +509,17 @@ export class SlotRunner {
 
   /** waitLanes' loop; aborted resolves when the slot's signal aborts. */
   private async waitLanesUntil(lanes: Lane[], all: Promise<boolean>, few: number, aborted: Promise<boolean>): Promise<Lane[]> {
-    const hold = this.env.holdAfterMs;
-    const start = Date.now();
-    let graceEnd: number | null = null;
     for (;;) {
       const now = Date.now();
       const open = lanes.filter((l) => !l.finished);
       if (open.length === 0 || this.ctl.signal.aborted) return [];
-      let next = hold;
-      if (open.length <= few) {
-        graceEnd ??= fewSince(lanes, few, start) + hold;
-        const end = graceEnd;
-        const waits = open.map((l) => l.holdIn(now, hold, end));
-        if (waits.every((w) => w === 0)) {
-          // holdIn is 0 only while a handler runs: runningId is its event.
-          for (const l of open) l.heldFrom = l.runningId;
-          return open;
-        }
-        // Wake when the next lane not to be held yet may be. One running no
-        // handler (between two events, or waiting for a place) is looked
-        // at again a fifth of holdAfterMs later; lanes to be held already
-        // wait for the others without a timer of their own.
-        next = Math.max(1, Math.min(...waits.filter((w) => w !== 0).map((w) => w ?? hold / 5)));
+      if (open.length <= few && open.every((l) => l.runningSince !== null && now - l.runningSince >= this.env.holdAfterMs)) {
+        for (const l of open) l.heldFrom = l.runningId;
+        return open;
       }
+      const next = open.length <= few
+        ? Math.max(1, Math.min(...open.map((l) => (l.runningSince === null ? this.env.holdAfterMs : l.runningSince + this.env.holdAfterMs - now))))
+        : this.env.holdAfterMs;
       // A timer cleared when the lanes finish first: a chunk of quick
       // handlers would otherwise leave a timer and an abort listener
       // behind for every chunk.
@@ -733,18 +697,6 @@ export class SlotRunner {
     // releases the hold (at-least-once for the key's held events).
     this.fence("a held key could not be settled");
   }
-}
-
-/**
- * When the lanes left of a chunk became few (at most few not finished): the
- * finish of the lane that made them so, or start when they were few from
- * the start. Called once they are few.
- */
-function fewSince(lanes: Lane[], few: number, start: number): number {
-  const k = lanes.length - few; // finishes it took
-  if (k <= 0) return start;
-  const ends = lanes.flatMap((l) => (l.finishedAt === null ? [] : [l.finishedAt])).sort((a, b) => a - b);
-  return ends[k - 1] ?? start;
 }
 
 /** 1 s doubled per retry, capped at 10 min, ±10% jitter: the Go default. */
