@@ -107,6 +107,9 @@ func (pc *PartitionedConsumer) flushAck(ctx context.Context, sl *slotState, leas
 		pc.client.logger.WarnContext(ctx, "pgque: acknowledging chunk", slog.String("queue", cfg.Queue),
 			slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot), slog.Any("error", err))
 		pc.client.reportError(ctx, err)
+		if pc.stopping.Load() {
+			pc.pool.NoteStopError(err)
+		}
 		return
 	}
 	lease.Renewed(start)

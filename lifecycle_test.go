@@ -3,6 +3,7 @@ package pgque_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -201,5 +202,78 @@ func TestOnSlotSeesClaimsFencesAndStops(t *testing.T) {
 	}
 	if got, want := next("the stop"), (pgque.SlotChange{Slot: 0, NSlots: 1, Epoch: again.Epoch, Ended: true}); got != want {
 		t.Fatalf("at Stop: %+v, want %+v", got, want)
+	}
+}
+
+// TestStopReportsWhatItCouldNotAcknowledge: a graceful Stop whose final
+// acknowledgement and lease release fail (the database went away while the
+// last handler ran) returns an error saying so, instead of nil: the caller
+// learns that the chunk is delivered again and the slot waits for its TTL.
+func TestStopReportsWhatItCouldNotAcknowledge(t *testing.T) {
+	env := setup(t)
+	ctx := context.Background()
+	tk, err := env.client.NewTicker(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tk.Stop(ctx) }()
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 1,
+		Handler: func(context.Context, *pgque.Message) error {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			<-release
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sendKeyed(t, env, 1, 1)
+	<-started
+
+	// Cut the consumer off: no new connection to its database, and every
+	// open one ended.
+	var db string
+	if err := env.pool.QueryRow(ctx, "select current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	admin := pgtest.Conn(t, pgtest.DSNWith(env.dsn, "dbname", "postgres"))
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), fmt.Sprintf("alter database %q allow_connections true", db))
+	})
+	if _, err := admin.Exec(ctx, fmt.Sprintf("alter database %q allow_connections false", db)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "select pg_terminate_backend(pid) from pg_stat_activity where datname = $1", db); err != nil {
+		t.Fatal(err)
+	}
+
+	stopped := make(chan error, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		stopped <- pc.Stop(sctx)
+	}()
+	close(release)
+	err = <-stopped
+	if err == nil {
+		t.Fatal("Stop returned nil although the chunk could not be acknowledged nor the slot released")
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop ran out of time instead of reporting the failure: %v", err)
+	}
+	if !strings.Contains(err.Error(), "not everything in flight was acknowledged and released") {
+		t.Fatalf("Stop's error does not say what was left: %v", err)
 	}
 }

@@ -51,6 +51,10 @@ type PartitionedConsumer struct {
 	// workHook, when set (by tests, before Start), is told the slot of
 	// every chunk call the pool makes.
 	workHook func(slot int)
+
+	// stopping is set by Stop: an acknowledgement that fails from then on
+	// is one Stop reports (workerpool.Pool.NoteStopError).
+	stopping atomic.Bool
 }
 
 // NewPartitionedConsumer returns a PartitionedConsumer; Start runs it.
@@ -187,9 +191,21 @@ func (pc *PartitionedConsumer) Start(ctx context.Context) error {
 // the TTL) and ctx's error is returned. A handler that ignores its
 // cancelled context does not hold Stop: one second later Stop returns an
 // error that wraps ctx's and names the handlers still running (their
-// goroutines exit when they return). Stop is idempotent.
+// goroutines exit when they return). When every goroutine is gone but a
+// chunk could not be acknowledged or a lease not released (the database
+// went away meanwhile), Stop returns an error saying so, which wraps what
+// failed: those chunks are delivered again, and a slot whose lease was
+// not released waits for its TTL. Stop is idempotent.
 func (pc *PartitionedConsumer) Stop(ctx context.Context) error {
-	return pc.service.Stop(ctx)
+	pc.stopping.Store(true)
+	err := pc.service.Stop(ctx)
+	if serr := pc.pool.StopErr(); serr != nil {
+		cfg := &pc.config
+		serr = fmt.Errorf("pgque: stopping consumer %q of queue %q: not everything in flight was acknowledged and released "+
+			"(delivered again; an unreleased slot is free after its lease TTL): %w", cfg.Consumer, cfg.Queue, serr)
+		err = errors.Join(err, serr)
+	}
+	return err
 }
 
 // work processes one chunk of a held slot (a workerpool.WorkFunc).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -103,6 +104,32 @@ func (p *Pool) reportError(ctx context.Context, err error) {
 	}
 }
 
+// stopErrsMax bounds the errors StopErr keeps: one is enough to tell, a few
+// to show whether it was one slot or all.
+const stopErrsMax = 8
+
+// NoteStopError records err as one that left work in flight unacknowledged
+// or a lease unreleased during a graceful stop (StopErr). An error of a
+// cancelled context is the stop's own doing, not such a failure.
+func (p *Pool) NoteStopError(err error) {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	p.stopMu.Lock()
+	defer p.stopMu.Unlock()
+	if len(p.stopErrs) < stopErrsMax {
+		p.stopErrs = append(p.stopErrs, err)
+	}
+}
+
+// StopErr returns the errors NoteStopError recorded (at most stopErrsMax),
+// joined; nil when the stop acknowledged and released everything.
+func (p *Pool) StopErr() error {
+	p.stopMu.Lock()
+	defer p.stopMu.Unlock()
+	return errors.Join(p.stopErrs...)
+}
+
 // Pool is one process's worker pool over the slots of one consumer.
 type Pool struct {
 	cfg      Config
@@ -114,6 +141,11 @@ type Pool struct {
 	nslots atomic.Int64
 	// sets: the server has sent a touched set (see dispatch).
 	sets atomic.Bool
+
+	// stopErrs: what a graceful stop failed to acknowledge or release
+	// (NoteStopError, StopErr).
+	stopMu   sync.Mutex
+	stopErrs []error
 
 	mu       sync.Mutex
 	running  map[int]*runner

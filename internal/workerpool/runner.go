@@ -3,6 +3,7 @@ package workerpool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -79,6 +80,11 @@ func (p *Pool) run(r *runner) {
 		}
 		if err != nil {
 			if r.fetchCtx.Err() != nil {
+				if r.workCtx.Err() == nil {
+					// A graceful stop whose last chunk could not be
+					// settled: Stop says so.
+					p.NoteStopError(err)
+				}
 				break
 			}
 			log.WarnContext(r.workCtx, "pgque: working slot", slog.Any("error", err))
@@ -135,6 +141,9 @@ func (p *Pool) releaseLease(r *runner, log *slog.Logger) {
 		}
 		log.WarnContext(r.workCtx, "pgque: releasing slot", slog.Any("error", err))
 		p.reportError(r.workCtx, err)
+		if r.fetchCtx.Err() != nil {
+			p.NoteStopError(fmt.Errorf("releasing slot %d: %w", r.lease.Slot, err))
+		}
 		return
 	}
 	log.DebugContext(r.workCtx, "pgque: slot released")
