@@ -14,7 +14,11 @@
 // Two rules keep one stuck statement from holding up the rest, as in Go.
 // Sends with a dedup key are never coalesced (they wait on their key's lock,
 // which an open transaction that sent the same key holds). And a send that
-// has waited `patienceMs` without getting a statement runs its own.
+// has waited `patienceMs` without getting a statement runs its own, while
+// fewer than `concurrency` such sends run: past that, what holds the sends
+// up is the pool or the server, not one statement, and a statement per send
+// would only lengthen the pool's queue (a thousand waiters were seen with
+// one send each), so the rest stay to be coalesced.
 //
 // A batch the server refuses for what one of its events holds is sent again
 // event by event, so that each send gets its own outcome and no good event
@@ -59,7 +63,7 @@ export interface SendQueueStats {
   statements: number;
   /** Sends those statements carried. */
   batched: number;
-  /** Sends that ran their own statement after patienceMs. */
+  /** Sends that ran their own statement after patienceMs (at most concurrency at once). */
   bypassed: number;
   /** Sends sent again one by one after their batch failed. */
   alone: number;
@@ -69,6 +73,8 @@ export interface SendQueueStats {
 export class SendQueue {
   readonly stats: SendQueueStats = { statements: 0, batched: 0, bypassed: 0, alone: 0 };
   private inflight = 0;
+  /** Sends running their own statement after patienceMs (at most limit). */
+  private bypassing = 0;
   private pending: Request[] = [];
   private readonly limit: number;
   private readonly patienceMs: number;
@@ -89,12 +95,18 @@ export class SendQueue {
     }
     return new Promise<string>((resolve, reject) => {
       const r: Request = { queue, ev, state: "waiting", resolve, reject };
-      r.timer = setTimeout(() => {
+      const impatient = () => {
         if (r.state !== "waiting") return;
+        if (this.bypassing >= this.limit) {
+          r.timer = setTimeout(impatient, this.patienceMs);
+          return;
+        }
         r.state = "abandoned";
+        this.bypassing++;
         this.stats.bypassed++;
-        sendOne(this.exec, queue, ev).then(resolve, reject);
-      }, this.patienceMs);
+        sendOne(this.exec, queue, ev).then(resolve, reject).finally(() => this.bypassing--);
+      };
+      r.timer = setTimeout(impatient, this.patienceMs);
       this.pending.push(r);
     });
   }

@@ -213,6 +213,37 @@ test("concurrent sends on a pool coalesce, and a bad event fails alone", async (
   }
 });
 
+test("sends held up past their patience run alone at most concurrency at once; the rest wait to be coalesced", async () => {
+  const q = await newQueue("impatient");
+  const pool = new pg.Pool({ connectionString: db.url, max: 8, allowExitOnIdle: true });
+  const locker = await db.pool.connect();
+  try {
+    const sq = configureSends(pool, { concurrency: 1, patienceMs: 20 });
+    await locker.query("begin");
+    const { rows } = await locker.query(
+      "select pgque._event_table(queue_id, queue_cur_table) as t from pgque.queue where queue_name = $1", [q]);
+    await locker.query(`lock table ${rows[0].t} in access exclusive mode`);
+    // Every send of the queue waits on the lock: the first holds the one
+    // statement, the next ones wait for it and, after their patience, for
+    // their own.
+    const sends = Array.from({ length: 40 }, (_, n) => send(pool, q, { payload: { n }, partitionKey: "k" }));
+    await waitFor("a send to run alone", () => sq.stats.bypassed >= 1);
+    // Each waiting send's patience timer has fired by the time a timer set
+    // now for five times as long does (Node fires timers in order).
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(sq.stats.bypassed, 1, "more sends than concurrency ran alone at once");
+    await locker.query("rollback");
+    const ids = await Promise.all(sends);
+    assert.equal(new Set(ids).size, 40);
+    assert.equal((await stored(q)).length, 40);
+    assert.ok(sq.stats.statements > 0, "the sends that stayed were not coalesced");
+  } finally {
+    await locker.query("rollback").catch(() => {});
+    locker.release();
+    await pool.end();
+  }
+});
+
 test("a stuck statement holds sends to other queues up for the patience only, dedup sends not at all", async () => {
   const stuck = await newQueue("stuck");
   const other = await newQueue("other");
