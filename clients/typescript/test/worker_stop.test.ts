@@ -11,7 +11,7 @@ import { createInterface } from "node:readline";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
-import { HandlersStillRunningError, work, workTx, WorkerKilledError, type Message, type SlotChange, type WorkOptions } from "../src/index.js";
+import { HandlersStillRunningError, work, workTx, WorkerKilledError, type Message, type SlotChange, type WorkOptions, type Worker } from "../src/index.js";
 import { waitFor } from "./harness.js";
 import { gate, sendKeyed, setup } from "./worker_helpers.js";
 
@@ -151,28 +151,46 @@ test("two workers of one consumer converge to a fair share of its slots", async 
   await waitFor("the first worker to take the released slots back", () => w1.ownedSlots().length === 6, 15_000);
 });
 
-test("stop({ timeoutMs }) gives up on a handler that ignores its signal, names its event to onError, and another worker receives it again", async (t) => {
-  const db = await setup(t, "stuck");
+/**
+ * A worker of a one-slot consumer of queue whose handler ignores its signal
+ * until never opens, and the id of the event it is stuck in.
+ */
+async function stuckWorker(db: Awaited<ReturnType<typeof setup>>, queue: string, opts: Partial<WorkOptions>) {
   const started = gate();
-  const never = gate(); // opened only at the end
+  const never = gate();
   const errors: unknown[] = [];
-  const w1 = db.track(await work(db.pool, { ...fast, queue: "stuck", consumer: "c", slots: 1, leaseTtlMs: 1500, onError: (e) => errors.push(e) }, async () => {
+  const w = db.track(await work(db.pool, { ...fast, queue, consumer: "c", slots: 1, onError: (e) => errors.push(e), ...opts }, async () => {
     started.open();
     await never.wait;
   }));
+  const [e0] = await sendKeyed(db.pool, queue, ["k"], 1);
+  await started.wait;
+  return { w, e0: e0!, errors, never };
+}
+
+/**
+ * Asserts that stopping (what stops w) resolves within 3 s although the
+ * handler ignores its signal, and names that handler's event to onError.
+ */
+async function assertGivesUp(what: string, stopping: Promise<void>, w: Worker, errors: unknown[], e0: string): Promise<HandlersStillRunningError> {
+  const t0 = performance.now();
+  assert.ok(await within(stopping, 5000), `${what} resolves within 5 s while the handler ignores its signal`);
+  const elapsed = performance.now() - t0;
+  assert.ok(elapsed < 3000, `${what} took ${elapsed} ms`);
+  const gaveUp = errors.filter((e) => e instanceof HandlersStillRunningError);
+  assert.equal(gaveUp.length, 1, `onError saw ${errors.map(String).join("; ")}`);
+  assert.deepEqual(gaveUp[0]!.running, [{ slot: 0, eventId: e0 }]);
+  assert.equal(w.stats().running, 1, "the abandoned handler still runs");
+  return gaveUp[0]!;
+}
+
+test("stop({ timeoutMs }) gives up on a handler that ignores its signal, names its event to onError, and another worker receives it again", async (t) => {
+  const db = await setup(t, "stuck");
+  const { w, e0, errors, never } = await stuckWorker(db, "stuck", { leaseTtlMs: 1500 });
   try {
-    const [e0] = await sendKeyed(db.pool, "stuck", ["k"], 1);
-    await started.wait;
-    const t0 = performance.now();
-    assert.ok(await within(w1.stop({ timeoutMs: 200 }), 5000), "stop() resolves within 5 s while the handler ignores its signal");
-    const elapsed = performance.now() - t0;
-    assert.ok(elapsed < 3000, `stop() took ${elapsed} ms`);
-    const gaveUp = errors.filter((e) => e instanceof HandlersStillRunningError);
-    assert.equal(gaveUp.length, 1, `onError saw ${errors.map(String).join("; ")}`);
-    assert.deepEqual(gaveUp[0]!.running, [{ slot: 0, eventId: e0 }]);
-    assert.match(gaveUp[0]!.message, new RegExp(`slot 0 event ${e0}\\b`));
-    assert.equal(w1.stats().running, 1, "the abandoned handler still runs");
-    assert.ok(await within(w1.kill(), 5000), "kill() after the stop resolves within 5 s");
+    const gaveUp = await assertGivesUp("stop()", w.stop({ timeoutMs: 200 }), w, errors, e0);
+    assert.match(gaveUp.message, new RegExp(`slot 0 event ${e0}\\b`));
+    assert.ok(await within(w.kill(), 5000), "kill() after the stop resolves within 5 s");
     // Nothing was acknowledged: the next owner receives the event again
     // once the first worker's lease ran out.
     const got = gate();
@@ -186,34 +204,19 @@ test("stop({ timeoutMs }) gives up on a handler that ignores its signal, names i
   } finally {
     never.open();
   }
-  await waitFor("the abandoned handler to return", () => w1.stats().running === 0);
+  await waitFor("the abandoned handler to return", () => w.stats().running === 0);
 });
 
 test("kill() gives up on a handler that ignores its signal before its key was held, and names it", async (t) => {
   const db = await setup(t, "stuckkill");
-  const started = gate();
-  const never = gate(); // opened only at the end
-  const errors: unknown[] = [];
   // A long holdAfterMs: the chunk waits for its lane, which is never held.
-  const w1 = db.track(await work(db.pool, { ...fast, queue: "stuckkill", consumer: "c", slots: 1, holdAfterMs: 600_000, onError: (e) => errors.push(e) }, async () => {
-    started.open();
-    await never.wait;
-  }));
+  const { w, e0, errors, never } = await stuckWorker(db, "stuckkill", { holdAfterMs: 600_000 });
   try {
-    const [e0] = await sendKeyed(db.pool, "stuckkill", ["k"], 1);
-    await started.wait;
-    const t0 = performance.now();
-    assert.ok(await within(w1.kill(), 5000), "kill() resolves within 5 s while the handler ignores its signal");
-    const elapsed = performance.now() - t0;
-    assert.ok(elapsed < 3000, `kill() took ${elapsed} ms`);
-    const gaveUp = errors.filter((e) => e instanceof HandlersStillRunningError);
-    assert.equal(gaveUp.length, 1, `onError saw ${errors.map(String).join("; ")}`);
-    assert.deepEqual(gaveUp[0]!.running, [{ slot: 0, eventId: e0 }]);
-    assert.equal(w1.stats().running, 1, "the abandoned handler still runs");
+    await assertGivesUp("kill()", w.kill(), w, errors, e0);
   } finally {
     never.open();
   }
-  await waitFor("the abandoned handler to return", () => w1.stats().running === 0);
+  await waitFor("the abandoned handler to return", () => w.stats().running === 0);
 });
 
 test("workTx: a hard stop gives up on a handler that holds its transaction: its connection is destroyed, its writes roll back, pool.end() returns", async (t) => {
