@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/pgque/pgque/internal/lanes"
 )
 
 // Defaults for PartitionedConsumerConfig.
@@ -34,6 +36,8 @@ const (
 	// (a connection of a small pool) should bound it itself or set
 	// MaxWorkers lower.
 	MaxWorkersDefault = 256
+	// HoldAfterDefault is PartitionedConsumerConfig.HoldAfter's default.
+	HoldAfterDefault = lanes.HoldAfter
 	// MaxEventsPerSlotFactor sets the default MaxEventsPerSlot: this many
 	// chunks (BatchSize events each) per slot.
 	MaxEventsPerSlotFactor = 10
@@ -161,6 +165,15 @@ type PartitionedConsumerConfig struct {
 	// be exceeded, the slot does not fetch. Default MaxEventsPerSlotFactor
 	// × BatchSize; at least BatchSize.
 	MaxEventsPerSlot int
+	// HoldAfter is how long the last few lanes of a chunk may keep it open,
+	// and how long their handler must have run, before their keys are held
+	// and the slot fetches on (docs/worker-pool.md, "No chunk barrier").
+	// Default HoldAfterDefault (50 ms). A key with many fast events is
+	// never held, so the other keys of its slot wait for its part of each
+	// chunk; a HoldAfter below the handlers' time holds such keys too, for
+	// their neighbours' sake, at the cost of the hot key's own latency
+	// (each hold sends its later events through the server and back).
+	HoldAfter time.Duration
 	// Handler processes each message. Exactly one of Handler and HandlerTx
 	// is required.
 	Handler HandlerFunc
@@ -243,6 +256,9 @@ func (c *PartitionedConsumerConfig) withDefaults() PartitionedConsumerConfig {
 	if out.MaxWorkersPerSlot == 0 {
 		out.MaxWorkersPerSlot = out.MaxWorkers
 	}
+	if out.HoldAfter == 0 {
+		out.HoldAfter = HoldAfterDefault
+	}
 	if out.MaxEventsPerSlot == 0 {
 		out.MaxEventsPerSlot = MaxEventsPerSlotFactor * out.BatchSize
 	}
@@ -285,6 +301,8 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig intervals must not be negative")
 	case c.BatchSize < 0 || c.BatchSize > BatchSizeMax:
 		return invalidConfig("PartitionedConsumerConfig.BatchSize must be between 1 and %d (got %d)", BatchSizeMax, c.BatchSize)
+	case c.HoldAfter < 0:
+		return invalidConfig("PartitionedConsumerConfig.HoldAfter (%s) must not be negative", c.HoldAfter)
 	case c.MaxWorkers < 0 || c.MaxWorkersPerSlot < 0:
 		return invalidConfig("PartitionedConsumerConfig.MaxWorkers (%d) and MaxWorkersPerSlot (%d) must not be negative", c.MaxWorkers, c.MaxWorkersPerSlot)
 	case c.MaxEventsPerSlot < 0 || (c.MaxEventsPerSlot > 0 && c.MaxEventsPerSlot < max(c.BatchSize, 1)):

@@ -72,7 +72,7 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	}
 	pc := &PartitionedConsumer{client: c, config: cfg, lanes: make(map[int]*slotState), ackFoldWait: ackFoldWait}
 	running := c.metrics.LanesRunning.WithLabelValues(cfg.Queue, cfg.Consumer)
-	pc.lanePool = lanes.NewPool(cfg.MaxWorkers, runtime.GOMAXPROCS(0), func(n int) { running.Set(float64(n)) })
+	pc.lanePool = lanes.NewPool(cfg.MaxWorkers, runtime.GOMAXPROCS(0), cfg.HoldAfter, func(n int) { running.Set(float64(n)) })
 	work := pc.work
 	if cfg.MaxWorkersPerSlot > 1 {
 		work = pc.workLanes

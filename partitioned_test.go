@@ -152,6 +152,7 @@ func TestPartitionedConfigValidation(t *testing.T) {
 		{Queue: "q", Consumer: "c", Slots: 1, Handler: noop, MaxWorkers: -1},
 		{Queue: "q", Consumer: "c", Slots: 1, Handler: noop, MaxWorkersPerSlot: -2},
 		{Queue: "q", Consumer: "c", Slots: 1, Handler: noop, BatchSize: 50, MaxEventsPerSlot: 49},
+		{Queue: "q", Consumer: "c", Slots: 1, Handler: noop, HoldAfter: -time.Millisecond},
 	} {
 		if _, err := env.client.NewPartitionedConsumer(cfg); !errors.Is(err, pgque.ErrInvalidArgument) {
 			t.Errorf("NewPartitionedConsumer(%+v) = %v, want ErrInvalidArgument", cfg, err)

@@ -13,8 +13,8 @@
 // time in ev_id order, and the lanes run concurrently, bounded by a
 // per-slot and a per-process semaphore. When all lanes of a chunk are done
 // the chunk is settled as before. When only a few lanes have been left
-// running for HoldAfter, the keys of those running a handler are held on
-// the server (their unfinished events deferred, later ones deferred on
+// running for the hold time (HoldAfter unless the pool has its own), the
+// keys of those running a handler are held on the server (their unfinished events deferred, later ones deferred on
 // receipt) and the chunk is acknowledged without them: the slot fetches
 // on, and each held lane, once finished, settles its key with one call that
 // releases what arrived for the key meanwhile.
@@ -51,8 +51,9 @@ const slowMean = 50 * time.Microsecond
 // chunk's inline run (see awaitInline).
 const checkMax = 8 * FanOutAfter
 
-// HoldAfter is how long the last few lanes of a chunk may keep it open
-// before the keys of those running a handler are held. Holding costs a few
+// HoldAfter is the default of how long the last few lanes of a chunk may
+// keep it open before the keys of those running a handler are held
+// (NewPool's holdAfter). Holding costs a few
 // writes per held event; waiting costs the slot that long without fetching.
 const HoldAfter = 50 * time.Millisecond
 
@@ -114,13 +115,18 @@ type Pool struct {
 	// inline runs than procs wait for a CPU in turn.
 	inline atomic.Int32
 	procs  int
+	// holdAfter: HoldAfter, or the consumer's own.
+	holdAfter time.Duration
 }
 
 // NewPool returns a Pool of maxWorkers running handlers for a process of
 // procs CPUs; onRunning, when set, is told the count of running handlers
 // whenever it changes.
-func NewPool(maxWorkers, procs int, onRunning func(n int)) *Pool {
-	return &Pool{workers: make(chan struct{}, maxWorkers), procs: procs, onRunning: onRunning}
+func NewPool(maxWorkers, procs int, holdAfter time.Duration, onRunning func(n int)) *Pool {
+	if holdAfter <= 0 {
+		holdAfter = HoldAfter
+	}
+	return &Pool{workers: make(chan struct{}, maxWorkers), procs: procs, holdAfter: holdAfter, onRunning: onRunning}
 }
 
 // addRunning changes the count of running handlers.
@@ -301,6 +307,7 @@ func (s *Slot[M, K]) Run(ctx context.Context, msgs []M, pause bool) *Chunk[M, K]
 // they take long, and returns the held ones.
 func (c *Chunk[M, K]) wait(pending int) []*lane[M, K] {
 	few := max(1, pending/fewDiv)
+	holdAfter := c.slot.pool.holdAfter
 	var fewSince time.Time
 	var timer *time.Timer
 	var timerC <-chan time.Time
@@ -311,14 +318,14 @@ wait:
 			now := time.Now()
 			if fewSince.IsZero() {
 				fewSince = now
-				timer = time.NewTimer(HoldAfter)
+				timer = time.NewTimer(holdAfter)
 				timerC = timer.C
 			}
 			// When every lane left runs a handler that has run for
 			// HoldAfter already, waiting for the grace only keeps the slot
 			// from fetching: hold them now.
-			if slowLanes(c.lanes, now) == pending {
-				if holding = markHolds(c.lanes, now); len(holding) > 0 {
+			if slowLanes(c.lanes, now, holdAfter) == pending {
+				if holding = markHolds(c.lanes, now, holdAfter); len(holding) > 0 {
 					break wait
 				}
 			}
@@ -327,11 +334,11 @@ wait:
 		case <-c.doneCh:
 			pending--
 		case now := <-timerC:
-			holding = markHolds(c.lanes, now)
+			holding = markHolds(c.lanes, now, holdAfter)
 			if len(holding) > 0 {
 				break wait
 			}
-			timer.Reset(HoldAfter / 5)
+			timer.Reset(holdAfter / 5)
 		}
 	}
 	if timer != nil {
@@ -890,15 +897,15 @@ func (s *Slot[M, K]) release() {
 }
 
 // markHolds marks as held, from their first unfinished event, the lanes
-// whose running handler has run for HoldAfter by now, and returns them. A
+// whose running handler has run for holdAfter by now, and returns them. A
 // lane waiting for a place in a semaphore, or for its turn on the CPU
 // between fast handlers, is not a slow key: holding it would only cost
 // writes.
-func markHolds[M Event[K], K comparable](lanes []*lane[M, K], now time.Time) []*lane[M, K] {
+func markHolds[M Event[K], K comparable](lanes []*lane[M, K], now time.Time, holdAfter time.Duration) []*lane[M, K] {
 	var out []*lane[M, K]
 	for _, ln := range lanes {
 		ln.mu.Lock()
-		if ln.slowAt(now) {
+		if ln.slowAt(now, holdAfter) {
 			ln.held, ln.heldFrom = true, ln.next
 			out = append(out, ln)
 		}
@@ -918,18 +925,18 @@ func (ln *lane[M, K]) runningFor(now time.Time) time.Duration {
 	return now.Sub(ln.started)
 }
 
-// slowAt reports whether the lane's running handler has run for HoldAfter
+// slowAt reports whether the lane's running handler has run for holdAfter
 // by now (ln.mu held).
-func (ln *lane[M, K]) slowAt(now time.Time) bool {
-	return !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= HoldAfter
+func (ln *lane[M, K]) slowAt(now time.Time, holdAfter time.Duration) bool {
+	return !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= holdAfter
 }
 
 // slowLanes counts the lanes that markHolds would hold at now.
-func slowLanes[M Event[K], K comparable](lanes []*lane[M, K], now time.Time) int {
+func slowLanes[M Event[K], K comparable](lanes []*lane[M, K], now time.Time, holdAfter time.Duration) int {
 	n := 0
 	for _, ln := range lanes {
 		ln.mu.Lock()
-		if ln.slowAt(now) {
+		if ln.slowAt(now, holdAfter) {
 			n++
 		}
 		ln.mu.Unlock()

@@ -140,7 +140,7 @@ func (h *host) checkOrder(t *testing.T, evs []*event) {
 }
 
 func newTestSlot(h *host) *Slot[*event, string] {
-	return NewSlot(NewPool(16, 2, nil), Host[*event, string](h), 16, nil)
+	return NewSlot(NewPool(16, 2, 0, nil), Host[*event, string](h), 16, nil)
 }
 
 // recv waits for a value on c, failing t after a bound that only a broken
@@ -509,5 +509,37 @@ func TestRunAborted(t *testing.T) {
 	}
 	if slices.Contains(h.handled(), 2) {
 		t.Error("the key went on after its context ended")
+	}
+}
+
+// A lane is slow once its running handler has run for the pool's hold
+// time, whatever the default: a consumer's HoldAfter below its handlers'
+// time holds keys whose handlers are each faster than the default.
+func TestSlowAtUsesThePoolsHoldTime(t *testing.T) {
+	t.Parallel()
+	if p := NewPool(1, 1, 0, nil); p.holdAfter != HoldAfter {
+		t.Errorf("NewPool with no hold time holds after %v, want HoldAfter (%v)", p.holdAfter, HoldAfter)
+	}
+	if p := NewPool(1, 1, 5*time.Millisecond, nil); p.holdAfter != 5*time.Millisecond {
+		t.Errorf("NewPool(5ms) holds after %v", p.holdAfter)
+	}
+	t0 := time.Unix(100, 0)
+	ln := &lane[*event, string]{msgs: chunkOf(0, "h", "h"), running: true, started: t0}
+	for _, tc := range []struct {
+		ran, holdAfter time.Duration
+		want           bool
+	}{
+		{20 * time.Millisecond, 5 * time.Millisecond, true},
+		{20 * time.Millisecond, HoldAfter, false},
+		{HoldAfter, HoldAfter, true},
+		{4 * time.Millisecond, 5 * time.Millisecond, false},
+	} {
+		if got := ln.slowAt(t0.Add(tc.ran), tc.holdAfter); got != tc.want {
+			t.Errorf("a handler that ran %v, hold time %v: slow %v, want %v", tc.ran, tc.holdAfter, got, tc.want)
+		}
+	}
+	ln.running = false
+	if ln.slowAt(t0.Add(time.Second), time.Millisecond) {
+		t.Error("a lane between two handlers is slow")
 	}
 }
