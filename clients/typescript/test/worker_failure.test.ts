@@ -181,6 +181,36 @@ test("a thrown object that is no Error fails its event, with its JSON as the rea
   assert.deepEqual(reasons, { plain: '{"code":"E_QUOTA","tenant":"t1"}', bare: '{"code":"E_BARE"}' });
 });
 
+test("a thrown value that cannot be read fails its event like any other, and the slot goes on", async (t) => {
+  const db = await setup(t, "unread");
+  const failed: string[] = [];
+  const handled: string[] = [];
+  // instanceof throws on a revoked Proxy; reading this Error's message throws.
+  const { proxy, revoke } = Proxy.revocable({}, {});
+  revoke();
+  const getter = new Error("x");
+  Object.defineProperty(getter, "message", { get() { throw new Error("no message for you"); } });
+  const w = db.track(await work<{ i: number }>(db.pool, {
+    ...fast, queue: "unread", consumer: "c", slots: 1, failurePolicy: "pause", retryDelayMs: () => 60_000,
+    onHandled: (m, r) => (r.error === undefined ? handled : failed).push(m.key!),
+  }, async (m) => {
+    if (m.key === "proxy") throw proxy;
+    if (m.key === "getter") throw getter;
+  }));
+  await sendKeyed(db.pool, "unread", ["proxy", "getter", "good"], 1);
+  // Blocked under pause: the chunk was settled (the nacks commit with its
+  // acknowledgement).
+  await waitFor("both keys blocked", async () => (await blockedKeys(db.pool, "unread", "c")).length === 2);
+  await w.stop();
+  // Before, the runner died on the throw with its chunk unsettled: the
+  // chunk ran again after each lease TTL, the good event with it.
+  assert.deepEqual(handled, ["good"]);
+  assert.deepEqual(failed.sort(), ["getter", "proxy"]);
+  const reasons = Object.fromEntries((await blockedKeys(db.pool, "unread", "c")).map((b) => [b.key, b.reason]));
+  assert.equal(reasons.proxy, "the handler threw a value that cannot be read as text");
+  assert.equal(reasons.getter, "the handler threw a value that cannot be read as text");
+});
+
 test("a handler that ignores its signal and returns after its timeout has handled the event", async (t) => {
   const db = await setup(t, "late");
   const results: unknown[] = [];

@@ -119,15 +119,29 @@ function textOf(v: unknown): string {
   }
 }
 
+/** err as text: its message for an Error, else textOf. May throw (reasonOf catches). */
+function textOfThrown(err: unknown): string {
+  if (err instanceof DeadLetterError || err instanceof RetryAfterError) return String(err.message);
+  if (err instanceof Error) return `${err.name === "Error" ? "" : String(err.name) + ": "}${String(err.message)}`;
+  return textOf(err);
+}
+
 /** ReasonMaxBytes of the Go library: the longest reason stored with a nack. */
 const reasonMaxBytes = 1000;
 
-/** The text a nack stores for err: its message, cut to a sane length. */
+/**
+ * The text a nack stores for err: its message, cut to a sane length. Never
+ * throws: a value that cannot be read (a revoked Proxy, a message getter
+ * that throws, a Symbol message) still fails its event, with a reason that
+ * says so, instead of ending the slot's runner with its chunk unsettled.
+ */
 export function reasonOf(err: unknown): string {
   let s: string;
-  if (err instanceof DeadLetterError || err instanceof RetryAfterError) s = err.message;
-  else if (err instanceof Error) s = `${err.name === "Error" ? "" : err.name + ": "}${err.message}`;
-  else s = textOf(err);
+  try {
+    s = textOfThrown(err);
+  } catch {
+    s = "the handler threw a value that cannot be read as text";
+  }
   // PostgreSQL text cannot hold NUL.
   s = s.replace(/\u0000/g, "");
   if (Buffer.byteLength(s) <= reasonMaxBytes) return s;

@@ -598,11 +598,25 @@ export class SlotRunner {
       // A throw of undefined or null fails the event too: onHandled's
       // error says so rather than reading as a success.
       error = err ?? new Error(`the handler threw ${String(err)}`);
-      if (timer?.signal.aborted && !(err instanceof HandlerTimeoutError)) {
+      let timedOut = false;
+      let delayMs: number | null;
+      try {
+        timedOut = timer?.signal.aborted === true && !(err instanceof HandlerTimeoutError);
+        delayMs = this.delayOf(error, m.retryCount);
+      } catch {
+        // instanceof itself throws on a revoked Proxy: what the handler
+        // threw cannot be inspected, so it gets the default retry. Nothing
+        // here may throw: the runner would end with its chunk unsettled,
+        // and the chunk would run again, good events and all, after every
+        // lease TTL.
+        delayMs = defaultRetryDelay(m.retryCount);
+      }
+      if (timedOut) {
         error = new HandlerTimeoutError(env.handlerTimeoutMs);
         (error as Error).cause = err;
+        delayMs = this.delayOf(error, m.retryCount);
       }
-      out = { ok: false, failure: { id: m.id, delayMs: this.delayOf(error, m.retryCount), reason: reasonOf(error) } };
+      out = { ok: false, failure: { id: m.id, delayMs, reason: reasonOf(error) } };
     } finally {
       if (t) clearTimeout(t);
       env.counters.running--;
