@@ -76,9 +76,49 @@ export function encode(ev: Event): Encoded {
     }
     payload = s;
   }
+  if (ev.json !== undefined && unstorable(payload) === "a lone surrogate") {
+    throw new PgqueError("pgque: an event's json holds a lone surrogate (half of a UTF-16 pair), which UTF-8 cannot carry", "invalid_payload");
+  }
   const type = ev.type ?? EVENT_TYPE_DEFAULT;
   if (typeof type !== "string" || type === "") {
     throw new PgqueError("pgque: an event's type must be a non-empty string", "invalid_argument");
   }
-  return { type, payload, key: ev.partitionKey ?? null, dedup: ev.dedupKey ?? null };
+  return { type: storable("type", type), payload, key: optionalText("partitionKey", ev.partitionKey), dedup: optionalText("dedupKey", ev.dedupKey) };
+}
+
+/** A NUL, or an unpaired half of a UTF-16 surrogate pair. */
+const unstorableChar = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/** What in s PostgreSQL text cannot hold as given, or null. */
+function unstorable(s: string): string | null {
+  const m = unstorableChar.exec(s);
+  if (m === null) return null;
+  return m[0] === "\u0000" ? "a NUL character" : "a lone surrogate";
+}
+
+/**
+ * s, when PostgreSQL stores it exactly; else a PgqueError naming the
+ * field. Text cannot hold NUL, and node-postgres sends UTF-8, which has no
+ * form for a lone surrogate (what slice() leaves of an emoji it cuts): it
+ * became U+FFFD, so two keys that differ only there were one key on the
+ * server, and a send with the second dedup key stored nothing while it
+ * returned the first one's id.
+ */
+function storable(field: string, s: string): string {
+  const bad = unstorable(s);
+  if (bad !== null) {
+    throw new PgqueError(`pgque: an event's ${field} holds ${bad}, which PostgreSQL text cannot store as given`, "invalid_argument");
+  }
+  return s;
+}
+
+/** A partitionKey or dedupKey: null when absent, else a string storable() accepts. */
+function optionalText(field: string, v: unknown): string | null {
+  if (v === undefined || v === null) return null;
+  if (typeof v !== "string") {
+    // A number or an object would be turned into text by the driver, and
+    // 42 would be the key "42" of someone else's events.
+    throw new PgqueError(`pgque: an event's ${field} must be a string or null, got ${typeof v}`, "invalid_argument");
+  }
+  return storable(field, v);
 }

@@ -128,6 +128,35 @@ test("a dedup key sends once and returns the first id", async () => {
   await assert.rejects(send(db.pool, q, { payload: 5, dedupKey: "" }), (err) => isPgqueError(err, "invalid_argument"));
 });
 
+test("keys, types and dedup keys PostgreSQL cannot store as given are refused, naming the field", async () => {
+  const q = await newQueue("text");
+  // A lone surrogate (what slice() leaves of a cut emoji) became U+FFFD on
+  // the way: "file-\ud83d" and "file-\ud83e" were one dedup key, and the
+  // second send stored nothing and returned the first one's id.
+  const bad: [string, Parameters<typeof send>[2], string, string][] = [
+    ["lone surrogate key", { payload: 1, partitionKey: "tenant-\ud83d" }, "invalid_argument", "partitionKey holds a lone surrogate"],
+    ["low surrogate key", { payload: 1, partitionKey: "\udc00x" }, "invalid_argument", "partitionKey holds a lone surrogate"],
+    ["NUL key", { payload: 1, partitionKey: "a\u0000b" }, "invalid_argument", "partitionKey holds a NUL"],
+    ["lone surrogate dedup key", { payload: 1, dedupKey: "file-\ud83e" }, "invalid_argument", "dedupKey holds a lone surrogate"],
+    ["NUL type", { type: "T\u0000", payload: 1 }, "invalid_argument", "type holds a NUL"],
+    ["lone surrogate type", { type: "T\ud800", payload: 1 }, "invalid_argument", "type holds a lone surrogate"],
+    ["number key", { payload: 1, partitionKey: 42 as unknown as string }, "invalid_argument", "partitionKey must be a string or null"],
+    ["object dedup key", { payload: 1, dedupKey: { id: 1 } as unknown as string }, "invalid_argument", "dedupKey must be a string or null"],
+    ["lone surrogate in json", { json: '{"s":"\ud800"}' }, "invalid_payload", "json holds a lone surrogate"],
+  ];
+  for (const [what, ev, kind, says] of bad) {
+    await assert.rejects(send(db.pool, q, ev), (err) => isPgqueError(err, kind as "invalid_argument") && (err as Error).message.includes(says), what);
+    await assert.rejects(sendBatch(db.pool, q, [{ payload: 0 }, ev]), (err) => isPgqueError(err, kind as "invalid_argument"), `${what} in a batch`);
+  }
+  assert.equal((await stored(q)).length, 0, "a refused event was stored");
+  // Whole surrogate pairs are text like any other; so is a payload holding
+  // a lone surrogate, which JSON.stringify escapes.
+  const a = await send(db.pool, q, { payload: { s: "\ud800" }, partitionKey: "tenant-\ud83d\ude00", dedupKey: "file-\ud83d\ude00" });
+  const b = await send(db.pool, q, { payload: 2, partitionKey: "tenant-\ud83d\ude01", dedupKey: "file-\ud83d\ude01" });
+  assert.notEqual(a, b);
+  assert.deepEqual((await stored(q)).map((r) => r.key), ["tenant-\ud83d\ude00", "tenant-\ud83d\ude01"]);
+});
+
 test("event ids beyond 2^53 come back exact", async () => {
   const q = await newQueue("big");
   await db.pool.query(
