@@ -37,7 +37,7 @@ export async function sendOne(exec: Executor, queue: string, ev: Encoded): Promi
     );
     return rows[0]!.id;
   } catch (err) {
-    throw mapError(`sending to queue "${queue}"`, err);
+    throw sendError(`sending to queue "${queue}"`, err);
   }
 }
 
@@ -82,6 +82,20 @@ export async function sendEncoded(exec: Executor, queue: string, events: readonl
         );
     return rows[0]!.ids;
   } catch (err) {
-    throw mapError(`sending batch to queue "${queue}"`, err);
+    throw sendError(`sending batch to queue "${queue}"`, err);
   }
+}
+
+/**
+ * mapError for a send: there the program limits (54000: data jsonb cannot
+ * deliver; 54001: JSON nested deeper than the server's stack allows) can
+ * only come from an event's body, so they are invalid_payload, not the
+ * generic database kind they have elsewhere.
+ */
+function sendError(doing: string, err: unknown): unknown {
+  const mapped = mapError(doing, err);
+  if (mapped instanceof PgqueError && (mapped.code === "54000" || mapped.code === "54001")) {
+    return new PgqueError(mapped.message, "invalid_payload", mapped.code, { cause: err });
+  }
+  return mapped;
 }

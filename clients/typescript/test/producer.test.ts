@@ -157,6 +157,15 @@ test("keys, types and dedup keys PostgreSQL cannot store as given are refused, n
   assert.deepEqual((await stored(q)).map((r) => r.key), ["tenant-\ud83d\ude00", "tenant-\ud83d\ude01"]);
 });
 
+test("JSON nested past the server's stack depth is refused as invalid_payload", async () => {
+  const q = await newQueue("deep");
+  const deep = "[".repeat(100_000) + "]".repeat(100_000);
+  for (const sending of [() => send(db.pool, q, { json: deep }), () => sendBatch(db.pool, q, [{ payload: 1 }, { json: deep }])]) {
+    await assert.rejects(sending(), (err) => isPgqueError(err, "invalid_payload") && (err as { code: string }).code === "54001");
+  }
+  assert.equal((await stored(q)).length, 0);
+});
+
 test("event ids beyond 2^53 come back exact", async () => {
   const q = await newQueue("big");
   await db.pool.query(
