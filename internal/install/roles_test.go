@@ -27,6 +27,17 @@ func exec(t *testing.T, conn *pgx.Conn, stmts ...string) {
 }
 
 // pgqueRoles lists the pgque roles that exist.
+// privateCluster starts a cluster of the test's own (roles are
+// cluster-wide, so role tests cannot share one) and runs setup on it as the
+// superuser, whose connection it returns.
+func privateCluster(t *testing.T, setup ...string) (*pgcluster.Cluster, *pgx.Conn) {
+	t.Helper()
+	c := pgtest.NewCluster(t, pgcluster.Options{})
+	su := pgtest.Conn(t, c.DSN("postgres"))
+	exec(t, su, setup...)
+	return c, su
+}
+
 func pgqueRoles(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
 	rows, _ := conn.Query(context.Background(),
@@ -66,9 +77,7 @@ func installAs(t *testing.T, dsn, role string) {
 func TestInstallAsNonSuperuserOwner(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := pgtest.NewCluster(t, pgcluster.Options{})
-	su := pgtest.Conn(t, c.DSN("postgres"))
-	exec(t, su,
+	c, su := privateCluster(t,
 		"create role owner_nosu login createrole",
 		"create database nosu_fresh owner owner_nosu",
 		"create database nosu_existing owner owner_nosu",
@@ -92,9 +101,7 @@ func TestInstallAsNonSuperuserOwner(t *testing.T) {
 func TestUninstallDropRolesKeepsUsedRoles(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := pgtest.NewCluster(t, pgcluster.Options{})
-	su := pgtest.Conn(t, c.DSN("postgres"))
-	exec(t, su, "create database db1", "create database db2")
+	c, su := privateCluster(t, "create database db1", "create database db2")
 	pgtest.Install(t, c.DSN("db1"))
 	pgtest.Install(t, c.DSN("db2"))
 
@@ -126,9 +133,7 @@ func TestUninstallDropRolesKeepsUsedRoles(t *testing.T) {
 func TestInstallReportsRoleAdmins(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := pgtest.NewCluster(t, pgcluster.Options{})
-	su := pgtest.Conn(t, c.DSN("postgres"))
-	exec(t, su,
+	c, su := privateCluster(t,
 		"create role creator login createrole",
 		"create role dba nologin",
 		"create database first owner creator",
