@@ -3,6 +3,7 @@ package partitiontest
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -190,8 +191,10 @@ func TestConcurrentInstallsCreateRolesOnce(t *testing.T) {
 }
 
 // TestMaintWidensOldRoutingIndexes: a routing index made by an earlier
-// version, ((route), ev_txid), is built again with ev_id by
-// maint_route_indexes once its table is nearly empty, under the same name.
+// version, ((route), ev_txid), is built again as (ev_txid, ev_id, (route))
+// by maint_route_indexes once its table is nearly empty, under the same
+// name, and the table's (ev_txid, ev_id) index, which the install gave it,
+// goes.
 func TestMaintWidensOldRoutingIndexes(t *testing.T) {
 	t.Parallel()
 	d := setup(t)
@@ -208,6 +211,8 @@ func TestMaintWidensOldRoutingIndexes(t *testing.T) {
 		d.exec(fmt.Sprintf("drop index pgque.%s", ix))
 		d.exec(fmt.Sprintf(`create index %s on pgque.%s
 			((case when ev_extra1 is null then 0 else (pg_catalog.hashtextextended(ev_extra1, 0) %% 4 + 4) %% 4 end), ev_txid)`, ix, table))
+		// What the install of this version gives such a table.
+		d.exec(fmt.Sprintf("create index %s_txid on pgque.%s (ev_txid, ev_id)", table, table))
 	}
 	if n := one[int32](t, d.pool, "select pgque.maint_route_indexes()"); n != 3 {
 		t.Errorf("maint_route_indexes() = %d, want 3 rebuilt", n)
@@ -219,5 +224,173 @@ func TestMaintWidensOldRoutingIndexes(t *testing.T) {
 	}
 	if n := one[int32](t, d.pool, "select pgque.maint_route_indexes()"); n != 0 {
 		t.Errorf("a second maint_route_indexes() = %d, want 0", n)
+	}
+	var want []string
+	for _, ix := range names {
+		want = append(want, ix+" (ev_txid, ev_id, route)")
+	}
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want) {
+		t.Errorf("indexes after maint_route_indexes: %q, want %q", got, want)
+	}
+}
+
+// eventIndexes lists the non-unique indexes of the queue's event tables as
+// "name (columns)", an expression column as "route" (the test of the
+// planner below says that it is _slot_filter's).
+func eventIndexes(t testing.TB, q querier, queue string) []string {
+	t.Helper()
+	return one[[]string](t, q, `select coalesce(array_agg(c.relname || ' (' || (
+		         select string_agg(case when i.indkey[k - 1] = 0 then 'route' else pg_catalog.pg_get_indexdef(i.indexrelid, k, true) end,
+		                           ', ' order by k)
+		           from generate_series(1, i.indnatts) k) || ')'
+		       order by c.relname), '{}')
+		  from pg_catalog.pg_index i join pg_catalog.pg_class c on c.oid = i.indexrelid
+		  join pg_catalog.pg_inherits h on h.inhrelid = i.indrelid and h.inhparent = 'pgque.event'::regclass
+		  join pgque.queue q on q.queue_name = $1
+		 where not i.indisunique and c.relname like 'event\_' || q.queue_id || '\_%'`, queue)
+}
+
+// TestRoutingIndexReplacesTheTxidIndex: an event table has one index that
+// leads with (ev_txid, ev_id): the engine's, until a slot group's routing
+// index, (ev_txid, ev_id, route), takes its place (one index entry per
+// send instead of two). A slot's routing predicate is a condition of that
+// index. When the engine's index cannot be dropped at once (its table in
+// use), maint_route_indexes drops it later; and when the last routing
+// index of a table goes, the engine's index comes back first.
+func TestRoutingIndexReplacesTheTxidIndex(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("q")
+	id := one[int32](t, d.pool, "select queue_id from pgque.queue where queue_name = 'q'")
+	want := func(kind string) []string {
+		var w []string
+		for n := range 3 {
+			switch kind {
+			case "txid":
+				w = append(w, fmt.Sprintf("event_%d_%d_txid (ev_txid, ev_id)", id, n))
+			case "route4":
+				w = append(w, fmt.Sprintf("event_%d_%d_route4 (ev_txid, ev_id, route)", id, n))
+			}
+		}
+		return w
+	}
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want("txid")) {
+		t.Fatalf("indexes of a new queue: %q, want %q", got, want("txid"))
+	}
+
+	// A reader of the current table holds up the drop of its engine index
+	// (the lock waits 100 ms), not the routing index.
+	cur := one[string](t, d.pool, "select pgque._event_table(queue_id, queue_cur_table) from pgque.queue where queue_name = 'q'")
+	hold, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(ctx)
+	if _, err := hold.Exec(ctx, "select count(*) from "+cur); err != nil {
+		t.Fatal(err)
+	}
+	d.subscribeSlots("q", "c", 4)
+	got := eventIndexes(t, d.pool, "q")
+	if len(got) != 4 || !slices.Contains(got, strings.Replace(want("txid")[0], "_0_", "_"+cur[len(cur)-1:]+"_", 1)) {
+		t.Fatalf("indexes with %s in use: %q, want the routing indexes and %s's engine index", cur, got, cur)
+	}
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := one[int32](t, d.pool, "select pgque.maint_route_indexes()"); n != 1 {
+		t.Errorf("maint_route_indexes() = %d, want 1 (the engine index left behind)", n)
+	}
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want("route4")) {
+		t.Fatalf("indexes of a queue with 4 slots: %q, want %q", got, want("route4"))
+	}
+
+	// Slot 2's predicate is a condition of the routing index.
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	plan := one[string](t, tx, `select pgque._slot_filter(2, 4)`)
+	if _, err := tx.Exec(ctx, "set local enable_seqscan = off; set local enable_bitmapscan = off"); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	rows, err := tx.Query(ctx, "explain select ev_id from "+cur+" where ev_txid >= '1' and ev_txid < '100' and "+plan+" order by ev_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var l string
+		if err := rows.Scan(&l); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, l)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(lines, "\n")
+	if !strings.Contains(text, "_route4") || !regexp.MustCompile(`Index Cond: .*hashtextextended.* = 2\)`).MatchString(text) {
+		t.Errorf("slot 2's read is not an index condition on the routing index:\n%s", text)
+	}
+	tx.Rollback(ctx)
+
+	// Events sent meanwhile reach the slots and a plain consumer alike.
+	d.exec("select pgque.subscribe('q', 'plain')")
+	k := "tenant-1"
+	ids := []int64{d.send("q", &k), d.send("q", nil), d.send("q", &k)}
+	d.tick("q")
+	if got := one[[]int64](t, d.pool, "select array_agg(msg_id) from pgque.receive('q', 'plain', 100)"); !slices.Equal(got, ids) {
+		t.Errorf("the plain consumer received %v, want %v", got, ids)
+	}
+	var slotted []int64
+	refs := d.claimAll("q", "c", 4, "w", 100)
+	for _, r := range refs {
+		for _, m := range mustReceive(t, d.pool, r) {
+			slotted = append(slotted, m.ID)
+		}
+	}
+	slices.Sort(slotted)
+	if !slices.Equal(slotted, ids) {
+		t.Errorf("the slots received %v, want %v", slotted, ids)
+	}
+
+	// The last slot goes: its routing indexes go, after the engine's is back.
+	for s := range 4 {
+		release(t, d.pool, "q", "c", s, "w")
+		d.exec("select pgque.unsubscribe_slot('q', 'c', $1, 4)", s)
+	}
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want("txid")) {
+		t.Errorf("indexes once the slots are gone: %q, want %q", got, want("txid"))
+	}
+}
+
+// TestInvalidRoutingIndexLeavesTheTxidIndex: a table too full for its
+// routing index keeps the engine's (ev_txid, ev_id) index, and an invalid
+// routing index on it (a CREATE INDEX CONCURRENTLY that failed, as
+// docs/operations.md has an operator run) does not count as its
+// replacement: maint_route_indexes leaves the engine's index alone.
+func TestInvalidRoutingIndexLeavesTheTxidIndex(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	d.createQueue("q")
+	keys := make([]*string, 1001)
+	for i := range keys {
+		keys[i] = ptr(fmt.Sprintf("tenant-%d", i))
+	}
+	d.sendBatch("q", keys)
+	cur := one[string](t, d.pool, "select queue_id || '_' || queue_cur_table from pgque.queue where queue_name = 'q'")
+	d.subscribeSlots("q", "c", 4)
+	got := eventIndexes(t, d.pool, "q")
+	if !slices.Contains(got, "event_"+cur+"_txid (ev_txid, ev_id)") || slices.Contains(got, "event_"+cur+"_route4 (ev_txid, ev_id, route)") {
+		t.Fatalf("indexes with event_%s full: %q, want its engine index and no routing index", cur, got)
+	}
+	d.exec(fmt.Sprintf(`create index event_%s_route4 on pgque.event_%s
+		(ev_txid, ev_id, (case when ev_extra1 is null then 0 else (pg_catalog.hashtextextended(ev_extra1, 0) %% 4 + 4) %% 4 end))`, cur, cur))
+	d.exec(fmt.Sprintf("update pg_catalog.pg_index set indisvalid = false where indexrelid = 'pgque.event_%s_route4'::regclass", cur))
+	d.exec("select pgque.maint_route_indexes()")
+	if got := eventIndexes(t, d.pool, "q"); !slices.Contains(got, "event_"+cur+"_txid (ev_txid, ev_id)") {
+		t.Errorf("indexes after maint_route_indexes: %q, want event_%s's engine index kept beside its invalid routing index", got, cur)
 	}
 }

@@ -42,6 +42,7 @@ begin
         execute format('create table %s (like pgque.event including defaults)', v_tbl);
         execute format('alter table pgque.event attach partition %s for values in (%s)',
                        v_tbl, pgque._part(v_id, v_n));
+        perform pgque._txid_index_build(v_id, v_n);
     end loop;
 
     insert into pgque.queue (queue_id, queue_name, queue_ntables, queue_event_seq)
@@ -52,6 +53,75 @@ begin
     insert into pgque.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq, tick_xid)
     values (v_id, nextval('pgque.tick_id_seq'), clock_timestamp(), pg_current_snapshot(), 0, pg_current_xact_id());
     return 1;
+end;
+$$;
+
+-- _txid_indexes(table): the table's own valid indexes (not a partition of
+-- an index of pgque.event, nor one a failed CREATE INDEX CONCURRENTLY
+-- left) whose first two columns are ev_txid and ev_id.
+-- Every event table has at least one: the readers of batches, the
+-- ticker's straggler probe and the views need it. The engine builds
+-- (ev_txid, ev_id), named by _txid_index_name; a layer may replace it by
+-- an index with more columns after those two (the partition layer's
+-- routing indexes).
+create or replace function pgque._txid_indexes(i_table regclass)
+returns text[] language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce(array_agg(c.relname::text order by c.relname), '{}')
+      from pg_catalog.pg_index i
+      join pg_catalog.pg_class c on c.oid = i.indexrelid
+     where i.indrelid = i_table and i.indnatts >= 2 and i.indisvalid
+       and i.indkey[0] = (select a.attnum from pg_catalog.pg_attribute a where a.attrelid = i_table and a.attname = 'ev_txid')
+       and i.indkey[1] = (select a.attnum from pg_catalog.pg_attribute a where a.attrelid = i_table and a.attname = 'ev_id')
+       and not exists (select from pg_catalog.pg_inherits h where h.inhrelid = i.indexrelid)
+$$;
+
+-- _txid_index_name(queue_id, n): the name of the engine's (ev_txid, ev_id)
+-- index of a queue's n-th event table.
+create or replace function pgque._txid_index_name(i_queue_id integer, i_n integer)
+returns text language sql immutable
+as $$ select 'event_' operator(pg_catalog.||) i_queue_id::pg_catalog.text operator(pg_catalog.||) '_'
+             operator(pg_catalog.||) i_n::pg_catalog.text operator(pg_catalog.||) '_txid' $$;
+
+-- _txid_index_build(queue_id, n[, besides]): builds the engine's (ev_txid,
+-- ev_id) index on a queue's n-th event table unless the table has an
+-- index that leads with those columns already (_txid_indexes), not
+-- counting the index named besides (one about to be dropped). A build
+-- takes the table's SHARE lock: sends to it wait until the transaction
+-- ends.
+create or replace function pgque._txid_index_build(i_queue_id integer, i_n integer, i_besides text default null)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if not exists (select from unnest(pgque._txid_indexes(pgque._event_table(i_queue_id, i_n)::regclass)) x
+                    where x is distinct from i_besides) then
+        execute format('create index %I on %s (ev_txid, ev_id)',
+                       pgque._txid_index_name(i_queue_id, i_n), pgque._event_table(i_queue_id, i_n));
+    end if;
+end;
+$$;
+
+-- Installs before this one indexed (ev_txid, ev_id), and before that
+-- (ev_txid), on pgque.event, that is on every table: every event table
+-- gets an index of its own first (a build under its SHARE lock: sends to
+-- it wait), then the index of pgque.event goes with the copies it made.
+do $$
+declare
+    r record;
+begin
+    if pg_catalog.to_regclass('pgque.event_txid_id_idx') is null
+       and pg_catalog.to_regclass('pgque.event_txid_idx') is null then
+        return;
+    end if;
+    for r in select q.queue_id, t.n from pgque.queue q
+               cross join lateral pg_catalog.generate_series(0, q.queue_ntables - 1) t(n)
+              order by 1, 2 loop
+        perform pgque._txid_index_build(r.queue_id, r.n);
+    end loop;
+    drop index if exists pgque.event_txid_id_idx;
+    drop index if exists pgque.event_txid_idx;
 end;
 $$;
 

@@ -62,14 +62,16 @@ create table if not exists pgque.event (
     ev_extra4 text
 ) partition by list (ev_part);
 
--- (ev_txid, ev_id): a batch is its ev_txid ranges, and ev_id, its order,
--- in the index lets a chunk of a large batch be read from the index
--- alone (see "Large batches" in docs/design.md). Installs before it had
--- (ev_txid) only: the first install of this version builds the new index
--- on every event table (a SHARE lock each: sends wait for the build) and
--- drops the old one.
-select pgque._create_index('event_txid_id_idx', $ddl$create index event_txid_id_idx on pgque.event (ev_txid, ev_id)$ddl$);
-drop index if exists pgque.event_txid_idx;
+-- Each event table has an index of its own that leads with (ev_txid, ev_id)
+-- (a batch is its ev_txid ranges, and ev_id, its order, in the index lets
+-- a chunk of a large batch be read from the index alone: "Large batches"
+-- in docs/design.md). It is not an index of pgque.event, which every
+-- partition would have to carry: a table that slot consumers read carries
+-- the same two columns with its routing expression after them instead, one
+-- index where there were two (see "Event storage" in docs/design.md and
+-- pgque._txid_index_build in functions/pgque.create_queue.sql, which also
+-- moves the indexes of earlier versions, made on pgque.event, onto the
+-- tables).
 
 -- ev_dedup: an idempotency key, unique within an event table (the
 -- partial index holds no entry for the NULL of an event without one).

@@ -124,11 +124,12 @@ end;
 $$;
 
 -- _route_index(queue_id, nslots, wanted): creates (or drops, when no slot
--- group of the queue uses nslots any more) an index per event table on the
--- routing expression for nslots, ev_txid and ev_id. With it, slot k reads only
--- its own events instead of the whole stream: N slots cost about one
--- reader, not N. The expression is spelled exactly as _slot_filter spells
--- it, so the planner matches the predicate to the index.
+-- group of the queue uses nslots any more) an index per event table on
+-- ev_txid, ev_id and the routing expression for nslots (_route_index_build).
+-- With it, slot k reads only its own events' rows from the table instead
+-- of the whole stream's: N slots cost about one reader, not N. The
+-- expression is spelled exactly as _slot_filter spells it, so the planner
+-- matches the predicate to the index.
 --
 -- Building an index blocks the table's producers while it runs, and every
 -- index slows every insert. So a queue has at most 4 distinct N with an
@@ -184,17 +185,25 @@ begin
                 perform set_config('lock_timeout', v_old_lt, true);
             end;
         else
-            execute format('drop index if exists pgque.%I', v_ix);
+            perform pgque._route_index_drop(i_queue_id, v_n, v_ix);
         end if;
     end loop;
 end;
 $$;
 
 -- _route_index_build(queue_id, table, nslots): creates one routing index,
--- ((routing expression), ev_txid, ev_id): ev_id lets a slot's chunk of a
--- large batch be read from the index alone ("Large batches" in
--- docs/design.md). An index of an earlier version, without ev_id, is
--- dropped and built again.
+-- (ev_txid, ev_id, (routing expression)), then drops the engine's (ev_txid,
+-- ev_id) index of the table (pgque._txid_index_build), whose work it does:
+-- a batch is an ev_txid range, read in ev_id order, from either; slot k's
+-- rows are those whose third column is k, tested on the index entry, so
+-- only theirs are read from the table. A keyed send then writes one index
+-- entry of 32 bytes where it wrote two (24 and 32): 72 bytes of WAL less
+-- ("WAL per keyed send" in docs/benchmarks.md). An index of an earlier
+-- version (the routing expression first, or without ev_id) is dropped and
+-- built again. The drop of the engine's index needs the table's ACCESS
+-- EXCLUSIVE lock: it is tried in a subtransaction of its own, waiting at
+-- most what the caller's lock_timeout allows, and when the lock is not
+-- granted the table keeps both indexes until maint_route_indexes drops it.
 create or replace function pgque._route_index_build(i_queue_id integer, i_table integer, i_nslots integer)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -205,21 +214,59 @@ begin
     if pgque._route_index_old(v_ix) then
         execute format('drop index pgque.%I', v_ix);
     end if;
-    execute format('create index if not exists %I on %s ((%s), ev_txid, ev_id)',
+    execute format('create index if not exists %I on %s (ev_txid, ev_id, (%s))',
                    v_ix,
                    pgque._event_table(i_queue_id, i_table),
                    regexp_replace(pgque._slot_filter(0, i_nslots), ' = 0$', ''));
+    if v_ix = any (pgque._txid_indexes(pgque._event_table(i_queue_id, i_table)::regclass)) then
+        begin
+            execute format('drop index if exists pgque.%I', pgque._txid_index_name(i_queue_id, i_table));
+        exception when lock_not_available then
+            null;
+        end;
+    end if;
 end;
 $$;
 
--- _route_index_old(index): whether the routing index exists without
--- ev_id (made by an earlier version).
+-- _route_index_old(index): whether the routing index exists in the shape
+-- of an earlier version (the routing expression first, or without ev_id),
+-- or invalid (a CREATE INDEX CONCURRENTLY that failed): to be built again.
 create or replace function pgque._route_index_old(i_index text)
 returns boolean language sql stable
 set search_path = pg_catalog, pg_temp
 as $$
-    select coalesce((select i.indnatts < 3 from pg_catalog.pg_index i
+    select coalesce((select i.indnatts < 3 or i.indkey[0] = 0 or not i.indisvalid from pg_catalog.pg_index i
                       where i.indexrelid = pg_catalog.to_regclass(pg_catalog.format('pgque.%I', i_index))), false)
+$$;
+
+-- _route_index_drop(queue_id, table, index): drops a routing index no slot
+-- group uses any more, keeping an index that leads with (ev_txid, ev_id)
+-- on the table (_txid_indexes): when the routing index is the last one,
+-- the engine's index is built first, on a table of at most 1000 rows; on a
+-- fuller table the routing index stays, and maint_route_indexes drops it
+-- once rotation has emptied the table. Returns whether it dropped it. The
+-- caller bounds the lock waits.
+create or replace function pgque._route_index_drop(i_queue_id integer, i_table integer, i_index text)
+returns boolean language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_tbl regclass := pgque._event_table(i_queue_id, i_table)::regclass;
+    v_big boolean;
+begin
+    if pg_catalog.to_regclass(format('pgque.%I', i_index)) is null then
+        return false;
+    end if;
+    if not exists (select from unnest(pgque._txid_indexes(v_tbl)) x where x <> i_index) then
+        execute format('select count(*) > 1000 from (select 1 from %s limit 1001) x', v_tbl) into v_big;
+        if v_big then
+            return false;
+        end if;
+        perform pgque._txid_index_build(i_queue_id, i_table, i_index);
+    end if;
+    execute format('drop index pgque.%I', i_index);
+    return true;
+end;
 $$;
 
 -- maint_route_indexes(): builds the routing indexes _route_index had to
@@ -264,21 +311,31 @@ begin
     end loop;
     -- Routing indexes of an N no slot group uses any more (the old N of a
     -- completed resize): dropped here rather than in the cutover, because
-    -- the drop needs the table's exclusive lock, waited for at most 100 ms.
+    -- the drop needs the table's exclusive lock, waited for at most 100 ms
+    -- (_route_index_drop keeps an index that leads with (ev_txid, ev_id)).
+    -- And the engine's (ev_txid, ev_id) index of a table that has a
+    -- routing index in use, which _route_index_build could not drop.
     for r in
-        select c.relname, m[1]::integer as queue_id, m[3]::integer as nslots
+        select c.relname, m[1]::integer as queue_id, m[2]::integer as tbl,
+               exists (select 1 from pgque.slot_group g where g.sg_queue = m[1]::integer
+                          and (g.sg_nslots = m[3]::integer or g.sg_resize_to = m[3]::integer)) as used
           from pg_catalog.pg_class c
           join pg_catalog.pg_namespace ns on ns.oid = c.relnamespace and ns.nspname = 'pgque'
           cross join lateral pg_catalog.regexp_match(c.relname, '^event_([0-9]+)_([0-9]+)_route([0-9]+)$') m
          where c.relkind = 'i' and m is not null
+         order by 2, 3, 1
     loop
-        continue when exists (select 1 from pgque.slot_group g where g.sg_queue = r.queue_id
-                                 and (g.sg_nslots = r.nslots or g.sg_resize_to = r.nslots));
+        continue when r.used and (pg_catalog.to_regclass(format('pgque.%I', pgque._txid_index_name(r.queue_id, r.tbl))) is null
+                                  or r.relname <> all (pgque._txid_indexes(pgque._event_table(r.queue_id, r.tbl)::regclass)));
         begin
             perform set_config('lock_timeout', '100ms', true);
-            execute format('drop index if exists pgque.%I', r.relname);
+            if r.used then
+                execute format('drop index pgque.%I', pgque._txid_index_name(r.queue_id, r.tbl));
+                v_n := v_n + 1;
+            elsif pgque._route_index_drop(r.queue_id, r.tbl, r.relname) then
+                v_n := v_n + 1;
+            end if;
             perform set_config('lock_timeout', v_old_lt, true);
-            v_n := v_n + 1;
         exception when lock_not_available then
             perform set_config('lock_timeout', v_old_lt, true);
         end;

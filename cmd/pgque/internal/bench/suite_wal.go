@@ -188,7 +188,10 @@ func walUpstream(ctx context.Context, e *env, r *recorder, slots, reps int, insp
 		r.compare("send_total_vs_upstream", single(pgqueTotal), "upstream_send_total", single(total), "bytes/event", nil, "")
 	}
 	e.logf("   | WAL position advance | %.1f | %.1f | %.2f× |", pgqueAdvance, advance, pgqueAdvance/advance)
-	r.compare("send_lsn_advance_vs_upstream", single(pgqueAdvance), "upstream_send_lsn_advance", single(advance), "bytes/event", nil, "")
+	// The target of docs/benchmarks.md, "WAL per keyed send": at most a
+	// tenth more than upstream's, which has no routing index.
+	r.compare("send_lsn_advance_vs_upstream", single(pgqueAdvance), "upstream_send_lsn_advance", single(advance), "bytes/event",
+		valueAtMostRatio(1.1), "")
 	return nil
 }
 
