@@ -167,6 +167,12 @@ func TestBadPayloads(t *testing.T) {
 		{"send_batch with a NUL escape in a text payload", `select pgque.send_batch('q', 't', array['{}', '"\u0000"'])`, nil, "22P05", nil},
 		{"send with an invalid text payload", `select pgque.send('q', 't', '{"a": }'::text, 'k')`, nil, "22P02", []string{"json"}},
 		{"send with a NUL escape in a text payload", `select pgque.send('q', 't', '{"a": "\u0000"}'::text, 'k')`, nil, "22P05", nil},
+		// Escapes that json_in takes and jsonb refuses: the text forms refuse
+		// them too, or jsonb readers would get the payload as a JSON string.
+		{"send with a lone high surrogate in a text payload", `select pgque.send('q', 't', '{"a": "\ud83d"}'::text, 'k')`, nil, "22P02", []string{"json"}},
+		{"send with a lone low surrogate in a text payload", `select pgque.send('q', 't', '["\uDE00x"]'::text, NULL)`, nil, "22P02", []string{"json"}},
+		{"send_batch with a lone surrogate in a text payload", `select pgque.send_batch('q', 't', array['{}', '"\udbff"'])`, nil, "22P02", []string{"json"}},
+		{"mixed send_batch with a lone surrogate in a text payload", `select pgque.send_batch('q', array['a', 'b'], array['"\ud800"', '{}'])`, nil, "22P02", []string{"json"}},
 		{"send_batch with too few keys", "select pgque.send_batch('q', 't', array['{}', '{}', '{}']::jsonb[], array['a', 'b'])", nil, "PQ011", []string{"2 partition keys for 3 payloads"}},
 		{"send_batch with 2-D payloads", "select pgque.send_batch('q', 't', array[['{}'], ['{}']]::jsonb[])", nil, "PQ011", []string{"one-dimensional"}},
 		{"mixed send_batch with too few types", "select pgque.send_batch('q', array['a', 'b'], array['{}', '{}', '{}']::jsonb[])", nil, "PQ011", []string{"2 types for 3 payloads"}},

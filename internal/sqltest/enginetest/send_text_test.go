@@ -167,3 +167,44 @@ func TestSendBatchIDsPairWithPayloads(t *testing.T) {
 		t.Errorf("refused batches took ids %d..%d", beforeID+1, id)
 	}
 }
+
+// TestSendTextTakesWhatJSONBTakes: the JSON that the text forms of send
+// parse as jsonb besides json (_jsonb_may_refuse) is still sent when jsonb
+// takes it: a surrogate pair, a Hangul escape, Go's escape of "<". Each is
+// stored as given and read by receive as the JSON value it is, not as a
+// string, like a number of 5 exponent digits and a payload over 4 kB.
+func TestSendTextTakesWhatJSONBTakes(t *testing.T) {
+	t.Parallel()
+	_, pool := setupEngine(t)
+	payloads := []string{
+		`{"s": "\ud83d\ude00"}`,
+		`["\uD55C", "\u003c"]`,
+		`{"n": 1e99999, "m": 2E-16000}`,
+		`{"pad": "` + strings.Repeat("y", 5000) + `", "n": 12345}`,
+	}
+	var ids []int64
+	for _, p := range payloads {
+		ids = append(ids, scalar[int64](t, pool, `select pgque.send('q', 't', $1::text, 'k')`, p))
+	}
+	ids = append(ids, scalar[[]int64](t, pool, `select pgque.send_batch('q', 't', $1::text[])`, payloads)...)
+	tick(t, pool, "q")
+	got := mustReceive(t, pool, "q", "c", 100)
+	if len(got) != 2*len(payloads) {
+		t.Fatalf("received %v, want %v", msgIDs(got), ids)
+	}
+	for i, m := range got {
+		p := payloads[i%len(payloads)]
+		if m.MsgID != ids[i] {
+			t.Fatalf("received %v, want %v", msgIDs(got), ids)
+		}
+		if kind := scalar[string](t, pool, `select jsonb_typeof($1::jsonb)`, m.Payload); kind == "string" {
+			t.Errorf("event %d (%.40s…) came back as a JSON string", m.MsgID, p)
+		}
+		if same := scalar[bool](t, pool, `select $1::jsonb = $2::jsonb`, m.Payload, p); !same {
+			t.Errorf("event %d came back as %.60s…, want %.60s…", m.MsgID, m.Payload, p)
+		}
+		if stored := scalar[string](t, pool, `select ev_data from pgque.event where ev_id = $1`, m.MsgID); stored != p {
+			t.Errorf("event %d is stored as %.60s…, want the text as given", m.MsgID, stored)
+		}
+	}
+}
