@@ -69,7 +69,11 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 				return nil, err
 			}
 			return pc.Hijack(), nil
-		}, []string{workerpool.TickChannel, workerpool.SlotsChannel, workerpool.PresenceChannel, tickerd.ResignChannel}, cfg.Logger)
+		}, []string{workerpool.TickChannel, workerpool.SlotsChannel, workerpool.PresenceChannel, tickerd.ResignChannel},
+			func(ctx context.Context, channel, payload string) error {
+				_, err := pool.Exec(ctx, "select pg_catalog.pg_notify($1, $2)", channel, payload)
+				return err
+			}, cfg.Logger)
 	}
 	return c, nil
 }

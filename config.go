@@ -32,6 +32,9 @@ type Config struct {
 	// held. Consumers then rely on their poll interval alone, and the worker
 	// pools of a partitioned consumer cannot hear each other's announcements,
 	// so they spread only over free slots (see docs/worker-pool.md).
+	// Without it, each LISTEN session is sent a notification through the
+	// pool once it listens, and the Logger gets a warning when that does
+	// not arrive within 3 s of its commit: the sign of such a pooler.
 	PollOnly bool
 
 	// SendConcurrency bounds the statements Client.Send keeps running at

@@ -51,6 +51,15 @@ func NotifierSessions(client *Client) int64 {
 	return client.notifier.Sessions()
 }
 
+// NotifierProbes returns how many of client's LISTEN sessions got their
+// probe back and how many did not (see notifier.ProbeChannel).
+func NotifierProbes(client *Client) (ok, failed int64) {
+	if client.notifier == nil {
+		return 0, 0
+	}
+	return client.notifier.Probes()
+}
+
 // SetWorkHook makes pc tell hook the slot of every chunk call its pool
 // makes. Call it before Start.
 func SetWorkHook(pc *PartitionedConsumer, hook func(slot int)) { pc.workHook = hook }

@@ -2,6 +2,8 @@ package pgque_test
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,4 +102,69 @@ func TestNotifierSessionHonoursPoolHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.wait(t, 1)
+}
+
+// TestNotifierProbe: each LISTEN session is sent a notification through
+// the pool. On a direct connection it comes back and nothing is logged;
+// through PgBouncer in transaction mode it never does (the pooler drops
+// notifications that arrive while no client is linked to the server
+// connection), so the client logs that wake-ups do not arrive and names
+// PollOnly, and still delivers by its polls.
+func TestNotifierProbe(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	startTicker(t, env.client)
+	t.Cleanup(func() {
+		if t.Failed() {
+			ok, failed := pgque.NotifierProbes(env.client)
+			t.Logf("the direct client's probes: %d ok, %d failed", ok, failed)
+		}
+	})
+	direct := &collector{}
+	startConsumer(t, env, &pgque.ConsumerConfig{Queue: env.queue, Consumer: "direct", Handler: direct.handle, PollInterval: time.Hour})
+	pgtest.WaitFor(t, 10*time.Second, "the direct session's probe to come back", func() bool {
+		ok, _ := pgque.NotifierProbes(env.client)
+		return ok == 1
+	})
+	if _, failed := pgque.NotifierProbes(env.client); failed != 0 {
+		t.Errorf("%d probes of the direct session failed", failed)
+	}
+
+	cfg := pgtest.PgBouncer(t, env.dsn, 2)
+	bp, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bp.Close)
+	var logs syncBuffer
+	bc, err := pgque.NewClient(bp, &pgque.Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			dok, dfailed := pgque.NotifierProbes(env.client)
+			pok, pfailed := pgque.NotifierProbes(bc)
+			t.Logf("probes: direct %d ok %d failed, pooled %d ok %d failed; the pooled client's log:\n%s", dok, dfailed, pok, pfailed, logs.String())
+		}
+	})
+	pooled := &collector{}
+	startConsumer(t, &testEnv{dsn: env.dsn, pool: bp, client: bc, queue: env.queue},
+		&pgque.ConsumerConfig{Queue: env.queue, Consumer: "pooled", Handler: pooled.handle, PollInterval: 100 * time.Millisecond})
+	pgtest.WaitFor(t, 15*time.Second, "the pooled session's probe to fail", func() bool {
+		_, failed := pgque.NotifierProbes(bc)
+		return failed == 1
+	})
+	if !strings.Contains(logs.String(), "PollOnly") {
+		t.Errorf("the warning does not name PollOnly: %s", logs.String())
+	}
+	if ok, _ := pgque.NotifierProbes(bc); ok != 0 {
+		t.Errorf("%d probes came back through the pooler", ok)
+	}
+	if _, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 1}); err != nil {
+		t.Fatal(err)
+	}
+	pooled.wait(t, 1)
+	direct.wait(t, 1)
 }

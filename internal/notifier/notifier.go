@@ -12,6 +12,8 @@ package notifier
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -24,6 +26,25 @@ import (
 
 // ConnectFunc opens the dedicated session.
 type ConnectFunc func(ctx context.Context) (*pgx.Conn, error)
+
+// NotifyFunc sends a notification on another connection than the session
+// (the application's pool), committed when it returns nil.
+type NotifyFunc func(ctx context.Context, channel, payload string) error
+
+// ProbeChannel carries each session's test of itself: once it listens, a
+// token is sent on this channel through the pool (NotifyFunc), and a
+// session that does not get it back within ProbeWait of its commit logs a
+// warning. A transaction pooler (PgBouncer in transaction mode) makes
+// that happen: the LISTEN holds for the server connection of one
+// transaction, and notifications that arrive while no client is linked to
+// it are dropped, so every wake-up is lost and consumers wait for their
+// polls. The probe goes through another connection because such a pooler
+// hands a connection's own NOTIFY back to it (the server sends it before
+// the transaction's end).
+const ProbeChannel = "pgque_probe"
+
+// ProbeWait is how long a probe's notification may take to arrive.
+const ProbeWait = 3 * time.Second
 
 // Subscription delivers the payloads of one channel that match its filter.
 type Subscription struct {
@@ -44,13 +65,19 @@ func (s *Subscription) Unlisten() { s.n.remove(s) }
 
 // Notifier owns the LISTEN session.
 type Notifier struct {
-	connect  ConnectFunc
-	channels []string
-	logger   *slog.Logger
-	retry    backoff.Policy
+	connect   ConnectFunc
+	channels  []string
+	notify    NotifyFunc
+	probeWait time.Duration
+	logger    *slog.Logger
+	retry     backoff.Policy
 
 	// sessions counts the sessions that reached LISTEN (see Sessions).
 	sessions atomic.Int64
+	// probesFailed counts the probes that did not come back (see ProbeChannel).
+	probesFailed atomic.Int64
+	// probesOK counts those that did.
+	probesOK atomic.Int64
 
 	mu     sync.Mutex
 	subs   map[*Subscription]struct{}
@@ -59,15 +86,25 @@ type Notifier struct {
 }
 
 // New returns a Notifier that will LISTEN on channels once subscribed to.
-func New(connect ConnectFunc, channels []string, logger *slog.Logger) *Notifier {
+// With notify, each session probes itself (see ProbeChannel).
+func New(connect ConnectFunc, channels []string, notify NotifyFunc, logger *slog.Logger) *Notifier {
 	return &Notifier{
-		connect:  connect,
-		channels: channels,
-		logger:   logger,
-		retry:    backoff.Policy{Base: 100 * time.Millisecond, Max: 10 * time.Second, Jitter: 0.3},
-		subs:     make(map[*Subscription]struct{}),
+		connect:   connect,
+		channels:  channels,
+		notify:    notify,
+		probeWait: ProbeWait,
+		logger:    logger,
+		retry:     backoff.Policy{Base: 100 * time.Millisecond, Max: 10 * time.Second, Jitter: 0.3},
+		subs:      make(map[*Subscription]struct{}),
 	}
 }
+
+// SetProbeWait changes ProbeWait for this Notifier; call it before the
+// first Listen.
+func (n *Notifier) SetProbeWait(d time.Duration) { n.probeWait = d }
+
+// Probes returns how many sessions' probes came back and how many did not.
+func (n *Notifier) Probes() (ok, failed int64) { return n.probesOK.Load(), n.probesFailed.Load() }
 
 // Sessions returns how many sessions have reached LISTEN on every channel
 // so far. A notification sent after it grew is delivered; tests use it to
@@ -158,7 +195,11 @@ func (n *Notifier) session(ctx context.Context) (bool, error) {
 		_ = conn.Close(closeCtx)
 	}()
 	q := dbq.New(conn)
-	for _, ch := range n.channels {
+	channels := n.channels
+	if n.notify != nil {
+		channels = append(channels[:len(channels):len(channels)], ProbeChannel)
+	}
+	for _, ch := range channels {
 		if err := q.Listen(ctx, ch); err != nil {
 			return false, err
 		}
@@ -166,11 +207,55 @@ func (n *Notifier) session(ctx context.Context) (bool, error) {
 	n.sessions.Add(1)
 	// Anything sent while we were not listening is lost: wake everyone.
 	n.dispatch("", "", true)
+	// The probe's wait ends with the session: a session lost before its
+	// token came back is not a pooler's doing.
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	token, back := n.probe(pctx)
 	for {
 		note, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return true, err
 		}
+		if note.Channel == ProbeChannel {
+			if token != "" && note.Payload == token {
+				token = ""
+				close(back)
+			}
+			continue
+		}
 		n.dispatch(note.Channel, note.Payload, false)
 	}
+}
+
+// probe sends a session's probe (see ProbeChannel) and returns its token
+// and the channel session closes when the token arrives; "" without a
+// NotifyFunc. A probe that cannot be sent (the pool's own calls report
+// that) warns of nothing.
+func (n *Notifier) probe(ctx context.Context) (string, chan struct{}) {
+	if n.notify == nil {
+		return "", nil
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	token := hex.EncodeToString(b[:])
+	back := make(chan struct{})
+	go func() {
+		if err := n.notify(ctx, ProbeChannel, token); err != nil {
+			return
+		}
+		t := time.NewTimer(n.probeWait)
+		defer t.Stop()
+		select {
+		case <-back:
+			n.probesOK.Add(1)
+		case <-ctx.Done():
+		case <-t.C:
+			n.probesFailed.Add(1)
+			n.logger.WarnContext(ctx, "pgque: the LISTEN session did not receive a notification sent through the pool: "+
+				"wake-ups do not arrive, so consumers wait for their polls (behind a transaction pooler such as "+
+				"PgBouncer in transaction mode, set Config.PollOnly)", slog.Duration("waited", n.probeWait))
+		}
+	}()
+	return token, back
 }

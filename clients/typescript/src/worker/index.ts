@@ -6,3 +6,4 @@ export type { Handler, HandlerContext, HandleResult } from "./slot.js";
 export type { Message } from "./message.js";
 export { RetryAfterError, DeadLetterError, HandlerTimeoutError, LeaseLostError, WorkerKilledError, HandlersStillRunningError, type RunningHandler, retryAfter, deadLetter } from "./outcome.js";
 export { makePlan } from "./fairshare.js";
+export { ListenNotDeliveringError, PROBE_WAIT_MS } from "./listener.js";

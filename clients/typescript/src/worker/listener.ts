@@ -10,13 +10,40 @@
 // subscriber (notifications sent meanwhile were lost). Polling stays the
 // fallback in every loop.
 
-import { createHash } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import pg from "pg";
 import { isPool, type Executor } from "../executor.js";
 
 export const tickChannel = "pgque";
 export const slotsChannel = "pgque_slots";
 export const presenceChannel = "pgque_workers";
+/** The listener's own test of its connection (Listener.probe). */
+export const probeChannel = "pgque_probe";
+
+/** How long a probe waits for its notification, once sent, before it warns. */
+export const PROBE_WAIT_MS = 3000;
+
+/**
+ * Passed to onError when the LISTEN connection does not get a notification
+ * the worker sent it through the pool within PROBE_WAIT_MS of its commit:
+ * notifications do not reach it, so the loops fall back to their polls (a
+ * wake-up a poll interval late instead of at the tick). A transaction pooler (PgBouncer
+ * in transaction mode) does this: a LISTEN holds for the server connection
+ * of one transaction, and notifications that arrive while no client is
+ * linked to it are dropped. Give the listener a direct or session-pooled
+ * connection (the listen option), or pass listen: false to poll without
+ * this warning.
+ */
+export class ListenNotDeliveringError extends Error {
+  constructor(readonly waitedMs: number) {
+    super(
+      `the LISTEN connection did not receive a notification within ${waitedMs} ms of its commit: wake-ups do not arrive, ` +
+        "so each loop waits for its poll (behind a transaction pooler such as PgBouncer in transaction mode, " +
+        "give listen a direct or session-mode connection, or pass listen: false)",
+    );
+    this.name = "ListenNotDeliveringError";
+  }
+}
 
 /** sha256('tick:' || queue), 16 hex digits: pgque._tick_tag. */
 export function tickTag(queue: string): string {
@@ -97,13 +124,33 @@ export class Listener {
   private closed = false;
   private timer: NodeJS.Timeout | null = null;
   private attempt = 0;
+  private probeTimer: NodeJS.Timeout | null = null;
+  private probeToken = "";
+  /**
+   * The last probe's outcome: "none" (no probe: no notify given, or not
+   * connected yet), "waiting", "ok" (the notification arrived), "failed"
+   * (it did not within probeWaitMs; onError was told).
+   */
+  probeState: "none" | "waiting" | "ok" | "failed" = "none";
   /** Resolves once the first connection is up or failed. */
   readonly ready: Promise<void>;
 
+  /**
+   * channels: what to LISTEN on. With notify (a NOTIFY sent on another
+   * connection: the application's pool) each connection also LISTENs on
+   * probeChannel and has notify send it a token once; when that
+   * notification has not arrived within probeWaitMs, onError gets a
+   * ListenNotDeliveringError (see there). The probe goes through another
+   * connection because a transaction pooler hands a connection's own
+   * NOTIFY back to it (the server sends it before the transaction's end)
+   * while it drops the ticker's.
+   */
   constructor(
     private readonly connect: ListenConnect,
     private readonly onError: (err: unknown) => void,
     private readonly channels: readonly string[],
+    private readonly notify: ((channel: string, payload: string) => Promise<void>) | null = null,
+    private readonly probeWaitMs = PROBE_WAIT_MS,
   ) {
     this.ready = this.open();
   }
@@ -131,11 +178,19 @@ export class Listener {
       c = await this.connect();
       c.on("notification", (n) => {
         const payload = n.payload ?? "";
+        if (n.channel === probeChannel) {
+          if (payload === this.probeToken && this.probeState === "waiting") {
+            this.probed();
+            this.probeState = "ok";
+          }
+          return;
+        }
         for (const s of this.subs) if (s.channel === n.channel && s.match(payload)) s.fn(payload);
       });
       c.on("error", (err) => this.broken(c!, err));
       c.on("end", () => this.broken(c!, new Error("LISTEN connection ended")));
       for (const ch of this.channels) await c.query(`listen ${ch}`);
+      if (this.notify) await c.query(`listen ${probeChannel}`);
       if (this.closed) {
         await c.end().catch(() => {});
         return;
@@ -144,15 +199,54 @@ export class Listener {
       const reconnected = this.attempt > 0;
       this.attempt = 0;
       if (reconnected) for (const s of this.subs) s.fn("");
+      if (this.notify) this.probe(c);
     } catch (err) {
       if (c) c.end().catch(() => {});
       this.broken(c, err);
     }
   }
 
+  /**
+   * Has notify send the probe channel a token for connection c and arms
+   * the warning. The token is random: anyone may NOTIFY, but only this
+   * probe's disarms it. A probe that cannot be sent (the pool is down)
+   * warns of nothing: the pool's own calls report that.
+   */
+  private probe(c: pg.Client): void {
+    this.probed();
+    const token = randomBytes(8).toString("hex");
+    this.probeToken = token;
+    this.probeState = "waiting";
+    // The wait starts once the NOTIFY has committed: a slow pool is not a
+    // lost notification.
+    this.notify!(probeChannel, token).then(
+      () => {
+        if (this.probeToken !== token || this.probeState !== "waiting") return;
+        this.probeTimer = setTimeout(() => {
+          this.probeTimer = null;
+          if (this.closed || this.client !== c || this.probeToken !== token || this.probeState !== "waiting") return;
+          this.probeState = "failed";
+          this.onError(new ListenNotDeliveringError(this.probeWaitMs));
+        }, this.probeWaitMs);
+        this.probeTimer.unref();
+      },
+      () => {
+        if (this.probeToken !== token) return;
+        this.probed();
+        this.probeState = "none";
+      },
+    );
+  }
+
+  private probed(): void {
+    if (this.probeTimer) clearTimeout(this.probeTimer);
+    this.probeTimer = null;
+  }
+
   private broken(c: pg.Client | null, err: unknown): void {
     if (this.closed || (c !== null && this.client !== null && this.client !== c)) return;
     if (this.timer) return; // a reconnect is already scheduled
+    this.probed();
     if (c) c.removeAllListeners("notification");
     this.client = null;
     this.onError(err);
@@ -165,6 +259,7 @@ export class Listener {
 
   async close(): Promise<void> {
     this.closed = true;
+    this.probed();
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
     const c = this.client;

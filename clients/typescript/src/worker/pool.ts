@@ -87,15 +87,20 @@ export interface WorkOptions<P = unknown> {
   /**
    * Opens the dedicated LISTEN connection. Default: a pg.Client with the
    * pool's options when the pool is a pg.Pool; `false` polls only (e.g.
-   * behind a transaction pooler).
+   * behind a transaction pooler). Each time it connects, the worker sends
+   * it a notification through the pool; when that does not arrive within
+   * PROBE_WAIT_MS (a transaction pooler drops notifications), onError gets
+   * a ListenNotDeliveringError.
    */
   listen?: ListenConnect | false;
   /**
    * Receives errors the pool recovers from: a failed receive, claim pass,
    * renewal, settle or LISTEN connection (each retried), and a
    * LeaseLostError (with its slot) for each slot it fenced: the chunk in
-   * hand is delivered again; and a HandlersStillRunningError when a hard
-   * stop abandoned handlers that ignore their signal. Default:
+   * hand is delivered again; a HandlersStillRunningError when a hard
+   * stop abandoned handlers that ignore their signal; and a
+   * ListenNotDeliveringError when the LISTEN connection does not get
+   * notifications (see listen). Default:
    * console.warn. Handler errors are not among them (onHandled).
    */
   onError?: (err: unknown) => void;
@@ -344,7 +349,8 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
 
   const listenConnect = opts.listen === false ? null : opts.listen ?? listenFrom(db);
   const listener = listenConnect
-    ? new Listener(listenConnect, (err) => onError(mapError("listening for wake-ups", err)), [tickChannel, slotsChannel, presenceChannel])
+    ? new Listener(listenConnect, (err) => onError(mapError("listening for wake-ups", err)), [tickChannel, slotsChannel, presenceChannel],
+        (channel, payload) => q.notify(db, channel, payload))
     : null;
   const hint = hintTag(opts.queue, opts.consumer);
   let lastHint = 0;
