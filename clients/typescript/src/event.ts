@@ -74,6 +74,12 @@ export function encode(ev: Event): Encoded {
     if (s === undefined) {
       throw new PgqueError(`pgque: the payload (${typeof ev.payload}) has no JSON form; give payload or json`, "invalid_payload");
     }
+    if (s.includes("\\ud") && loneSurrogateEscape.test(s)) {
+      throw new PgqueError(
+        "pgque: an event's payload holds a lone surrogate (half of a UTF-16 pair, as slice() leaves of an emoji it cuts), which jsonb cannot hold",
+        "invalid_payload",
+      );
+    }
     payload = s;
   }
   if (ev.json !== undefined && unstorable(payload) === "a lone surrogate") {
@@ -85,6 +91,16 @@ export function encode(ev: Event): Encoded {
   }
   return { type: storable("type", type), payload, key: optionalText("partitionKey", ev.partitionKey), dedup: optionalText("dedupKey", ev.dedupKey) };
 }
+
+/**
+ * A \u escape of a surrogate in JSON.stringify's output: it writes a pair
+ * as its character and escapes a lone half only (well-formed
+ * JSON.stringify), so any such escape is a lone surrogate, which the
+ * server refuses (jsonb cannot hold it: a jsonb reader would get the
+ * payload as a JSON string). An escape is a backslash after an even run of
+ * them (in JSON, \\ud800 is a backslash and "ud800").
+ */
+const loneSurrogateEscape = /(?:^|[^\\])(?:\\\\)*\\ud[89a-f][0-9a-f]{2}/;
 
 /** A NUL, or an unpaired half of a UTF-16 surrogate pair. */
 const unstorableChar = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;

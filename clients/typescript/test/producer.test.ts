@@ -143,15 +143,22 @@ test("keys, types and dedup keys PostgreSQL cannot store as given are refused, n
     ["number key", { payload: 1, partitionKey: 42 as unknown as string }, "invalid_argument", "partitionKey must be a string or null"],
     ["object dedup key", { payload: 1, dedupKey: { id: 1 } as unknown as string }, "invalid_argument", "dedupKey must be a string or null"],
     ["lone surrogate in json", { json: '{"s":"\ud800"}' }, "invalid_payload", "json holds a lone surrogate"],
+    // JSON.stringify escapes it, and jsonb refuses the escape: a jsonb
+    // reader would get the payload as a JSON string.
+    ["lone surrogate in a payload", { payload: { s: "\ud800" } }, "invalid_payload", "payload holds a lone surrogate"],
+    ["lone low surrogate in a payload", { payload: ["x\udc00"] }, "invalid_payload", "payload holds a lone surrogate"],
   ];
   for (const [what, ev, kind, says] of bad) {
     await assert.rejects(send(db.pool, q, ev), (err) => isPgqueError(err, kind as "invalid_argument") && (err as Error).message.includes(says), what);
     await assert.rejects(sendBatch(db.pool, q, [{ payload: 0 }, ev]), (err) => isPgqueError(err, kind as "invalid_argument"), `${what} in a batch`);
   }
   assert.equal((await stored(q)).length, 0, "a refused event was stored");
-  // Whole surrogate pairs are text like any other; so is a payload holding
-  // a lone surrogate, which JSON.stringify escapes.
-  const a = await send(db.pool, q, { payload: { s: "\ud800" }, partitionKey: "tenant-\ud83d\ude00", dedupKey: "file-\ud83d\ude00" });
+  // The server refuses the escape too (json text that jsonb cannot hold).
+  await assert.rejects(send(db.pool, q, { json: '{"s":"\\ud800"}' }), (err) => isPgqueError(err, "invalid_payload") && (err as { code: string }).code === "22P02");
+  assert.equal((await stored(q)).length, 0, "a refused event was stored");
+  // Whole surrogate pairs are text like any other, and so is a backslash
+  // followed by "ud800".
+  const a = await send(db.pool, q, { payload: { s: "\ud83d\ude00", t: "\\ud800" }, partitionKey: "tenant-\ud83d\ude00", dedupKey: "file-\ud83d\ude00" });
   const b = await send(db.pool, q, { payload: 2, partitionKey: "tenant-\ud83d\ude01", dedupKey: "file-\ud83d\ude01" });
   assert.notEqual(a, b);
   assert.deepEqual((await stored(q)).map((r) => r.key), ["tenant-\ud83d\ude00", "tenant-\ud83d\ude01"]);
