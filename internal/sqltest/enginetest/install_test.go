@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgque/pgque/internal/install"
 	"github.com/pgque/pgque/internal/testing/pgtest"
@@ -173,9 +174,9 @@ func TestInstallOverLiveQueue(t *testing.T) {
 // TestInstallMovesTheEventIndexOntoTheTables: earlier versions indexed
 // (ev_txid, ev_id), and before that (ev_txid), on pgque.event, which made
 // a copy on every event table. An install over either gives every event
-// table an (ev_txid, ev_id) index of its own and drops the one of
-// pgque.event (so that the partition layer can replace a table's index by
-// its routing index), and what was queued is still delivered.
+// table an (ev_txid, ev_id) index of its own, and the next maint() drops
+// the one of pgque.event (so that the partition layer can replace a
+// table's index by its routing index); what was queued is still delivered.
 func TestInstallMovesTheEventIndexOntoTheTables(t *testing.T) {
 	t.Parallel()
 	for _, old := range []string{"event_txid_id_idx on pgque.event (ev_txid, ev_id)", "event_txid_idx on pgque.event (ev_txid)"} {
@@ -192,7 +193,41 @@ func TestInstallMovesTheEventIndexOntoTheTables(t *testing.T) {
 			}
 			exec(t, pool, "create index "+old)
 
-			reinstall(t, dsn)
+			// A producer's lock on pgque.event (alone here: a real one also
+			// holds its table, whose index build would wait for it anyway)
+			// does not hold the install up: the install never locks
+			// pgque.event, which cost sends deadlock errors when it did
+			// (_retire_event_index).
+			ctx := context.Background()
+			producer, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer producer.Rollback(ctx)
+			exec(t, producer, "lock table only pgque.event in row exclusive mode")
+			conn := pgtest.Conn(t, dsn)
+			done := make(chan error, 1)
+			go func() {
+				_, err := install.Install(ctx, conn)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal("reinstall:", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the install waited 30 s for a producer's lock on pgque.event")
+			}
+			// maint() retires the index of pgque.event, once the producer
+			// is done.
+			if old := scalar[int64](t, pool, "select count(*) from pg_catalog.pg_index where indrelid = 'pgque.event'::regclass and not indisunique"); old != 1 {
+				t.Errorf("after the install pgque.event has %d indexes besides the dedup index, want the old one", old)
+			}
+			if err := producer.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			exec(t, pool, "select pgque.maint()")
 
 			defs := column[string](t, pool, `select c.relname || ' ' || regexp_replace(pg_catalog.pg_get_indexdef(i.indexrelid), '^.* USING ', '')
 				  from pg_catalog.pg_index i join pg_catalog.pg_class c on c.oid = i.indexrelid

@@ -394,3 +394,110 @@ func TestInvalidRoutingIndexLeavesTheTxidIndex(t *testing.T) {
 		t.Errorf("indexes after maint_route_indexes: %q, want event_%s's engine index kept beside its invalid routing index", got, cur)
 	}
 }
+
+// txidLedMissing returns the queue's event tables that have no valid index
+// leading with (ev_txid, ev_id).
+func txidLedMissing(t testing.TB, q querier, queue string) []string {
+	t.Helper()
+	return one[[]string](t, q, `select coalesce(array_agg(c.relname::text order by c.relname), '{}')
+		  from pg_catalog.pg_inherits h join pg_catalog.pg_class c on c.oid = h.inhrelid
+		  join pgque.queue q on q.queue_name = $1
+		 where h.inhparent = 'pgque.event'::regclass and c.relname like 'event\_' || q.queue_id || '\_%'
+		   and cardinality(pgque._txid_indexes(c.oid::regclass)) = 0`, queue)
+}
+
+// TestUnsubscribesKeepATxidIndex: two slot groups of different N leave
+// each table two routing indexes and no engine index. Their last slots are
+// unsubscribed at once, the second while the first's transaction still
+// holds the tables: each decides under the table's lock, so a table never
+// ends up with neither (it did when both read the catalog first). An
+// unsubscribe held up by a reader waits at most 100 ms and leaves its
+// routing index to maint_route_indexes, which builds the engine's index
+// before it drops the last routing index.
+func TestUnsubscribesKeepATxidIndex(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("q")
+	d.subscribeSlots("q", "g16", 16)
+	d.subscribeSlots("q", "g8", 8)
+	for s := range 15 {
+		d.exec("select pgque.unsubscribe_slot('q', 'g16', $1, 16)", s)
+	}
+	for s := range 7 {
+		d.exec("select pgque.unsubscribe_slot('q', 'g8', $1, 8)", s)
+	}
+	if n := len(eventIndexes(t, d.pool, "q")); n != 6 {
+		t.Fatalf("indexes before the unsubscribes: %q, want route16 and route8 on each table", eventIndexes(t, d.pool, "q"))
+	}
+
+	s1, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s1.Rollback(ctx)
+	if _, err := s1.Exec(ctx, "select pgque.unsubscribe_slot('q', 'g16', 15, 16)"); err != nil {
+		t.Fatal(err)
+	}
+	s2 := pgtest.Conn(t, d.dsn)
+	pid := one[int32](t, s2, "select pg_backend_pid()")
+	done := make(chan error, 1)
+	go func() {
+		_, err := s2.Exec(ctx, "select pgque.unsubscribe_slot('q', 'g8', 7, 8)")
+		done <- err
+	}()
+	pgtest.WaitFor(t, 10*time.Second, "the second unsubscribe to wait for a table", func() bool {
+		return one[bool](t, d.pool, "select exists (select from pg_stat_activity where pid = $1 and wait_event_type = 'Lock')", pid)
+	})
+	if err := s1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal("the second unsubscribe:", err)
+	}
+	if missing := txidLedMissing(t, d.pool, "q"); len(missing) != 0 {
+		t.Fatalf("tables with no (ev_txid, ev_id) index after both unsubscribes: %v (indexes: %q)", missing, eventIndexes(t, d.pool, "q"))
+	}
+
+	// A reader holds a table; the last unsubscribe does not wait for it.
+	d.subscribeSlots("q", "g4", 4)
+	for s := range 3 {
+		d.exec("select pgque.unsubscribe_slot('q', 'g4', $1, 4)", s)
+	}
+	d.exec("select pgque.maint_route_indexes()")
+	cur := one[string](t, d.pool, "select pgque._event_table(queue_id, queue_cur_table) from pgque.queue where queue_name = 'q'")
+	reader, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx)
+	if _, err := reader.Exec(ctx, "select count(*) from "+cur); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	d.exec("select pgque.unsubscribe_slot('q', 'g4', 3, 4)")
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the last unsubscribe took %v behind a reader", took)
+	}
+	if missing := txidLedMissing(t, d.pool, "q"); len(missing) != 0 {
+		t.Fatalf("tables with no (ev_txid, ev_id) index: %v", missing)
+	}
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.exec("select pgque.maint_route_indexes()")
+	id := one[int32](t, d.pool, "select queue_id from pgque.queue where queue_name = 'q'")
+	var want []string
+	for n := range 3 {
+		want = append(want, fmt.Sprintf("event_%d_%d_txid (ev_txid, ev_id)", id, n))
+	}
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want) {
+		t.Errorf("indexes once no group is left: %q, want %q", got, want)
+	}
+	// A table left with none (by hand here) gets the engine's back.
+	d.exec(fmt.Sprintf("drop index pgque.event_%d_1_txid", id))
+	d.exec("select pgque.maint_route_indexes()")
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want) {
+		t.Errorf("indexes after maint_route_indexes repaired a table: %q, want %q", got, want)
+	}
+}

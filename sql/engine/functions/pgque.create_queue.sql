@@ -103,25 +103,63 @@ begin
 end;
 $$;
 
--- Installs before this one indexed (ev_txid, ev_id), and before that
--- (ev_txid), on pgque.event, that is on every table: every event table
--- gets an index of its own first (a build under its SHARE lock: sends to
--- it wait), then the index of pgque.event goes with the copies it made.
+-- _retire_event_index(): drops the index of pgque.event that installs
+-- before this one made, (ev_txid, ev_id) or before that (ev_txid), with
+-- the copy it put on every table, once every event table has an index of
+-- its own (the install builds them, _txid_index_build). It is not dropped
+-- by the install: the drop needs pgque.event's ACCESS EXCLUSIVE lock, and
+-- the install, holding the SHARE locks of its builds on the tables, would
+-- wait for producers that wait for those tables: a deadlock (40P01 for
+-- the sends), and an install that waits as long as any reader of
+-- pgque.event stays. maint() calls it first, holding no lock yet, so the
+-- lock order is pgque.event's then the tables', as a producer's is; the
+-- lock is waited for at most 100 ms, and a call that does not get it
+-- leaves the index to the next. Returns 1 when it dropped one.
+create or replace function pgque._retire_event_index()
+returns integer language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_old_lt text := current_setting('lock_timeout');
+    v_ix text;
+begin
+    v_ix := coalesce(pg_catalog.to_regclass('pgque.event_txid_id_idx')::text, pg_catalog.to_regclass('pgque.event_txid_idx')::text);
+    if v_ix is null then
+        return 0;
+    end if;
+    if exists (select 1 from pg_catalog.pg_inherits h
+                where h.inhparent = 'pgque.event'::regclass
+                  and cardinality(pgque._txid_indexes(h.inhrelid::regclass)) = 0) then
+        return 0;
+    end if;
+    begin
+        perform set_config('lock_timeout', '100ms', true);
+        execute format('drop index %s', v_ix);
+        perform set_config('lock_timeout', v_old_lt, true);
+        return 1;
+    exception when lock_not_available then
+        perform set_config('lock_timeout', v_old_lt, true);
+        return 0;
+    end;
+end;
+$$;
+
+-- Every event table gets an index of its own that leads with (ev_txid,
+-- ev_id) where it has none: after an install of an earlier version, whose
+-- index was pgque.event's (a build under the table's SHARE lock: sends to
+-- it wait until the install commits), and after anything that left a
+-- table without one. maint() then retires pgque.event's index
+-- (_retire_event_index).
 do $$
 declare
     r record;
 begin
-    if pg_catalog.to_regclass('pgque.event_txid_id_idx') is null
-       and pg_catalog.to_regclass('pgque.event_txid_idx') is null then
-        return;
-    end if;
     for r in select q.queue_id, t.n from pgque.queue q
                cross join lateral pg_catalog.generate_series(0, q.queue_ntables - 1) t(n)
+              where pg_catalog.to_regclass(pgque._event_table(q.queue_id, t.n)) is not null
               order by 1, 2 loop
         perform pgque._txid_index_build(r.queue_id, r.n);
     end loop;
-    drop index if exists pgque.event_txid_id_idx;
-    drop index if exists pgque.event_txid_idx;
 end;
 $$;
 

@@ -316,6 +316,8 @@ begin
         raise exception using errcode = 'PQ011',
             message = format('maint() must run in READ COMMITTED, not %s', current_setting('transaction_isolation'));
     end if;
+    -- Before any lock is held (see _retire_event_index).
+    v_n := v_n + pgque._retire_event_index();
     for v_id in select queue_id from pgque.queue order by queue_id loop
         v_n := v_n + pgque._rotate(v_id, v_deadline);
     end loop;

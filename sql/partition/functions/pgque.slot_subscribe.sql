@@ -185,7 +185,17 @@ begin
                 perform set_config('lock_timeout', v_old_lt, true);
             end;
         else
-            perform pgque._route_index_drop(i_queue_id, v_n, v_ix);
+            -- Waited for at most 100 ms, as the build: a reader of the table
+            -- must not hold up this call, nor the producers queued behind
+            -- its lock request. A routing index left behind is dropped by
+            -- maint_route_indexes.
+            begin
+                perform set_config('lock_timeout', '100ms', true);
+                perform pgque._route_index_drop(i_queue_id, v_n, v_ix);
+                perform set_config('lock_timeout', v_old_lt, true);
+            exception when lock_not_available then
+                perform set_config('lock_timeout', v_old_lt, true);
+            end;
         end if;
     end loop;
 end;
@@ -200,10 +210,9 @@ $$;
 -- entry of 32 bytes where it wrote two (24 and 32): 72 bytes of WAL less
 -- ("WAL per keyed send" in docs/benchmarks.md). An index of an earlier
 -- version (the routing expression first, or without ev_id) is dropped and
--- built again. The drop of the engine's index needs the table's ACCESS
--- EXCLUSIVE lock: it is tried in a subtransaction of its own, waiting at
--- most what the caller's lock_timeout allows, and when the lock is not
--- granted the table keeps both indexes until maint_route_indexes drops it.
+-- built again. The engine's index goes through _txid_index_retire, which
+-- waits at most 20 ms for the table's lock: when it is not granted the
+-- table keeps both indexes until maint_route_indexes retires it.
 create or replace function pgque._route_index_build(i_queue_id integer, i_table integer, i_nslots integer)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -218,14 +227,61 @@ begin
                    v_ix,
                    pgque._event_table(i_queue_id, i_table),
                    regexp_replace(pgque._slot_filter(0, i_nslots), ' = 0$', ''));
-    if v_ix = any (pgque._txid_indexes(pgque._event_table(i_queue_id, i_table)::regclass)) then
-        begin
-            execute format('drop index if exists pgque.%I', pgque._txid_index_name(i_queue_id, i_table));
-        exception when lock_not_available then
-            null;
-        end;
-    end if;
+    perform pgque._txid_index_retire(i_queue_id, i_table);
 end;
+$$;
+
+-- _txid_index_retire(queue_id, table): drops the engine's (ev_txid, ev_id)
+-- index of an event table where a routing index that a slot group uses
+-- does its work. The table's ACCESS EXCLUSIVE lock comes first, waited
+-- for at most 20 ms (a producer's transaction is shorter; a reader that
+-- holds the table longer keeps both indexes until a later try), and only
+-- then is the catalog read: a routing index dropped meanwhile by a
+-- session that saw the engine's index (an unsubscribe) cannot leave the
+-- table without either. Returns whether it dropped it.
+create or replace function pgque._txid_index_retire(i_queue_id integer, i_table integer)
+returns boolean language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_tbl text := pgque._event_table(i_queue_id, i_table);
+    v_engine text := pgque._txid_index_name(i_queue_id, i_table);
+    v_old_lt text := current_setting('lock_timeout');
+begin
+    -- Asked before the lock, so that a table with nothing to drop is not
+    -- locked, and again under it.
+    if not pgque._txid_index_replaced(i_queue_id, i_table) then
+        return false;
+    end if;
+    begin
+        perform set_config('lock_timeout', '20ms', true);
+        execute format('lock table %s in access exclusive mode', v_tbl);
+        perform set_config('lock_timeout', v_old_lt, true);
+    exception when lock_not_available then
+        perform set_config('lock_timeout', v_old_lt, true);
+        return false;
+    end;
+    if not pgque._txid_index_replaced(i_queue_id, i_table) then
+        return false;
+    end if;
+    execute format('drop index pgque.%I', v_engine);
+    return true;
+end;
+$$;
+
+-- _txid_index_replaced(queue_id, table): whether the table has the
+-- engine's (ev_txid, ev_id) index and a valid routing index of an N a slot
+-- group of the queue uses.
+create or replace function pgque._txid_index_replaced(i_queue_id integer, i_table integer)
+returns boolean language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select pg_catalog.to_regclass(pg_catalog.format('pgque.%I', pgque._txid_index_name(i_queue_id, i_table))) is not null
+       and exists (select 1 from unnest(pgque._txid_indexes(pgque._event_table(i_queue_id, i_table)::regclass)) x
+                     cross join lateral pg_catalog.regexp_match(x, '^event_[0-9]+_[0-9]+_route([0-9]+)$') m
+                    where m is not null
+                      and exists (select 1 from pgque.slot_group g where g.sg_queue = i_queue_id
+                                     and (g.sg_nslots = m[1]::integer or g.sg_resize_to = m[1]::integer)))
 $$;
 
 -- _route_index_old(index): whether the routing index exists in the shape
@@ -244,8 +300,11 @@ $$;
 -- on the table (_txid_indexes): when the routing index is the last one,
 -- the engine's index is built first, on a table of at most 1000 rows; on a
 -- fuller table the routing index stays, and maint_route_indexes drops it
--- once rotation has emptied the table. Returns whether it dropped it. The
--- caller bounds the lock waits.
+-- once rotation has emptied the table. The table's ACCESS EXCLUSIVE lock
+-- comes first, and the catalog is read under it: two sessions dropping
+-- two routing indexes of one table (two unsubscribes, an unsubscribe and
+-- maint_route_indexes) each see what the other left. Returns whether it
+-- dropped it. The caller bounds the lock wait (lock_timeout).
 create or replace function pgque._route_index_drop(i_queue_id integer, i_table integer, i_index text)
 returns boolean language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -254,6 +313,10 @@ declare
     v_tbl regclass := pgque._event_table(i_queue_id, i_table)::regclass;
     v_big boolean;
 begin
+    if pg_catalog.to_regclass(format('pgque.%I', i_index)) is null then
+        return false;
+    end if;
+    execute format('lock table %s in access exclusive mode', v_tbl);
     if pg_catalog.to_regclass(format('pgque.%I', i_index)) is null then
         return false;
     end if;
@@ -313,29 +376,59 @@ begin
     -- completed resize): dropped here rather than in the cutover, because
     -- the drop needs the table's exclusive lock, waited for at most 100 ms
     -- (_route_index_drop keeps an index that leads with (ev_txid, ev_id)).
-    -- And the engine's (ev_txid, ev_id) index of a table that has a
-    -- routing index in use, which _route_index_build could not drop.
     for r in
-        select c.relname, m[1]::integer as queue_id, m[2]::integer as tbl,
-               exists (select 1 from pgque.slot_group g where g.sg_queue = m[1]::integer
-                          and (g.sg_nslots = m[3]::integer or g.sg_resize_to = m[3]::integer)) as used
+        select c.relname, m[1]::integer as queue_id, m[2]::integer as tbl
           from pg_catalog.pg_class c
           join pg_catalog.pg_namespace ns on ns.oid = c.relnamespace and ns.nspname = 'pgque'
           cross join lateral pg_catalog.regexp_match(c.relname, '^event_([0-9]+)_([0-9]+)_route([0-9]+)$') m
          where c.relkind = 'i' and m is not null
+           and not exists (select 1 from pgque.slot_group g where g.sg_queue = m[1]::integer
+                              and (g.sg_nslots = m[3]::integer or g.sg_resize_to = m[3]::integer))
          order by 2, 3, 1
     loop
-        continue when r.used and (pg_catalog.to_regclass(format('pgque.%I', pgque._txid_index_name(r.queue_id, r.tbl))) is null
-                                  or r.relname <> all (pgque._txid_indexes(pgque._event_table(r.queue_id, r.tbl)::regclass)));
         begin
             perform set_config('lock_timeout', '100ms', true);
-            if r.used then
-                execute format('drop index pgque.%I', pgque._txid_index_name(r.queue_id, r.tbl));
-                v_n := v_n + 1;
-            elsif pgque._route_index_drop(r.queue_id, r.tbl, r.relname) then
+            if pgque._route_index_drop(r.queue_id, r.tbl, r.relname) then
                 v_n := v_n + 1;
             end if;
             perform set_config('lock_timeout', v_old_lt, true);
+        exception when lock_not_available then
+            perform set_config('lock_timeout', v_old_lt, true);
+        end;
+    end loop;
+    -- The engine's (ev_txid, ev_id) index of a table whose routing index
+    -- does its work, which _route_index_build could not drop (the table's
+    -- lock not granted within 20 ms): tried again at every call, 20 ms at
+    -- most each.
+    for r in
+        select q.queue_id, t.n
+          from pgque.queue q
+          cross join lateral generate_series(0, q.queue_ntables - 1) t(n)
+         where pg_catalog.to_regclass(pg_catalog.format('pgque.%I', pgque._txid_index_name(q.queue_id, t.n))) is not null
+           and exists (select 1 from pgque.slot_group g where g.sg_queue = q.queue_id)
+         order by 1, 2
+    loop
+        if pgque._txid_index_retire(r.queue_id, r.n) then
+            v_n := v_n + 1;
+        end if;
+    end loop;
+    -- A table left with no index that leads with (ev_txid, ev_id) gets the
+    -- engine's, where a build is cheap (as above).
+    for r in
+        select q.queue_id, t.n
+          from pgque.queue q
+          cross join lateral generate_series(0, q.queue_ntables - 1) t(n)
+         where cardinality(pgque._txid_indexes(pgque._event_table(q.queue_id, t.n)::regclass)) = 0
+         order by 1, 2
+    loop
+        execute format('select count(*) > 1000 from (select 1 from %s limit 1001) x', pgque._event_table(r.queue_id, r.n))
+           into v_big;
+        continue when v_big;
+        begin
+            perform set_config('lock_timeout', '100ms', true);
+            perform pgque._txid_index_build(r.queue_id, r.n);
+            perform set_config('lock_timeout', v_old_lt, true);
+            v_n := v_n + 1;
         exception when lock_not_available then
             perform set_config('lock_timeout', v_old_lt, true);
         end;
