@@ -74,9 +74,11 @@ export function encode(ev: Event): Encoded {
     if (s === undefined) {
       throw new PgqueError(`pgque: the payload (${typeof ev.payload}) has no JSON form; give payload or json`, "invalid_payload");
     }
-    if (s.includes("\\ud") && loneSurrogateEscape.test(s)) {
+    if (jsonbRefuses(s)) {
       throw new PgqueError(
-        "pgque: an event's payload holds a lone surrogate (half of a UTF-16 pair, as slice() leaves of an emoji it cuts), which jsonb cannot hold",
+        refusedEscape.exec(s)![1] === "0000"
+          ? "pgque: an event's payload holds a NUL character, which jsonb cannot hold"
+          : "pgque: an event's payload holds a lone surrogate (half of a UTF-16 pair, as slice() leaves of an emoji it cuts), which jsonb cannot hold",
         "invalid_payload",
       );
     }
@@ -93,14 +95,20 @@ export function encode(ev: Event): Encoded {
 }
 
 /**
- * A \u escape of a surrogate in JSON.stringify's output: it writes a pair
- * as its character and escapes a lone half only (well-formed
- * JSON.stringify), so any such escape is a lone surrogate, which the
- * server refuses (jsonb cannot hold it: a jsonb reader would get the
- * payload as a JSON string). An escape is a backslash after an even run of
- * them (in JSON, \\ud800 is a backslash and "ud800").
+ * An escape jsonb refuses in JSON.stringify's output, its hex digits
+ * captured: \u0000 (a NUL character), or a surrogate's. JSON.stringify
+ * writes a pair as its character and escapes a lone half only (well-formed
+ * JSON.stringify), so any surrogate escape there is a lone surrogate. The
+ * server refuses both (a jsonb reader would get the payload as a JSON
+ * string). An escape is a backslash after an even run of them (in JSON,
+ * \\ud800 is a backslash and "ud800").
  */
-const loneSurrogateEscape = /(?:^|[^\\])(?:\\\\)*\\ud[89a-f][0-9a-f]{2}/;
+const refusedEscape = /(?:^|[^\\])(?:\\\\)*\\u(0000|d[89a-f][0-9a-f]{2})/;
+
+/** Whether JSON.stringify's output s holds an escape jsonb refuses (refusedEscape). */
+export function jsonbRefuses(s: string): boolean {
+  return (s.includes("\\ud") || s.includes("\\u0000")) && refusedEscape.test(s);
+}
 
 /** A NUL, or an unpaired half of a UTF-16 surrogate pair. */
 const unstorableChar = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;

@@ -13,7 +13,7 @@
 
 import { isPool, type Executor } from "./executor.js";
 import { PgqueError, mapError } from "./errors.js";
-import { encode, type Encoded, type Event } from "./event.js";
+import { encode, jsonbRefuses, type Encoded, type Event } from "./event.js";
 import { coalescerFor } from "./sendqueue.js";
 
 /**
@@ -82,8 +82,63 @@ export async function sendEncoded(exec: Executor, queue: string, events: readonl
         );
     return rows[0]!.ids;
   } catch (err) {
-    throw sendError(`sending batch to queue "${queue}"`, err);
+    const mapped = sendError(`sending batch to queue "${queue}"`, err);
+    const i = mapped instanceof PgqueError ? refusedEvent(events, mapped.code) : -1;
+    if (i < 0) throw mapped;
+    const e = mapped as PgqueError;
+    throw new PgqueError(e.message.replace(`sending batch to queue "${queue}": `, `sending batch to queue "${queue}": event ${i}: `),
+      e.kind, e.code, { cause: err });
   }
+}
+
+/**
+ * Which event of a batch the server refused with code, found again here
+ * (the server's error names none: it checks the batch in one statement),
+ * or -1: for 22P02 and 22P05, the first whose payload is not JSON, or is
+ * JSON with an escape jsonb refuses (a lone surrogate, \u0000: what
+ * JSON.stringify escapes again after a parse); for 54001, the most deeply
+ * nested; for 54000, the longest. Runs only after a refusal.
+ */
+export function refusedEvent(events: readonly Encoded[], code: string): number {
+  if (code === "22P02" || code === "22P05") {
+    return events.findIndex((e) => {
+      let v: unknown;
+      try {
+        v = JSON.parse(e.payload);
+      } catch {
+        return true;
+      }
+      return jsonbRefuses(JSON.stringify(v));
+    });
+  }
+  if (code === "54001" || code === "54000") {
+    const size = code === "54001" ? nesting : (p: string) => p.length;
+    let best = -1;
+    let most = -1;
+    events.forEach((e, i) => {
+      const n = size(e.payload);
+      if (n > most) [best, most] = [i, n];
+    });
+    return best;
+  }
+  return -1;
+}
+
+/** The deepest nesting of arrays and objects in JSON text p. */
+function nesting(p: string): number {
+  let depth = 0;
+  let most = 0;
+  let inString = false;
+  for (let i = 0; i < p.length; i++) {
+    const c = p.charCodeAt(i);
+    if (inString) {
+      if (c === 92) i++; // a backslash: skip the escaped character
+      else if (c === 34) inString = false;
+    } else if (c === 34) inString = true;
+    else if (c === 91 || c === 123) most = Math.max(most, ++depth);
+    else if (c === 93 || c === 125) depth--;
+  }
+  return most;
 }
 
 /**

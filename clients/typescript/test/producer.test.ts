@@ -147,6 +147,7 @@ test("keys, types and dedup keys PostgreSQL cannot store as given are refused, n
     // reader would get the payload as a JSON string.
     ["lone surrogate in a payload", { payload: { s: "\ud800" } }, "invalid_payload", "payload holds a lone surrogate"],
     ["lone low surrogate in a payload", { payload: ["x\udc00"] }, "invalid_payload", "payload holds a lone surrogate"],
+    ["NUL in a payload", { payload: { s: "a\u0000b" } }, "invalid_payload", "payload holds a NUL character"],
   ];
   for (const [what, ev, kind, says] of bad) {
     await assert.rejects(send(db.pool, q, ev), (err) => isPgqueError(err, kind as "invalid_argument") && (err as Error).message.includes(says), what);
@@ -162,6 +163,26 @@ test("keys, types and dedup keys PostgreSQL cannot store as given are refused, n
   const b = await send(db.pool, q, { payload: 2, partitionKey: "tenant-\ud83d\ude01", dedupKey: "file-\ud83d\ude01" });
   assert.notEqual(a, b);
   assert.deepEqual((await stored(q)).map((r) => r.key), ["tenant-\ud83d\ude00", "tenant-\ud83d\ude01"]);
+});
+
+test("a batch the server refuses names the event it refused", async () => {
+  const q = await newQueue("named");
+  const ok = { json: '{"a": 1}' };
+  const cases: [string, Parameters<typeof send>[2][], number, string][] = [
+    ["invalid JSON", [ok, ok, { json: '{"a": ' }, ok], 2, "22P02"],
+    ["a \\u0000 escape", [ok, { json: '["\\u0000"]' }, ok], 1, "22P05"],
+    ["a lone surrogate escape", [{ json: '["\\ud83d\\ude00"]' }, { json: '["\\uD83D"]' }], 1, "22P02"],
+    ["nesting past the stack depth", [{ json: "[[[]]]" }, ok, { json: "[".repeat(100_000) + "]".repeat(100_000) }], 2, "54001"],
+  ];
+  for (const [what, events, at, code] of cases) {
+    await assert.rejects(sendBatch(db.pool, q, events), (err) => {
+      assert.ok(isPgqueError(err, "invalid_payload"), `${what}: ${String(err)}`);
+      assert.equal(err.code, code, what);
+      assert.match(err.message, new RegExp(`^sending batch to queue "${q}": event ${at}: `), what);
+      return true;
+    });
+  }
+  assert.equal((await stored(q)).length, 0);
 });
 
 test("JSON nested past the server's stack depth is refused as invalid_payload", async () => {
