@@ -227,7 +227,24 @@ func TestInstallMovesTheEventIndexOntoTheTables(t *testing.T) {
 			if err := producer.Rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
-			exec(t, pool, "select pgque.maint()")
+			// The maint() that drops it does nothing else: its transaction
+			// then holds pgque.event's ACCESS EXCLUSIVE lock, and waiting for
+			// the state and tick tables consumers hold as they wait for
+			// pgque.event was a deadlock.
+			m, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Rollback(ctx)
+			exec(t, m, "select pgque.maint()")
+			if held := scalar[[]string](t, m, `select coalesce(array_agg(distinct c.relname::text order by c.relname::text), '{}')
+				  from pg_catalog.pg_locks l join pg_catalog.pg_class c on c.oid = l.relation
+				 where l.pid = pg_backend_pid() and c.relname ~ '^(sub_state|tick|rotation|queue)'`); len(held) != 0 {
+				t.Errorf("the maint() that dropped pgque.event's index also locked %v", held)
+			}
+			if err := m.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
 
 			defs := column[string](t, pool, `select c.relname || ' ' || regexp_replace(pg_catalog.pg_get_indexdef(i.indexrelid), '^.* USING ', '')
 				  from pg_catalog.pg_index i join pg_catalog.pg_class c on c.oid = i.indexrelid

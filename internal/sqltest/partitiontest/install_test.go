@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgque/pgque/internal/install"
 	"github.com/pgque/pgque/internal/pgcluster"
 	"github.com/pgque/pgque/internal/testing/pgtest"
@@ -499,5 +501,51 @@ func TestUnsubscribesKeepATxidIndex(t *testing.T) {
 	d.exec("select pgque.maint_route_indexes()")
 	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want) {
 		t.Errorf("indexes after maint_route_indexes repaired a table: %q, want %q", got, want)
+	}
+}
+
+// TestIndexesUnderATransactionSnapshot: unsubscribes in REPEATABLE READ
+// read the catalog in their snapshot, which misses what the other one
+// dropped, and two of them left every table with no (ev_txid, ev_id)
+// index. Under a transaction snapshot the indexes are now left to
+// maint_route_indexes, which refuses anything but READ COMMITTED (PQ011).
+func TestIndexesUnderATransactionSnapshot(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("rq")
+	d.subscribeSlots("rq", "a", 2)
+	d.subscribeSlots("rq", "b", 4)
+	a, b := pgtest.Conn(t, d.dsn), pgtest.Conn(t, d.dsn)
+	for _, c := range []*pgx.Conn{a, b} {
+		if _, err := c.Exec(ctx, "begin isolation level repeatable read; select count(*) from pgque.queue"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Exec(ctx, "select pgque.unsubscribe_slot('rq', 'a', 0, 2), pgque.unsubscribe_slot('rq', 'a', 1, 2); commit"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Exec(ctx, "select count(pgque.unsubscribe_slot('rq', 'b', k, 4)) from generate_series(0, 3) k; commit"); err != nil {
+		t.Fatal(err)
+	}
+	if missing := txidLedMissing(t, d.pool, "rq"); len(missing) != 0 {
+		t.Fatalf("tables with no (ev_txid, ev_id) index: %v (indexes: %q)", missing, eventIndexes(t, d.pool, "rq"))
+	}
+	if _, err := b.Exec(ctx, "begin isolation level repeatable read"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Exec(ctx, "select pgque.maint_route_indexes()")
+	wantState(t, err, "PQ011", "maint_route_indexes under REPEATABLE READ")
+	if _, err := b.Exec(ctx, "rollback"); err != nil {
+		t.Fatal(err)
+	}
+	d.exec("select pgque.maint_route_indexes()")
+	id := one[int32](t, d.pool, "select queue_id from pgque.queue where queue_name = 'rq'")
+	var want []string
+	for n := range 3 {
+		want = append(want, fmt.Sprintf("event_%d_%d_txid (ev_txid, ev_id)", id, n))
+	}
+	if got := eventIndexes(t, d.pool, "rq"); !slices.Equal(got, want) {
+		t.Errorf("indexes once maint_route_indexes ran: %q, want %q", got, want)
 	}
 }

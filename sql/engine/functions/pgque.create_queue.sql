@@ -114,7 +114,9 @@ $$;
 -- pgque.event stays. maint() calls it first, holding no lock yet, so the
 -- lock order is pgque.event's then the tables', as a producer's is; the
 -- lock is waited for at most 100 ms, and a call that does not get it
--- leaves the index to the next. Returns 1 when it dropped one.
+-- leaves the index to the next. A call that drops it ends maint() there,
+-- so that its transaction takes no other lock while it holds
+-- pgque.event's. Returns 1 when it dropped one.
 create or replace function pgque._retire_event_index()
 returns integer language plpgsql
 set search_path = pg_catalog, pg_temp

@@ -316,8 +316,14 @@ begin
         raise exception using errcode = 'PQ011',
             message = format('maint() must run in READ COMMITTED, not %s', current_setting('transaction_isolation'));
     end if;
-    -- Before any lock is held (see _retire_event_index).
-    v_n := v_n + pgque._retire_event_index();
+    -- Before any lock is held (see _retire_event_index), and alone: once
+    -- the index is dropped this transaction holds pgque.event's ACCESS
+    -- EXCLUSIVE lock until it ends, and rotation and the flips below would
+    -- wait for the state tables that consumers hold while they wait for
+    -- pgque.event (a deadlock). They run at the next call.
+    if pgque._retire_event_index() > 0 then
+        return 1;
+    end if;
     for v_id in select queue_id from pgque.queue order by queue_id loop
         v_n := v_n + pgque._rotate(v_id, v_deadline);
     end loop;

@@ -123,6 +123,18 @@ begin
 end;
 $$;
 
+-- _index_ddl_lock(): serialises the sessions that build and drop event
+-- table indexes (_route_index, maint_route_indexes) until their
+-- transaction ends: two builds of one index at once failed with 23505,
+-- and two sessions that each built and then retired an engine index
+-- waited for each other's table (40P01). The lock is the row of
+-- pgque.version, as create_queue's: no role without a pgque grant can
+-- take it, unlike an advisory lock.
+create or replace function pgque._index_ddl_lock()
+returns void language sql
+set search_path = pg_catalog, pg_temp
+as $$ select from pgque.version for update $$;
+
 -- _route_index(queue_id, nslots, wanted): creates (or drops, when no slot
 -- group of the queue uses nslots any more) an index per event table on
 -- ev_txid, ev_id and the routing expression for nslots (_route_index_build).
@@ -170,6 +182,16 @@ begin
                 hint = 'every distinct N adds a routing index on each event table, which every producer maintains';
         end if;
     end if;
+    -- Under a transaction snapshot (REPEATABLE READ, SERIALIZABLE) the
+    -- catalog read under a table's lock may miss an index another session
+    -- dropped meanwhile, and two such drops left a table with no index
+    -- leading with (ev_txid, ev_id). The indexes are then left to
+    -- maint_route_indexes, which runs in READ COMMITTED.
+    if current_setting('transaction_isolation') <> 'read committed' then
+        return;
+    end if;
+    -- One session at a time changes event table indexes (_index_ddl_lock).
+    perform pgque._index_ddl_lock();
     select * into q from pgque.queue where queue_id = i_queue_id;
     for v_n in 0 .. q.queue_ntables - 1 loop
         v_ix := 'event_' || i_queue_id || '_' || v_n || '_route' || i_nslots;
@@ -185,12 +207,12 @@ begin
                 perform set_config('lock_timeout', v_old_lt, true);
             end;
         else
-            -- Waited for at most 100 ms, as the build: a reader of the table
-            -- must not hold up this call, nor the producers queued behind
-            -- its lock request. A routing index left behind is dropped by
+            -- Waited for at most 20 ms: a reader of the table must not hold
+            -- up this call, nor the producers queued behind its lock
+            -- request. A routing index left behind is dropped by
             -- maint_route_indexes.
             begin
-                perform set_config('lock_timeout', '100ms', true);
+                perform set_config('lock_timeout', '20ms', true);
                 perform pgque._route_index_drop(i_queue_id, v_n, v_ix);
                 perform set_config('lock_timeout', v_old_lt, true);
             exception when lock_not_available then
@@ -349,6 +371,11 @@ declare
     v_n  integer := 0;
     v_old_lt text := current_setting('lock_timeout');
 begin
+    if current_setting('transaction_isolation') <> 'read committed' then
+        raise exception using errcode = 'PQ011',
+            message = format('maint_route_indexes() must run in READ COMMITTED, not %s', current_setting('transaction_isolation'));
+    end if;
+    perform pgque._index_ddl_lock();
     for r in
         select g.sg_queue as queue_id, t.n, g.sg_nslots as nslots
           from (select distinct sg_queue, n as sg_nslots
@@ -374,8 +401,10 @@ begin
     end loop;
     -- Routing indexes of an N no slot group uses any more (the old N of a
     -- completed resize): dropped here rather than in the cutover, because
-    -- the drop needs the table's exclusive lock, waited for at most 100 ms
-    -- (_route_index_drop keeps an index that leads with (ev_txid, ev_id)).
+    -- the drop needs the table's exclusive lock, waited for at most 20 ms
+    -- (_route_index_drop keeps an index that leads with (ev_txid, ev_id)):
+    -- while a reader holds the table, each call stalls its producers that
+    -- long, and the index stays until the reader is gone.
     for r in
         select c.relname, m[1]::integer as queue_id, m[2]::integer as tbl
           from pg_catalog.pg_class c
@@ -387,7 +416,7 @@ begin
          order by 2, 3, 1
     loop
         begin
-            perform set_config('lock_timeout', '100ms', true);
+            perform set_config('lock_timeout', '20ms', true);
             if pgque._route_index_drop(r.queue_id, r.tbl, r.relname) then
                 v_n := v_n + 1;
             end if;
