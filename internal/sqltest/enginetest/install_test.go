@@ -290,3 +290,79 @@ func TestDLQListUpgradeAddsNamedColumns(t *testing.T) {
 		t.Error("dlq_list is not granted to pgque_reader after the upgrade")
 	}
 }
+
+// TestSubscribeUnderAnOldSnapshot: a REPEATABLE READ transaction whose
+// snapshot predates a tick flip sees no tick of the queue (the flip copies
+// the kept ticks into the other partition and truncates this one). A
+// subscribe there failed with a not-null violation (23502); it is now
+// PQ011 naming the isolation level, and nothing is subscribed.
+func TestSubscribeUnderAnOldSnapshot(t *testing.T) {
+	t.Parallel()
+	dsn, pool := setupDB(t)
+	ctx := context.Background()
+	exec(t, pool, "select pgque.create_queue('q')")
+	tick(t, pool, "q")
+	tick(t, pool, "q")
+	old := pgtest.Conn(t, dsn)
+	if _, err := old.Exec(ctx, "begin isolation level repeatable read; select count(*) from pgque.queue"); err != nil {
+		t.Fatal(err)
+	}
+	if n := scalar[int32](t, pool, "select pgque.maint()"); n < 1 {
+		t.Fatalf("maint() = %d, want the tick flip", n)
+	}
+	_, err := old.Exec(ctx, "select pgque.subscribe('q', 'c')")
+	wantCode(t, "a subscribe under a snapshot older than the tick flip", err, "PQ011", "READ COMMITTED")
+	if _, err := old.Exec(ctx, "rollback"); err != nil {
+		t.Fatal(err)
+	}
+	if n := scalar[int64](t, pool, "select count(*) from pgque.subscription"); n != 0 {
+		t.Errorf("%d subscriptions after the refused subscribe", n)
+	}
+	exec(t, pool, "select pgque.subscribe('q', 'c')")
+}
+
+// TestConcurrentMaintRetiresTheEventIndexOnce: two maint() calls retire
+// pgque.event's index (left by an earlier version's install) at once; the
+// second, which waited for the first's lock, finds it gone and does not
+// fail (it did, with 42704).
+func TestConcurrentMaintRetiresTheEventIndexOnce(t *testing.T) {
+	t.Parallel()
+	dsn, pool := setupDB(t)
+	ctx := context.Background()
+	exec(t, pool, "select pgque.create_queue('q')")
+	// An earlier version's index, then the install of this one.
+	for _, ix := range column[string](t, pool, `select c.relname::text from pg_catalog.pg_index i
+		  join pg_catalog.pg_class c on c.oid = i.indexrelid
+		 where i.indrelid = any($1::regclass[]) and not i.indisunique`, eventTables(t, pool, "q")) {
+		exec(t, pool, "drop index pgque."+ix)
+	}
+	exec(t, pool, "create index event_txid_id_idx on pgque.event (ev_txid, ev_id)")
+	reinstall(t, dsn)
+	first, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	if n := scalar[int32](t, first, "select pgque.maint()"); n != 1 {
+		t.Fatalf("the first maint() = %d, want 1 (the index retired)", n)
+	}
+	second := pgtest.Conn(t, dsn)
+	pid := scalar[int32](t, second, "select pg_backend_pid()")
+	done := make(chan error, 1)
+	go func() {
+		_, err := second.Exec(ctx, "set lock_timeout = '5s'; select pgque.maint()")
+		done <- err
+	}()
+	pgtest.WaitFor(t, 10*time.Second, "the second maint() to wait for pgque.event", func() bool {
+		return scalar[bool](t, pool, "select exists (select from pg_stat_activity where pid = $1 and wait_event_type = 'Lock')", pid)
+	})
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("the second maint(): %v", err)
+	}
+	if old := scalar[*string](t, pool, "select pg_catalog.to_regclass('pgque.event_txid_id_idx')::text"); old != nil {
+		t.Errorf("%s is still there", *old)
+	}
+}

@@ -113,7 +113,7 @@ $$;
 -- the sends), and an install that waits as long as any reader of
 -- pgque.event stays. maint() calls it first, holding no lock yet, so the
 -- lock order is pgque.event's then the tables', as a producer's is; the
--- lock is waited for at most 100 ms, and a call that does not get it
+-- lock is waited for at most 20 ms, and a call that does not get it
 -- leaves the index to the next. A call that drops it ends maint() there,
 -- so that its transaction takes no other lock while it holds
 -- pgque.event's. Returns 1 when it dropped one.
@@ -135,8 +135,10 @@ begin
         return 0;
     end if;
     begin
-        perform set_config('lock_timeout', '100ms', true);
-        execute format('drop index %s', v_ix);
+        perform set_config('lock_timeout', '20ms', true);
+        -- IF EXISTS: another maint() may have dropped it while this one
+        -- waited for the lock.
+        execute format('drop index if exists %s', v_ix);
         perform set_config('lock_timeout', v_old_lt, true);
         return 1;
     exception when lock_not_available then

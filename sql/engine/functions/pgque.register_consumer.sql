@@ -22,6 +22,14 @@ begin
     -- subscription before the commit).
     perform 1 from pgque.queue where queue_id = q.queue_id for key share;
     select tick_id into v_tick from pgque.tick where tick_queue = q.queue_id order by tick_id desc limit 1;
+    if v_tick is null then
+        -- A queue always has a tick; a snapshot taken before a tick flip
+        -- (REPEATABLE READ, SERIALIZABLE) sees none of the kept ones: the
+        -- flip copies them into the other partition and truncates this one.
+        raise exception using errcode = 'PQ011',
+            message = format('no tick of queue %L is visible to this transaction''s snapshot: subscribe in a READ COMMITTED transaction, not %s',
+                             i_queue, current_setting('transaction_isolation'));
+    end if;
     -- Ids come from a cycling sequence: nextval takes no lock (a reader's
     -- open transaction blocks nobody) and ids burnt by rolled-back
     -- subscribes come round again instead of running out. After the wrap
