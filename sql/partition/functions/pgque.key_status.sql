@@ -11,10 +11,12 @@
 --
 -- Nothing here is written per event: every answer is computed when asked,
 -- from the log itself, with bounded scans. A slot's pending events are read
--- through the routing index ((hash expr), ev_txid, ev_id) in ev_txid order, so the
--- first rows read are the oldest pending ones; the scan stops after a
--- budget of rows, and then the counts are lower bounds (estimated = true)
--- while the heads found are still the oldest ones.
+-- through the routing index (ev_txid, ev_id, (hash expr)) in ev_txid order,
+-- so the first rows read are the oldest pending ones (the index entries of
+-- other slots in between are tested and skipped, without reading their
+-- rows); the scan stops after a budget of rows, and then the counts are
+-- lower bounds (estimated = true) while the heads found are still the
+-- oldest ones.
 --
 -- Keys are a queue's data: every public function here first runs the read
 -- check (_authorize_read: the consume check of receive; pgque_admin reads
@@ -320,8 +322,11 @@ $$;
 -- is what _slot_pending counts, spelled so that an index probe answers it:
 -- an event is not visible in the cursor's snapshot exactly when its
 -- transaction is at or after the snapshot's xmax, or was in progress at the
--- tick (the snapshot's xip list). Two probes of the routing index, so the
--- cost does not grow with the backlog.
+-- tick (the snapshot's xip list). Two probes of the routing index, each
+-- walking the index entries from the snapshot's xmax (or of the xip list)
+-- to the slot's first: the entries of other slots ahead of it are tested
+-- on the index and skipped, so a slot with nothing pending behind a large
+-- backlog of other slots walks that backlog's entries (no row is read).
 create or replace function pgque._slot_head(i_sub integer, i_slot integer, i_nslots integer,
                                             out o_ev_id bigint, out o_time timestamptz)
 language plpgsql volatile
