@@ -3,9 +3,12 @@ package pgque
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgque/pgque/internal/dbq"
 )
@@ -71,7 +74,10 @@ func (c *Client) sendOne(ctx context.Context, q *dbq.Queries, queue, typ string,
 
 // SendBatch sends events atomically, in one statement, and returns their
 // event ids in input order. Events keep their order, whatever their types:
-// within a key they are consumed in the order given.
+// within a key they are consumed in the order given. When one event is
+// refused, nothing is sent and the error names the event by its index
+// ("event 3: ..."), also for what the server refuses (an escape jsonb
+// cannot hold, such as the \u0000 json.Marshal writes for a NUL).
 func (c *Client) SendBatch(ctx context.Context, queue string, events []Event) (_ []int64, err error) {
 	ctx, end := c.observeSend(ctx, SendInfo{Queue: queue, Events: len(events)})
 	defer func() { end(err) }()
@@ -165,8 +171,104 @@ func (c *Client) sendBatch(ctx context.Context, q *dbq.Queries, queue string, b 
 		ids, err = q.SendBatch(ctx, queue, b.types[0], b.payloads, keys, dedups)
 	}
 	if err != nil {
-		return nil, mapError(fmt.Sprintf("sending batch to queue %q", queue), err)
+		doing := fmt.Sprintf("sending batch to queue %q", queue)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			if i := refusedEvent(b.payloads, pgErr.Code); i >= 0 {
+				doing += fmt.Sprintf(": event %d", i)
+			}
+		}
+		return nil, mapError(doing, err)
 	}
 	c.metrics.Sent.WithLabelValues(queue).Add(float64(len(ids)))
 	return ids, nil
+}
+
+// refusedEvent returns which payload of a batch the server refused with
+// code, found again here (the server checks the batch in one statement,
+// and its error names no event), or -1. Every payload passed the client's
+// own JSON check, so for 22P02 and 22P05 it is the first one holding an
+// escape jsonb refuses (refusedEscape); for 54001 (nesting past the
+// server's stack depth) the most deeply nested; for 54000 (too long for
+// jsonb) the longest. It runs after a refusal only.
+func refusedEvent(payloads []string, code string) int {
+	switch code {
+	case "22P02", "22P05":
+		for i, p := range payloads {
+			if refusedEscape(p) {
+				return i
+			}
+		}
+	case "54000", "54001":
+		best, most := -1, -1
+		for i, p := range payloads {
+			n := len(p)
+			if code == "54001" {
+				n = nesting(p)
+			}
+			if n > most {
+				best, most = i, n
+			}
+		}
+		return best
+	}
+	return -1
+}
+
+// refusedEscape reports whether JSON text p holds an escape jsonb refuses:
+// \u0000, or a UTF-16 surrogate's that is not half of a pair (a high one
+// followed at once by a low one).
+func refusedEscape(p string) bool {
+	hex4 := func(at int) (uint64, bool) {
+		if at+4 > len(p) {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(p[at:at+4], 16, 16)
+		return v, err == nil
+	}
+	for i := 0; i < len(p); i++ {
+		if p[i] != '\\' || i+1 >= len(p) {
+			continue
+		}
+		if p[i+1] != 'u' {
+			i++ // an escaped character: a backslash, a quote, ...
+			continue
+		}
+		v, ok := hex4(i + 2)
+		if !ok {
+			continue
+		}
+		switch {
+		case v == 0, v >= 0xDC00 && v <= 0xDFFF:
+			return true
+		case v >= 0xD800 && v <= 0xDBFF:
+			if w, ok := hex4(i + 8); !ok || p[i+6] != '\\' || p[i+7] != 'u' || w < 0xDC00 || w > 0xDFFF {
+				return true
+			}
+			i += 6 // the low half
+		}
+		i += 5
+	}
+	return false
+}
+
+// nesting returns the deepest nesting of arrays and objects in JSON text p.
+func nesting(p string) int {
+	depth, most, inString := 0, 0, false
+	for i := 0; i < len(p); i++ {
+		switch c := p[i]; {
+		case inString && c == '\\':
+			i++
+		case inString:
+			inString = c != '"'
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			depth++
+			most = max(most, depth)
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return most
 }

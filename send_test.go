@@ -46,6 +46,40 @@ func TestSendInvalidPayloadFailsBeforeTheDatabase(t *testing.T) {
 	}
 }
 
+// TestSendBatchNamesTheEventTheServerRefused: the server refuses a batch
+// in one statement and names no event; SendBatch finds the one it refused
+// and names its index: a NUL (json.Marshal escapes it as \u0000), a lone
+// surrogate escape in a json.RawMessage. Nothing of the batch is stored.
+// (Nesting is not among them: the server took 5 000 levels here, and the
+// client's own JSON check refuses more than 10 000; refusedEvent's rule
+// for it serves a server with a smaller max_stack_depth.)
+func TestSendBatchNamesTheEventTheServerRefused(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		what   string
+		events []pgque.Event
+		at     int
+	}{
+		{"a NUL", []pgque.Event{{Payload: 1}, {Payload: 2}, {Payload: map[string]string{"s": "a\x00b"}}}, 2},
+		{"a lone surrogate", []pgque.Event{{Payload: json.RawMessage(`["\ud83d\ude00"]`)}, {Payload: json.RawMessage(`["\ud83d"]`)}}, 1},
+	} {
+		_, err := env.client.SendBatch(ctx, env.queue, c.events)
+		if !errors.Is(err, pgque.ErrInvalidPayload) {
+			t.Errorf("%s: got %v, want ErrInvalidPayload", c.what, err)
+			continue
+		}
+		if want := fmt.Sprintf("sending batch to queue %q: event %d: ", env.queue, c.at); !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("%s: %q does not start with %q", c.what, err, want)
+		}
+	}
+	var n int64
+	if err := env.pool.QueryRow(ctx, "select count(*) from pgque.event").Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d events stored (%v), want none", n, err)
+	}
+}
+
 func TestSendUnknownQueue(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
