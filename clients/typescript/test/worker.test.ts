@@ -175,6 +175,10 @@ test("with LISTEN, a pg.Pool of another copy of pg (a file: or linked install, a
   const otherPg = req("pg") as typeof pg;
   assert.notEqual(otherPg.Pool, pg.Pool);
   const pool = new otherPg.Pool({ connectionString: db.url });
+  // As every pool of these tests: the database's drop at the test's end
+  // ends its sessions, and an idle client's error with no listener is an
+  // uncaught exception.
+  pool.on("error", () => {});
   const ticker = new Ticker(db.pool, { tickIntervalMs: 50 });
   await ticker.start();
   try {
