@@ -252,6 +252,18 @@ func eventIndexes(t testing.TB, q querier, queue string) []string {
 		 where not i.indisunique and c.relname like 'event\_' || q.queue_id || '\_%'`, queue)
 }
 
+// engineIndexes is what eventIndexes lists for a queue whose tables have
+// the engine's (ev_txid, ev_id) index alone.
+func engineIndexes(t testing.TB, q querier, queue string) []string {
+	t.Helper()
+	id := one[int32](t, q, "select queue_id from pgque.queue where queue_name = $1", queue)
+	var want []string
+	for n := range 3 {
+		want = append(want, fmt.Sprintf("event_%d_%d_txid (ev_txid, ev_id)", id, n))
+	}
+	return want
+}
+
 // TestRoutingIndexReplacesTheTxidIndex: an event table has one index that
 // leads with (ev_txid, ev_id): the engine's, until a slot group's routing
 // index, (ev_txid, ev_id, route), takes its place (one index entry per
@@ -264,25 +276,17 @@ func TestRoutingIndexReplacesTheTxidIndex(t *testing.T) {
 	d := setup(t)
 	ctx := context.Background()
 	d.createQueue("q")
-	id := one[int32](t, d.pool, "select queue_id from pgque.queue where queue_name = 'q'")
-	want := func(kind string) []string {
-		var w []string
-		for n := range 3 {
-			switch kind {
-			case "txid":
-				w = append(w, fmt.Sprintf("event_%d_%d_txid (ev_txid, ev_id)", id, n))
-			case "route4":
-				w = append(w, fmt.Sprintf("event_%d_%d_route4 (ev_txid, ev_id, route)", id, n))
-			}
-		}
-		return w
+	txid := engineIndexes(t, d.pool, "q")
+	var route4 []string
+	for _, ix := range txid {
+		route4 = append(route4, strings.Replace(ix, "_txid (ev_txid, ev_id)", "_route4 (ev_txid, ev_id, route)", 1))
 	}
-	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want("txid")) {
-		t.Fatalf("indexes of a new queue: %q, want %q", got, want("txid"))
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, txid) {
+		t.Fatalf("indexes of a new queue: %q, want %q", got, txid)
 	}
 
 	// A reader of the current table holds up the drop of its engine index
-	// (the lock waits 100 ms), not the routing index.
+	// (the lock waits 20 ms), not the routing index.
 	cur := one[string](t, d.pool, "select pgque._event_table(queue_id, queue_cur_table) from pgque.queue where queue_name = 'q'")
 	hold, err := d.pool.Begin(ctx)
 	if err != nil {
@@ -294,7 +298,7 @@ func TestRoutingIndexReplacesTheTxidIndex(t *testing.T) {
 	}
 	d.subscribeSlots("q", "c", 4)
 	got := eventIndexes(t, d.pool, "q")
-	if len(got) != 4 || !slices.Contains(got, strings.Replace(want("txid")[0], "_0_", "_"+cur[len(cur)-1:]+"_", 1)) {
+	if len(got) != 4 || !slices.Contains(got, strings.Replace(txid[0], "_0_", "_"+cur[len(cur)-1:]+"_", 1)) {
 		t.Fatalf("indexes with %s in use: %q, want the routing indexes and %s's engine index", cur, got, cur)
 	}
 	if err := hold.Rollback(ctx); err != nil {
@@ -303,8 +307,8 @@ func TestRoutingIndexReplacesTheTxidIndex(t *testing.T) {
 	if n := one[int32](t, d.pool, "select pgque.maint_route_indexes()"); n != 1 {
 		t.Errorf("maint_route_indexes() = %d, want 1 (the engine index left behind)", n)
 	}
-	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want("route4")) {
-		t.Fatalf("indexes of a queue with 4 slots: %q, want %q", got, want("route4"))
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, route4) {
+		t.Fatalf("indexes of a queue with 4 slots: %q, want %q", got, route4)
 	}
 
 	// Slot 2's predicate is a condition of the routing index.
@@ -363,8 +367,8 @@ func TestRoutingIndexReplacesTheTxidIndex(t *testing.T) {
 		release(t, d.pool, "q", "c", s, "w")
 		d.exec("select pgque.unsubscribe_slot('q', 'c', $1, 4)", s)
 	}
-	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want("txid")) {
-		t.Errorf("indexes once the slots are gone: %q, want %q", got, want("txid"))
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, txid) {
+		t.Errorf("indexes once the slots are gone: %q, want %q", got, txid)
 	}
 }
 
@@ -411,11 +415,12 @@ func txidLedMissing(t testing.TB, q querier, queue string) []string {
 // TestUnsubscribesKeepATxidIndex: two slot groups of different N leave
 // each table two routing indexes and no engine index. Their last slots are
 // unsubscribed at once, the second while the first's transaction still
-// holds the tables: each decides under the table's lock, so a table never
-// ends up with neither (it did when both read the catalog first). An
-// unsubscribe held up by a reader waits at most 100 ms and leaves its
-// routing index to maint_route_indexes, which builds the engine's index
-// before it drops the last routing index.
+// holds the tables: the second waits for the first (pgque.version's row
+// lock) and decides under the table's lock, so a table never ends up with
+// neither (it did when both read the catalog first). An unsubscribe held
+// up by a reader waits at most 20 ms and leaves its routing index to
+// maint_route_indexes, which builds the engine's index before it drops
+// the last routing index.
 func TestUnsubscribesKeepATxidIndex(t *testing.T) {
 	t.Parallel()
 	d := setup(t)
@@ -488,16 +493,12 @@ func TestUnsubscribesKeepATxidIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.exec("select pgque.maint_route_indexes()")
-	id := one[int32](t, d.pool, "select queue_id from pgque.queue where queue_name = 'q'")
-	var want []string
-	for n := range 3 {
-		want = append(want, fmt.Sprintf("event_%d_%d_txid (ev_txid, ev_id)", id, n))
-	}
+	want := engineIndexes(t, d.pool, "q")
 	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want) {
 		t.Errorf("indexes once no group is left: %q, want %q", got, want)
 	}
 	// A table left with none (by hand here) gets the engine's back.
-	d.exec(fmt.Sprintf("drop index pgque.event_%d_1_txid", id))
+	d.exec("drop index pgque." + strings.Fields(want[1])[0])
 	d.exec("select pgque.maint_route_indexes()")
 	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, want) {
 		t.Errorf("indexes after maint_route_indexes repaired a table: %q, want %q", got, want)
@@ -540,12 +541,7 @@ func TestIndexesUnderATransactionSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.exec("select pgque.maint_route_indexes()")
-	id := one[int32](t, d.pool, "select queue_id from pgque.queue where queue_name = 'rq'")
-	var want []string
-	for n := range 3 {
-		want = append(want, fmt.Sprintf("event_%d_%d_txid (ev_txid, ev_id)", id, n))
-	}
-	if got := eventIndexes(t, d.pool, "rq"); !slices.Equal(got, want) {
+	if got, want := eventIndexes(t, d.pool, "rq"), engineIndexes(t, d.pool, "rq"); !slices.Equal(got, want) {
 		t.Errorf("indexes once maint_route_indexes ran: %q, want %q", got, want)
 	}
 }
