@@ -66,6 +66,7 @@ var relations = map[string]string{
 	"event_done_1":          "",
 	"done_gen_seq":          "",
 	"done_rotation":         "",
+	"index_ddl":             "", // its row lock serialises index changes: no role may take it
 }
 
 var (

@@ -123,17 +123,21 @@ begin
 end;
 $$;
 
--- _index_ddl_lock(): serialises the sessions that build and drop event
--- table indexes (_route_index, maint_route_indexes) until their
--- transaction ends: two builds of one index at once failed with 23505,
--- and two sessions that each built and then retired an engine index
--- waited for each other's table (40P01). The lock is the row of
--- pgque.version, as create_queue's: no role without a pgque grant can
--- take it, unlike an advisory lock.
+-- _index_ddl_lock(): whether this transaction holds, or now takes, the
+-- right to build and drop event table indexes (_route_index,
+-- maint_route_indexes) until it ends: one session at a time, since two
+-- builds of one index at once failed with 23505, and two sessions that
+-- each built and then retired an engine index waited for each other's
+-- table (40P01). The right is the row lock of pgque.index_ddl (no role can
+-- take it, unlike an advisory lock), and it is only tried, never waited
+-- for: a consumer role may leave a subscribe's transaction open for as
+-- long as it likes, and the others' index work must not wait for it.
+-- Whoever does not get it leaves the indexes to a later
+-- maint_route_indexes.
 create or replace function pgque._index_ddl_lock()
-returns void language sql
+returns boolean language sql
 set search_path = pg_catalog, pg_temp
-as $$ select from pgque.version for update $$;
+as $$ select exists (select from pgque.index_ddl for update skip locked) $$;
 
 -- _route_index(queue_id, nslots, wanted): creates (or drops, when no slot
 -- group of the queue uses nslots any more) an index per event table on
@@ -191,7 +195,9 @@ begin
         return;
     end if;
     -- One session at a time changes event table indexes (_index_ddl_lock).
-    perform pgque._index_ddl_lock();
+    if not pgque._index_ddl_lock() then
+        return;
+    end if;
     select * into q from pgque.queue where queue_id = i_queue_id;
     for v_n in 0 .. q.queue_ntables - 1 loop
         v_ix := 'event_' || i_queue_id || '_' || v_n || '_route' || i_nslots;
@@ -375,7 +381,9 @@ begin
         raise exception using errcode = 'PQ011',
             message = format('maint_route_indexes() must run in READ COMMITTED, not %s', current_setting('transaction_isolation'));
     end if;
-    perform pgque._index_ddl_lock();
+    if not pgque._index_ddl_lock() then
+        return 0;
+    end if;
     for r in
         select g.sg_queue as queue_id, t.n, g.sg_nslots as nslots
           from (select distinct sg_queue, n as sg_nslots
