@@ -251,3 +251,36 @@ func TestTickerTicksAtItsInterval(t *testing.T) {
 	}
 	t.Logf("%d ticks in %d ticker rounds (%v)", ticks, made, took)
 }
+
+// TestTickerBuildsRoutingIndexesWhenAsked: a slot group's routing indexes
+// are built by the ticker's maint_route_indexes(), since a subscribe that
+// built them held its queue's producers until its transaction ended. The
+// committed subscribe asks the leader for them, which builds them at once
+// rather than at its next maint() (an hour away here). The first group's
+// indexes show that the leader's first maint() is done.
+func TestTickerBuildsRoutingIndexesWhenAsked(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	routeIndexes := func(n int) int {
+		var c int
+		if err := env.pool.QueryRow(ctx, `select count(*) from pg_catalog.pg_class c join pgque.queue q on q.queue_name = $1
+			where c.relkind = 'i' and c.relname ~ ('^event_' || q.queue_id || '_[0-9]+_route' || $2::int || '$')`, env.queue, n).Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	subscribe := func(consumer string, n int) {
+		if _, err := env.pool.Exec(ctx, `select pgque.subscribe_slot($1, $2, k, $3) from generate_series(0, $3 - 1) k`, env.queue, consumer, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	subscribe("early", 4)
+	if n := routeIndexes(4); n != 0 {
+		t.Fatalf("%d routing indexes right after the subscribe, want none before maint_route_indexes", n)
+	}
+	startTickerWith(t, env.client, &pgque.TickerConfig{LeaseTTL: 2 * time.Second, MaintInterval: time.Hour})
+	pgtest.WaitFor(t, 20*time.Second, "the first maint's routing indexes", func() bool { return routeIndexes(4) == 3 })
+	subscribe("late", 8)
+	pgtest.WaitFor(t, 20*time.Second, "the routing indexes the subscribe asked for", func() bool { return routeIndexes(8) == 3 })
+}

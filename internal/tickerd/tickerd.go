@@ -36,8 +36,20 @@ type Config struct {
 }
 
 // ResignChannel is notified by ticker_resign when a leader gives the lease
-// up.
+// up, and with IndexesPayload when a subscribe, unsubscribe or resize
+// committed that wants event table indexes built or dropped.
 const ResignChannel = "pgque_ticker"
+
+// IndexesPayload on ResignChannel asks the leader for maint_route_indexes():
+// the SQL leaves index changes to it, since their locks would last as long
+// as the caller's transaction (pgque._route_index). Acted on at most once
+// per indexesEvery, so a role that sends it in a loop costs one call a
+// second.
+const IndexesPayload = "indexes"
+
+// indexesEvery is the least time between two maint_route_indexes() calls
+// asked for by IndexesPayload.
+const indexesEvery = time.Second
 
 // reportError hands err to Config.OnError, if set.
 func (t *Ticker) reportError(ctx context.Context, err error) {
@@ -70,6 +82,10 @@ func (t *Ticker) Refused() int64 { return t.refused.Load() }
 // schedule tracks when each duty is due next.
 type schedule struct {
 	lead, retry, maint time.Time
+	// indexes is set by IndexesPayload, and cleared by the next
+	// maint_route_indexes(); indexesNext is when one may run again.
+	indexes     bool
+	indexesNext time.Time
 	// leaderUntil is the local, conservative end of the lease.
 	leaderUntil time.Time
 }
@@ -123,19 +139,36 @@ func (t *Ticker) Run(fetchCtx, workCtx context.Context) {
 	}
 }
 
-// sleep waits d, or until a leader resigns (then the lease is sought at
-// once). It reports false when ctx ended.
+// sleep waits d, or until another ticker resigns while this one does not
+// lead (then the lease is sought at once). An IndexesPayload only marks
+// maint_route_indexes() due: waking the loop for it would let a role that
+// sends it in a loop (NOTIFY needs no privilege) make the leader call
+// ticker() as often. It reports false when ctx ended.
 func (t *Ticker) sleep(ctx context.Context, d time.Duration, resigned <-chan string, s *schedule) bool {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-timer.C:
-	case <-resigned:
-		s.lead = time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return true
+		case p := <-resigned:
+			switch {
+			case p == IndexesPayload:
+				s.indexes = true
+			case p == "":
+				// The LISTEN session was re-established: either may
+				// have been missed.
+				s.indexes = true
+				s.lead = time.Time{}
+				return true
+			case !t.leader.Load():
+				s.lead = time.Time{}
+				return true
+			}
+		}
 	}
-	return true
 }
 
 // step renews or seeks leadership when due, then does the leader's duties.
@@ -180,11 +213,20 @@ func (t *Ticker) step(ctx context.Context, s *schedule) error {
 		}
 		// Routing indexes left out while their tables were full are
 		// built once rotation emptied them, without blocking producers.
-		if _, err := bounded(ctx, maintTimeout, t.cfg.Queries.MaintRouteIndexes); err != nil {
-			return err
-		}
+		return t.routeIndexes(ctx, now, s)
+	}
+	if s.indexes && !now.Before(s.indexesNext) {
+		return t.routeIndexes(ctx, now, s)
 	}
 	return nil
+}
+
+// routeIndexes calls maint_route_indexes().
+func (t *Ticker) routeIndexes(ctx context.Context, now time.Time, s *schedule) error {
+	s.indexes = false
+	s.indexesNext = now.Add(indexesEvery)
+	_, err := bounded(ctx, maintTimeout, t.cfg.Queries.MaintRouteIndexes)
+	return err
 }
 
 func (t *Ticker) setLeader(ctx context.Context, leader bool) bool {

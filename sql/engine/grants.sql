@@ -56,10 +56,12 @@ grant execute on function
     to pgque_admin;
 
 grant execute on procedure pgque.run_ticker(integer, text) to pgque_admin;
--- run_ticker runs as its caller, so the caller needs its two helpers.
+-- run_ticker runs as its caller, so the caller needs its helpers.
 grant execute on function
     pgque._run_ticker_end(integer),
-    pgque._run_ticker_round(text, timestamptz, timestamptz, timestamptz)
+    pgque._maint_after_hooks(),
+    pgque._run_ticker_round(text, timestamptz, timestamptz, timestamptz),
+    pgque._run_ticker_round(text, timestamptz, timestamptz, timestamptz, timestamptz)
     to pgque_admin;
 
 -- The admin reads the engine's tables (not a queue's own event tables).

@@ -5,7 +5,8 @@
 // does, through the same SQL: it keeps the single ticker lease
 // (pgque.ticker_lead), and while it leads calls pgque.ticker() every
 // tickIntervalMs, pgque.maint_retry_events() every retryIntervalMs, and
-// pgque.maint() and pgque.maint_route_indexes() every maintIntervalMs. Any
+// pgque.maint() and pgque.maint_route_indexes() every maintIntervalMs (and
+// maint_route_indexes() when a subscribe asks, at most once a second). Any
 // number of tickers, Go or TypeScript, may run against one database: they
 // elect one leader through that lease, and only the leader works. stop()
 // resigns the lease (pgque.ticker_resign notifies channel pgque_ticker), so
@@ -40,6 +41,15 @@ export const LEASE_TTL_MS_MAX = 24 * 3600 * 1000;
 
 /** The channel ticker_resign notifies. */
 const RESIGN_CHANNEL = "pgque_ticker";
+/**
+ * The payload on RESIGN_CHANNEL with which a committed subscribe,
+ * unsubscribe or resize asks the leader for maint_route_indexes(): the SQL
+ * leaves index changes to it, since their locks would last as long as the
+ * caller's transaction.
+ */
+const INDEXES_PAYLOAD = "indexes";
+/** The least time between two maint_route_indexes() calls so asked for. */
+const INDEXES_EVERY_MS = 1_000;
 
 /** The functions a ticker runs: the role needs EXECUTE on each. */
 export const TICKER_FUNCTIONS = [
@@ -109,6 +119,9 @@ export class Ticker {
   private nextRetry = 0;
   private nextMaint = 0;
   private leaderUntil = 0;
+  // Set by an INDEXES_PAYLOAD, cleared by the next maint_route_indexes().
+  private indexesDue = false;
+  private nextIndexes = 0;
 
   constructor(private readonly exec: Executor, opts: TickerOptions = {}) {
     this.workerId = opts.workerId ?? defaultWorkerId();
@@ -226,8 +239,16 @@ export class Ticker {
       await bounded("maint()", MAINT_TIMEOUT_MS, this.exec.query("select pgque.maint()"));
       // Routing indexes left out while their tables were full are built
       // once rotation emptied them.
-      await bounded("maint_route_indexes()", MAINT_TIMEOUT_MS, this.exec.query("select pgque.maint_route_indexes()"));
+      await this.routeIndexes(now);
+    } else if (this.indexesDue && now >= this.nextIndexes) {
+      await this.routeIndexes(now);
     }
+  }
+
+  private async routeIndexes(now: number): Promise<void> {
+    this.indexesDue = false;
+    this.nextIndexes = now + INDEXES_EVERY_MS;
+    await bounded("maint_route_indexes()", MAINT_TIMEOUT_MS, this.exec.query("select pgque.maint_route_indexes()"));
   }
 
   private setLeader(leader: boolean): boolean {
@@ -270,10 +291,14 @@ export class Ticker {
   private async listen(): Promise<void> {
     if (this.listenConnect === null) return;
     const l = new Listener(this.listenConnect, (err) => this.onError(mapError("listening for ticker resignations", err)), [RESIGN_CHANNEL]);
-    // Also called with "" after a reconnect: a resignation may have been
-    // missed meanwhile, and seeking the lease once more costs one call.
-    l.onPrefix(RESIGN_CHANNEL, "", () => {
-      if (this.leader) return;
+    // Also called with "" after a reconnect: a resignation or a request
+    // for indexes may have been missed meanwhile, and seeking the lease
+    // once more costs one call. A request for indexes does not wake the
+    // loop: a role that sends it in a loop (NOTIFY needs no privilege)
+    // would make the leader tick as often.
+    l.onPrefix(RESIGN_CHANNEL, "", (payload) => {
+      if (payload === INDEXES_PAYLOAD || payload === "") this.indexesDue = true;
+      if (payload === INDEXES_PAYLOAD || this.leader) return;
       this.nextLead = 0;
       this.wake?.();
     });

@@ -202,3 +202,31 @@ test("a hung lease call does not stall the loop: it is reported and the ticker l
     await t.stop();
   }
 });
+
+test("a committed subscribe asks the leader for its routing indexes, built at once rather than at the next maint", async () => {
+  // The SQL leaves index changes to maint_route_indexes(): a subscribe that
+  // built them held its queue's producers until its transaction ended.
+  await db.pool.query("select pgque.create_queue('ixq')");
+  const routeIndexes = async (n: number) => {
+    const { rows } = await db.pool.query(
+      `select count(*)::int as c from pg_catalog.pg_class c join pgque.queue q on q.queue_name = 'ixq'
+        where c.relkind = 'i' and c.relname ~ ('^event_' || q.queue_id || '_[0-9]+_route' || $1::int || '$')`, [n]);
+    return rows[0].c as number;
+  };
+  const subscribe = (consumer: string, n: number) =>
+    db.pool.query("select pgque.subscribe_slot('ixq', $1, k, $2) from generate_series(0, $2 - 1) k", [consumer, n]);
+  await subscribe("early", 4);
+  assert.equal(await routeIndexes(4), 0, "no routing index before maint_route_indexes");
+  const errors: unknown[] = [];
+  const t = new Ticker(db.pool, { workerId: "ts-indexes", onError: (err) => errors.push(err), maintIntervalMs: 3_600_000 });
+  try {
+    await t.start();
+    // The first maint's: the next is an hour away.
+    await waitFor("the first maint's routing indexes", async () => (await routeIndexes(4)) === 3, 20_000);
+    await subscribe("late", 8);
+    await waitFor("the routing indexes the subscribe asked for", async () => (await routeIndexes(8)) === 3, 20_000);
+  } finally {
+    await t.stop();
+  }
+  assert.deepEqual(errors, []);
+});

@@ -78,6 +78,7 @@ func TestRunTickerTicksAndMovesRetries(t *testing.T) {
 		"select pgque.create_queue('q')",
 		"select pgque.subscribe('q', 'c')",
 		"select pgque.send('q', '{\"n\": 1}')",
+		"select pgque.subscribe_slot('q', 'slots', k, 4) from generate_series(0, 3) k",
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatal(q, err)
@@ -89,6 +90,12 @@ func TestRunTickerTicksAndMovesRetries(t *testing.T) {
 	}
 	if d := time.Since(start); d < time.Second || d > 10*time.Second {
 		t.Fatalf("run_ticker(1) ran for %v", d)
+	}
+	// The slot group's routing indexes, which the subscribe leaves to
+	// maint_route_indexes, run by the loop in the round after maint().
+	var ix int
+	if err := conn.QueryRow(ctx, `select count(*) from pg_catalog.pg_class where relname ~ '^event_[0-9]+_[0-9]+_route4$'`).Scan(&ix); err != nil || ix != 3 {
+		t.Fatalf("%d routing indexes after run_ticker (%v), want 3", ix, err)
 	}
 	var got int64
 	if err := conn.QueryRow(ctx, "select msg_id from pgque.receive('q', 'c')").Scan(&got); err != nil {

@@ -202,6 +202,7 @@ func TestMaintWidensOldRoutingIndexes(t *testing.T) {
 	d := setup(t)
 	d.createQueue("q")
 	d.subscribeSlots("q", "c", 4)
+	d.exec("select pgque.maint_route_indexes()")
 	names := one[[]string](t, d.pool, `select array_agg(c.relname::text order by c.relname) from pg_catalog.pg_class c
 		join pg_catalog.pg_namespace ns on ns.oid = c.relnamespace
 		where ns.nspname = 'pgque' and c.relkind = 'i' and c.relname ~ '^event_[0-9]+_[0-9]+_route4$'`)
@@ -268,9 +269,10 @@ func engineIndexes(t testing.TB, q querier, queue string) []string {
 // leads with (ev_txid, ev_id): the engine's, until a slot group's routing
 // index, (ev_txid, ev_id, route), takes its place (one index entry per
 // send instead of two). A slot's routing predicate is a condition of that
-// index. When the engine's index cannot be dropped at once (its table in
-// use), maint_route_indexes drops it later; and when the last routing
-// index of a table goes, the engine's index comes back first.
+// index. The subscribe leaves the indexes to maint_route_indexes; when the
+// engine's index cannot be dropped at once (its table in use), a later
+// call drops it; and when the last routing index of a table goes, the
+// engine's index comes back first.
 func TestRoutingIndexReplacesTheTxidIndex(t *testing.T) {
 	t.Parallel()
 	d := setup(t)
@@ -297,6 +299,12 @@ func TestRoutingIndexReplacesTheTxidIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.subscribeSlots("q", "c", 4)
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, txid) {
+		t.Fatalf("indexes once the slots are subscribed: %q, want %q until maint_route_indexes", got, txid)
+	}
+	if n := one[int32](t, d.pool, "select pgque.maint_route_indexes()"); n != 3 {
+		t.Errorf("maint_route_indexes() = %d, want 3 (the routing indexes built)", n)
+	}
 	got := eventIndexes(t, d.pool, "q")
 	if len(got) != 4 || !slices.Contains(got, strings.Replace(txid[0], "_0_", "_"+cur[len(cur)-1:]+"_", 1)) {
 		t.Fatalf("indexes with %s in use: %q, want the routing indexes and %s's engine index", cur, got, cur)
@@ -367,8 +375,12 @@ func TestRoutingIndexReplacesTheTxidIndex(t *testing.T) {
 		release(t, d.pool, "q", "c", s, "w")
 		d.exec("select pgque.unsubscribe_slot('q', 'c', $1, 4)", s)
 	}
+	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, route4) {
+		t.Errorf("indexes once the slots are gone: %q, want %q until maint_route_indexes", got, route4)
+	}
+	d.exec("select pgque.maint_route_indexes()")
 	if got := eventIndexes(t, d.pool, "q"); !slices.Equal(got, txid) {
-		t.Errorf("indexes once the slots are gone: %q, want %q", got, txid)
+		t.Errorf("indexes once maint_route_indexes ran: %q, want %q", got, txid)
 	}
 }
 
@@ -412,30 +424,30 @@ func txidLedMissing(t testing.TB, q querier, queue string) []string {
 		   and cardinality(pgque._txid_indexes(c.oid::regclass)) = 0`, queue)
 }
 
-// TestUnsubscribesKeepATxidIndex: two slot groups of different N leave
-// each table two routing indexes and no engine index. Their last slots are
-// unsubscribed at once, the second while the first's transaction still
-// holds the tables and the right to change indexes (_index_ddl_lock): the
-// second does not wait for it and leaves its routing index as it is, so a
-// table never ends up with neither (it did when both read the catalog
-// first), and maint_route_indexes drops it later, building the engine's
-// index first. An unsubscribe held up by a reader waits at most 20 ms and
-// leaves its routing index the same way.
-func TestUnsubscribesKeepATxidIndex(t *testing.T) {
+// TestRouteIndexDropsKeepATxidIndex: two slot groups of different N leave
+// each table two routing indexes and no engine index. Once both groups
+// are gone, maint_route_indexes drops both, building the engine's index
+// first, so a table never has neither (it did when two drops each read
+// the catalog before the other's). A second call beside the first's open
+// transaction waits for nothing and does nothing (_index_ddl_lock). A
+// reader holding a table holds the drop up 20 ms at most, and its routing
+// index stays until a later call.
+func TestRouteIndexDropsKeepATxidIndex(t *testing.T) {
 	t.Parallel()
 	d := setup(t)
 	ctx := context.Background()
 	d.createQueue("q")
 	d.subscribeSlots("q", "g16", 16)
 	d.subscribeSlots("q", "g8", 8)
-	for s := range 15 {
+	d.exec("select pgque.maint_route_indexes()")
+	if n := len(eventIndexes(t, d.pool, "q")); n != 6 {
+		t.Fatalf("indexes of the two groups: %q, want route16 and route8 on each table", eventIndexes(t, d.pool, "q"))
+	}
+	for s := range 16 {
 		d.exec("select pgque.unsubscribe_slot('q', 'g16', $1, 16)", s)
 	}
-	for s := range 7 {
+	for s := range 8 {
 		d.exec("select pgque.unsubscribe_slot('q', 'g8', $1, 8)", s)
-	}
-	if n := len(eventIndexes(t, d.pool, "q")); n != 6 {
-		t.Fatalf("indexes before the unsubscribes: %q, want route16 and route8 on each table", eventIndexes(t, d.pool, "q"))
 	}
 
 	s1, err := d.pool.Begin(ctx)
@@ -443,47 +455,40 @@ func TestUnsubscribesKeepATxidIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s1.Rollback(ctx)
-	if _, err := s1.Exec(ctx, "select pgque.unsubscribe_slot('q', 'g16', 15, 16)"); err != nil {
-		t.Fatal(err)
+	if n := one[int32](t, s1, "select pgque.maint_route_indexes()"); n != 6 {
+		t.Errorf("maint_route_indexes() once both groups are gone = %d, want 6 dropped", n)
 	}
-	// The second does not wait for the first's open transaction (a consumer
-	// role may leave one open): it leaves its index to maint_route_indexes,
-	// as maint_route_indexes itself leaves everything while that
-	// transaction holds the right to change indexes.
 	s2 := pgtest.Conn(t, d.dsn)
 	done := make(chan error, 1)
 	go func() {
-		_, err := s2.Exec(ctx, "select pgque.unsubscribe_slot('q', 'g8', 7, 8)")
+		var n int32
+		err := s2.QueryRow(ctx, "select pgque.maint_route_indexes()").Scan(&n)
+		if err == nil && n != 0 {
+			err = fmt.Errorf("it returned %d, want 0", n)
+		}
 		done <- err
 	}()
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatal("the second unsubscribe:", err)
+			t.Fatal("maint_route_indexes beside another's open transaction:", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("the second unsubscribe waited 10 s for the first's open transaction")
-	}
-	if n := one[int32](t, s2, "select pgque.maint_route_indexes()"); n != 0 {
-		t.Errorf("maint_route_indexes() beside the open transaction = %d, want 0", n)
+		t.Fatal("maint_route_indexes waited 10 s for another's open transaction")
 	}
 	if err := s1.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if missing := txidLedMissing(t, d.pool, "q"); len(missing) != 0 {
-		t.Fatalf("tables with no (ev_txid, ev_id) index after both unsubscribes: %v (indexes: %q)", missing, eventIndexes(t, d.pool, "q"))
-	}
-	d.exec("select pgque.maint_route_indexes()")
 	if got, want := eventIndexes(t, d.pool, "q"), engineIndexes(t, d.pool, "q"); !slices.Equal(got, want) {
 		t.Fatalf("indexes once both groups are gone: %q, want %q", got, want)
 	}
 
-	// A reader holds a table; the last unsubscribe does not wait for it.
+	// A reader holds a table; the drop does not wait for it.
 	d.subscribeSlots("q", "g4", 4)
-	for s := range 3 {
+	d.exec("select pgque.maint_route_indexes()")
+	for s := range 4 {
 		d.exec("select pgque.unsubscribe_slot('q', 'g4', $1, 4)", s)
 	}
-	d.exec("select pgque.maint_route_indexes()")
 	cur := one[string](t, d.pool, "select pgque._event_table(queue_id, queue_cur_table) from pgque.queue where queue_name = 'q'")
 	reader, err := d.pool.Begin(ctx)
 	if err != nil {
@@ -494,9 +499,11 @@ func TestUnsubscribesKeepATxidIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	d.exec("select pgque.unsubscribe_slot('q', 'g4', 3, 4)")
+	if n := one[int32](t, d.pool, "select pgque.maint_route_indexes()"); n != 2 {
+		t.Errorf("maint_route_indexes() behind a reader of %s = %d, want the 2 other tables' routing indexes dropped", cur, n)
+	}
 	if took := time.Since(start); took > 5*time.Second {
-		t.Errorf("the last unsubscribe took %v behind a reader", took)
+		t.Errorf("maint_route_indexes took %v behind a reader", took)
 	}
 	if missing := txidLedMissing(t, d.pool, "q"); len(missing) != 0 {
 		t.Fatalf("tables with no (ev_txid, ev_id) index: %v", missing)

@@ -286,6 +286,7 @@ func TestResizeFreesItsN(t *testing.T) {
 	_, err := d.pool.Exec(ctx, "select pgque.resize_slots('q', 'c0', 6)")
 	wantState(t, err, "PQ051", "a fifth distinct N")
 	d.exec("select pgque.resize_slots('q', 'c0', 3)") // 3 is in use: still four
+	d.exec("select pgque.maint_route_indexes()")
 	if n := routeIndexes(t, d.pool, 2); n != 3 {
 		t.Fatalf("%d routing indexes for N=2 before the cutover, want 3", n)
 	}

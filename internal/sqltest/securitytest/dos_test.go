@@ -110,9 +110,95 @@ func TestDistinctSlotCountsAreBounded(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
+	// The indexes come from maint_route_indexes (the ticker's): one per
+	// event table for each of the 4 N in use, that of the freed N gone.
+	if _, err := asRole(t, dsn, roleAdmin).Exec(ctx, `select pgque.maint_route_indexes()`); err != nil {
+		t.Fatal(err)
+	}
 	var ix int
-	if err := reader.QueryRow(ctx, `select count(*) from pg_catalog.pg_class where relname like 'event\_%\_route%'`).Scan(&ix); err != nil || ix > 4*3 {
-		t.Fatalf("%d routing indexes (%v), want at most 12", ix, err)
+	if err := reader.QueryRow(ctx, `select count(*) from pg_catalog.pg_class where relname like 'event\_%\_route%'`).Scan(&ix); err != nil || ix != 4*3 {
+		t.Fatalf("%d routing indexes (%v), want 12", ix, err)
+	}
+}
+
+// TestOpenIndexChangeNeverBlocksProducers: a reader may leave a
+// subscribe_slot or an unsubscribe_slot open for as long as it likes (an
+// admin a resize_slots). Their routing indexes are built and dropped by
+// maint_route_indexes in a transaction of its own: when the subscribe
+// built them itself, its SHARE locks on the event tables held every send
+// to the queue until it ended, and an unsubscribe's drop would hold the
+// tables' ACCESS EXCLUSIVE lock, against readers too.
+func TestOpenIndexChangeNeverBlocksProducers(t *testing.T) {
+	dsn, conn := setupDB(t)
+	ctx := context.Background()
+	writer := asRole(t, dsn, roleWriter)
+	plain := asRole(t, dsn, roleReader)
+	admin := asRole(t, dsn, roleAdmin)
+	if _, err := plain.Exec(ctx, `select pgque.subscribe('q1', 'plain')`); err != nil {
+		t.Fatal(err)
+	}
+	routeIndexes := func() int {
+		t.Helper()
+		var n int
+		if err := conn.QueryRow(ctx, `select count(*) from pg_catalog.pg_class
+			where relname similar to 'event\_' || (select queue_id from pgque.queue where queue_name = 'q1') || '\_[0-9]\_route4'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Each statement left open by the reader, then a send and a plain
+	// receive on the same queue, each of which must not wait for it.
+	for _, step := range []struct {
+		name, role, stmt string
+		indexes          int // routing indexes for N=4 once maint_route_indexes ran after the commit
+	}{
+		{"subscribe_slot", roleReader, `select count(pgque.subscribe_slot('q1', 'g', k, 4)) from generate_series(0, 3) k`, 3},
+		{"resize_slots", roleAdmin, `select pgque.resize_slots('q1', 'g', 8)`, 3},
+		{"unsubscribe_slot", roleReader, `select count(pgque.unsubscribe_slot('q1', 'g', k, 4)) from generate_series(0, 3) k`, 0},
+	} {
+		open := asRole(t, dsn, step.role)
+		tx, err := open.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, step.stmt); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		for _, other := range []struct {
+			who  *pgx.Conn
+			stmt string
+		}{
+			{writer, `select pgque.send('q1', 't', '{}'::jsonb, 'k1')`},
+			{plain, `select count(*) from pgque.receive('q1', 'plain', 10)`},
+		} {
+			octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := other.who.Exec(octx, other.stmt)
+			cancel()
+			if err != nil {
+				t.Fatalf("%s beside an open %s: %v", other.stmt, step.name, err)
+			}
+		}
+		// The ticker's maint_route_indexes meanwhile waits for nothing.
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = admin.Exec(mctx, `select pgque.maint_route_indexes()`)
+		cancel()
+		if err != nil {
+			t.Fatalf("maint_route_indexes beside an open %s: %v", step.name, err)
+		}
+		if step.name == "resize_slots" {
+			// Leaves the group at 4 slots for the unsubscribe.
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, `select pgque.maint_route_indexes()`); err != nil {
+			t.Fatal(err)
+		}
+		if n := routeIndexes(); n != step.indexes {
+			t.Errorf("after %s and maint_route_indexes: %d routing indexes for N=4, want %d", step.name, n, step.indexes)
+		}
 	}
 }
 
@@ -237,5 +323,65 @@ func TestRotationBlockersNamesWhatPinsRotation(t *testing.T) {
 	}
 	if !idle || done || !session {
 		t.Fatalf("rotation_blockers = %+v, want idle_reader and the open session (pid %d) with its role and start, not done_reader", got, pid)
+	}
+}
+
+// TestOpenSubscribeNeverBlocksAnotherSubscribe: the first subscribe of a
+// queue (plain) or of an N (slots) makes the queue's reader function for
+// it. A reader that leaves that transaction open must not hold up another
+// reader's subscribe to the same queue, which would otherwise wait on the
+// reader's catalog row: it waits 50 ms at most and leaves the reader to
+// maintenance. Here the first transaction rolls back, so only maintenance
+// makes them: maint() the plain one, maint_route_indexes the slots'.
+func TestOpenSubscribeNeverBlocksAnotherSubscribe(t *testing.T) {
+	dsn, conn := setupDB(t)
+	ctx := context.Background()
+	admin := asRole(t, dsn, roleAdmin)
+	if _, err := admin.Exec(ctx, `select pgque.create_queue('fresh')`); err != nil {
+		t.Fatal(err)
+	}
+	reader := func(queue string, n int) bool {
+		t.Helper()
+		var ok bool
+		if err := conn.QueryRow(ctx, `select pg_catalog.to_regproc(pg_catalog.format('pgque._read_%s_%s', queue_id, $2::int)) is not null
+			from pgque.queue where queue_name = $1`, queue, n).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	b := asRole(t, dsn, roleReader)
+	for _, c := range []struct {
+		queue, first, second, maint string
+		n                           int
+	}{
+		{"fresh", `select pgque.subscribe('fresh', 'a')`, `select pgque.subscribe('fresh', 'b')`, `select pgque.maint()`, 1},
+		{"q1", `select pgque.subscribe_slot('q1', 'ga', 0, 4)`, `select pgque.subscribe_slot('q1', 'gb', 0, 4)`, `select pgque.maint_route_indexes()`, 4},
+	} {
+		a := asRole(t, dsn, roleReader)
+		tx, err := a.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, c.first); err != nil {
+			t.Fatal(err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = b.Exec(sctx, c.second)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s beside an open %s: %v", c.second, c.first, err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if reader(c.queue, c.n) {
+			t.Fatalf("a reader for %s, N=%d exists before maintenance: the second subscribe waited for the first", c.queue, c.n)
+		}
+		if _, err := admin.Exec(ctx, c.maint); err != nil {
+			t.Fatal(err)
+		}
+		if !reader(c.queue, c.n) {
+			t.Errorf("%s made no reader for %s, N=%d", c.maint, c.queue, c.n)
+		}
 	}
 }

@@ -43,11 +43,19 @@ drop function if exists pgque._deliver_raw_body();
 -- its first consumer of that N (subscribe, subscribe_slot, resize_slots)
 -- and the install remakes every existing one, so that a reader is always
 -- the statement of the installed version; until one exists the entry
--- points read inline. Readers are not granted to any role.
+-- points read inline. A subscribe that would wait for another session's
+-- open transaction making the same reader leaves it: maint()
+-- (_maint_readers) makes a queue's missing reader for plain consumers,
+-- maint_route_indexes those of the slot counts in use. Readers are not
+-- granted to any role.
 
 -- _make_reader(queue_id, nslots, replace): creates the queue's reader for
 -- nslots (1 for plain consumers), or replaces it when replace is true. Two
--- sessions making the same reader at once: the second finds it made. The
+-- sessions making the same reader at once: the second finds it made, or,
+-- while the first's transaction is open, waits for it at most 50 ms and
+-- leaves the reader to maintenance (a consumer role may leave its
+-- subscribe's transaction open as long as it likes, and another's
+-- subscribe must not wait for it). The
 -- SQL text holds only the two integers, put into _reader_src() by format().
 -- This is the one function body the install (and subscribe) still builds
 -- from text: a reader exists to have the queue id and N written in as
@@ -58,6 +66,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     v_name text := format('_read_%s_%s', i_queue_id, i_nslots);
+    v_old_lt text := current_setting('lock_timeout');
 begin
     if i_queue_id is null or i_nslots is null or i_nslots < 1 then
         raise exception using errcode = '22023', message = format('no reader for queue %s and %s slots', i_queue_id, i_nslots);
@@ -66,6 +75,9 @@ begin
         return;
     end if;
     begin
+        if not i_replace then
+            perform set_config('lock_timeout', '50ms', true);
+        end if;
         execute format($ddl$
 create or replace function pgque.%I(st pgque.sub_state, v_prev pg_catalog.pg_snapshot, v_cur pg_catalog.pg_snapshot,
                                     v_xip pg_catalog.xid8[], v_sub integer, i_slot integer, i_max integer,
@@ -79,8 +91,14 @@ set enable_seqscan = off
 as %L$ddl$,
             v_name,
             format(pgque._reader_src(), i_queue_id, i_nslots));
-    exception when unique_violation then
-        return; -- made by a concurrent session
+        perform set_config('lock_timeout', v_old_lt, true);
+    exception
+        when unique_violation then
+            perform set_config('lock_timeout', v_old_lt, true);
+            return; -- made by a concurrent session
+        when lock_not_available then
+            perform set_config('lock_timeout', v_old_lt, true);
+            return; -- being made by an open transaction: left to maintenance
     end;
     execute format('revoke all on function pgque.%I(pgque.sub_state, pg_catalog.pg_snapshot, pg_catalog.pg_snapshot, '
                    'pg_catalog.xid8[], integer, integer, integer, bigint) from public', v_name);
@@ -98,8 +116,10 @@ as $$
      where p.pronamespace = 'pgque'::regnamespace and m is not null
 $$;
 
--- _maint_readers(): drops the readers of queues that no longer exist (a
--- 'maint' hook). Returns how many it dropped.
+-- _maint_readers(): drops the readers of queues that no longer exist, and
+-- makes the reader for plain consumers of a queue that has a subscription
+-- and none (a subscribe left it to maintenance: _make_reader). A 'maint'
+-- hook. Returns how many it dropped or made.
 create or replace function pgque._maint_readers()
 returns integer language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -113,6 +133,14 @@ begin
          where not exists (select 1 from pgque.queue q where q.queue_id = x.queue_id)
     loop
         execute format('drop function if exists %s', r.fn);
+        v_n := v_n + 1;
+    end loop;
+    for r in
+        select q.queue_id from pgque.queue q
+         where pg_catalog.to_regproc(pg_catalog.format('pgque._read_%s_1', q.queue_id)) is null
+           and exists (select 1 from pgque.subscription s where s.sub_queue = q.queue_id)
+    loop
+        perform pgque._make_reader(r.queue_id, 1, false);
         v_n := v_n + 1;
     end loop;
     return v_n;

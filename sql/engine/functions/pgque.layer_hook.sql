@@ -22,6 +22,28 @@ begin
 end;
 $$;
 
+-- _maint_after_hooks(): runs every registered 'maint_after' hook in name
+-- order, for run_ticker's round after maint(). Returns the sum of the
+-- operations they report. Granted to pgque_admin, as whom run_ticker's
+-- round calls it (run_ticker runs as its caller); each hook is a function
+-- the admin may run itself.
+create or replace function pgque._maint_after_hooks()
+returns integer language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_fn regprocedure;
+    v_n  integer := 0;
+    v_r  integer;
+begin
+    for v_fn in select hook_fn from pgque.layer_hook where hook_kind = 'maint_after' order by hook_name loop
+        execute format('select %s()', v_fn::regproc) into v_r;
+        v_n := v_n + coalesce(v_r, 0);
+    end loop;
+    return v_n;
+end;
+$$;
+
 -- _tick_hooks(queue_id, tick_id): runs every registered 'tick' hook, in
 -- name order, for the tick just written (a layer that wants to say more
 -- about a tick than the engine's notification does: which consumers it

@@ -4,25 +4,33 @@
 -- the usual way to tick. Where running a daemon is not an option, start()
 -- schedules the same work with pg_cron: a job every minute calls the
 -- run_ticker procedure, which ticks every 10 ms, moves due retries every
--- second and runs maint() every 30 seconds for 55 seconds, committing after
--- every round so ticks become visible at once. pg_cron's finest schedule is
+-- second and runs maint() every 30 seconds, and the layers' 'maint_after'
+-- hooks in the round after it, for 55 seconds, committing after every
+-- round so ticks become visible at once. pg_cron's finest schedule is
 -- one minute, hence the loop. run_ticker takes the ticker lease like any
 -- ticker daemon, so it never ticks alongside a live daemon.
 
--- _run_ticker_round(worker, end, next retry, next maint): one round of
--- run_ticker: ticks when worker holds the ticker lease, moves due retries
--- and runs maint() when their time came. Returns whether the loop goes on
--- (end not reached) and the next retry and maint times.
--- Tables: through ticker_lead, ticker, maint_retry_events, maint.
+-- _run_ticker_round(worker, end, next retry, next maint, next indexes):
+-- one round of run_ticker: ticks when worker holds the ticker lease, moves
+-- due retries and runs maint() when their time came, and the 'maint_after'
+-- hooks (_maint_after_hooks) when theirs came, which is the round after
+-- maint(): a transaction of their own, as the ticker daemons give the same
+-- calls, since what they lock stays locked until the round commits.
+-- Returns whether the loop goes on (end not reached) and the next times.
+-- Tables: through ticker_lead, ticker, maint_retry_events, maint and the
+-- hooks.
 create or replace function pgque._run_ticker_round(i_worker text, i_end timestamptz,
                                                    i_next_retry timestamptz, i_next_maint timestamptz,
-                                                   out more boolean, out next_retry timestamptz, out next_maint timestamptz)
+                                                   i_next_indexes timestamptz,
+                                                   out more boolean, out next_retry timestamptz,
+                                                   out next_maint timestamptz, out next_indexes timestamptz)
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 begin
     next_retry := i_next_retry;
     next_maint := i_next_maint;
+    next_indexes := i_next_indexes;
     if pgque.ticker_lead(i_worker, interval '5 seconds') then
         perform pgque.ticker();
         if clock_timestamp() >= next_retry then
@@ -32,10 +40,28 @@ begin
         if clock_timestamp() >= next_maint then
             perform pgque.maint();
             next_maint := clock_timestamp() + interval '30 seconds';
+            next_indexes := clock_timestamp();
+        elsif clock_timestamp() >= next_indexes then
+            perform pgque._maint_after_hooks();
+            next_indexes := 'infinity';
         end if;
     end if;
     more := clock_timestamp() < i_end;
 end;
+$$;
+
+-- _run_ticker_round(worker, end, next retry, next maint): the round of the
+-- run_ticker of an earlier version, which may still be looping while this
+-- one is installed; it runs no 'maint_after' hook, which its next minute's
+-- run does.
+create or replace function pgque._run_ticker_round(i_worker text, i_end timestamptz,
+                                                   i_next_retry timestamptz, i_next_maint timestamptz,
+                                                   out more boolean, out next_retry timestamptz, out next_maint timestamptz)
+language sql
+set search_path = pg_catalog, pg_temp
+as $$
+    select r.more, r.next_retry, r.next_maint
+      from pgque._run_ticker_round(i_worker, i_end, i_next_retry, i_next_maint, 'infinity') r
 $$;
 
 -- _run_ticker_end(seconds): validates run_ticker's seconds (1..3600) and
@@ -67,11 +93,12 @@ declare
     v_end   pg_catalog.timestamptz := pgque._run_ticker_end(i_seconds);
     v_retry pg_catalog.timestamptz := pg_catalog.clock_timestamp();
     v_maint pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+    v_indexes pg_catalog.timestamptz := 'infinity';
     v_more  pg_catalog.bool := true;
 begin
     while v_more loop
-        select r.more, r.next_retry, r.next_maint into v_more, v_retry, v_maint
-          from pgque._run_ticker_round(i_worker, v_end, v_retry, v_maint) r;
+        select r.more, r.next_retry, r.next_maint, r.next_indexes into v_more, v_retry, v_maint, v_indexes
+          from pgque._run_ticker_round(i_worker, v_end, v_retry, v_maint, v_indexes) r;
         commit;
         perform pg_catalog.pg_sleep(0.01);
     end loop;

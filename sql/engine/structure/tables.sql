@@ -225,6 +225,9 @@ select pgque._create_index('deferred_group_idx', $ddl$create index deferred_grou
 -- set_queue_config hands a parameter it does not know to the 'queue_config'
 -- hook of that name, called as fn(queue_id integer, value text); maint()
 -- calls every 'maint' hook as fn() returning integer (operations done);
+-- run_ticker calls every 'maint_after' hook as fn() returning integer in
+-- a transaction of its own after maint()'s (work whose locks must not
+-- outlast the call: the ticker daemons make the same calls themselves);
 -- rotation asks every 'rotate' hook, as fn(queue_id integer, table_no
 -- integer) returning text, whether it may truncate that table (NULL: yes;
 -- otherwise why not); the ticker calls every 'tick' hook, as fn(queue_id
@@ -232,22 +235,23 @@ select pgque._create_index('deferred_group_idx', $ddl$create index deferred_grou
 -- after writing it. Written only by the install; the functions named are
 -- the owner's.
 create table if not exists pgque.layer_hook (
-    hook_kind text not null check (hook_kind in ('queue_config', 'maint', 'rotate', 'tick')),
+    hook_kind text not null check (hook_kind in ('queue_config', 'maint', 'rotate', 'tick', 'maint_after')),
     hook_name text not null,
     hook_fn   regprocedure not null,
     primary key (hook_kind, hook_name)
 );
 
--- The 'rotate' and 'tick' hook kinds are newer than the table: widen the
--- check of an older install (only then: ALTER TABLE locks the table).
+-- The 'rotate', 'tick' and 'maint_after' hook kinds are newer than the
+-- table: widen the check of an older install (only then: ALTER TABLE locks
+-- the table).
 do $hook_kinds$
 begin
     if not exists (select 1 from pg_catalog.pg_constraint
                     where conrelid = 'pgque.layer_hook'::regclass and contype = 'c'
-                      and pg_catalog.pg_get_constraintdef(oid) like '%''tick''%') then
+                      and pg_catalog.pg_get_constraintdef(oid) like '%''maint_after''%') then
         alter table pgque.layer_hook drop constraint if exists layer_hook_hook_kind_check;
         alter table pgque.layer_hook add constraint layer_hook_hook_kind_check
-            check (hook_kind in ('queue_config', 'maint', 'rotate', 'tick'));
+            check (hook_kind in ('queue_config', 'maint', 'rotate', 'tick', 'maint_after'));
     end if;
 end
 $hook_kinds$;

@@ -97,10 +97,8 @@ begin
     update pgque.slot_group set sg_seal_tick = v_seal
      where sg_queue = q.queue_id and sg_consumer = i_consumer;
     perform pgque._make_reader(q.queue_id, i_new_nslots, false); -- see api/functions/pgque.deliver_raw.sql
-    -- Last: building a routing index holds a SHARE lock on an event table
-    -- to the end of the transaction, and nothing may be waited for after
-    -- it (sealing waits for the old slots' receive locks, whose holders
-    -- may insert events).
+    -- The new N's routing indexes: asked of the ticker, which builds them
+    -- once this transaction committed (_route_index).
     perform pgque._route_index(q.queue_id, i_new_nslots, true);
     return v_seal;
 end;

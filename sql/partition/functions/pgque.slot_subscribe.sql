@@ -124,46 +124,45 @@ end;
 $$;
 
 -- _index_ddl_lock(): whether this transaction holds, or now takes, the
--- right to build and drop event table indexes (_route_index,
--- maint_route_indexes) until it ends: one session at a time, since two
--- builds of one index at once failed with 23505, and two sessions that
--- each built and then retired an engine index waited for each other's
--- table (40P01). The right is the row lock of pgque.index_ddl (no role can
--- take it, unlike an advisory lock), and it is only tried, never waited
--- for: a consumer role may leave a subscribe's transaction open for as
--- long as it likes, and the others' index work must not wait for it.
--- Whoever does not get it leaves the indexes to a later
--- maint_route_indexes.
+-- right to build and drop event table indexes (maint_route_indexes) until
+-- it ends: one session at a time, since two builds of one index at once
+-- failed with 23505, and two sessions that each built and then retired an
+-- engine index waited for each other's table (40P01). The right is the row
+-- lock of pgque.index_ddl (no role can take it, unlike an advisory lock),
+-- and it is only tried, never waited for: whoever does not get it (a
+-- maint_route_indexes called by hand beside the ticker's) leaves the
+-- indexes to the next call.
 create or replace function pgque._index_ddl_lock()
 returns boolean language sql
 set search_path = pg_catalog, pg_temp
 as $$ select exists (select from pgque.index_ddl for update skip locked) $$;
 
--- _route_index(queue_id, nslots, wanted): creates (or drops, when no slot
--- group of the queue uses nslots any more) an index per event table on
--- ev_txid, ev_id and the routing expression for nslots (_route_index_build).
--- With it, slot k reads only its own events' rows from the table instead
--- of the whole stream's: N slots cost about one reader, not N. The
--- expression is spelled exactly as _slot_filter spells it, so the planner
--- matches the predicate to the index.
+-- _route_index(queue_id, nslots, wanted): asks for (or, when no slot
+-- group of the queue uses nslots any more, gives up) an index per event
+-- table on ev_txid, ev_id and the routing expression for nslots
+-- (_route_index_build). With it, slot k reads only its own events' rows
+-- from the table instead of the whole stream's: N slots cost about one
+-- reader, not N. The expression is spelled exactly as _slot_filter spells
+-- it, so the planner matches the predicate to the index.
 --
--- Building an index blocks the table's producers while it runs, and every
--- index slows every insert. So a queue has at most 4 distinct N with an
--- index (PQ051 beyond), and an index is built now only on a table that is
--- nearly empty and whose lock is granted within 100 ms; the other tables
--- get it from maint_route_indexes once rotation has emptied them. Until
--- then their slots read them through a filter (correct, only slower).
+-- Every index slows every insert, so a queue has at most 4 distinct N with
+-- an index (PQ051 beyond). The index itself is not built or dropped here:
+-- building one holds the table's SHARE lock, dropping one its ACCESS
+-- EXCLUSIVE lock, until the transaction ends, and a subscribe, unsubscribe
+-- or resize runs in a transaction of the caller's, which a consumer role
+-- may leave open for as long as it likes: every producer of the queue
+-- waited for it. maint_route_indexes does the work in a transaction of its
+-- own, and the notification asks the ticker for it once this transaction
+-- commits (pgque_ticker, payload 'indexes': the ticker daemons run
+-- maint_route_indexes at once, at most once a second, besides after every
+-- maint()). Until then the group's slots read the tables through a filter
+-- (correct, only slower).
 create or replace function pgque._route_index(i_queue_id integer, i_nslots integer, i_wanted boolean)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    q   pgque.queue;
-    v_n integer;
-    v_ix text;
     v_distinct integer;
-    v_old_lt text := current_setting('lock_timeout');
-    v_big boolean;
 begin
     if i_nslots < 2 then
         return;
@@ -186,46 +185,12 @@ begin
                 hint = 'every distinct N adds a routing index on each event table, which every producer maintains';
         end if;
     end if;
-    -- Under a transaction snapshot (REPEATABLE READ, SERIALIZABLE) the
-    -- catalog read under a table's lock may miss an index another session
-    -- dropped meanwhile, and two such drops left a table with no index
-    -- leading with (ev_txid, ev_id). The indexes are then left to
-    -- maint_route_indexes, which runs in READ COMMITTED.
-    if current_setting('transaction_isolation') <> 'read committed' then
-        return;
+    -- As the ticks' wake-ups are, skipped past half a full NOTIFY queue
+    -- (pg_notify fails on a full one): the indexes then come with the
+    -- next maint().
+    if pg_notification_queue_usage() < pgque._notify_max_usage() then
+        perform pg_notify('pgque_ticker', 'indexes');
     end if;
-    -- One session at a time changes event table indexes (_index_ddl_lock).
-    if not pgque._index_ddl_lock() then
-        return;
-    end if;
-    select * into q from pgque.queue where queue_id = i_queue_id;
-    for v_n in 0 .. q.queue_ntables - 1 loop
-        v_ix := 'event_' || i_queue_id || '_' || v_n || '_route' || i_nslots;
-        if i_wanted then
-            execute format('select count(*) > 1000 from (select 1 from %s limit 1001) x', pgque._event_table(i_queue_id, v_n))
-               into v_big;
-            continue when v_big;
-            begin
-                perform set_config('lock_timeout', '100ms', true);
-                perform pgque._route_index_build(i_queue_id, v_n, i_nslots);
-                perform set_config('lock_timeout', v_old_lt, true);
-            exception when lock_not_available then
-                perform set_config('lock_timeout', v_old_lt, true);
-            end;
-        else
-            -- Waited for at most 20 ms: a reader of the table must not hold
-            -- up this call, nor the producers queued behind its lock
-            -- request. A routing index left behind is dropped by
-            -- maint_route_indexes.
-            begin
-                perform set_config('lock_timeout', '20ms', true);
-                perform pgque._route_index_drop(i_queue_id, v_n, v_ix);
-                perform set_config('lock_timeout', v_old_lt, true);
-            exception when lock_not_available then
-                perform set_config('lock_timeout', v_old_lt, true);
-            end;
-        end if;
-    end loop;
 end;
 $$;
 
@@ -360,12 +325,15 @@ begin
 end;
 $$;
 
--- maint_route_indexes(): builds the routing indexes _route_index had to
--- leave out (a table too full, or its lock not granted at once), on the
--- tables where building is cheap now: at most 1000 rows, which rotation
--- guarantees sooner or later, lock granted within 100 ms, and drops those
--- of an N no group uses any more. The ticker daemon calls it after every
--- maint(). Returns how many indexes it built or dropped.
+-- maint_route_indexes(): builds the routing indexes of the N that slot
+-- groups use (_route_index), on the tables where building is cheap now: at
+-- most 1000 rows, which rotation guarantees sooner or later, lock granted
+-- within 100 ms, and drops those of an N no group uses any more. The
+-- ticker daemons call it after every maint() and when a subscribe,
+-- unsubscribe or resize asks (_route_index), and run_ticker after every
+-- maint() (its 'maint_after' hook), each call a transaction of its own,
+-- so the locks it takes last as long as the call. Returns how many
+-- indexes it built or dropped.
 -- Tables: slot_group (read), event tables (index).
 create or replace function pgque.maint_route_indexes()
 returns integer language plpgsql security definer
@@ -384,6 +352,13 @@ begin
     if not pgque._index_ddl_lock() then
         return 0;
     end if;
+    -- The readers of the N in use that a subscribe left to maintenance
+    -- (_make_reader, api/functions/pgque.deliver_raw.sql).
+    perform pgque._make_reader(g.sg_queue, g.n, false)
+       from (select distinct sg_queue, n
+               from pgque.slot_group cross join lateral (values (sg_nslots), (sg_resize_to)) v(n)
+              where n is not null) g
+      where pg_catalog.to_regproc(pg_catalog.format('pgque._read_%s_%s', g.sg_queue, g.n)) is null;
     for r in
         select g.sg_queue as queue_id, t.n, g.sg_nslots as nslots
           from (select distinct sg_queue, n as sg_nslots
@@ -570,3 +545,9 @@ begin
     return 1;
 end;
 $$;
+
+-- run_ticker (pg_cron) runs maint_route_indexes in a transaction of its
+-- own after maint(), as the ticker daemons do.
+insert into pgque.layer_hook (hook_kind, hook_name, hook_fn) values
+    ('maint_after', 'route_indexes', 'pgque.maint_route_indexes()')
+on conflict (hook_kind, hook_name) do update set hook_fn = excluded.hook_fn;

@@ -61,10 +61,9 @@ create table if not exists pgque.key_block (
 );
 
 -- index_ddl: one row, whose lock is the right to build and drop event
--- table indexes (_index_ddl_lock). A table of its own: pgque.version's
--- row, which create_queue waits for, would let a consumer role that left
--- a subscribe's transaction open hold up every create_queue. No role is
--- granted anything on it, so none can lock it.
+-- table indexes (_index_ddl_lock). A table of its own, so that no other
+-- work (create_queue waits for pgque.version's row) shares the lock. No
+-- role is granted anything on it, so none can lock it.
 create table if not exists pgque.index_ddl (
     singleton boolean primary key default true check (singleton)
 );
