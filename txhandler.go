@@ -51,8 +51,8 @@ type completer func(ctx context.Context, q *dbq.Queries, m *Message) error
 // writes are committed, and this attempt's are rolled back.
 //
 // A completion that waited out its lock timeout (55P03: the lease row was
-// held, by the slot's own receives and other completions on a busy
-// machine) is not the handler's failure: the transaction is run again, up
+// held by a claim in progress, or a plain consumer's subscription row by
+// its receive) is not the handler's failure: the transaction is run again, up
 // to completionAttempts times, rather than nacked, which would count a
 // retry against max_retries and hold a paused key.
 func txHandler(db txBeginner, h HandlerTxFunc, complete completer) HandlerFunc {
@@ -64,9 +64,10 @@ func txHandler(db txBeginner, h HandlerTxFunc, complete completer) HandlerFunc {
 				if err := h(ctx, tx, m); err != nil {
 					return err
 				}
-				// Last, just before the commit: the completion's share lock on
-				// the subscription or lease row holds back the slot's receives
-				// and a takeover until the transaction ends.
+				// Last, just before the commit: the completion's lock on the
+				// subscription row (a plain consumer's receives and acks) or
+				// the lease row (a takeover) holds them back until the
+				// transaction ends.
 				completing = true
 				if err := complete(ctx, dbq.New(tx), m); err != nil {
 					return mapError(fmt.Sprintf("completing event %d", m.ID), err)

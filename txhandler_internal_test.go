@@ -35,8 +35,7 @@ func TestTxHandlerSaysWhyItsContextEnded(t *testing.T) {
 }
 
 // TestTxHandlerRunsAgainAfterALockTimeout: a completion that waits out its
-// lock timeout (55P03; on a busy machine the lease row is held by the
-// slot's own receives and other completions) runs the transaction again
+// lock timeout (55P03; the lease row held by a claim in progress) runs the transaction again
 // instead of failing the handler, which would count a retry; a lock
 // timeout of the handler's own statements, or one that lasts, still fails.
 func TestTxHandlerRunsAgainAfterALockTimeout(t *testing.T) {

@@ -286,3 +286,76 @@ func TestLeaseRenewalWritesNoVersion(t *testing.T) {
 		t.Errorf("claim after release = %v, want epoch %d", c, e+1)
 	}
 }
+
+// TestCompletionHoldsTakeoverNotOwner: a handler's transaction that
+// completed an event (complete_partitioned_in_tx) and is still open holds
+// up a change of the slot's owner, which must not happen before it
+// commits, but none of the owner's own calls: a receive, a renewing claim
+// and a release go on at once. They waited for it (up to 2 s, then
+// 55P03), and the slot's next completions queued behind them.
+func TestCompletionHoldsTakeoverNotOwner(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 1)
+	k := "k"
+	d.send("q", &k)
+	d.send("q", &k)
+	d.tick("q")
+	s := d.claimAll("q", "c", 1, "w", 1)[0]
+	m := mustReceive(t, d.pool, s)
+	if len(m) != 1 {
+		t.Fatalf("received %v, want one event", m)
+	}
+	token := tokenFor(t, d.pool, "q", "c", 0, "w")
+	handler, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer handler.Rollback(ctx)
+	if _, err := handler.Exec(ctx, "select pgque.complete_partitioned_in_tx('q', 'c', 0, 1, 'w', $1::uuid, $2, $3, $4)",
+		token, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	handlerPID := one[int32](t, handler, "select pg_backend_pid()")
+
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := receive(octx, d.pool, s); err != nil {
+		t.Fatalf("the owner's receive beside its handler's open completion: %v", err)
+	}
+	if _, err := d.pool.Exec(octx, "select pgque.claim_slot('q', 'c', 0, 'w', '1 hour', $1::uuid)", token); err != nil {
+		t.Fatalf("the owner's renewal beside its handler's open completion: %v", err)
+	}
+	if !release(t, d.pool, "q", "c", 0, "w") {
+		t.Fatal("the owner's release was refused")
+	}
+
+	// Another worker's claim takes the slot only once the completion
+	// committed.
+	type result struct {
+		epoch *int64
+		err   error
+	}
+	claimed := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = d.pool.QueryRow(ctx, "select epoch from pgque.claim_slot('q', 'c', 0, 'v', '1 hour')").Scan(&r.epoch)
+		claimed <- r
+	}()
+	pgtest.WaitFor(t, 10*time.Second, "the takeover to wait for the handler's transaction", func() bool {
+		return one[bool](t, d.pool, "select exists (select from pg_stat_activity where $1::int = any(pg_blocking_pids(pid)))", handlerPID)
+	})
+	if err := handler.Commit(ctx); err != nil {
+		t.Fatal("the completion's commit, with the lease released by its owner since:", err)
+	}
+	select {
+	case r := <-claimed:
+		if r.err != nil || r.epoch == nil || *r.epoch != m[0].Epoch+1 {
+			t.Fatalf("the takeover: epoch %v, %v; want %d", r.epoch, r.err, m[0].Epoch+1)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the takeover still waits after the completion committed")
+	}
+}

@@ -9,14 +9,15 @@
 -- (PQ085: the token does not prove the lease; PQ032: the chunk was
 -- received under an older epoch; PQ035: the chunk was acknowledged
 -- already, unless the event's key is held by this epoch: a key lane's
--- event that runs on after the chunk's ack) and then keeps a share lock on the lease row until the
--- transaction ends: a takeover, which updates that row, waits for it, so
--- a worker that lost its lease cannot commit and one that commits still
--- held it. PQ038 when the event was completed already. Call it last, just
--- before COMMIT (the lease's receives, acks and renewals wait for the
--- lock); roll back on any error. READ COMMITTED only (PQ011). Tables:
--- slot_lease (share lock), sub_state, deferred, key_block (read),
--- event_done (insert).
+-- event that runs on after the chunk's ack) and then keeps a key share
+-- lock on the lease row until the transaction ends: a takeover, which
+-- locks that row FOR UPDATE, waits for it, so a worker that lost its lease
+-- cannot commit and one that commits still held it; the owner's own calls
+-- do not wait for it ("Lease row locks" in pgque.slot_lease.sql). PQ038
+-- when the event was completed already. Call it last, just before COMMIT
+-- (a takeover waits for the lock); roll back on any error. READ COMMITTED
+-- only (PQ011). Tables: slot_lease (key share lock), sub_state, deferred,
+-- key_block (read), event_done (insert).
 create or replace function pgque.complete_partitioned_in_tx(i_queue text, i_consumer text, i_slot integer,
                                                             i_nslots integer, i_worker text, i_token uuid,
                                                             i_epoch bigint, i_batch_id bigint, i_msg_id bigint)
@@ -38,7 +39,7 @@ begin
     perform pgque._slot_group(i_queue, i_consumer, i_nslots);
     select l1.* into l from pgque.slot_lease l1 join pgque.queue q on q.queue_id = l1.sl_queue
      where q.queue_name = i_queue and l1.sl_consumer = i_consumer and l1.sl_slot = i_slot
-       for share of l1;
+       for key share of l1;
     if not found then
         l := pgque._lease(i_queue, i_consumer, i_slot); -- raises the error that says why
     end if;

@@ -40,7 +40,25 @@ begin
 end;
 $$;
 
--- _lease(queue, consumer, slot): the slot's lease row, locked. PQ034 when
+-- Lease row locks. A handler's transaction that completed an event
+-- (complete_partitioned_in_tx) holds FOR KEY SHARE on the lease row until
+-- it commits, and a change of owner (claim_slot taking the slot) takes FOR
+-- UPDATE, which waits for it: the fence. The owner's own calls (receive,
+-- ack, nack, hold, settle, renewal, release; _hold_lease and _lease) take
+-- FOR NO KEY UPDATE, which serialises them with each other and with a
+-- claim, but not with the handlers' open transactions. When they took FOR
+-- UPDATE (and the completion FOR SHARE), each of the slot's receives and
+-- holds waited for every handler transaction in flight on it from its
+-- completion to its commit, and one that stayed open there (a commit
+-- waiting on a synchronous standby, a handler that completes early in a
+-- transaction of its own) stopped the whole slot: its receives failed
+-- with 55P03 every 2 s until it ended. Nothing else is lost: the owner's calls never change what a handler's completion
+-- checked (the clients acknowledge a chunk, and settle a held key, only
+-- after its handlers committed), and a release leaves the slot to a claim,
+-- which waits.
+
+-- _lease(queue, consumer, slot): the slot's lease row, locked (FOR NO KEY
+-- UPDATE: see "Lease row locks" above). PQ034 when
 -- the slot is not subscribed; a NULL slot (22004) or one outside 0..N-1 of
 -- the persisted N (PQ011) is an invalid argument, not a missing slot.
 -- The owner's calls hold the lock for a moment only, so the wait for it is
@@ -57,7 +75,7 @@ declare
 begin
     select l1.* into l from pgque.slot_lease l1 join pgque.queue q on q.queue_id = l1.sl_queue
      where q.queue_name = i_queue and l1.sl_consumer = i_consumer and l1.sl_slot = i_slot
-       for update of l1;
+       for no key update of l1;
     if not found then
         perform pgque._queue(i_queue);
         perform pgque._check_slot(i_slot, coalesce(
@@ -203,6 +221,12 @@ begin
         token := i_token;
         return;
     end if;
+    -- A change of owner: FOR UPDATE waits for the previous owner's
+    -- handlers' transactions that completed an event (FOR KEY SHARE), so
+    -- that none commits once the slot is another's.
+    perform 1 from pgque.slot_lease
+     where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot
+       for update;
     token := pg_catalog.gen_random_uuid();
     update pgque.slot_lease
        set sl_owner = i_worker, sl_until = v_now + v_ttl, sl_ttl = v_ttl, sl_epoch = sl_epoch + 1,
@@ -298,7 +322,7 @@ begin
       join pgque.slot_group g on g.sg_queue = q.queue_id and g.sg_consumer = i_consumer
       join pgque.slot_lease l1 on l1.sl_queue = q.queue_id and l1.sl_consumer = i_consumer and l1.sl_slot = i_slot
      where q.queue_name = i_queue
-       for update of l1;
+       for no key update of l1;
     if found and r.sg_nslots = i_nslots then
         l := r.lease;
         l.sl_until := greatest(l.sl_until, r.last_state + l.sl_ttl);

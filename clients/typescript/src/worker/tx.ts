@@ -128,7 +128,7 @@ export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, 
         });
         if (sqlstateOf(err) === ALREADY_COMPLETED) return; // done before: handled
         // The completion waited out its lock timeout (the lease row was
-        // held by the slot's own calls on a busy machine): not the
+        // held by a claim in progress): not the
         // handler's failure, which would count a retry; run it again.
         if (completing && sqlstateOf(err) === LOCK_TIMEOUT && attempt < COMPLETION_ATTEMPTS && !ctx.signal.aborted) continue;
         // A statement of the handler failed, its error caught, and the
