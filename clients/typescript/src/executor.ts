@@ -9,6 +9,12 @@
 /** The rows a query returned, as the driver parsed them. */
 export interface QueryResult<R> {
   rows: R[];
+  /**
+   * The rows the statement inserted, updated, deleted or returned, as
+   * pg reports it (a handler's `tx.query(...).rowCount` under workTx);
+   * absent through {@link fromPostgresJs}.
+   */
+  rowCount?: number | null;
 }
 
 /**
