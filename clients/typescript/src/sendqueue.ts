@@ -24,6 +24,15 @@
 // event by event, so that each send gets its own outcome and no good event
 // fails for a bad neighbour. Any other error (a missing queue, a
 // permission, a lost connection, whose outcome is unknown) is given to all.
+//
+// Sends of one partition key keep the order they were made in, awaited or
+// not: a keyed send does not start a statement while an earlier send of its
+// key and queue is in one that has not returned (nor run alone past its
+// patience while one is), and goes with a later statement instead; within a
+// statement events are stored in array order. Without that, two sends of a
+// key made one after the other without await ran on two connections at once
+// and could be stored, and delivered, the other way round. Sends with a
+// dedup key and sends on a connection you hold do not come here.
 
 import type { Executor } from "./executor.js";
 import { sqlstateOf } from "./errors.js";
@@ -51,6 +60,8 @@ const SEND_BATCH_BYTES = 4 << 20;
 interface Request {
   queue: string;
   ev: Encoded;
+  /** The queue and partition key whose order the send keeps; null without a key. */
+  order: string | null;
   state: "waiting" | "taken" | "abandoned";
   timer?: ReturnType<typeof setTimeout>;
   resolve(id: string): void;
@@ -76,6 +87,8 @@ export class SendQueue {
   /** Sends running their own statement after patienceMs (at most limit). */
   private bypassing = 0;
   private pending: Request[] = [];
+  /** Sends in statements not yet returned, per order key (Request.order). */
+  private running = new Map<string, number>();
   private readonly limit: number;
   private readonly patienceMs: number;
 
@@ -87,41 +100,49 @@ export class SendQueue {
     }
   }
 
-  /** Sends ev now if a statement is free, else waits to be coalesced. */
+  /**
+   * Sends ev now if a statement is free (and no earlier send of its key is
+   * in one), else waits to be coalesced.
+   */
   send(queue: string, ev: Encoded): Promise<string> {
-    if (this.inflight < this.limit && this.pending.length === 0) {
-      this.inflight++;
-      return sendOne(this.exec, queue, ev).finally(() => this.release());
-    }
     return new Promise<string>((resolve, reject) => {
-      const r: Request = { queue, ev, state: "waiting", resolve, reject };
+      const order = ev.key === null ? null : `${queue}\u0000${ev.key}`;
+      const r: Request = { queue, ev, order, state: "waiting", resolve, reject };
       const impatient = () => {
         if (r.state !== "waiting") return;
-        if (this.bypassing >= this.limit) {
+        if (this.bypassing >= this.limit || this.keyAhead(r)) {
           r.timer = setTimeout(impatient, this.patienceMs);
           return;
         }
         r.state = "abandoned";
         this.bypassing++;
         this.stats.bypassed++;
-        sendOne(this.exec, queue, ev).then(resolve, reject).finally(() => this.bypassing--);
+        this.begin([r]);
+        sendOne(this.exec, queue, ev)
+          .then(resolve, reject)
+          .finally(() => {
+            this.bypassing--;
+            this.end([r]);
+            this.kick();
+          });
       };
-      r.timer = setTimeout(impatient, this.patienceMs);
       this.pending.push(r);
+      this.kick();
+      if (r.state === "waiting") r.timer = setTimeout(impatient, this.patienceMs);
     });
   }
 
-  /** Gives back a statement, or drains the waiting sends with it. */
-  private release(): void {
-    const batch = this.take();
-    if (batch === undefined) {
-      this.inflight--;
-      return;
+  /** Starts statements for the waiting sends while fewer than the limit run. */
+  private kick(): void {
+    while (this.inflight < this.limit) {
+      const batch = this.take();
+      if (batch === undefined) return;
+      this.inflight++;
+      void this.drain(batch);
     }
-    void this.drain(batch);
   }
 
-  /** Sends batches until nobody waits; it holds one statement. */
+  /** Sends batches until none can go; it holds one statement. */
   private async drain(first: Request[]): Promise<void> {
     for (let batch: Request[] | undefined = first; batch !== undefined; batch = this.take()) {
       await this.flush(batch);
@@ -129,17 +150,53 @@ export class SendQueue {
     this.inflight--;
   }
 
+  /** Whether a send of r's key made before r is running or waiting. */
+  private keyAhead(r: Request): boolean {
+    if (r.order === null) return false;
+    if (this.running.has(r.order)) return true;
+    for (const o of this.pending) {
+      if (o === r) return false;
+      if (o.state === "waiting" && o.order === r.order) return true;
+    }
+    return false;
+  }
+
+  /** Counts the requests' keys as running in a statement. */
+  private begin(batch: Request[]): void {
+    for (const r of batch) {
+      if (r.order !== null) this.running.set(r.order, (this.running.get(r.order) ?? 0) + 1);
+    }
+  }
+
+  /** Counts the requests' keys as returned. */
+  private end(batch: Request[]): void {
+    for (const r of batch) {
+      if (r.order === null) continue;
+      const n = this.running.get(r.order)! - 1;
+      if (n === 0) this.running.delete(r.order);
+      else this.running.set(r.order, n);
+    }
+  }
+
   /**
    * Removes and returns the next statement's requests: the oldest waiting
    * one and every later one for the same queue, within SEND_BATCH_MAX
-   * events and SEND_BATCH_BYTES of payload (the first always goes).
+   * events and SEND_BATCH_BYTES of payload (the first always goes), but
+   * none whose key has an earlier send running in another statement or
+   * left waiting here.
    */
   private take(): Request[] | undefined {
     const batch: Request[] = [];
     const kept: Request[] = [];
+    const held = new Set<string>();
     let bytes = 0;
     for (const r of this.pending) {
       if (r.state !== "waiting") continue;
+      if (r.order !== null && (held.has(r.order) || this.running.has(r.order))) {
+        held.add(r.order);
+        kept.push(r);
+        continue;
+      }
       const head = batch[0];
       const fits = head === undefined
         || (r.queue === head.queue && batch.length < SEND_BATCH_MAX && bytes + r.ev.payload.length <= SEND_BATCH_BYTES);
@@ -149,15 +206,26 @@ export class SendQueue {
         batch.push(r);
         bytes += r.ev.payload.length;
       } else {
+        if (r.order !== null) held.add(r.order);
         kept.push(r);
       }
     }
     this.pending = kept;
-    return batch.length === 0 ? undefined : batch;
+    if (batch.length === 0) return undefined;
+    this.begin(batch);
+    return batch;
   }
 
   /** Sends batch in one statement and settles each request. */
   private async flush(batch: Request[]): Promise<void> {
+    try {
+      await this.flushOnce(batch);
+    } finally {
+      this.end(batch);
+    }
+  }
+
+  private async flushOnce(batch: Request[]): Promise<void> {
     const head = batch[0]!;
     if (batch.length === 1) {
       await sendOne(this.exec, head.queue, head.ev).then(head.resolve, head.reject);

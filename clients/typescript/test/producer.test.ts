@@ -2,6 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import pg from "pg";
 import { send, sendBatch, isPgqueError, configureSends } from "../src/index.js";
+import type { Executor, QueryResult } from "../src/index.js";
 import { testDb, waitFor, type TestDb } from "./harness.js";
 
 const db: TestDb = await testDb();
@@ -292,7 +293,9 @@ test("sends held up past their patience run alone at most concurrency at once; t
     // Every send of the queue waits on the lock: the first holds the one
     // statement, the next ones wait for it and, after their patience, for
     // their own.
-    const sends = Array.from({ length: 40 }, (_, n) => send(pool, q, { payload: { n }, partitionKey: "k" }));
+    // Each its own key: sends of one key never overtake each other, so
+    // they would wait for the first however long.
+    const sends = Array.from({ length: 40 }, (_, n) => send(pool, q, { payload: { n }, partitionKey: `k${n}` }));
     await waitFor("a send to run alone", () => sq.stats.bypassed >= 1);
     // Each waiting send's patience timer has fired by the time a timer set
     // now for five times as long does (Node fires timers in order).
@@ -345,6 +348,38 @@ test("a stuck statement holds sends to other queues up for the patience only, de
   } finally {
     await locker.query("rollback").catch(() => {});
     locker.release();
+    await pool.end();
+  }
+});
+
+test("sends of one key keep the order they were made in, awaited or not", async () => {
+  const q = await newQueue("keyorder");
+  const pool = new pg.Pool({ connectionString: db.url, max: 8, allowExitOnIdle: true });
+  // The pool as send sees it, but the statement of the first event reaches
+  // the server 300 ms late (a slow connection, a GC pause): the sends made
+  // after it, of its key and of others, run meanwhile on other connections
+  // (free statements, and alone past their patience).
+  const slow: Executor & { connect(): Promise<pg.PoolClient>; totalCount: number } = {
+    async query<R>(text: string, params?: unknown[]) {
+      if (JSON.stringify(params ?? []).includes('\\"n\\":0}')) await new Promise((r) => setTimeout(r, 300));
+      return (await pool.query(text, params)) as unknown as QueryResult<R>;
+    },
+    connect: () => pool.connect(),
+    get totalCount() { return pool.totalCount; },
+  };
+  try {
+    const sq = configureSends(slow, { concurrency: 4, patienceMs: 20 });
+    const keys = ["a", "b", "c", "d", "e"];
+    const made = Array.from({ length: 400 }, (_, n) => ({ key: keys[n % 5]!, n }));
+    await Promise.all(made.map((e) => send(slow, q, { payload: e, partitionKey: e.key })));
+    assert.ok(sq.stats.statements > 0, "no statement carried coalesced sends");
+    const got = (await stored(q)).map((r) => JSON.parse(r.data) as { key: string; n: number });
+    assert.equal(got.length, 400);
+    for (const key of keys) {
+      assert.deepEqual(got.filter((e) => e.key === key).map((e) => e.n), made.filter((e) => e.key === key).map((e) => e.n),
+        `key ${key} stored out of the order its sends were made in`);
+    }
+  } finally {
     await pool.end();
   }
 });
