@@ -3,9 +3,10 @@
 -- stored in the table, which only the install writes, so no caller string
 -- reaches the dynamic SQL.
 
--- _maint_hooks(): runs every registered 'maint' hook in name order.
--- Returns the sum of the operations they report. Not granted: maint() calls it.
-create or replace function pgque._maint_hooks()
+-- _hooks_sum(kind): runs every registered hook of kind, each called as fn()
+-- returning integer, in name order, and returns the sum of what they
+-- report. Not granted.
+create or replace function pgque._hooks_sum(i_kind text)
 returns integer language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
@@ -14,7 +15,7 @@ declare
     v_n  integer := 0;
     v_r  integer;
 begin
-    for v_fn in select hook_fn from pgque.layer_hook where hook_kind = 'maint' order by hook_name loop
+    for v_fn in select hook_fn from pgque.layer_hook where hook_kind = i_kind order by hook_name loop
         execute format('select %s()', v_fn::regproc) into v_r;
         v_n := v_n + coalesce(v_r, 0);
     end loop;
@@ -22,27 +23,22 @@ begin
 end;
 $$;
 
--- _maint_after_hooks(): runs every registered 'maint_after' hook in name
--- order, for run_ticker's round after maint(). Returns the sum of the
--- operations they report. Granted to pgque_admin, as whom run_ticker's
--- round calls it (run_ticker runs as its caller); each hook is a function
--- the admin may run itself.
-create or replace function pgque._maint_after_hooks()
-returns integer language plpgsql
+-- _maint_hooks(): runs every registered 'maint' hook (_hooks_sum). Not
+-- granted: maint() calls it.
+create or replace function pgque._maint_hooks()
+returns integer language sql
 set search_path = pg_catalog, pg_temp
-as $$
-declare
-    v_fn regprocedure;
-    v_n  integer := 0;
-    v_r  integer;
-begin
-    for v_fn in select hook_fn from pgque.layer_hook where hook_kind = 'maint_after' order by hook_name loop
-        execute format('select %s()', v_fn::regproc) into v_r;
-        v_n := v_n + coalesce(v_r, 0);
-    end loop;
-    return v_n;
-end;
-$$;
+as $$ select pgque._hooks_sum('maint') $$;
+
+-- _maint_after_hooks(): runs every registered 'maint_after' hook
+-- (_hooks_sum), for run_ticker's round after maint(). Granted to
+-- pgque_admin, as whom that round runs (run_ticker runs as its caller), and
+-- SECURITY DEFINER so that _hooks_sum need not be: it runs only the hooks
+-- the install registered.
+create or replace function pgque._maint_after_hooks()
+returns integer language sql security definer
+set search_path = pg_catalog, pg_temp
+as $$ select pgque._hooks_sum('maint_after') $$;
 
 -- _tick_hooks(queue_id, tick_id): runs every registered 'tick' hook, in
 -- name order, for the tick just written (a layer that wants to say more
