@@ -385,3 +385,57 @@ func TestOpenSubscribeNeverBlocksAnotherSubscribe(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenUnsubscribeHoldsNoRetries: a consumer role that leaves an
+// unsubscribe open holds its subscription's retry rows (the cascade
+// deletes them). maint_retry_events skips them and moves every other due
+// retry, those of other queues included: it waited for them, and with it
+// every queue's retries and the ticker daemons' loop, for as long as the
+// transaction stayed open. The held ones move once it rolls back.
+func TestOpenUnsubscribeHoldsNoRetries(t *testing.T) {
+	dsn, _ := setupDB(t)
+	ctx := context.Background()
+	admin := asRole(t, dsn, roleAdmin)
+	reader := asRole(t, dsn, roleReader)
+	for _, q := range []string{"rq1", "rq2"} {
+		mustExec(t, admin, `select pgque.create_queue('`+q+`')`)
+		mustExec(t, reader, `select pgque.subscribe('`+q+`', 'c')`)
+		mustExec(t, admin, `select pgque.send('`+q+`', 't', '{}'::jsonb, 'k')`, `select pgque.force_next_tick('`+q+`')`, `select pgque.ticker('`+q+`')`)
+		// The event comes back as a retry due at once.
+		mustExec(t, reader, `select pgque.nack(r.batch_id, r.msg_id, '0 s', 'again') from pgque.receive('`+q+`', 'c', 10) r`,
+			`select pgque.ack(b) from (select batch_id b from pgque.receive('`+q+`', 'c', 10) limit 1) x`)
+	}
+	retries := func() int {
+		t.Helper()
+		var n int
+		if err := admin.QueryRow(ctx, `select count(*) from pgque.retry_queue`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := retries(); n != 2 {
+		t.Fatalf("%d retries pending, want 2", n)
+	}
+	open := asRole(t, dsn, roleReader)
+	tx, err := open.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `select pgque.unsubscribe('rq1', 'c')`); err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	var moved int
+	err = admin.QueryRow(mctx, `select pgque.maint_retry_events()`).Scan(&moved)
+	cancel()
+	if err != nil || moved != 1 {
+		t.Fatalf("maint_retry_events beside an open unsubscribe: %d moved, %v; want rq2's retry moved", moved, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.QueryRow(ctx, `select pgque.maint_retry_events()`).Scan(&moved); err != nil || moved != 1 {
+		t.Fatalf("maint_retry_events once the unsubscribe rolled back: %d moved, %v; want rq1's retry", moved, err)
+	}
+}

@@ -91,9 +91,14 @@ end;
 $$;
 
 -- maint_retry_events(): moves every due retry back into its queue's current
--- event table, in one statement (nothing due is left behind), then advances
--- each affected queue's event sequence by one so the ticker sees pending
--- work and ticks within ticker_max_lag. Returns the number of events moved.
+-- event table, in one statement, then advances each affected queue's event
+-- sequence by one so the ticker sees pending work and ticks within
+-- ticker_max_lag. Returns the number of events moved. A due retry whose
+-- row another transaction holds (an unsubscribe left open, whose cascade
+-- deletes it) is skipped and moved by a later call once that transaction
+-- rolled back: waiting for it stopped every queue's retries, and the
+-- ticker daemons' loop with them, for as long as a consumer role kept the
+-- transaction open.
 create or replace function pgque.maint_retry_events()
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
@@ -104,7 +109,9 @@ declare
 begin
     with due as (
         delete from pgque.retry_queue r
-         where r.ev_retry_after <= clock_timestamp()
+         where (r.ev_owner, r.ev_id) in (select r2.ev_owner, r2.ev_id from pgque.retry_queue r2
+                                          where r2.ev_retry_after <= clock_timestamp()
+                                            for update skip locked)
         returning r.*
     ), moved as (
         insert into pgque.event (ev_id, ev_time, ev_part, ev_owner, ev_retry, ev_type, ev_data,
