@@ -20,7 +20,9 @@ import (
 // nothing that other queues' producers need: a send to another queue
 // finishes while it waits (under a statement timeout shorter than the
 // wait), and after 5 s it fails with 55P03 naming the session, having
-// dropped nothing. Once the lock is gone the drop goes through.
+// dropped nothing. So it does when the session holds pgque.event, the
+// parent of every queue's tables, having sent or read anything. Once the
+// lock is gone the drop goes through.
 func TestLockedQueueDropStallsNoOtherProducer(t *testing.T) {
 	t.Parallel() // its own cluster; it waits out a lock timeout
 	ctx := context.Background()
@@ -59,6 +61,13 @@ func TestLockedQueueDropStallsNoOtherProducer(t *testing.T) {
 		}},
 		{"a reader's PREPARE on an event table", "dl_reader", func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `prepare p as select 1 from `+table)
+			return err
+		}},
+		// It holds pgque.event, which the drop of any queue needs: each try
+		// for it waits 20 ms, so the others' sends do not queue behind a
+		// wait of 5 s.
+		{"a writer's open transaction that sent to another queue", "dl_writer", func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `select pgque.send('other', 't', '{}'::jsonb, 'held')`)
 			return err
 		}},
 	}

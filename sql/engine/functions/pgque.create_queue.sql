@@ -190,7 +190,14 @@ $$;
 -- privilege, PREPARE locks the tables it names) then holds up only this
 -- queue's producers, not every producer behind the lock on pgque.event.
 -- When they stay locked past 5 seconds it fails with 55P03 naming the
--- sessions that hold them, having dropped nothing.
+-- sessions that hold them, having dropped nothing. Then pgque.event's lock
+-- is tried 20 ms at a time, 50 ms apart, for 5 seconds: every producer,
+-- consumer and the ticker of every queue touch pgque.event, so while the
+-- drop waits in its lock queue they all wait behind it, and one open
+-- transaction that had read or written any queue held them all for the
+-- whole 5 seconds of a single wait. Now each waits 20 ms at most per try;
+-- when the lock does not come it fails the same way, naming the sessions
+-- that hold pgque.event.
 -- Returns 1.
 create or replace function pgque.drop_queue(i_queue text, i_force boolean)
 returns integer language plpgsql security definer
@@ -200,6 +207,8 @@ declare
     q     pgque.queue;
     v_n   integer;
     v_sub text;
+    v_old_lt text := current_setting('lock_timeout');
+    v_until timestamptz;
 begin
     q := pgque._queue(i_queue);
     select sub_name into v_sub from pgque.subscription where sub_queue = q.queue_id limit 1;
@@ -220,6 +229,23 @@ begin
                                                           || array(select pgque._event_table(q.queue_id, n)::regclass::oid
                                                                      from generate_series(0, q.queue_ntables - 1) n)));
     end;
+    v_until := clock_timestamp() + interval '5 seconds';
+    loop
+        begin
+            perform set_config('lock_timeout', '20ms', true);
+            lock table pgque.event in access exclusive mode;
+            exit;
+        exception when lock_not_available then
+            if clock_timestamp() >= v_until then
+                raise exception using errcode = '55P03',
+                    message = format('pgque.event is locked by other sessions (%s): drop_queue of %L tried for 5 s and dropped nothing; '
+                                     'retry when they end (a transaction left open after sending or receiving on any queue holds it)',
+                                     pgque._lock_holders(array['pgque.event'::regclass::oid]), i_queue);
+            end if;
+            perform pg_sleep(0.05);
+        end;
+    end loop;
+    perform set_config('lock_timeout', v_old_lt, true);
     for v_n in 0 .. q.queue_ntables - 1 loop
         execute format('drop table if exists %s', pgque._event_table(q.queue_id, v_n));
     end loop;
