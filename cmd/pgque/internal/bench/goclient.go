@@ -210,6 +210,9 @@ func (p *pgqueDB) partitionedRateWith(ctx context.Context, client *pgque.Client,
 				return fmt.Errorf("subscribe_slot: %w", err)
 			}
 		}
+		if err := routeIndexes(ctx, c); err != nil {
+			return err
+		}
 		// The consumer refuses slots subscribed under another policy.
 		if cfg.FailurePolicy != 0 {
 			if _, err := c.Exec(ctx, "select pgque.set_failure_policy($1, 'workers', $2)", q, cfg.FailurePolicy.String()); err != nil {

@@ -195,6 +195,9 @@ func (p *pgqueDB) loadLanes(ctx context.Context, lr laneRun) (string, int, error
 			return "", 0, fmt.Errorf("subscribe_slot: %w", err)
 		}
 	}
+	if err := routeIndexes(ctx, c); err != nil {
+		return "", 0, err
+	}
 	seq := map[int]int{}
 	for from := 0; from < lr.events; from += batchSize {
 		var payloads, keys []string

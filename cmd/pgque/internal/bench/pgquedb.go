@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgque/pgque"
@@ -312,7 +313,24 @@ func subscribeSlots(ctx context.Context, c *pgx.Conn, queue, consumer string, n 
 		}
 		tokens[k] = *token
 	}
-	return tokens, nil
+	return tokens, routeIndexes(ctx, c)
+}
+
+// routeIndexes builds a new slot group's routing indexes, as the ticker
+// does once a subscribe committed (subscribes leave index changes to
+// pgque.maint_route_indexes): the suites measure the read and write paths
+// a running system has.
+func routeIndexes(ctx context.Context, c interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}) error {
+	// Upstream PgQue (the wal suite's other side) has none.
+	if _, err := c.Exec(ctx, `do $$ begin
+		if pg_catalog.to_regprocedure('pgque.maint_route_indexes()') is not null then
+			perform pgque.maint_route_indexes();
+		end if; end $$`); err != nil {
+		return fmt.Errorf("maint_route_indexes: %w", err)
+	}
+	return nil
 }
 
 // checkFloorShape compares the floor table's columns with pgque.event's and

@@ -305,6 +305,9 @@ func runCatchup(ctx context.Context, e *env, r *recorder) error {
 			return err
 		}
 	}
+	if err := routeIndexes(ctx, p.pool); err != nil {
+		return err
+	}
 	total := int(float64(rate) * d.Seconds())
 	sent, took, err := paced(ctx, rate, total, 16, func(ctx context.Context, i int) error {
 		_, err := client.Send(ctx, q, pgque.Event{Type: eventType, Payload: json.RawMessage(payload(i)), PartitionKey: tenantKey(i)})

@@ -39,7 +39,8 @@ func runProduce(ctx context.Context, e *env, r *recorder) error {
 	// send then maintains.
 	const routed = "routed"
 	if err := execAll(ctx, p.dsn, "select pgque.create_queue('routed')",
-		"select pgque.subscribe_slot('routed', 'workers', k, 16) from generate_series(0, 15) k"); err != nil {
+		"select pgque.subscribe_slot('routed', 'workers', k, 16) from generate_series(0, 15) k",
+		"select pgque.maint_route_indexes()"); err != nil {
 		return err
 	}
 	q, err := optionalPgQ(ctx, e)

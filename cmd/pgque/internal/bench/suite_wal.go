@@ -117,7 +117,7 @@ func walSetup(ctx context.Context, e *env, c *pgx.Conn, slots int) (bool, error)
 			return false, fmt.Errorf("subscribe_slot: %w", err)
 		}
 	}
-	return inspect, nil
+	return inspect, routeIndexes(ctx, c)
 }
 
 // walReport prints and records the records of case wc and returns their
