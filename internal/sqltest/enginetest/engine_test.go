@@ -393,23 +393,17 @@ func TestConcurrentNextBatchSameID(t *testing.T) {
 	}
 	b1 := scalar[int64](t, tx1, "select pgque.next_batch('q', 'c')")
 
-	type result struct {
-		id  *int64
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		var r result
-		r.err = c2.QueryRow(ctx, "select pgque.next_batch('q', 'c')").Scan(&r.id)
-		done <- r
-	}()
+	done := pgtest.Async(func() (id *int64, err error) {
+		err = c2.QueryRow(ctx, "select pgque.next_batch('q', 'c')").Scan(&id)
+		return id, err
+	})
 
 	// The second caller must be waiting on a lock, not returning.
 	pid2 := c2.PgConn().PID()
 	pgtest.WaitFor(t, 10*time.Second, "the second next_batch to wait on the subscription lock", func() bool {
 		select {
 		case r := <-done:
-			t.Fatalf("second next_batch returned (%v, %v) while the first caller's transaction was open", r.id, r.err)
+			t.Fatalf("second next_batch returned (%v, %v) while the first caller's transaction was open", r.Value, r.Err)
 		default:
 		}
 		wait := scalar[*string](t, pool, "select wait_event_type from pg_catalog.pg_stat_activity where pid = $1", pid2)
@@ -417,27 +411,27 @@ func TestConcurrentNextBatchSameID(t *testing.T) {
 	})
 	select {
 	case r := <-done:
-		t.Fatalf("second next_batch returned (%v, %v) while blocked", r.id, r.err)
+		t.Fatalf("second next_batch returned (%v, %v) while blocked", r.Value, r.Err)
 	case <-time.After(200 * time.Millisecond):
 	}
 
 	if err := tx1.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var r result
+	var r pgtest.Result[*int64]
 	select {
 	case r = <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("second next_batch still blocked after the first committed")
 	}
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	if r.id == nil {
+	if r.Value == nil {
 		t.Fatalf("second next_batch = NULL, want the first caller's batch %d", b1)
 	}
-	if *r.id != b1 {
-		t.Fatalf("second next_batch = %d, want the first caller's batch %d", *r.id, b1)
+	if *r.Value != b1 {
+		t.Fatalf("second next_batch = %d, want the first caller's batch %d", *r.Value, b1)
 	}
 
 	// Both callers read the same events; after finish_batch the next batch
@@ -446,7 +440,7 @@ func TestConcurrentNextBatchSameID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e2, err := batchEvents(c2, *r.id)
+	e2, err := batchEvents(c2, *r.Value)
 	if err != nil {
 		t.Fatal(err)
 	}

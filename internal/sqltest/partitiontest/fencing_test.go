@@ -334,16 +334,10 @@ func TestCompletionHoldsTakeoverNotOwner(t *testing.T) {
 
 	// Another worker's claim takes the slot only once the completion
 	// committed.
-	type result struct {
-		epoch *int64
-		err   error
-	}
-	claimed := make(chan result, 1)
-	go func() {
-		var r result
-		r.err = d.pool.QueryRow(ctx, "select epoch from pgque.claim_slot('q', 'c', 0, 'v', '1 hour')").Scan(&r.epoch)
-		claimed <- r
-	}()
+	claimed := pgtest.Async(func() (epoch *int64, err error) {
+		err = d.pool.QueryRow(ctx, "select epoch from pgque.claim_slot('q', 'c', 0, 'v', '1 hour')").Scan(&epoch)
+		return epoch, err
+	})
 	pgtest.WaitFor(t, 10*time.Second, "the takeover to wait for the handler's transaction", func() bool {
 		return one[bool](t, d.pool, "select exists (select from pg_stat_activity where $1::int = any(pg_blocking_pids(pid)))", handlerPID)
 	})
@@ -352,8 +346,8 @@ func TestCompletionHoldsTakeoverNotOwner(t *testing.T) {
 	}
 	select {
 	case r := <-claimed:
-		if r.err != nil || r.epoch == nil || *r.epoch != m[0].Epoch+1 {
-			t.Fatalf("the takeover: epoch %v, %v; want %d", r.epoch, r.err, m[0].Epoch+1)
+		if r.Err != nil || r.Value == nil || *r.Value != m[0].Epoch+1 {
+			t.Fatalf("the takeover: epoch %v, %v; want %d", r.Value, r.Err, m[0].Epoch+1)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the takeover still waits after the completion committed")

@@ -68,3 +68,21 @@ func Work(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// Result is what the function given to Async returned.
+type Result[T any] struct {
+	Value T
+	Err   error
+}
+
+// Async runs f on a goroutine of its own, for a statement a test expects
+// to block (on a lock another session holds), and delivers what f returned
+// on the channel, which holds it until read.
+func Async[T any](f func() (T, error)) <-chan Result[T] {
+	c := make(chan Result[T], 1)
+	go func() {
+		v, err := f()
+		c <- Result[T]{v, err}
+	}()
+	return c
+}
