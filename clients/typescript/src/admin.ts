@@ -332,3 +332,98 @@ export async function slots(exec: Executor, queue?: string, consumer?: string): 
         and ($2::pg_catalog.text is null or consumer operator(pg_catalog.=) $2::pg_catalog.text)
       order by queue, consumer, slot`, [queue ?? null, consumer ?? null]);
 }
+
+/** A key of a partitioned consumer with events pending, from pgque.key_heads. */
+export interface KeyHead {
+  slot: number;
+  /** The partition key; null is the NULL key (slot 0), distinct from "". */
+  key: string | null;
+  /**
+   * By precedence: "blocked" (the head failed and waits for its retry),
+   * "releasing", "held" (its lane runs on past its chunk), "retrying" (an
+   * event waits in the retry queue), "in flight" (in the slot's open
+   * batch) or "flowing".
+   */
+  state: string;
+  /** The key's oldest pending event. */
+  headEventId: string;
+  headAgeSec: number;
+  /** The key's events pending for the slot (a lower bound when estimated). */
+  pending: number;
+  failures: number;
+  reason: string | null;
+  retryAt: Date | null;
+  /** Events deferred behind a blocked or held head (pause). */
+  deferred: number;
+  /** The slot's scan budget ran out: counts are lower bounds, the heads are still the oldest. */
+  estimated: boolean;
+}
+
+/**
+ * The keys of a partitioned consumer whose head has waited longest, oldest
+ * first: which tenants are behind, and why. Reads at most `scan` pending
+ * events (default 20 000) split between the slots; `slot` narrows it to
+ * one, `limit` (default 20) caps the keys. What `pgque keys` prints.
+ */
+export async function keyHeads(
+  exec: Executor, queue: string, consumer: string, opts: { slot?: number; limit?: number; scan?: number } = {},
+): Promise<KeyHead[]> {
+  return all<KeyHead>(exec, `reading the key heads of "${consumer}" on queue "${queue}"`,
+    `select slot, key, state, head_ev_id::pg_catalog.text as "headEventId",
+            extract(epoch from head_age)::pg_catalog.float8 as "headAgeSec", pending::pg_catalog.float8 as pending,
+            failures, reason, retry_at as "retryAt", deferred::pg_catalog.float8 as deferred, estimated
+       from pgque.key_heads($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int4,
+                            coalesce($4::pg_catalog.int4, 20), coalesce($5::pg_catalog.int4, 20000))`,
+    [queue, consumer, opts.slot ?? null, opts.limit ?? null, opts.scan ?? null]);
+}
+
+/** One slot's pending events and its busiest key, from pgque.key_shares. */
+export interface KeyShare {
+  slot: number;
+  pending: number;
+  /** The key with the most pending events on the slot; null when none is pending. */
+  topKey: string | null;
+  topPending: number;
+  /** topPending / pending: near 1, one key is the slot's whole backlog. */
+  share: number | null;
+  /** Distinct keys pending. */
+  keys: number;
+  estimated: boolean;
+}
+
+/** Per slot of a partitioned consumer: its backlog and how much of it one key is. */
+export async function keyShares(exec: Executor, queue: string, consumer: string, opts: { scan?: number } = {}): Promise<KeyShare[]> {
+  return all<KeyShare>(exec, `reading the key shares of "${consumer}" on queue "${queue}"`,
+    `select slot, pending::pg_catalog.float8 as pending, top_key as "topKey", top_pending::pg_catalog.float8 as "topPending",
+            share, keys::pg_catalog.float8 as keys, estimated
+       from pgque.key_shares($1::pg_catalog.text, $2::pg_catalog.text, coalesce($3::pg_catalog.int4, 20000))`,
+    [queue, consumer, opts.scan ?? null]);
+}
+
+/** A key among the busiest of a queue's recent events, from pgque.hot_keys. */
+export interface HotKey {
+  key: string | null;
+  events: number;
+  /** Events per second over spanSec. */
+  rate: number;
+  /** Of the events read. */
+  share: number;
+  /** The time the events read cover: the window, or less when estimated. */
+  spanSec: number;
+  estimated: boolean;
+}
+
+/**
+ * The busiest keys of queue's events sent within the last windowMs
+ * (default 60 000), reading at most `sample` (default 20 000) of the newest.
+ */
+export async function hotKeys(
+  exec: Executor, queue: string, opts: { windowMs?: number; limit?: number; sample?: number } = {},
+): Promise<HotKey[]> {
+  return all<HotKey>(exec, `reading the hot keys of queue "${queue}"`,
+    `select key, events::pg_catalog.float8 as events, rate, share,
+            extract(epoch from span)::pg_catalog.float8 as "spanSec", estimated
+       from pgque.hot_keys($1::pg_catalog.text, pg_catalog.make_interval(secs => coalesce($2::pg_catalog.float8, 60000) operator(pg_catalog./) 1000),
+                           coalesce($3::pg_catalog.int4, 10), coalesce($4::pg_catalog.int4, 20000))`,
+    [queue, opts.windowMs ?? null, opts.limit ?? null, opts.sample ?? null]);
+}

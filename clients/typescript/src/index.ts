@@ -16,10 +16,10 @@ export type { TickerOptions, TickerStats } from "./ticker.js";
 export { Ticker, checkTickerRights, TICKER_FUNCTIONS } from "./ticker.js";
 export { defaultWorkerId } from "./workerid.js";
 export { withTransaction } from "./executor.js";
-export type { FailurePolicy, BlockedKey, DeadLetter, ReplayReport, QueueStatus, SlotStatus, Resize } from "./admin.js";
+export type { FailurePolicy, BlockedKey, DeadLetter, ReplayReport, QueueStatus, SlotStatus, Resize, KeyHead, KeyShare, HotKey } from "./admin.js";
 export {
   createQueue, dropQueue, setQueueConfig, subscribeSlots, unsubscribeSlots, setFailurePolicy,
   blockedKeys, unblockKey, retryKeyNow, deadLetters, replayDeadLetter, replayDeadLetterReport, purgeDeadLetters, queues, slots,
-  resizeSlots, resizes,
+  resizeSlots, resizes, keyHeads, keyShares, hotKeys,
 } from "./admin.js";
 export * from "./worker/index.js";

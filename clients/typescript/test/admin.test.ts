@@ -1,8 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  blockedKeys, createQueue, deadLetters, dropQueue, isPgqueError, purgeDeadLetters, queues, replayDeadLetter,
-  send, setQueueConfig, slots, subscribeSlots, unblockKey, unsubscribeSlots, withTransaction, type Executor,
+  blockedKeys, createQueue, deadLetters, dropQueue, hotKeys, isPgqueError, keyHeads, keyShares, purgeDeadLetters, queues,
+  replayDeadLetter, send, setQueueConfig, slots, subscribeSlots, unblockKey, unsubscribeSlots, withTransaction, type Executor,
 } from "../src/index.js";
 import { testDb, type TestDb } from "./harness.js";
 
@@ -111,4 +111,37 @@ test("dead letters of a plain consumer are purged, and a consumer the queue does
   await assert.rejects(deadLetters(db.pool, "dlq", { consumer: "P" }), (err) => isPgqueError(err, "consumer_not_found"));
   await assert.rejects(purgeDeadLetters(db.pool, "dlq", { consumer: "P" }), (err) => isPgqueError(err, "consumer_not_found"));
   await assert.rejects(setQueueConfig(db.pool, "dlq", "no_such_param", "1"), (err) => isPgqueError(err, "unknown_parameter"));
+});
+
+test("key views: the keys behind, each slot's busiest key, the hot keys", async () => {
+  await createQueue(db.pool, "kv");
+  await subscribeSlots(db.pool, "kv", "c", 2);
+  const first = await send(db.pool, "kv", { payload: { n: 0 }, partitionKey: "hot" });
+  for (let n = 1; n < 6; n++) await send(db.pool, "kv", { payload: { n }, partitionKey: "hot" });
+  await send(db.pool, "kv", { payload: {}, partitionKey: "cold" });
+  await send(db.pool, "kv", { payload: {} });
+  await tick("kv");
+
+  const heads = await keyHeads(db.pool, "kv", "c");
+  assert.deepEqual(heads.map((h) => [h.key, h.pending, h.state, h.estimated]),
+    [["hot", 6, "flowing", false], ["cold", 1, "flowing", false], [null, 1, "flowing", false]]);
+  assert.equal(heads[0]!.headEventId, first);
+  assert.ok(heads[0]!.headAgeSec >= 0 && heads[0]!.retryAt === null && heads[0]!.deferred === 0);
+  const hotSlot = (await db.pool.query("select pgque.slot_of('hot', 2) as s")).rows[0].s as number;
+  assert.deepEqual((await keyHeads(db.pool, "kv", "c", { slot: hotSlot, limit: 1 })).map((h) => h.key), ["hot"]);
+
+  const shares = await keyShares(db.pool, "kv", "c");
+  assert.deepEqual(shares.map((r) => r.slot), [0, 1]);
+  assert.equal(shares.reduce((n, r) => n + r.pending, 0), 8);
+  const mine = shares.find((r) => r.slot === hotSlot)!;
+  assert.equal(mine.topKey, "hot");
+  assert.equal(mine.topPending, 6);
+
+  const hot = await hotKeys(db.pool, "kv", { limit: 1 });
+  assert.deepEqual(hot.map((k) => [k.key, k.events, k.share]), [["hot", 6, 0.75]]);
+  assert.ok(hot[0]!.rate > 0 && hot[0]!.spanSec > 0);
+
+  await assert.rejects(keyHeads(db.pool, "kv", "nope"), (err) => isPgqueError(err) && err.code === "PQ034");
+  await assert.rejects(keyHeads(db.pool, "kv", "c", { limit: 0 }), (err) => isPgqueError(err) && err.code === "PQ011");
+  await assert.rejects(hotKeys(db.pool, "kv", { windowMs: -1 }), (err) => isPgqueError(err) && err.code === "PQ011");
 });
