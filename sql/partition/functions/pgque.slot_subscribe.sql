@@ -230,8 +230,9 @@ $$;
 -- for at most 20 ms (a producer's transaction is shorter; a reader that
 -- holds the table longer keeps both indexes until a later try), and only
 -- then is the catalog read: a routing index dropped meanwhile by a
--- session that saw the engine's index (an unsubscribe) cannot leave the
--- table without either. Returns whether it dropped it.
+-- session that saw the engine's index cannot leave the table without
+-- either (index changes are one session's at a time, _index_ddl_lock, but
+-- the catalog is what holds the invariant). Returns whether it dropped it.
 create or replace function pgque._txid_index_retire(i_queue_id integer, i_table integer)
 returns boolean language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -295,9 +296,10 @@ $$;
 -- fuller table the routing index stays, and maint_route_indexes drops it
 -- once rotation has emptied the table. The table's ACCESS EXCLUSIVE lock
 -- comes first, and the catalog is read under it: two sessions dropping
--- two routing indexes of one table (two unsubscribes, an unsubscribe and
--- maint_route_indexes) each see what the other left. Returns whether it
--- dropped it. The caller bounds the lock wait (lock_timeout).
+-- two routing indexes of one table each see what the other left (when
+-- unsubscribes dropped them, two at once left a table with neither).
+-- Returns whether it dropped it. The caller bounds the lock wait
+-- (lock_timeout).
 create or replace function pgque._route_index_drop(i_queue_id integer, i_table integer, i_index text)
 returns boolean language plpgsql
 set search_path = pg_catalog, pg_temp
