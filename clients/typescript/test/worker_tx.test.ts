@@ -7,7 +7,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { PooledConnection } from "../src/executor.js";
 import pg from "pg";
-import { send, work, workTx, type Message, type WorkOptions } from "../src/index.js";
+import { send, slots, work, workTx, type Message, type WorkOptions } from "../src/index.js";
+import { txSpare } from "../src/worker/tx.js";
 import { gate, sendKeyed, setup } from "./worker_helpers.js";
 import { waitFor } from "./harness.js";
 
@@ -157,6 +158,38 @@ test("workTx on a small pool leaves two connections free: sends and the worker's
   release.open();
   await waitFor("every effect", async () => (await effects(db.pool)).size === ids.length + 1);
   assert.equal(most, 2, "at most max - 2 handlers ran at once");
+});
+
+test("workTx leaves a connection per two slots to the worker's own calls, up to half its pool", async (t) => {
+  assert.deepEqual([txSpare(40, 16), txSpare(48, 16), txSpare(10, 16), txSpare(4, 4), txSpare(2, 1), txSpare(40, 4)], [10, 10, 5, 2, 2, 4]);
+  const db = await setup(t, "txs");
+  await db.pool.query("create table effect (ev bigint not null)");
+  // 4 slots on a pool of 40: 2 + 4 / 2 = 4 spare, so 36 handlers at once
+  // (38 when the spare was 2 whatever the slots).
+  const pool = new pg.Pool({ connectionString: db.url, max: 40 });
+  pool.on("error", () => {});
+  t.after(() => pool.end());
+  const release = gate();
+  let running = 0;
+  let most = 0;
+  const w = db.track(await workTx(pool, { ...fast, queue: "txs", consumer: "c", slots: 4 }, async (m, c) => {
+    most = Math.max(most, ++running);
+    try {
+      await release.wait;
+      await insertEffect(c, m);
+    } finally {
+      running--;
+    }
+  }));
+  const ids = await sendKeyed(db.pool, "txs", Array.from({ length: 64 }, (_, i) => `k${i}`), 1);
+  await waitFor("36 handlers to hold their connections", () => running === 36);
+  // Every further handler would find the pool's connections enough: what
+  // keeps it waiting is the worker's limit alone.
+  await waitFor("the worker's calls to go on beside them", async () => (await slots(pool, "txs", "c")).every((s) => s.live));
+  assert.equal(w.stats().running, 36);
+  release.open();
+  await waitFor("every effect", async () => (await effects(db.pool)).size === ids.length);
+  assert.equal(most, 36, "more handlers than the pool's max less its spare ran at once");
 });
 
 // The wait for a connection takes no signal: a handler whose connection

@@ -63,7 +63,8 @@ export interface WorkOptions<P = unknown> {
   /**
    * Handlers running at once over all slots of this worker. Default 256, as
    * the Go pool's MaxWorkers; under workTx on a pg.Pool, the pool's max
-   * less 2 (each handler holds a connection).
+   * less 2 and one per two slots, at most half the pool (each handler
+   * holds a connection; txSpare).
    */
   concurrency?: number;
   /** Aborts a handler's signal after this long and fails the event (0: none). Default 0. */
