@@ -292,7 +292,9 @@ func TestLeaseRenewalWritesNoVersion(t *testing.T) {
 // up a change of the slot's owner, which must not happen before it
 // commits, but none of the owner's own calls: a receive, a renewing claim
 // and a release go on at once. They waited for it (up to 2 s, then
-// 55P03), and the slot's next completions queued behind them.
+// 55P03), and the slot's next completions queued behind them. The
+// takeover's own wait is bounded the same way (55P03 after 2 s), and the
+// claimer tries again.
 func TestCompletionHoldsTakeoverNotOwner(t *testing.T) {
 	t.Parallel()
 	d := setup(t)
@@ -332,10 +334,25 @@ func TestCompletionHoldsTakeoverNotOwner(t *testing.T) {
 		t.Fatal("the owner's release was refused")
 	}
 
+	// Another worker's claim gives up after 2 s (55P03) while the
+	// completion stays open: a handler's transaction left open does not
+	// hold the claimer.
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = d.pool.Exec(cctx, "select pgque.claim_slot('q', 'c', 0, 'v', '1 hour')")
+	cancel()
+	wantState(t, err, "55P03", "a takeover beside an open completion")
+
 	// Another worker's claim takes the slot only once the completion
 	// committed.
 	claimed := pgtest.Async(func() (epoch *int64, err error) {
-		err = d.pool.QueryRow(ctx, "select epoch from pgque.claim_slot('q', 'c', 0, 'v', '1 hour')").Scan(&epoch)
+		// A claim waits 2 s at most (55P03) and the claimer tries again,
+		// as a pool's next claim pass does.
+		for range 10 {
+			err = d.pool.QueryRow(ctx, "select epoch from pgque.claim_slot('q', 'c', 0, 'v', '1 hour')").Scan(&epoch)
+			if sqlState(err) != "55P03" {
+				break
+			}
+		}
 		return epoch, err
 	})
 	pgtest.WaitFor(t, 10*time.Second, "the takeover to wait for the handler's transaction", func() bool {

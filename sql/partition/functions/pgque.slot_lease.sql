@@ -221,18 +221,33 @@ begin
         token := i_token;
         return;
     end if;
-    -- A change of owner: FOR UPDATE waits for the previous owner's
-    -- handlers' transactions that completed an event (FOR KEY SHARE), so
-    -- that none commits once the slot is another's.
-    perform 1 from pgque.slot_lease
-     where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot
-       for update;
+    -- A change of owner waits for the previous owner's handlers'
+    -- transactions that completed an event (_lease_for_takeover).
+    perform pgque._lease_for_takeover(l);
     token := pg_catalog.gen_random_uuid();
     update pgque.slot_lease
        set sl_owner = i_worker, sl_until = v_now + v_ttl, sl_ttl = v_ttl, sl_epoch = sl_epoch + 1,
            sl_token = pgque._token_hash(token)
      where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
     epoch := l.sl_epoch + 1;
+end;
+$$;
+
+-- _lease_for_takeover(lease): locks the lease row FOR UPDATE before its
+-- owner changes, which waits for the previous owner's handlers'
+-- transactions that completed an event (FOR KEY SHARE, "Lease row locks"
+-- above), so that none commits once the slot is another's. Waited for at
+-- most 2 s, as _lease waits (55P03, retried by the claimer's next pass): a
+-- handler's transaction left open must not hold the claimer.
+create or replace function pgque._lease_for_takeover(l pgque.slot_lease)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+set lock_timeout = '2s'
+as $$
+begin
+    perform 1 from pgque.slot_lease
+     where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot
+       for update;
 end;
 $$;
 
