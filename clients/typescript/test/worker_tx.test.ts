@@ -124,31 +124,40 @@ test("workTx: a failed attempt's writes roll back with it, and the retry applies
   assert.deepEqual([...(await effects(db.pool))], [[id, 1]]);
 });
 
+/**
+ * A workTx worker on pool whose handlers each hold their connection until
+ * release opens, counting those running now and the most at once.
+ */
+async function gatedTxWorker(db: Awaited<ReturnType<typeof setup>>, pool: pg.Pool, queue: string, slots: number) {
+  const release = gate();
+  const n = { running: 0, most: 0 };
+  const worker = db.track(await workTx(pool, { ...fast, queue, consumer: "c", slots }, async (m, c) => {
+    n.most = Math.max(n.most, ++n.running);
+    try {
+      await release.wait;
+      await insertEffect(c, m);
+    } finally {
+      n.running--;
+    }
+  }));
+  return { worker, release, n };
+}
+
 // Each running workTx handler holds a connection; with more handlers than
 // connections, the pool's first-come queue made the worker's own calls
 // (lease renewals among them) and the application's sends wait behind
 // every handler queued before them. By default a transactional worker now
-// runs at most max - 2 handlers, so the pool always has connections left.
+// runs at most the pool's max less its spare (txSpare: 2 here), so the
+// pool always has connections left.
 test("workTx on a small pool leaves two connections free: sends and the worker's calls go on while handlers block", async (t) => {
   const db = await setup(t, "txp");
   await db.pool.query("create table effect (ev bigint not null)");
   const small = new pg.Pool({ connectionString: db.url, max: 4 });
   small.on("error", () => {});
   t.after(() => small.end());
-  const release = gate();
-  let running = 0;
-  let most = 0;
-  const w = db.track(await workTx(small, { ...fast, queue: "txp", consumer: "c", slots: 4 }, async (m, c) => {
-    most = Math.max(most, ++running);
-    try {
-      await release.wait;
-      await insertEffect(c, m);
-    } finally {
-      running--;
-    }
-  }));
+  const { worker: w, release, n } = await gatedTxWorker(db, small, "txp", 4);
   const ids = await sendKeyed(db.pool, "txp", ["a", "b", "c", "d", "e", "f", "g", "h"], 2);
-  await waitFor("two handlers to hold their connections", () => running === 2);
+  await waitFor("two handlers to hold their connections", () => n.running === 2);
   // With every connection held by a handler this send would wait for the
   // gate, which opens only after it.
   const sent = send(small, "txp", { payload: { late: true }, partitionKey: "z" });
@@ -157,7 +166,7 @@ test("workTx on a small pool leaves two connections free: sends and the worker's
   assert.equal(w.stats().running, 2);
   release.open();
   await waitFor("every effect", async () => (await effects(db.pool)).size === ids.length + 1);
-  assert.equal(most, 2, "at most max - 2 handlers ran at once");
+  assert.equal(n.most, 2, "at most max - 2 handlers ran at once");
 });
 
 test("workTx leaves a connection per two slots to the worker's own calls, up to half its pool", async (t) => {
@@ -169,27 +178,16 @@ test("workTx leaves a connection per two slots to the worker's own calls, up to 
   const pool = new pg.Pool({ connectionString: db.url, max: 40 });
   pool.on("error", () => {});
   t.after(() => pool.end());
-  const release = gate();
-  let running = 0;
-  let most = 0;
-  const w = db.track(await workTx(pool, { ...fast, queue: "txs", consumer: "c", slots: 4 }, async (m, c) => {
-    most = Math.max(most, ++running);
-    try {
-      await release.wait;
-      await insertEffect(c, m);
-    } finally {
-      running--;
-    }
-  }));
+  const { worker: w, release, n } = await gatedTxWorker(db, pool, "txs", 4);
   const ids = await sendKeyed(db.pool, "txs", Array.from({ length: 64 }, (_, i) => `k${i}`), 1);
-  await waitFor("36 handlers to hold their connections", () => running === 36);
+  await waitFor("36 handlers to hold their connections", () => n.running === 36);
   // Every further handler would find the pool's connections enough: what
   // keeps it waiting is the worker's limit alone.
   await waitFor("the worker's calls to go on beside them", async () => (await slots(pool, "txs", "c")).every((s) => s.live));
   assert.equal(w.stats().running, 36);
   release.open();
   await waitFor("every effect", async () => (await effects(db.pool)).size === ids.length);
-  assert.equal(most, 36, "more handlers than the pool's max less its spare ran at once");
+  assert.equal(n.most, 36, "more handlers than the pool's max less its spare ran at once");
 });
 
 // The wait for a connection takes no signal: a handler whose connection
@@ -244,9 +242,9 @@ test("workTx: the handler's connection lost between statements fails the attempt
   assert.deepEqual(attempts, [0, 1], "the lost attempt failed and was retried");
 });
 
-// The completion keeps a share lock on the slot's lease row and waits for
-// it at most 2 s; on a busy machine the slot's own receives and other
-// completions can hold the row longer. Such a lock timeout is not the
+// The completion keeps a key share lock on the slot's lease row and waits
+// for it at most 2 s; a claim taking the slot over holds the row longer.
+// Such a lock timeout is not the
 // handler's failure: the transaction runs again, the event is not retried
 // (no retry counted against max_retries, no paused key), and its effect
 // commits once.
