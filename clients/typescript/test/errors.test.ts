@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { installScript, kindOf, mapError, PgqueError } from "../src/index.js";
+import { installScript, kindOf, mapError, PgqueError, RetryAfterError, retryAfter } from "../src/index.js";
 
 // SQLSTATEs the SQL raises that have no kind of their own, as in the Go
 // library: PQ050 (no free subscription id) and PQ051 (a fifth distinct
@@ -28,4 +28,19 @@ test("mapError keeps the driver error and chooses the kind by SQLSTATE alone", (
   const refused = Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" });
   assert.equal(mapError("sending", refused), refused, "an error that never reached the database is kept as is");
   assert.equal(kindOf("XX000"), "database");
+});
+
+test("RetryAfterError refuses a delay that is no number, and names swapped arguments", () => {
+  const err = new Error("rate limited");
+  const ok = new RetryAfterError(5000, err);
+  assert.equal(ok.delayMs, 5000);
+  assert.equal(ok.cause, err);
+  assert.equal(retryAfter(err, 250).delayMs, 250);
+  assert.equal(new RetryAfterError(-1).delayMs, 0, "a delay that is not positive retries at once");
+  // A JavaScript caller (or an `any`) can swap them; that must not read as "retry at once".
+  const swapped = RetryAfterError as unknown as new (a: unknown, b?: unknown) => RetryAfterError;
+  assert.throws(() => new swapped(err, 5000), (e: unknown) =>
+    e instanceof TypeError && /delayMs must be a number/.test(e.message) && /swapped/.test(e.message));
+  assert.throws(() => new swapped("5000"), (e: unknown) =>
+    e instanceof TypeError && /not string/.test(e.message) && !/swapped/.test(e.message));
 });

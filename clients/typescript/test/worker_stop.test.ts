@@ -56,7 +56,7 @@ test("stop() lets the handler in flight finish, acknowledges it and releases the
   await stopping;
   assert.deepEqual(handled, [e0]);
   assert.equal((await owner(db)).owner, null, "the lease was released");
-  const { epoch } = await owner(db);
+  const epoch = BigInt((await owner(db)).epoch);
   assert.deepEqual(changes, [
     { kind: "claimed", slot: 0, nslots: 1, epoch },
     { kind: "ended", slot: 0, nslots: 1, epoch, fenced: false },
@@ -97,7 +97,7 @@ test("kill() aborts the handlers and acknowledges nothing; another worker takes 
   await got.wait;
   assert.equal(next[0]!.id, e0);
   assert.equal(next[0]!.epoch, BigInt(before.epoch) + 1n);
-  assert.deepEqual(changes, [{ kind: "claimed", slot: 0, nslots: 1, epoch: String(BigInt(before.epoch) + 1n) }],
+  assert.deepEqual(changes, [{ kind: "claimed", slot: 0, nslots: 1, epoch: BigInt(before.epoch) + 1n }],
     "onSlot saw the takeover's claim under the next epoch");
 });
 

@@ -10,10 +10,20 @@
 // pgque.RetryAfter and pgque.DeadLetter, so a consumer group that mixes Go
 // and TypeScript workers treats a failure the same on either side.
 
-/** A failure that asks for the event to be redelivered after `delayMs`. */
+/**
+ * A failure that asks for the event to be redelivered after `delayMs`
+ * (a delay that is not positive retries at once). The delay comes first
+ * here and second in retryAfter(err, ms); a delay that is no number is
+ * refused with a TypeError, which then fails the event as any throw does,
+ * rather than being read as "retry at once".
+ */
 export class RetryAfterError extends Error {
   readonly delayMs: number;
   constructor(delayMs: number, cause?: unknown) {
+    if (typeof delayMs !== "number") {
+      throw new TypeError(`RetryAfterError(delayMs, cause): delayMs must be a number of milliseconds, not ${typeof delayMs}` +
+        (typeof cause === "number" ? " (the arguments are swapped: retryAfter(err, ms) takes the error first)" : ""));
+    }
     const ms = Number.isFinite(delayMs) && delayMs > 0 ? delayMs : 0;
     super(`${describe(cause, "handler failed")} (retry after ${ms} ms)`, { cause });
     this.name = "RetryAfterError";

@@ -130,8 +130,8 @@ export interface SlotChange {
   slot: number;
   /** The consumer's slot count the slot belongs to. */
   nslots: number;
-  /** The lease epoch, a decimal string: each claim of a slot has a greater one. */
-  epoch: string;
+  /** The lease epoch: each claim of a slot has a greater one (as Message.epoch). */
+  epoch: bigint;
   /** With "ended": the worker fenced the slot (its lease expired, or another worker holds it now). */
   fenced?: boolean;
 }
@@ -390,10 +390,10 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
   function start(slot: number, n: number, lease: q.Lease, at: number): void {
     const r = new SlotRunner(env, slot, n, lease, at, runners.get(slot)?.done);
     runners.set(slot, r);
-    slotChanged({ kind: "claimed", slot, nslots: n, epoch: lease.epoch });
+    slotChanged({ kind: "claimed", slot, nslots: n, epoch: BigInt(lease.epoch) });
     void r.done.finally(() => {
       if (runners.get(slot) === r) runners.delete(slot);
-      slotChanged({ kind: "ended", slot, nslots: n, epoch: lease.epoch, fenced: r.fenced });
+      slotChanged({ kind: "ended", slot, nslots: n, epoch: BigInt(lease.epoch), fenced: r.fenced });
       trigger.fire();
     });
   }
