@@ -486,3 +486,88 @@ func TestPartitionedScaleUpAndDown(t *testing.T) {
 	t.Logf("calls %d, redeliveries %d, per worker %v", rep.calls, rep.redeliveries, rep.perWorker)
 	r.checkRedeliveries(rep.redeliveries)
 }
+
+// TestPartitionedDeadProcessTakenOverBeforeTTL: a process that dies
+// without releasing its slots closes its LISTEN session, to which its
+// leases are bound, so the survivor takes them over a sixth of the TTL
+// after it first finds them free (claim_slot's "Dead holders"), not when
+// the 30-second TTL runs out.
+func TestPartitionedDeadProcessTakenOverBeforeTTL(t *testing.T) {
+	t.Parallel()
+	const ttl = 30 * time.Second
+	r := newPoolRun(t, 4, ttl)
+	r.start("p1")
+	r.start("p2")
+	r.waitSpread(2)
+	pgtest.WaitFor(t, 10*time.Second, "every lease bound to its holder's session", func() bool {
+		var bound int
+		err := r.env.pool.QueryRow(context.Background(), `select count(*) from pgque.slot_lease l
+			join pgque.queue q on q.queue_id = l.sl_queue
+			where q.queue_name = $1 and l.sl_consumer = 'pool' and l.sl_session is not null`, r.env.queue).Scan(&bound)
+		return err == nil && bound == 4
+	})
+	crashed := r.procs["p2"].pc.OwnedSlots()
+	r.procs["p2"].cancel() // no Stop, no release: its session closes as a dead process's would
+	crashedAt := time.Now()
+	sent := sendKeyed(t, r.env, 400, 40)
+	pgtest.WaitFor(t, ttl-5*time.Second, "all events, before the crashed process's leases expire", func() bool {
+		return r.chk.distinct() == len(sent)
+	})
+	took := time.Since(crashedAt)
+	if _, err := r.chk.verify(sent); err != nil {
+		t.Fatal(err)
+	}
+	owners := slotOwners(t, r.env, "pool")
+	if owners["p1"] != 4 {
+		t.Fatalf("after the crash the slots are owned %v, want all by p1", owners)
+	}
+	t.Logf("slots %v of the crashed process served again within %v (ttl %v)", crashed, took, ttl)
+}
+
+// TestPartitionedLostSessionRebindsLeases: when the LISTEN session its
+// leases are bound to breaks, a live process that gets a new session at
+// once binds its leases to it before they are given up (TTL/8 after the
+// end; a claim may take them over TTL/6 after it finds the session gone):
+// no slot is fenced, and events keep being delivered, each key in order.
+func TestPartitionedLostSessionRebindsLeases(t *testing.T) {
+	t.Parallel()
+	const ttl = 30 * time.Second
+	ctx := context.Background()
+	r := newPoolRun(t, 2, ttl)
+	p := r.start("p1")
+	bound := func(not int32) (pid int32, ok bool) {
+		var n int
+		err := r.env.pool.QueryRow(ctx, `select count(*), min(l.sl_session) from pgque.slot_lease l
+			join pgque.queue q on q.queue_id = l.sl_queue
+			where q.queue_name = $1 and l.sl_consumer = 'pool' and l.sl_owner = 'p1' and l.sl_session <> $2
+			having count(distinct l.sl_session) = 1`, r.env.queue, not).Scan(&n, &pid)
+		return pid, err == nil && n == 2
+	}
+	var pid int32
+	pgtest.WaitFor(t, 10*time.Second, "both leases bound to the session", func() bool {
+		var ok bool
+		pid, ok = bound(0)
+		return ok
+	})
+	if _, err := r.env.pool.Exec(ctx, "select pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	lost := time.Now()
+	pgtest.WaitFor(t, ttl/sessionCap, "both leases bound to the new session", func() bool {
+		_, ok := bound(pid)
+		return ok
+	})
+	t.Logf("leases bound to the new session %v after the old one ended", time.Since(lost))
+	sent := sendKeyed(t, r.env, 200, 20)
+	pgtest.WaitFor(t, 20*time.Second, "all events", func() bool { return r.chk.distinct() == len(sent) })
+	if _, err := r.chk.verify(sent); err != nil {
+		t.Fatal(err)
+	}
+	if f := p.fencings(t); f != 0 {
+		t.Errorf("%v slots fenced, want none: the leases were bound to the new session in time", f)
+	}
+}
+
+// sessionCap is workerpool's sessionCapDiv: a lease bound to an ended
+// session is given up TTL/8 after the end.
+const sessionCap = 8

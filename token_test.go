@@ -107,6 +107,12 @@ func TestLeaseTokenNeverLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	pgtest.WaitFor(t, 20*time.Second, "the first event to be handled", func() bool { _, ok := handled.Load(id); return ok })
+	// Once the lease is bound to the pool's LISTEN session, no renewal
+	// that binds it can come before the receive the test waits for.
+	pgtest.WaitFor(t, 20*time.Second, "the lease bound to the pool's session", func() bool {
+		var bound bool
+		return env.pool.QueryRow(ctx, "select sl_session is not null from pgque.slot_lease where sl_consumer = 'c'").Scan(&bound) == nil && bound
+	})
 
 	// Another worker takes the lease over, as after an expiry (the test
 	// writes the takeover as the owner of the tables, so that the pool

@@ -20,11 +20,22 @@ func (q *Queries) UnsubscribeSlot(ctx context.Context, queue, consumer string, s
 // renewing a lease this worker holds, empty for a new claim; a renewal
 // returns the same token, a new claim a new one.
 func (q *Queries) ClaimSlot(ctx context.Context, queue, consumer string, slot int, worker string, ttl time.Duration, token LeaseToken) (int64, LeaseToken, bool, error) {
+	return q.ClaimSlotBound(ctx, queue, consumer, slot, worker, ttl, token, 0)
+}
+
+// ClaimSlotBound is ClaimSlot binding the lease to the backend session
+// with pid session, 0 for none (claim_slot's session: a lease bound to a
+// session that ended is taken over before its TTL).
+func (q *Queries) ClaimSlotBound(ctx context.Context, queue, consumer string, slot int, worker string, ttl time.Duration, token LeaseToken, session int32) (int64, LeaseToken, bool, error) {
 	var epoch *int64
 	var tok *string
+	var pid *int32
+	if session != 0 {
+		pid = &session
+	}
 	err := q.db.QueryRow(ctx, `select epoch, token::pg_catalog.text
-		from pgque.claim_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::pg_catalog.text, $5::interval, $6::pg_catalog.uuid)`,
-		queue, consumer, slot, worker, ttl, token).Scan(&epoch, &tok)
+		from pgque.claim_slot($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::pg_catalog.text, $5::interval, $6::pg_catalog.uuid, $7::int)`,
+		queue, consumer, slot, worker, ttl, token, pid).Scan(&epoch, &tok)
 	if err != nil || epoch == nil || tok == nil {
 		return 0, "", false, err
 	}

@@ -79,10 +79,67 @@ type Notifier struct {
 	// probesOK counts those that did.
 	probesOK atomic.Int64
 
+	// pid is the backend pid of the current session once its probe came
+	// back (0 otherwise): see SessionPID.
+	pid atomic.Int32
+
 	mu     sync.Mutex
 	subs   map[*Subscription]struct{}
+	watch  map[*func(pid int32, up bool)]struct{}
 	cancel context.CancelFunc
 	done   chan struct{}
+}
+
+// SessionPID is the backend pid of the LISTEN session, once a notification
+// sent through the pool came back on it (the probe: the session is then a
+// server session of its own, not one a transaction pooler lends), and 0
+// when there is no such session (none yet, it was lost, or no NotifyFunc
+// to probe with). A slot lease bound to it ends early when the session
+// does (claim_slot's session), so only a session this process keeps for
+// its whole life is named.
+func (n *Notifier) SessionPID() int32 { return n.pid.Load() }
+
+// OnSession registers f, called with a session's pid and up = true when
+// SessionPID starts naming it, and up = false when that session ends (it
+// broke, or the last subscriber left). It returns the function that
+// unregisters f. f must not block.
+func (n *Notifier) OnSession(f func(pid int32, up bool)) (remove func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.watch == nil {
+		n.watch = make(map[*func(int32, bool)]struct{})
+	}
+	n.watch[&f] = struct{}{}
+	return func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		delete(n.watch, &f)
+	}
+}
+
+// confirmed makes pid the session SessionPID names.
+func (n *Notifier) confirmed(pid int32) {
+	n.pid.Store(pid)
+	n.tell(pid, true)
+}
+
+// ended clears SessionPID when pid was the session it named, and says so.
+func (n *Notifier) ended(pid int32) {
+	if pid != 0 && n.pid.CompareAndSwap(pid, 0) {
+		n.tell(pid, false)
+	}
+}
+
+func (n *Notifier) tell(pid int32, up bool) {
+	n.mu.Lock()
+	fs := make([]func(int32, bool), 0, len(n.watch))
+	for f := range n.watch {
+		fs = append(fs, *f)
+	}
+	n.mu.Unlock()
+	for _, f := range fs {
+		f(pid, up)
+	}
 }
 
 // New returns a Notifier that will LISTEN on channels once subscribed to.
@@ -196,8 +253,16 @@ func (n *Notifier) session(ctx context.Context) (bool, error) {
 	}()
 	q := dbq.New(conn)
 	channels := n.channels
+	var pid int32
 	if n.notify != nil {
 		channels = append(channels[:len(channels):len(channels)], ProbeChannel)
+		// The server's pid, not the one the connection reports: a pooler
+		// reports its own. Asked before LISTEN, so that the session's last
+		// statement names what it is.
+		if err := conn.QueryRow(ctx, "select pg_catalog.pg_backend_pid()").Scan(&pid); err != nil {
+			return false, err
+		}
+		defer n.ended(pid)
 	}
 	for _, ch := range channels {
 		if err := q.Listen(ctx, ch); err != nil {
@@ -221,6 +286,7 @@ func (n *Notifier) session(ctx context.Context) (bool, error) {
 			if token != "" && note.Payload == token {
 				token = ""
 				close(back)
+				n.confirmed(pid)
 			}
 			continue
 		}

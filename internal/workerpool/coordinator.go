@@ -185,7 +185,8 @@ func (p *Pool) claim(fetchCtx, workCtx context.Context, slot, nslots int, prevOw
 	at := time.Now()
 	cctx, cancel := context.WithTimeout(fetchCtx, queryTimeout(p.cfg.ClaimInterval))
 	defer cancel()
-	epoch, token, ok, err := p.cfg.Queries.ClaimSlot(cctx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL, "")
+	session := p.session()
+	epoch, token, ok, err := p.cfg.Queries.ClaimSlotBound(cctx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL, "", session)
 	if err != nil {
 		if fetchCtx.Err() == nil {
 			p.log().WarnContext(fetchCtx, "pgque: claiming slot", slog.Int("slot", slot), slog.Any("error", err))
@@ -199,7 +200,7 @@ func (p *Pool) claim(fetchCtx, workCtx context.Context, slot, nslots int, prevOw
 	if prevOwner != "" && prevOwner != p.cfg.Worker {
 		p.cfg.Metrics.LeaseTakeovers.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
 	}
-	p.startRunner(fetchCtx, workCtx, slot, nslots, epoch, token, at)
+	p.startRunner(fetchCtx, workCtx, slot, nslots, epoch, token, at, session)
 	return true
 }
 

@@ -36,7 +36,10 @@ type Lease struct {
 
 	mu        sync.Mutex
 	heldUntil time.Time
-	expiry    *time.Timer
+	// sessionCap, when set, ends the lease locally before heldUntil: the
+	// LISTEN session it is bound to ended (Pool.sessionChanged).
+	sessionCap time.Time
+	expiry     *time.Timer
 
 	// renewing is set while a background renewal of this lease is in
 	// flight, so that the keeper never waits on it nor starts a second.
@@ -52,6 +55,10 @@ type Lease struct {
 	// recall, when set (nanoseconds), bounds the slot's next wait for work
 	// (CallBackWithin).
 	recall atomic.Int64
+
+	// session is the LISTEN session's backend pid the lease is bound to on
+	// the server (0: unbound; see Pool.sessionEnded).
+	session atomic.Int32
 }
 
 // CallBackWithin asks for the slot's next Work call within d even when no
@@ -103,7 +110,44 @@ func (l *Lease) arm(onExpire func()) {
 // remaining is how long the lease stays valid locally. Callers hold mu or
 // own l exclusively.
 func (l *Lease) remaining() time.Duration {
-	return time.Until(l.heldUntil) - l.ttl/expiryMargin
+	left := time.Until(l.heldUntil) - l.ttl/expiryMargin
+	if !l.sessionCap.IsZero() {
+		left = min(left, time.Until(l.sessionCap))
+	}
+	return left
+}
+
+// expiryReason says why the local expiry fired.
+func (l *Lease) expiryReason() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.sessionCap.IsZero() && l.sessionCap.Before(l.heldUntil.Add(-l.ttl/expiryMargin)) {
+		return "the LISTEN session the lease is bound to ended, and no renewal bound it to another in time"
+	}
+	return "lease expired before renewal"
+}
+
+// capAt ends the lease locally at until at the latest, until uncap.
+func (l *Lease) capAt(until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sessionCap = until
+	if l.expiry != nil {
+		l.expiry.Reset(l.remaining())
+	}
+}
+
+// uncap lifts capAt's end.
+func (l *Lease) uncap() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sessionCap.IsZero() {
+		return
+	}
+	l.sessionCap = time.Time{}
+	if l.expiry != nil {
+		l.expiry.Reset(l.remaining())
+	}
 }
 
 // Renewed records that a receive_partitioned or ack_partitioned call that
@@ -201,7 +245,11 @@ func (p *Pool) keep(ctx context.Context, stop <-chan struct{}) {
 				go func() { defer wg.Done(); p.giveUp(ctx, r, now) }()
 				continue
 			}
-			if r.lease.left() < threshold && r.lease.renewing.CompareAndSwap(false, true) {
+			// A lease not bound to the current session is renewed to bind
+			// it: one claimed before the session was confirmed, or bound to
+			// a session that was replaced.
+			rebind := p.session() != 0 && r.lease.session.Load() != p.session()
+			if (r.lease.left() < threshold || rebind) && r.lease.renewing.CompareAndSwap(false, true) {
 				due = append(due, r)
 			}
 		}
@@ -231,7 +279,8 @@ func (p *Pool) renew(ctx context.Context, r *runner) {
 		return
 	}
 	at := time.Now()
-	epoch, token, ok, err := p.cfg.Queries.ClaimSlot(ctx, p.cfg.Queue, p.cfg.Consumer, l.Slot, p.cfg.Worker, p.cfg.LeaseTTL, l.Token)
+	session := p.session()
+	epoch, token, ok, err := p.cfg.Queries.ClaimSlotBound(ctx, p.cfg.Queue, p.cfg.Consumer, l.Slot, p.cfg.Worker, p.cfg.LeaseTTL, l.Token, session)
 	switch {
 	case err != nil:
 		// The local expiry fences the slot if renewals keep failing.
@@ -251,6 +300,65 @@ func (p *Pool) renew(ctx context.Context, r *runner) {
 	default:
 		l.extend(at.Add(p.cfg.LeaseTTL))
 		p.cfg.Metrics.LeaseRenewals.WithLabelValues(p.cfg.Queue, p.cfg.Consumer).Inc()
+		p.bound(r, session)
+	}
+}
+
+// session is the pid of the LISTEN session leases are bound to: the
+// notifier's confirmed session, 0 without one (see notifier.SessionPID).
+func (p *Pool) session() int32 {
+	if p.cfg.Notifier == nil {
+		return 0
+	}
+	return p.cfg.Notifier.SessionPID()
+}
+
+// bound records that r's lease is bound to session on the server. A
+// lease bound to the current session needs no early end; one bound to a
+// session that already ended gets it now: sessionChanged, which caps the
+// leases bound to an ending session, may have run before the record.
+func (p *Pool) bound(r *runner, session int32) {
+	r.lease.session.Store(session)
+	switch {
+	case session == 0:
+	case p.session() == session:
+		r.lease.uncap()
+	default:
+		r.lease.capAt(time.Now().Add(p.cfg.LeaseTTL / sessionCapDiv))
+	}
+}
+
+// sessionCapDiv: a lease bound to a LISTEN session that ended is given up
+// locally TTL/8 after this process saw the end, unless a renewal binds it
+// to the new session first. A claim may take it over TTL/6 after the
+// claim first found the session gone (claim_slot's "Dead holders"); this
+// process cannot tell a broken connection from its own death as others
+// see it, so its handlers must be stopped by then, as at a local expiry.
+const sessionCapDiv = 8
+
+// sessionChanged follows the LISTEN session the leases are bound to. When
+// session pid ends, the leases bound to it are capped (sessionCapDiv);
+// when a new one is confirmed, every lease bound to another is renewed at
+// once to bind it, which lifts the cap.
+func (p *Pool) sessionChanged(ctx context.Context, pid int32, up bool) {
+	p.mu.Lock()
+	var due []*runner
+	for _, r := range p.running {
+		switch {
+		case !up && r.lease.session.Load() == pid:
+			r.lease.capAt(time.Now().Add(p.cfg.LeaseTTL / sessionCapDiv))
+		case up && r.lease.session.Load() != pid && r.lease.renewing.CompareAndSwap(false, true):
+			due = append(due, r)
+		}
+	}
+	p.mu.Unlock()
+	for _, r := range due {
+		go func() {
+			defer r.lease.renewing.Store(false)
+			rctx, cancel := context.WithTimeout(ctx, max(r.lease.left()-p.cfg.LeaseTTL/expiryMargin, p.cfg.LeaseTTL/4))
+			defer cancel()
+			p.renew(rctx, r)
+		}()
 	}
 }
 

@@ -182,6 +182,9 @@ func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 		peers := n.Listen(PresenceChannel, nil) // a hint only: see presence.go
 		defer peers.Unlisten()
 		notify, slots, announce = ticks.C(), touchedSub.C(), peers.C()
+		// Removed before the subscriptions: the last of them leaving ends
+		// the session, which must not fence this pool's own stop.
+		defer n.OnSession(func(pid int32, up bool) { p.sessionChanged(workCtx, pid, up) })()
 	}
 
 	stopBackground := make(chan struct{})

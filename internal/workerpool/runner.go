@@ -32,18 +32,19 @@ type runner struct {
 }
 
 // startRunner registers and starts the goroutine for a freshly claimed slot.
-func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot, nslots int, epoch int64, token dbq.LeaseToken, claimedAt time.Time) {
+func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot, nslots int, epoch int64, token dbq.LeaseToken, claimedAt time.Time, session int32) {
 	r := &runner{wake: wakeup.NewSignal()}
 	r.workCtx, r.cancel = context.WithCancelCause(workCtx)
 	r.fetchCtx, r.fetchCancel = context.WithCancel(r.workCtx)
 	r.stopFetch = context.AfterFunc(fetchCtx, r.fetchCancel)
 	r.lease = newLease(slot, epoch, token, p.cfg.LeaseTTL, claimedAt)
 	r.lease.NSlots = nslots
-	r.lease.arm(func() { p.fence(r, "lease expired before renewal") }) // after r.lease is set: it may fire at once
+	r.lease.arm(func() { p.fence(r, r.lease.expiryReason()) }) // after r.lease is set: it may fire at once
 
 	p.mu.Lock()
 	p.running[slot] = r
 	p.mu.Unlock()
+	p.bound(r, session) // once sessionEnded can find r
 	if p.cfg.OnSlot != nil {
 		p.cfg.OnSlot(slot, nslots, epoch, false, false)
 	}

@@ -8,7 +8,7 @@ grant execute on function
     pgque.subscribe_slot(text, text, integer, integer, text),
     pgque.blocked_keys(text, text),
     pgque.unsubscribe_slot(text, text, integer, integer),
-    pgque.claim_slot(text, text, integer, text, interval, uuid),
+    pgque.claim_slot(text, text, integer, text, interval, uuid, integer),
     pgque.release_slot(text, text, integer, text, uuid),
     pgque.receive_partitioned(text, text, integer, integer, text, uuid, integer),
     pgque.receive_partitioned_raw(text, text, integer, integer, text, uuid, integer, bigint, bigint, bigint),
@@ -38,6 +38,9 @@ grant execute on function
 
 grant execute on function pgque._slot_pending(integer, integer, integer) to pgque_reader, pgque_writer, pgque_admin;
 grant execute on function pgque._slot_held(integer) to pgque_reader, pgque_writer, pgque_admin;
+-- partition_slot_leases calls it with the caller's rights; it tells only
+-- whether a pid is a backend, which pg_stat_activity tells every role.
+grant execute on function pgque._session_gone(integer) to pgque_reader, pgque_writer, pgque_admin;
 select pgque._grant_select(array['pgque.partition_slot_status', 'pgque.partition_slot_leases', 'pgque.partition_slot_stalls']::regclass[],
     array['pgque_reader', 'pgque_writer', 'pgque_admin']::regrole[]);
 

@@ -11,7 +11,7 @@ import { createInterface } from "node:readline";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
-import { HandlersStillRunningError, work, workTx, WorkerKilledError, type Message, type SlotChange, type WorkOptions, type Worker } from "../src/index.js";
+import { HandlersStillRunningError, LeaseLostError, work, workTx, WorkerKilledError, type Message, type SlotChange, type WorkOptions, type Worker } from "../src/index.js";
 import { waitFor } from "./harness.js";
 import { gate, sendKeyed, setup } from "./worker_helpers.js";
 
@@ -138,6 +138,70 @@ test("a worker process killed with SIGKILL mid-chunk: the survivor takes the slo
     assert.equal(m.epoch, BigInt(childEpoch!) + 1n);
     assert.equal(m.retryCount, 0);
   }
+});
+
+test("a worker process killed with SIGKILL whose lease is bound to its LISTEN session: taken over long before the 30 s TTL", async (t) => {
+  const db = await setup(t, "crashb");
+  const child = spawn(process.execPath, [path.join(here, "worker_child.js"), db.url, "crashb", "c", "listen"], { stdio: ["ignore", "pipe", "inherit"] });
+  t.after(() => {
+    if (child.exitCode === null) child.kill("SIGKILL");
+  });
+  const lines = createInterface({ input: child.stdout! });
+  let ids: string[] = [];
+  const first = await new Promise<string>((resolve, reject) => {
+    lines.on("line", (l) => {
+      if (l === "started") void sendKeyed(db.pool, "crashb", ["k"], 2).then((x) => (ids = x), reject);
+      if (l.startsWith("handling ")) resolve(l);
+    });
+    child.on("exit", (code) => reject(new Error(`the worker process exited (${code}) before handling`)));
+  });
+  const [, , childEpoch] = first.split(" ");
+  await waitFor("the sends to commit", () => ids.length === 2);
+  await waitFor("the lease bound to the worker's LISTEN session", async () =>
+    (await db.pool.query("select sl_session is not null as bound from pgque.slot_lease")).rows[0]?.bound === true, 10_000);
+  const exited = new Promise((r) => child.on("exit", r));
+  child.kill("SIGKILL");
+  await exited;
+  const killedAt = Date.now();
+  const seen: Message[] = [];
+  const all = gate();
+  // The survivor has the default 30 s lease TTL too.
+  db.track(await work(db.pool, { queue: "crashb", consumer: "c", slots: 1, claimIntervalMs: 100, pollIntervalMs: 50 }, (m: Message) => {
+    seen.push(m);
+    if (seen.length === ids.length) all.open();
+  }));
+  await all.wait;
+  const took = Date.now() - killedAt;
+  assert.ok(took < 15_000, `the survivor took the slot over ${took} ms after the kill, want well before the 30 s TTL`);
+  assert.deepEqual(seen.map((m) => m.id), ids, "the dead worker's chunk comes again, in order");
+  for (const m of seen) assert.equal(m.epoch, BigInt(childEpoch!) + 1n);
+});
+
+test("a LISTEN session that breaks under a live worker: its leases are bound to the new session in time, no slot is fenced", async (t) => {
+  const db = await setup(t, "rebind");
+  const errors: unknown[] = [];
+  const seen: string[] = [];
+  db.track(await work(db.pool, { queue: "rebind", consumer: "c", slots: 2, claimIntervalMs: 100, pollIntervalMs: 50, onError: (e) => errors.push(e) },
+    (m: Message) => {
+      seen.push(m.id);
+    }));
+  const sessions = async () =>
+    (await db.pool.query<{ s: number | null }>("select sl_session as s from pgque.slot_lease where sl_owner is not null")).rows.map((r) => r.s);
+  let pid = 0;
+  await waitFor("both leases bound to one session", async () => {
+    const s = await sessions();
+    if (s.length !== 2 || s[0] === null || s[0] !== s[1]) return false;
+    pid = s[0];
+    return true;
+  });
+  await db.pool.query("select pg_terminate_backend($1)", [pid]);
+  await waitFor("both leases bound to the new session", async () => {
+    const s = await sessions();
+    return s.length === 2 && s.every((x) => x !== null && x !== pid);
+  }, 30_000 / 8);
+  const ids = await sendKeyed(db.pool, "rebind", ["a", "b", "c"], 3);
+  await waitFor("the events sent after the reconnect", () => seen.length === ids.length);
+  assert.deepEqual(errors.filter((e) => e instanceof LeaseLostError), [], "no slot was fenced");
 });
 
 test("two workers of one consumer converge to a fair share of its slots", async (t) => {

@@ -146,6 +146,12 @@ func (d *db) subscribeSlots(q, c string, n int) {
 // worker whose lease changed hands keeps presenting its stale one.
 func claim(t testing.TB, q querier, queue, c string, slot int, worker, ttl string) *int64 {
 	t.Helper()
+	return claimBound(t, q, queue, c, slot, worker, ttl, nil)
+}
+
+// claimBound is claim binding the lease to session (nil: unbound).
+func claimBound(t testing.TB, q querier, queue, c string, slot int, worker, ttl string, session *int32) *int64 {
+	t.Helper()
 	ctx := context.Background()
 	key, err := leaseKey(ctx, q, queue, c, slot, worker)
 	if err != nil {
@@ -153,8 +159,8 @@ func claim(t testing.TB, q querier, queue, c string, slot int, worker, ttl strin
 	}
 	var epoch *int64
 	var token *string
-	if err := q.QueryRow(ctx, "select epoch, token::text from pgque.claim_slot($1, $2, $3, $4, $5::interval, $6::uuid)",
-		queue, c, slot, worker, ttl, tokenOf(key)).Scan(&epoch, &token); err != nil {
+	if err := q.QueryRow(ctx, "select epoch, token::text from pgque.claim_slot($1, $2, $3, $4, $5::interval, $6::uuid, $7::int)",
+		queue, c, slot, worker, ttl, tokenOf(key), session).Scan(&epoch, &token); err != nil {
 		t.Fatalf("claim_slot(%s, %s, %d, %s): %v", queue, c, slot, worker, err)
 	}
 	if token != nil {

@@ -129,3 +129,26 @@ func TestPresenceAppendOnlyUnderHeldHorizon(t *testing.T) {
 		}
 	}
 }
+
+// TestAnnounceRefusesImpossibleSlots: peers read a worker's announced
+// slots back as the slots it works, so a list that no N could hold (a
+// negative slot, one past 1023, a NULL, a two-dimensional array) is
+// refused with PQ011 and nothing is recorded.
+func TestAnnounceRefusesImpossibleSlots(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 4)
+	for _, slots := range []string{"{-1}", "{0,1024}", "{0,NULL}", "{{1,2},{3,4}}"} {
+		_, err := d.pool.Exec(context.Background(),
+			"select * from pgque.announce_worker('q', 'c', 'w', true, $1::int[], '1 minute')", slots)
+		wantState(t, err, "PQ011", "announcing slots "+slots)
+	}
+	if n := one[int64](t, d.pool, "select count(*) from pgque.worker_presence"); n != 0 {
+		t.Errorf("refused announcements recorded %d presence rows", n)
+	}
+	conn := pgtest.Conn(t, d.dsn)
+	if peers := announce(t, conn, "q", "w", false, []int32{0, 3}); len(peers) != 0 {
+		t.Errorf("peers of the only worker: %v", peers)
+	}
+}

@@ -439,3 +439,64 @@ func TestOpenUnsubscribeHoldsNoRetries(t *testing.T) {
 		t.Fatalf("maint_retry_events once the unsubscribe rolled back: %d moved, %v; want rq1's retry", moved, err)
 	}
 }
+
+// TestOpenSubscribeOfSameGroupIsBounded: a subscribe_slot of a slot that
+// is already subscribed, left open by one reader, holds up nothing: not
+// another worker's start (which subscribes its slots again), nor a claim
+// and release in one transaction (whose lease row updates check the
+// group's key). A subscribe that does change the group, left open, makes
+// the group's next change fail after about 2 s (55P03), not wait.
+func TestOpenSubscribeOfSameGroupIsBounded(t *testing.T) {
+	dsn, _ := setupDB(t)
+	ctx := context.Background()
+	admin := asRole(t, dsn, roleAdmin)
+	if _, err := admin.Exec(ctx, `select pgque.subscribe_slot('q1', 'g', s, 4) from generate_series(0, 2) s`); err != nil {
+		t.Fatal(err)
+	}
+	hold := func(stmt string) pgx.Tx {
+		t.Helper()
+		tx, err := asRole(t, dsn, roleReader).Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+	victim := asRole(t, dsn, roleReader)
+	noop := hold(`select pgque.subscribe_slot('q1', 'g', 0, 4)`)
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := victim.Exec(sctx, `select pgque.subscribe_slot('q1', 'g', 1, 4)`); err != nil {
+		t.Fatalf("a worker's subscribe beside an open one of a subscribed slot: %v", err)
+	}
+	tx, err := victim.Begin(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var token string
+	if err := tx.QueryRow(sctx, `select token::text from pgque.claim_slot('q1', 'g', 2, 'w')`).Scan(&token); err != nil {
+		t.Fatalf("claim beside an open subscribe: %v", err)
+	}
+	if _, err := tx.Exec(sctx, `select pgque.release_slot('q1', 'g', 2, 'w', $1::uuid)`, token); err != nil {
+		t.Fatalf("release in the claim's transaction beside an open subscribe: %v", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := noop.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	hold(`select pgque.subscribe_slot('q1', 'g', 3, 4)`) // a new slot: the group's row is locked
+	start := time.Now()
+	_, err = victim.Exec(sctx, `select pgque.unsubscribe_slot('q1', 'g', 1, 4)`)
+	if code(err) != "55P03" {
+		t.Fatalf("unsubscribe beside an open subscribe that changed the group: %v, want 55P03", err)
+	}
+	if el := time.Since(start); el > 4*time.Second {
+		t.Errorf("the refused unsubscribe took %v, want about 2 s", el)
+	}
+}

@@ -29,6 +29,7 @@ var relations = map[string]string{
 	"event_<queue>_<n>":     "",  // a queue's event tables: no direct access
 	"event_seq_<queue>":     "",
 	"key_block":             "",
+	"lease_orphan":          "", // claim_slot's record of a dead holder's session: through claim_slot only
 	"layer_hook":            "a",
 	"partition_slot_status": "rwa",
 	"partition_slot_leases": "rwa",

@@ -29,6 +29,14 @@ begin
     if cardinality(i_slots) > 1024 then
         raise exception using errcode = 'PQ011', message = format('at most 1024 slots, not %s', cardinality(i_slots));
     end if;
+    -- Peers read these back as this worker's slots: a list, of slot
+    -- numbers any N could have (the worker's N may be an older one's while
+    -- the group is resized).
+    if array_ndims(i_slots) > 1 or array_position(i_slots, null) is not null
+       or exists (select 1 from unnest(i_slots) s where s < 0 or s > 1023) then
+        raise exception using errcode = 'PQ011',
+            message = 'slots must be a one-dimensional list of slot numbers from 0 to 1023';
+    end if;
     v_age := pgque._check_interval('max age', coalesce(i_max_age, interval '10 minutes'), interval '0', interval '10 minutes');
     if not exists (select 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer) then
         raise exception using errcode = 'PQ034',

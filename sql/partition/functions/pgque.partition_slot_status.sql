@@ -116,6 +116,9 @@ $ddl$);
 
 -- partition_slot_leases: the slots and their leases only, without the lag
 -- (which costs a read of each slot's backlog): cheap enough to poll.
+-- holder_gone: the lease is bound to its holder's session and that session
+-- is no backend any more (slot_lease.sql, "Dead holders"): a claim will
+-- take the slot over before lease_until, so a claim loop should try it.
 select pgque._create_view('partition_slot_leases', $ddl$
 create or replace view pgque.partition_slot_leases with (security_barrier) as
 select q.queue_name  as queue,
@@ -125,7 +128,8 @@ select q.queue_name  as queue,
        case when greatest(l.sl_until, st.st_time + l.sl_ttl) > clock_timestamp() then l.sl_owner end as owner,
        case when l.sl_owner is not null then greatest(l.sl_until, st.st_time + l.sl_ttl) end as lease_until,
        l.sl_epoch    as epoch,
-       g.sg_policy   as policy
+       g.sg_policy   as policy,
+       coalesce(l.sl_owner is not null and l.sl_session is not null and pgque._session_gone(l.sl_session), false) as holder_gone
   from pgque.slot_lease l
   join pgque.slot_group g on g.sg_queue = l.sl_queue and g.sg_consumer = l.sl_consumer
   join pgque.queue q on q.queue_id = l.sl_queue

@@ -169,29 +169,85 @@ begin
 end;
 $$;
 
--- claim_slot(queue, consumer, slot, worker, ttl, token): takes the slot's
--- lease for worker, or renews it. Returns (epoch, token): a free or expired
--- lease is taken with epoch + 1 and a new token, which only this answer
--- ever carries (keep it secret: it is the lease's credential); a lease that
--- (worker, token) proves is renewed with the same epoch and token, even
--- after it expired if nobody took it over. Returns (NULL, NULL) when
--- another live lease holds the slot, including one held under worker's own
--- id that token does not prove. A refused claim holds no lock on the lease
--- row afterwards (the lock is taken in a subtransaction that is rolled
--- back), so a caller leaving it open in a transaction cannot block the
--- owner. Tables: slot_lease (update on a change of owner or ttl), sub_state
--- (append on a renewal).
+-- Dead holders. A worker process that dies without releasing its slots
+-- (SIGKILL, the OOM killer, a lost node) would leave them unworked for the
+-- rest of their ttl, 30 s by default. PostgreSQL knows sooner: the
+-- backends of a dead client's connections exit. A holder may therefore
+-- bind its lease to its own LISTEN session (claim_slot's session: the
+-- pg_backend_pid() of a connection it keeps for its whole life and loses
+-- only with its process, or when that connection breaks). A claim that
+-- finds a live lease bound to a session that is no longer a backend of the
+-- cluster records when it first found it so (lease_orphan) and is refused;
+-- a claim once that record is a sixth of the lease's ttl old (5 s by
+-- default) takes the lease over, as if it had expired, with a new epoch
+-- and token. The sixth is the holder's margin: a holder whose process is
+-- alive and sees its session break fences the slots bound to it at once
+-- (it cannot know whether it is the session or the process that another
+-- claimer saw gone) and claims them again through the same path.
+--
+-- Only the holder binds (its token proves the lease), and what it binds can
+-- only make its own lease end sooner. A pid that comes back as another
+-- backend, or a session a pooler keeps open after its client went (session
+-- pooling), reads as alive: the lease then simply waits out its ttl, as an
+-- unbound one does. The check reads pg_stat_get_activity(pid), whose pid
+-- column every role sees.
+
+-- _session_gone(pid): whether pid is no backend of this cluster now.
+create or replace function pgque._session_gone(i_pid integer)
+returns boolean language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select not exists (select 1 from pg_catalog.pg_stat_get_activity(i_pid) a where a.pid = i_pid)
+$$;
+
+-- _check_session(session): a session to bind must be a backend of this
+-- cluster now (PQ011 otherwise): a pid that is not is a caller's mistake
+-- that would end its own lease early.
+create or replace function pgque._check_session(i_session integer)
+returns void language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_session is not null and pgque._session_gone(i_session) then
+        raise exception using errcode = 'PQ011',
+            message = format('session %s is not a backend of this cluster: bind the pg_backend_pid() of a connection the worker keeps open', i_session);
+    end if;
+end;
+$$;
+
+-- Forms before sessions.
+drop function if exists pgque.claim_slot(text, text, integer, text, interval, uuid);
+
+-- claim_slot(queue, consumer, slot, worker, ttl, token, session): takes the
+-- slot's lease for worker, or renews it. Returns (epoch, token): a free or
+-- expired lease is taken with epoch + 1 and a new token, which only this
+-- answer ever carries (keep it secret: it is the lease's credential); a
+-- lease that (worker, token) proves is renewed with the same epoch and
+-- token, even after it expired if nobody took it over. Returns (NULL, NULL)
+-- when another live lease holds the slot, including one held under
+-- worker's own id that token does not prove. session (optional) binds the
+-- lease to the caller's LISTEN session, and a renewal moves the binding to
+-- the session it names (NULL unbinds): see "Dead holders" above; a live
+-- lease bound to a session that is gone is taken over a sixth of its ttl
+-- after a claim first found it gone. A refused claim holds no lock on the
+-- lease row afterwards (the lock is taken in a subtransaction that is
+-- rolled back), so a caller leaving it open in a transaction cannot block
+-- the owner. Tables: slot_lease (update on a change of owner, ttl or
+-- session), sub_state (append on a renewal), lease_orphan.
 create or replace function pgque.claim_slot(i_queue text, i_consumer text, i_slot integer, i_worker text,
                                             i_ttl interval default '30 seconds', i_token uuid default null,
+                                            i_session integer default null,
                                             out epoch bigint, out token uuid)
 language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    l       pgque.slot_lease;
-    v_now   timestamptz := clock_timestamp();
-    v_ttl   interval;
-    v_held  boolean;
+    l        pgque.slot_lease;
+    v_now    timestamptz := clock_timestamp();
+    v_ttl    interval;
+    v_held   boolean;
+    v_gone   boolean := false;
+    v_since  timestamptz;
 begin
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_worker(i_worker);
@@ -199,22 +255,36 @@ begin
     if i_slot is null then
         raise exception using errcode = '22004', message = 'slot must not be NULL';
     end if;
+    perform pgque._check_session(i_session);
     begin
         l := pgque._lease(i_queue, i_consumer, i_slot);
         v_held := pgque._lease_proved(l, i_worker, i_token);
         if not v_held and l.sl_owner is not null and pgque._lease_until(l) > v_now then
-            -- Refused: undo the row lock with the subtransaction.
-            raise exception using errcode = 'PQ099';
+            v_gone := l.sl_session is not null and pgque._session_gone(l.sl_session);
+            if v_gone then
+                select min(o.lo_seen) into v_since from pgque.lease_orphan o
+                 where o.lo_sub = l.sl_sub and o.lo_epoch = l.sl_epoch and o.lo_session = l.sl_session;
+            end if;
+            if not v_gone or v_since is null or v_since > v_now - l.sl_ttl / 6 then
+                -- Refused: undo the row lock with the subtransaction.
+                raise exception using errcode = 'PQ099';
+            end if;
         end if;
     exception when sqlstate 'PQ099' then
+        if v_gone and v_since is null then
+            -- The first claim to find the holder's session gone: the
+            -- record outlives the rolled-back subtransaction.
+            insert into pgque.lease_orphan (lo_sub, lo_epoch, lo_session, lo_seen)
+            values (l.sl_sub, l.sl_epoch, l.sl_session, v_now);
+        end if;
         return;
     end;
     if v_held then
-        if l.sl_ttl = v_ttl then
+        if l.sl_ttl = v_ttl and l.sl_session is not distinct from i_session then
             -- A renewal: an appended state record, no row version.
             perform pgque._touch_state(l.sl_sub);
         else
-            update pgque.slot_lease set sl_until = v_now + v_ttl, sl_ttl = v_ttl
+            update pgque.slot_lease set sl_until = v_now + v_ttl, sl_ttl = v_ttl, sl_session = i_session
              where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
         end if;
         epoch := l.sl_epoch;
@@ -227,9 +297,16 @@ begin
     token := pg_catalog.gen_random_uuid();
     update pgque.slot_lease
        set sl_owner = i_worker, sl_until = v_now + v_ttl, sl_ttl = v_ttl, sl_epoch = sl_epoch + 1,
-           sl_token = pgque._token_hash(token)
+           sl_token = pgque._token_hash(token), sl_session = i_session
      where sl_queue = l.sl_queue and sl_consumer = l.sl_consumer and sl_slot = l.sl_slot;
     epoch := l.sl_epoch + 1;
+    -- The records of this slot's earlier holders, and any a day old (a
+    -- subscription dropped meanwhile): never waiting for a row another
+    -- claim left locked.
+    delete from pgque.lease_orphan o
+     where o.ctid = any (array(select o2.ctid from pgque.lease_orphan o2
+                                where o2.lo_sub = l.sl_sub or o2.lo_seen < v_now - interval '1 day'
+                                  for update skip locked));
 end;
 $$;
 

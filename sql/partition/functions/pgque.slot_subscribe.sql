@@ -455,10 +455,19 @@ $$;
 -- slot, setting the failure policy ('skip' or 'pause') when the consumer's
 -- first slot is created; NULL keeps the persisted one (skip by default). A different
 -- policy for an existing consumer raises PQ031: use set_failure_policy.
+--
+-- The slot group's row is locked (FOR NO KEY UPDATE: a lease row's
+-- foreign key check, FOR KEY SHARE, does not wait for it) so that the
+-- group's subscribes and unsubscribes go one at a time; the wait for it is
+-- bounded (lock_timeout 2 s, then 55P03, retryable) because any role that
+-- may consume the queue can call these and leave its transaction open. A
+-- slot that is already subscribed as asked (every worker subscribes its
+-- slots when it starts) returns 0 without the lock.
 create or replace function pgque.subscribe_slot(i_queue text, i_consumer text, i_slot integer, i_nslots integer,
                                                 i_policy text)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
+set lock_timeout = '2s'
 as $$
 declare
     q     pgque.queue := pgque._queue(i_queue);
@@ -475,6 +484,12 @@ begin
         raise exception using errcode = 'PQ011',
             message = format('failure policy must be ''skip'' or ''pause'', not %L', i_policy);
     end if;
+    if exists (select 1 from pgque.slot_group g1
+                 join pgque.slot_lease l on l.sl_queue = g1.sg_queue and l.sl_consumer = g1.sg_consumer
+                where g1.sg_queue = q.queue_id and g1.sg_consumer = i_consumer and l.sl_slot = i_slot
+                  and g1.sg_nslots = i_nslots and (i_policy is null or g1.sg_policy = i_policy)) then
+        return 0; -- already subscribed as asked
+    end if;
     insert into pgque.slot_group (sg_queue, sg_consumer, sg_nslots, sg_policy)
     values (q.queue_id, i_consumer, i_nslots, coalesce(i_policy, 'skip'))
     on conflict do nothing;
@@ -482,7 +497,7 @@ begin
         perform pgque._make_reader(q.queue_id, i_nslots, false); -- see api/functions/pgque.deliver_raw.sql
         perform pgque._route_index(q.queue_id, i_nslots, true);
     end if;
-    perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for update;
+    perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for no key update;
     g := pgque._slot_group(i_queue, i_consumer, i_nslots);
     if i_policy is not null and g.sg_policy <> i_policy then
         raise exception using errcode = 'PQ031',
@@ -511,9 +526,11 @@ as $$ select pgque.subscribe_slot(i_queue, i_consumer, i_slot, i_nslots, null) $
 -- unsubscribe_slot(queue, consumer, slot, nslots): removes one slot with
 -- its subscription, lease, open batch and retries. When the last slot goes,
 -- N is released. Returns 1 when removed, 0 when it was not subscribed.
+-- Locks the group's row as subscribe_slot does, with the same bounded wait.
 create or replace function pgque.unsubscribe_slot(i_queue text, i_consumer text, i_slot integer, i_nslots integer)
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
+set lock_timeout = '2s'
 as $$
 declare
     q pgque.queue := pgque._queue(i_queue);
@@ -521,7 +538,7 @@ begin
     perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
     perform pgque._check_consumer(i_consumer);
     perform pgque._check_slot(i_slot, i_nslots);
-    perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for update;
+    perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for no key update;
     if not found then
         return 0;
     end if;

@@ -37,6 +37,29 @@ create table if not exists pgque.slot_lease (
 select pgque._add_column('pgque.slot_lease', 'sl_token',
     $ddl$alter table pgque.slot_lease add column sl_token bytea$ddl$);
 
+-- sl_session: the backend pid of the holder's own LISTEN session, bound by
+-- the holder's claim or renewal (NULL: not bound). A lease bound to a
+-- session that is gone can be taken over before it expires (see "Dead
+-- holders" in slot_lease.sql). Changed only with the owner or by a renewal
+-- that binds another session: no row version on an ordinary renewal.
+select pgque._add_column('pgque.slot_lease', 'sl_session',
+    $ddl$alter table pgque.slot_lease add column sl_session integer$ddl$);
+
+-- lease_orphan: when a claim first found a lease's bound session gone
+-- (lo_sub, lo_epoch and lo_session name the lease and the session). Only
+-- appended to by claim_slot, and deleted from with SKIP LOCKED, so a
+-- claim left open in a transaction makes no other wait; no foreign key,
+-- so neither does an unsubscribe. Rows are few: one per dead holder's
+-- slot, gone with the takeover, or after a day.
+create table if not exists pgque.lease_orphan (
+    lo_sub     integer not null,
+    lo_epoch   bigint not null,
+    lo_session integer not null,
+    lo_seen    timestamptz not null
+);
+select pgque._create_index('lease_orphan_sub_idx', $ddl$create index lease_orphan_sub_idx
+    on pgque.lease_orphan (lo_sub, lo_epoch)$ddl$);
+
 -- key_block: under the pause policy, one row per blocked key of a slot
 -- (never per healthy event). State "blocked": kb_head failed and awaits its
 -- retry; every other event of the key is deferred. State "releasing": the

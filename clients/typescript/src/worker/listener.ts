@@ -132,6 +132,13 @@ export class Listener {
    * (it did not within probeWaitMs; onError was told).
    */
   probeState: "none" | "waiting" | "ok" | "failed" = "none";
+  /**
+   * The backend pid of the connection once its probe came back (it is then
+   * a server session of its own, not one a transaction pooler lends), 0
+   * otherwise. Slot leases are bound to it (claim_slot's session).
+   */
+  sessionPid = 0;
+  private readonly sessionWatchers = new Set<(pid: number, up: boolean) => void>();
   /** Resolves once the first connection is up or failed. */
   readonly ready: Promise<void>;
 
@@ -165,6 +172,22 @@ export class Listener {
     return this.onMatch(channel, (p) => p.startsWith(prefix), fn);
   }
 
+  /**
+   * Calls fn(pid, true) when sessionPid starts naming a session, and
+   * fn(pid, false) when that session ends (it broke, or close()).
+   */
+  onSession(fn: (pid: number, up: boolean) => void): () => void {
+    this.sessionWatchers.add(fn);
+    return () => this.sessionWatchers.delete(fn);
+  }
+
+  private session(pid: number, up: boolean): void {
+    if (up) this.sessionPid = pid;
+    else if (pid === 0 || this.sessionPid !== pid) return;
+    else this.sessionPid = 0;
+    for (const fn of this.sessionWatchers) fn(pid, up);
+  }
+
   private onMatch(channel: string, match: (payload: string) => boolean, fn: (payload: string) => void): () => void {
     const s = { channel, match, fn };
     this.subs.add(s);
@@ -174,6 +197,7 @@ export class Listener {
   private async open(): Promise<void> {
     if (this.closed) return;
     let c: pg.Client | null = null;
+    let pid = 0;
     try {
       c = await this.connect();
       c.on("notification", (n) => {
@@ -182,6 +206,7 @@ export class Listener {
           if (payload === this.probeToken && this.probeState === "waiting") {
             this.probed();
             this.probeState = "ok";
+            this.session(pid, true);
           }
           return;
         }
@@ -189,6 +214,12 @@ export class Listener {
       });
       c.on("error", (err) => this.broken(c!, err));
       c.on("end", () => this.broken(c!, new Error("LISTEN connection ended")));
+      if (this.notify) {
+        // The server's pid (a pooler reports its own), asked before
+        // LISTEN so that the session's last statement says what it is.
+        const { rows } = await c.query<{ pid: number }>("select pg_catalog.pg_backend_pid() as pid");
+        pid = rows[0]!.pid;
+      }
       for (const ch of this.channels) await c.query(`listen ${ch}`);
       if (this.notify) await c.query(`listen ${probeChannel}`);
       if (this.closed) {
@@ -249,6 +280,7 @@ export class Listener {
     this.probed();
     if (c) c.removeAllListeners("notification");
     this.client = null;
+    this.session(this.sessionPid, false);
     this.onError(err);
     this.timer = setTimeout(() => {
       this.timer = null;
@@ -264,6 +296,7 @@ export class Listener {
     this.timer = null;
     const c = this.client;
     this.client = null;
+    this.session(this.sessionPid, false);
     if (c) {
       c.removeAllListeners("notification");
       c.removeAllListeners("end");

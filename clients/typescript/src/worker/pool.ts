@@ -327,6 +327,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     },
     onHandled: opts.onHandled as ((msg: Message, r: HandleResult) => void) | undefined,
     counters,
+    session: () => listener?.sessionPid ?? 0,
   };
   const maxActiveOpt = opts.maxActiveSlots === undefined ? undefined : positive("maxActiveSlots", opts.maxActiveSlots, 1);
   const maxActive = () => Math.min(nslots, maxActiveOpt ?? nslots);
@@ -370,6 +371,15 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     if (payload !== "") sets = true;
     for (const [slot, r] of runners) if (touchedHas(t, r.nslots, slot)) r.wake();
   });
+  // Leases are bound to the LISTEN session (design.md, "Dead holders"):
+  // when it ends, those bound to it are given up unless rebound in time;
+  // when a new one is up, every lease is renewed at once to bind it.
+  listener?.onSession((pid, up) => {
+    for (const r of runners.values()) {
+      if (!up && r.session === pid) r.cap();
+      else if (up && r.session !== pid) void r.renew();
+    }
+  });
   listener?.on(presenceChannel, hint, () => {
     // A forged flood of hints costs at most one early pass per quarter interval.
     const now = Date.now();
@@ -404,7 +414,8 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     const now = Date.now();
     const leases = await q.slotLeases(db, opts.queue, opts.consumer);
     const owners: (string | null)[] = Array.from({ length: n }, () => null);
-    for (const l of leases) if (l.slot < n && l.nslots === n && l.live) owners[l.slot] = l.owner;
+    // A lease whose holder's session is gone is claimable soon: try it.
+    for (const l of leases) if (l.slot < n && l.nslots === n && l.live && !l.holderGone) owners[l.slot] = l.owner;
     const running = new Map<number, boolean>();
     for (const [s, r] of runners) if (!r.fenced) running.set(s, r.releaseRequested);
     const hold = new Set<number>();
@@ -421,7 +432,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     for (const s of plan.claim) {
       if (fetchCtl.signal.aborted || n !== nslots) return;
       const at = Date.now();
-      const lease = await q.claimSlot(db, opts.queue, opts.consumer, s, worker, leaseTtlMs, null);
+      const lease = await q.claimSlot(db, opts.queue, opts.consumer, s, worker, leaseTtlMs, null, env.session());
       if (lease === null) continue; // another worker was faster
       start(s, n, lease, at);
       owned++;

@@ -126,7 +126,18 @@ export interface SlotEnv {
   slotCountChanged: (nslots: number, err: unknown) => Promise<boolean>;
   onHandled: ((msg: Message, r: HandleResult) => void) | undefined;
   counters: HandleCounters;
+  /** The pid of the LISTEN session leases are bound to now, 0 for none (Listener.sessionPid). */
+  session: () => number;
 }
+
+/**
+ * A lease bound to a LISTEN session that ended is given up locally TTL/8
+ * after the end, unless a renewal binds it to the new session first: a
+ * claim may take it over TTL/6 after the claim first found the session
+ * gone (design.md, "Dead holders"), and this process cannot tell a broken
+ * connection from its own death as others see it.
+ */
+export const SESSION_CAP_DIV = 8;
 
 type Outcome = { ok: true } | { ok: false; failure: q.Failure };
 
@@ -163,6 +174,8 @@ export class SlotRunner {
   /** Local time until which the lease is known to be held. */
   private leaseUntil: number;
   private renewing = false;
+  /** Set while the session the lease is bound to has ended and no renewal bound it to another. */
+  private capTimer: NodeJS.Timeout | null = null;
   releaseRequested = false;
   fenced = false;
   /** Set when a resize took the slot away: nothing more is acknowledged or released. */
@@ -182,7 +195,41 @@ export class SlotRunner {
     this.done = (prev ?? Promise.resolve())
       .then(() => this.run())
       .catch((err) => env.onError(err))
-      .then(() => this.lanesDone());
+      .then(() => this.lanesDone())
+      .finally(() => this.uncap());
+    this.bound(lease.session);
+  }
+
+  /** The session the lease is bound to on the server, 0 for none. */
+  get session(): number {
+    return this.lease.session;
+  }
+
+  /**
+   * Records that the lease is bound to session on the server: a lease
+   * bound to the current session needs no early end; one bound to a
+   * session that already ended gets it now (the pool's session watcher,
+   * which caps the leases of an ending session, may have run before).
+   */
+  private bound(session: number): void {
+    this.lease = { ...this.lease, session };
+    if (session === 0 || session === this.env.session()) this.uncap();
+    else this.cap();
+  }
+
+  /** The session the lease is bound to ended: give the slot up TTL/8 from now unless rebound. */
+  cap(): void {
+    if (this.capTimer || this.fenced) return;
+    this.capTimer = setTimeout(() => {
+      this.capTimer = null;
+      this.fence("the LISTEN session the lease is bound to ended, and no renewal bound it to another in time");
+    }, this.env.leaseTtlMs / SESSION_CAP_DIV);
+    this.capTimer.unref();
+  }
+
+  private uncap(): void {
+    if (this.capTimer) clearTimeout(this.capTimer);
+    this.capTimer = null;
   }
 
   /** Resolves once no lane of this runner runs a handler or may start one. */
@@ -243,13 +290,27 @@ export class SlotRunner {
       this.fence("the lease could expire before it was renewed");
       return;
     }
-    if (this.renewing || this.leaseUntil - now >= 0.4 * env.leaseTtlMs) return;
+    // A lease not bound to the current session is renewed to bind it: one
+    // claimed before the session was confirmed, or bound to one replaced.
+    const rebind = env.session() !== 0 && this.lease.session !== env.session();
+    if (this.renewing || (this.leaseUntil - now >= 0.4 * env.leaseTtlMs && !rebind)) return;
+    await this.renew();
+  }
+
+  /** Renews the lease now, binding it to the current session (the pool calls it when a new one is up). */
+  async renew(): Promise<void> {
+    const { env } = this;
+    if (this.renewing || this.fenced || this.ctl.signal.aborted) return;
     this.renewing = true;
     const start = Date.now();
+    const session = env.session();
     try {
-      const l = await q.claimSlot(env.db, env.queue, env.consumer, this.slot, env.worker, env.leaseTtlMs, this.lease.token);
+      const l = await q.claimSlot(env.db, env.queue, env.consumer, this.slot, env.worker, env.leaseTtlMs, this.lease.token, session);
       if (l === null || l.epoch !== this.lease.epoch) this.fence("the renewal found another owner");
-      else this.renewed(start, env.leaseTtlMs);
+      else {
+        this.renewed(start, env.leaseTtlMs);
+        this.bound(session);
+      }
     } catch (err) {
       if (isPgqueError(mapError("", err), "lease_lost")) this.fence("the renewal was refused");
       else if (!this.ctl.signal.aborted) env.onError(mapError(`renewing the lease on slot ${this.slot}`, err));

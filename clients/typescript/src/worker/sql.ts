@@ -18,6 +18,8 @@ export interface Delivery {
 export interface Lease {
   epoch: string;
   token: string;
+  /** The backend pid of the LISTEN session the lease is bound to, 0 for none (claim_slot's session). */
+  session: number;
 }
 
 /** A failed event to be retried after delayMs, or dead-lettered when delayMs is null. */
@@ -41,6 +43,8 @@ export interface SlotLease {
   nslots: number;
   owner: string | null;
   live: boolean;
+  /** The lease is bound to its holder's session, which is gone: a claim takes it over soon. */
+  holderGone: boolean;
 }
 
 const ms = (n: number | null): string | null => (n === null ? null : `${Math.max(0, Math.round(n))} milliseconds`);
@@ -84,15 +88,20 @@ export async function slotPolicy(db: Executor, queue: string, consumer: string):
   return rows[0]?.policy ?? null;
 }
 
-/** claim_slot: a new lease (token null) or a renewal; null when another live lease holds the slot. */
-export async function claimSlot(db: Executor, queue: string, consumer: string, slot: number, worker: string, ttlMs: number, token: string | null): Promise<Lease | null> {
+/**
+ * claim_slot: a new lease (token null) or a renewal; null when another
+ * live lease holds the slot. session (0: none) binds the lease to that
+ * backend: the LISTEN session, whose end lets another claim take the lease
+ * before its TTL (design.md, "Dead holders").
+ */
+export async function claimSlot(db: Executor, queue: string, consumer: string, slot: number, worker: string, ttlMs: number, token: string | null, session = 0): Promise<Lease | null> {
   const { rows } = await db.query<{ epoch: string | null; token: string | null }>(
-    `select epoch, token::text as token from pgque.claim_slot($1::text, $2::text, $3::int, $4::text, $5::interval, $6::uuid)`,
-    [queue, consumer, slot, worker, ms(ttlMs), token],
+    `select epoch, token::text as token from pgque.claim_slot($1::text, $2::text, $3::int, $4::text, $5::interval, $6::uuid, $7::int)`,
+    [queue, consumer, slot, worker, ms(ttlMs), token, session === 0 ? null : session],
   );
   const r = rows[0];
   if (!r || r.epoch === null || r.token === null) return null;
-  return { epoch: String(r.epoch), token: r.token };
+  return { epoch: String(r.epoch), token: r.token, session };
 }
 
 export async function releaseSlot(db: Executor, queue: string, consumer: string, slot: number, worker: string, token: string): Promise<void> {
@@ -157,7 +166,7 @@ export async function releaseStaleHolds(db: Executor, queue: string, consumer: s
 
 export async function slotLeases(db: Executor, queue: string, consumer: string): Promise<SlotLease[]> {
   const { rows } = await db.query<SlotLease>(
-    `select slot, nslots, owner, coalesce(lease_until operator(pg_catalog.>) pg_catalog.now(), false) as live
+    `select slot, nslots, owner, coalesce(lease_until operator(pg_catalog.>) pg_catalog.now(), false) as live, holder_gone as "holderGone"
        from pgque.partition_slot_leases where queue operator(pg_catalog.=) $1::text and consumer operator(pg_catalog.=) $2::text order by slot`,
     [queue, consumer],
   );
