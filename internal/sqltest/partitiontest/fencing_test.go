@@ -370,3 +370,74 @@ func TestCompletionHoldsTakeoverNotOwner(t *testing.T) {
 		t.Fatal("the takeover still waits after the completion committed")
 	}
 }
+
+// TestHeldCompletionRacingTheSettle: a key lane's handler completes its
+// event (complete_partitioned_in_tx) while the slot's settle holds that key
+// and acknowledges the chunk in one transaction. Whichever it sees, the
+// chunk still out or the hold, the completion is proved. The two were read
+// under two snapshots, the hold first: a settle that committed between the
+// two looks refused the event with PQ035 (a spurious failure, seen about
+// once in 6 000 transactional handler calls). The test makes the
+// completion's read of the slot's state wait until the settle committed,
+// through a stand-in for pgque._sub_state that sleeps first in sessions
+// that ask it to.
+func TestHeldCompletionRacingTheSettle(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 1)
+	k := "k"
+	d.send("q", &k)
+	d.send("q", &k)
+	d.tick("q")
+	s := d.claimAll("q", "c", 1, "w", 10)[0]
+	m := mustReceive(t, d.pool, s)
+	if len(m) != 2 {
+		t.Fatalf("received %v, want both events", m)
+	}
+	token := tokenFor(t, d.pool, "q", "c", 0, "w")
+	// The stand-in: the same read, after a wait the session asks for.
+	d.exec(`alter function pgque._sub_state(integer) rename to _sub_state_real`)
+	d.exec(`create function pgque._sub_state(i_sub integer) returns pgque.sub_state language plpgsql volatile
+		set search_path = pg_catalog, pg_temp as $$
+		begin
+		    if current_setting('pgque_test.wait_state', true) = 'on' then
+		        perform pg_catalog.pg_sleep(1);
+		    end if;
+		    return pgque._sub_state_real(i_sub);
+		end $$`)
+
+	handler := pgtest.Conn(t, d.dsn)
+	if _, err := handler.Exec(ctx, "set pgque_test.wait_state = on"); err != nil {
+		t.Fatal(err)
+	}
+	completed := pgtest.Async(func() (struct{}, error) {
+		_, err := handler.Exec(ctx, "select pgque.complete_partitioned_in_tx('q', 'c', 0, 1, 'w', $1::uuid, $2, $3, $4)",
+			token, m[0].Epoch, m[0].Batch, m[0].ID)
+		return struct{}{}, err
+	})
+	pgtest.WaitFor(t, 10*time.Second, "the completion to wait in its read of the state", func() bool {
+		return one[bool](t, d.pool, "select exists (select from pg_stat_activity where wait_event = 'PgSleep')")
+	})
+	// The settle: hold the key from its running event on, and acknowledge
+	// the chunk, in one transaction.
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "select pgque.hold_key_partitioned('q', 'c', 0, 1, 'w', $1::uuid, $2, $3, 'k', $4)",
+		token, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fencedAck(ctx, tx, s, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-completed; r.Err != nil {
+		t.Fatalf("the held key's completion beside the settle: %v", r.Err)
+	}
+}

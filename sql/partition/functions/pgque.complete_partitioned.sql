@@ -44,14 +44,22 @@ begin
         l := pgque._lease(i_queue, i_consumer, i_slot); -- raises the error that says why
     end if;
     perform pgque._refuse_unproved(l, i_worker, i_token);
-    -- A held key's event (its lane runs on after the chunk's ack) is
-    -- proved by the hold its epoch took; any other by the chunk.
+    -- An event is proved by the chunk it came in; a held key's event (its
+    -- lane runs on after the chunk's ack) by the hold its epoch took. The
+    -- chunk is looked at first: the hold is taken in the transaction that
+    -- acknowledges the chunk, so a look at the hold that comes after the
+    -- chunk was found acknowledged sees it. The other order read them
+    -- under two snapshots, and a settle that committed between the two
+    -- refused a held key's event with PQ035.
     if i_epoch is distinct from l.sl_epoch
-       or not exists (select 1 from pgque.deferred d
-                        join pgque.key_block b on b.kb_sub = d.ev_owner and b.kb_kid = d.ev_group
-                       where d.ev_owner = l.sl_sub and d.ev_id = i_msg_id
-                         and b.kb_state = 'inflight' and b.kb_epoch = i_epoch) then
-        perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id);
+       or not pgque._in_chunk(pgque._sub_state(l.sl_sub), i_batch_id, i_msg_id) then
+        if i_epoch is distinct from l.sl_epoch
+           or not exists (select 1 from pgque.deferred d
+                            join pgque.key_block b on b.kb_sub = d.ev_owner and b.kb_kid = d.ev_group
+                           where d.ev_owner = l.sl_sub and d.ev_id = i_msg_id
+                             and b.kb_state = 'inflight' and b.kb_epoch = i_epoch) then
+            perform pgque._check_delivery(l, i_epoch, i_batch_id, i_msg_id); -- raises what is wrong
+        end if;
     end if;
     perform pgque._done_record(l.sl_sub, i_batch_id, i_msg_id);
 end;
