@@ -505,3 +505,65 @@ func TestLanesHoldFailureFallsBackToBarrier(t *testing.T) {
 		t.Fatal("a key is held although holding failed")
 	}
 }
+
+// TestHotLaneKeepsItsPlace: a hot key's lane keeps its place among
+// MaxWorkers between its events, so a chunk of many cold keys does not
+// slow it to one event per turn of all of their lanes (a backlog being
+// caught up). With two places, the hot lane keeps one and the cold lanes
+// share the other: the hot key's tenth event starts about when the tenth
+// cold one does, where giving the place back after each event queued its
+// second event behind all 39 waiting cold lanes.
+func TestHotLaneKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	startTicker(t, env.client)
+	var mu sync.Mutex
+	var starts []string
+	done := make(chan struct{})
+	var keys []string
+	for i := range 10 {
+		keys = append(keys, "hot", fmt.Sprintf("c%d", 4*i), fmt.Sprintf("c%d", 4*i+1), fmt.Sprintf("c%d", 4*i+2), fmt.Sprintf("c%d", 4*i+3))
+	}
+	p := startProcess(t, env, pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 1, MaxWorkers: 2, BatchSize: 100,
+		ClaimInterval: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+		Handler: func(ctx context.Context, m *pgque.Message) error {
+			mu.Lock()
+			starts = append(starts, m.PartitionKey)
+			if len(starts) == len(keys) {
+				close(done)
+			}
+			mu.Unlock()
+			return sleepCtx(ctx, 10*time.Millisecond)
+		},
+	})
+	pgtest.WaitFor(t, 10*time.Second, "the slot claimed", func() bool { return len(p.pc.OwnedSlots()) == 1 })
+	events := make([]pgque.Event, len(keys))
+	for i, k := range keys {
+		events[i] = pgque.Event{Type: "e", Payload: i, PartitionKey: k}
+	}
+	if _, err := env.client.SendBatch(ctx, env.queue, events); err != nil { // one transaction: one chunk
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the events were not all handled")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	hot, cold := 0, 0
+	for _, k := range starts {
+		if k == "hot" {
+			if hot++; hot == 10 {
+				break
+			}
+		} else {
+			cold++
+		}
+	}
+	if cold > 20 {
+		t.Fatalf("the hot key's last event started after %d of the 40 cold ones: %v", cold, starts)
+	}
+}

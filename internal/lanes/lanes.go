@@ -492,7 +492,7 @@ func (s *Slot[M, K]) settleHeld(ctx context.Context, ln *lane[M, K]) {
 // runLane runs one lane's handlers from msgs[from] on (from > 0: the
 // earlier ones ran, or were abandoned, in the chunk's inline start), then
 // reports on doneCh or, when its key was held, settles the key.
-func (s *Slot[M, K]) runLane(ctx context.Context, ln *lane[M, K], from int, pause bool, doneCh chan<- *lane[M, K]) {
+func (s *Slot[M, K]) runLane(ctx context.Context, ln *lane[M, K], from int, pause, placed bool, doneCh chan<- *lane[M, K]) {
 	if from == 0 && ln.prev != nil {
 		select {
 		case <-ln.prev.done:
@@ -507,16 +507,22 @@ func (s *Slot[M, K]) runLane(ctx context.Context, ln *lane[M, K], from int, paus
 		stop = ln.next < from || (pause && ln.results[from-1] != nil)
 		ln.mu.Unlock()
 	}
+	// The lane takes its places for its first event (or is handed the
+	// inline run's, placed) and keeps them until it ends. Giving them back
+	// after each event sent it to the back of the semaphores' queues: with
+	// hundreds of keys' lanes waiting (a backlog being caught up), a hot
+	// key ran one event per turn of all of them, and its chunk, which ends
+	// with its longest lane, took as long.
 	for i := from; i < len(ln.msgs) && !stop; i++ {
 		m := ln.msgs[i]
-		if !s.acquire(ctx) {
+		if !placed && !s.acquire(ctx) {
 			break
 		}
+		placed = true
 		ln.mu.Lock()
 		ln.started, ln.running = time.Now(), true
 		ln.mu.Unlock()
 		err := s.host.Run(ctx, m)
-		s.release()
 		ln.mu.Lock()
 		ln.running = false
 		if ctx.Err() == nil {
@@ -525,6 +531,9 @@ func (s *Slot[M, K]) runLane(ctx context.Context, ln *lane[M, K], from int, paus
 		}
 		ln.mu.Unlock()
 		stop = ctx.Err() != nil || (err != nil && pause)
+	}
+	if placed {
+		s.release()
 	}
 	ln.mu.Lock()
 	ln.finished = true
@@ -644,7 +653,7 @@ func (s *Slot[M, K]) runInline(ctx context.Context, in *inlineRun[M, K], doneCh 
 		}
 		in.mu.Unlock()
 		if ln != nil {
-			s.release()
+			// The running key's lane goes on under the run's places.
 			in.end(false)
 			ln.mu.Lock()
 			ln.running = false
@@ -652,7 +661,7 @@ func (s *Slot[M, K]) runInline(ctx context.Context, in *inlineRun[M, K], doneCh 
 				ln.results[0], ln.next = err, 1
 			}
 			ln.mu.Unlock()
-			s.runLane(ctx, ln, 1, in.pause, doneCh)
+			s.runLane(ctx, ln, 1, in.pause, true, doneCh)
 			return
 		}
 		if ctx.Err() != nil {
@@ -788,7 +797,7 @@ func (s *Slot[M, K]) split(ctx context.Context, in *inlineRun[M, K], now time.Ti
 	head.running, head.started = true, in.started
 	in.handoff = head
 	for _, ln := range lanes[2:] {
-		go s.runLane(ctx, ln, 0, in.pause, doneCh)
+		go s.runLane(ctx, ln, 0, in.pause, false, doneCh)
 	}
 	return split[M, K]{lanes: lanes}
 }

@@ -320,3 +320,26 @@ test("a tick wakes only the slots it touched: one keyed event per tick calls on 
   assert.ok(touched >= 30, `slots 0..3 made ${touched} receive calls for 30 events`);
   await w.stop();
 });
+
+test("a hot key's lane keeps its place between its events: a chunk of many cold keys does not slow it to one event per turn of all of them", async (t) => {
+  const db = await setup(t, "hotlane");
+  const starts: string[] = [];
+  const w = db.track(await work(db.pool, { ...fast, queue: "hotlane", consumer: "c", slots: 1, concurrency: 2, batchSize: 100 },
+    async (m: Message) => {
+      starts.push(m.key!);
+      await new Promise((r) => setTimeout(r, 10));
+    }));
+  await waitFor("the slot claimed", () => w.ownedSlots().length === 1);
+  // One transaction, so one chunk: the hot key's 10 events among 40 cold keys.
+  const keys: string[] = [];
+  for (let i = 0; i < 10; i++) keys.push("hot", `c${4 * i}`, `c${4 * i + 1}`, `c${4 * i + 2}`, `c${4 * i + 3}`);
+  await sendKeyed(db.pool, "hotlane", keys, 1);
+  await waitFor("every event handled", () => starts.length === keys.length, 20_000);
+  // Two places: the hot lane keeps one and the cold lanes share the
+  // other, so the hot key's tenth event starts about when the tenth cold
+  // one does. Were the place given back after each event, the hot key's
+  // second event would queue behind all 39 waiting cold lanes.
+  const tenthHot = starts.reduce((at, k, i) => (k === "hot" && starts.slice(0, i + 1).filter((x) => x === "hot").length === 10 ? i : at), -1);
+  const coldBefore = starts.slice(0, tenthHot).filter((k) => k !== "hot").length;
+  assert.ok(coldBefore <= 20, `the hot key's last event started after ${coldBefore} of the 40 cold ones (order ${starts.join(",")})`);
+});

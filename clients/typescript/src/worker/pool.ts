@@ -507,6 +507,13 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     const err = new HandlersStillRunningError(running, ABANDON_WAIT_MS);
     abandonCtl.abort(err);
     onError(err);
+    // The abandoned handlers may go on: their slots' leases keep their TTL
+    // rather than end a sixth of it after the LISTEN session closes below
+    // (design.md, "Dead holders"), bounded as the rest of kill() is.
+    const stuck = [...runners.values()].filter((r) => r.running().length > 0);
+    let u: NodeJS.Timeout | undefined;
+    await Promise.race([Promise.all(stuck.map((r) => r.unbind())), new Promise((r) => (u = setTimeout(r, ABANDON_WAIT_MS)))]);
+    clearTimeout(u);
     // What finish() would do last; it may still be waiting for the
     // coordinator or a runner, and then does it again (both are idempotent).
     clearInterval(keeper);

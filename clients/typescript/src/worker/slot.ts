@@ -297,6 +297,24 @@ export class SlotRunner {
     await this.renew();
   }
 
+  /**
+   * Unbinds the lease from the LISTEN session, best effort: the lease then
+   * lasts its TTL whatever becomes of the session. The pool calls it for
+   * the slots whose handlers a hard stop abandoned before it closes the
+   * session, so that another worker does not get their keys while those
+   * handlers may still run.
+   */
+  async unbind(): Promise<void> {
+    const { env } = this;
+    if (this.lease.session === 0) return;
+    try {
+      await q.claimSlot(env.db, env.queue, env.consumer, this.slot, env.worker, env.leaseTtlMs, this.lease.token, 0);
+      this.lease = { ...this.lease, session: 0 };
+    } catch {
+      // The lease ends TTL/6 after the session does, as if the process had died.
+    }
+  }
+
   /** Renews the lease now, binding it to the current session (the pool calls it when a new one is up). */
   async renew(): Promise<void> {
     const { env } = this;
@@ -592,38 +610,52 @@ export class SlotRunner {
     }
   }
 
+  /**
+   * Runs a lane's events one after another under one place of the
+   * process's semaphore, taken for its first event and kept until the
+   * lane ends. Giving the place back after each event sent the lane to
+   * the back of the semaphore's queue: with hundreds of keys' lanes
+   * waiting (a backlog being caught up), a hot key ran one event per turn
+   * of all of them, a few events a second, and its chunk, which ends
+   * with its longest lane, took as long.
+   */
   private async runLane(lane: Lane, pause: boolean): Promise<void> {
     const { env } = this;
-    for (const m of lane.events) {
-      if (this.ctl.signal.aborted) return;
-      if (!env.sem.tryAcquire()) {
-        try {
-          await env.sem.acquire(this.ctl.signal);
-        } catch {
-          return;
+    let placed = false;
+    try {
+      for (const m of lane.events) {
+        if (this.ctl.signal.aborted) return;
+        if (!placed && !env.sem.tryAcquire()) {
+          try {
+            await env.sem.acquire(this.ctl.signal);
+          } catch {
+            return;
+          }
         }
+        placed = true;
+        let out: Outcome;
+        try {
+          lane.runningId = m.id;
+          lane.runningSince = Date.now();
+          out = await this.invoke(m);
+        } finally {
+          lane.runningSince = null;
+          lane.runningId = null;
+        }
+        if (this.ctl.signal.aborted) return;
+        const heldNow = lane.heldFrom !== null && BigInt(m.id) >= BigInt(lane.heldFrom);
+        if (out.ok) {
+          if (heldNow) lane.heldDone.push(m.id);
+          continue;
+        }
+        if (heldNow) lane.heldFailed.push(out.failure);
+        else lane.failures.push(out.failure);
+        // Under pause the key's later events wait for the failed one's retry
+        // (the nack or the settle defers them on the server).
+        if (pause) return;
       }
-      let out: Outcome;
-      try {
-        lane.runningId = m.id;
-        lane.runningSince = Date.now();
-        out = await this.invoke(m);
-      } finally {
-        lane.runningSince = null;
-        lane.runningId = null;
-        env.sem.release();
-      }
-      if (this.ctl.signal.aborted) return;
-      const heldNow = lane.heldFrom !== null && BigInt(m.id) >= BigInt(lane.heldFrom);
-      if (out.ok) {
-        if (heldNow) lane.heldDone.push(m.id);
-        continue;
-      }
-      if (heldNow) lane.heldFailed.push(out.failure);
-      else lane.failures.push(out.failure);
-      // Under pause the key's later events wait for the failed one's retry
-      // (the nack or the settle defers them on the server).
-      if (pause) return;
+    } finally {
+      if (placed) env.sem.release();
     }
   }
 
