@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { installScript, kindOf, mapError, PgqueError, RetryAfterError, retryAfter } from "../src/index.js";
+import { installScript, kindOf, mapError, PgqueError, RETRY_DELAY_MS_MAX, RetryAfterError, retryAfter } from "../src/index.js";
 
 // SQLSTATEs the SQL raises that have no kind of their own, as in the Go
 // library: PQ050 (no free subscription id) and PQ051 (a fifth distinct
@@ -37,6 +37,11 @@ test("RetryAfterError refuses a delay that is no number, and names swapped argum
   assert.equal(ok.cause, err);
   assert.equal(retryAfter(err, 250).delayMs, 250);
   assert.equal(new RetryAfterError(-1).delayMs, 0, "a delay that is not positive retries at once");
+  assert.equal(new RetryAfterError(NaN).delayMs, 0);
+  // The server refuses a retry past 30 days, and with it the settle of the event's chunk.
+  assert.equal(RETRY_DELAY_MS_MAX, 30 * 24 * 3600 * 1000);
+  assert.equal(retryAfter(err, 31 * 24 * 3600 * 1000).delayMs, RETRY_DELAY_MS_MAX);
+  assert.equal(new RetryAfterError(Infinity).delayMs, RETRY_DELAY_MS_MAX);
   // A JavaScript caller (or an `any`) can swap them; that must not read as "retry at once".
   const swapped = RetryAfterError as unknown as new (a: unknown, b?: unknown) => RetryAfterError;
   assert.throws(() => new swapped(err, 5000), (e: unknown) =>

@@ -4,7 +4,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { blockedKeys, deadLetter, deadLetters, HandlerTimeoutError, replayDeadLetterReport, retryAfter, work, type FailurePolicy, type Message, type WorkOptions } from "../src/index.js";
+import { blockedKeys, deadLetter, deadLetters, HandlerTimeoutError, replayDeadLetterReport, RETRY_DELAY_MS_MAX, retryAfter, work, type FailurePolicy, type Message, type WorkOptions } from "../src/index.js";
 import { gate, sendKeyed, setup } from "./worker_helpers.js";
 import { waitFor } from "./harness.js";
 
@@ -97,6 +97,34 @@ test("retryAfter() asks for its own delay instead of the retry delay", async (t)
   assert.equal(seen.length, 2);
   // The retry delay is 20 ms; the retry came no sooner than asked.
   assert.ok(seen[1]!.at - seen[0]!.at >= 700, `retried after ${seen[1]!.at - seen[0]!.at} ms`);
+});
+
+test("a retry delay past 30 days is shortened to 30 days, and its chunk settles once", async (t) => {
+  const db = await setup(t, "far");
+  const day = 24 * 3600 * 1000;
+  const attempts = new Map<string, number>();
+  const retryIn = new Map<string, number | null | undefined>();
+  const w = db.track(await work(db.pool, {
+    ...fast, queue: "far", consumer: "c", slots: 1, retryDelayMs: () => 40 * day,
+    onHandled: (m, r) => retryIn.set(m.key!, r.retryInMs),
+  }, async (m: Message) => {
+    attempts.set(m.id, (attempts.get(m.id) ?? 0) + 1);
+    if (m.key === "after") throw retryAfter(new Error("come back next month"), 31 * day);
+    if (m.key === "option") throw new Error("the retryDelayMs option's delay");
+  }));
+  const ids = await sendKeyed(db.pool, "far", ["after", "option", "a", "b", "c"], 2);
+  // The nacks commit with the chunk's acknowledgement: once both retries
+  // are stored, the chunk is settled. The server refused a delay past 30
+  // days, so the settle failed and the chunk ran again, all keys, for ever.
+  const retries = async () => (await db.pool.query<{ key: string; days: number }>(
+    `select ev_extra1 as key, extract(epoch from ev_retry_after - clock_timestamp())::float8 / 86400 as days
+       from pgque.retry_queue order by key`)).rows;
+  await waitFor("both failures stored as retries", async () => (await retries()).length === 4);
+  await waitFor("every other event handled", () => attempts.size === ids.length);
+  await w.stop();
+  for (const r of await retries()) assert.ok(r.days > 29.9 && r.days <= 30, `${r.key}: retry in ${r.days} days`);
+  assert.deepEqual([...attempts.values()].filter((n) => n !== 1), [], "no event ran twice");
+  assert.deepEqual(Object.fromEntries(retryIn), { after: RETRY_DELAY_MS_MAX, option: RETRY_DELAY_MS_MAX, a: undefined, b: undefined, c: undefined });
 });
 
 test("a handler past handlerTimeoutMs sees its signal aborted, and the event is retried", async (t) => {

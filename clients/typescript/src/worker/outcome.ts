@@ -11,8 +11,28 @@
 // and TypeScript workers treats a failure the same on either side.
 
 /**
+ * The longest retry delay the server accepts (30 days), as the Go
+ * library's RetryDelayMax. Longer delays, asked for with retryAfter() or
+ * returned by the retryDelayMs option, are shortened to it: the server
+ * refuses a nack past it, which failed the settle of the event's whole
+ * chunk, and the chunk ran again, every key's events, for ever.
+ */
+export const RETRY_DELAY_MS_MAX = 30 * 24 * 3600 * 1000;
+
+/**
+ * ms brought into [0, RETRY_DELAY_MS_MAX], as the Go library's
+ * clampRetryDelay: a delay that is not positive (or NaN) retries at once,
+ * one past the maximum (Infinity too) waits the maximum.
+ */
+export function clampRetryDelay(ms: number): number {
+  if (!(ms > 0)) return 0;
+  return Math.min(ms, RETRY_DELAY_MS_MAX);
+}
+
+/**
  * A failure that asks for the event to be redelivered after `delayMs`
- * (a delay that is not positive retries at once). The delay comes first
+ * (a delay that is not positive retries at once; one past
+ * RETRY_DELAY_MS_MAX, 30 days, waits that long). The delay comes first
  * here and second in retryAfter(err, ms); a delay that is no number is
  * refused with a TypeError, which then fails the event as any throw does,
  * rather than being read as "retry at once".
@@ -24,7 +44,7 @@ export class RetryAfterError extends Error {
       throw new TypeError(`RetryAfterError(delayMs, cause): delayMs must be a number of milliseconds, not ${typeof delayMs}` +
         (typeof cause === "number" ? " (the arguments are swapped: retryAfter(err, ms) takes the error first)" : ""));
     }
-    const ms = Number.isFinite(delayMs) && delayMs > 0 ? delayMs : 0;
+    const ms = clampRetryDelay(delayMs);
     super(`${describe(cause, "handler failed")} (retry after ${ms} ms)`, { cause });
     this.name = "RetryAfterError";
     this.delayMs = ms;

@@ -33,7 +33,7 @@ import { checkout, type ConnectionSource } from "../executor.js";
 import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { makePlan } from "./fairshare.js";
 import { hintTag, Listener, listenFrom, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
-import { HandlersStillRunningError, WorkerKilledError } from "./outcome.js";
+import { clampRetryDelay, HandlersStillRunningError, WorkerKilledError } from "./outcome.js";
 import { defaultRetryDelay, SlotRunner, type HandleCounters, type HandleResult, type Handler, type SlotEnv } from "./slot.js";
 import type { Message } from "./message.js";
 import * as q from "./sql.js";
@@ -79,7 +79,10 @@ export interface WorkOptions<P = unknown> {
   claimIntervalMs?: number;
   /** Poll period of an idle slot when no tick wakes it (±20%). Default 1 s. */
   pollIntervalMs?: number;
-  /** The delay before a failed event's retry. Default 1 s doubled per retry, capped at 10 min, ±10%. */
+  /**
+   * The delay before a failed event's retry. Default 1 s doubled per retry,
+   * capped at 10 min, ±10%. Brought into 0 to RETRY_DELAY_MS_MAX (30 days).
+   */
   retryDelayMs?: (retryCount: number) => number;
   /** How long the stragglers of a chunk run before their keys are held. Default 50 ms. */
   holdAfterMs?: number;
@@ -219,6 +222,16 @@ function positive(name: string, v: number | undefined, def: number, min = 1): nu
 }
 
 /**
+ * The retryDelayMs option with its delays clamped into [0,
+ * RETRY_DELAY_MS_MAX]: one the server refuses would fail the settle of its
+ * event's whole chunk, again on every run of the chunk.
+ */
+function retryDelayOption(f: ((retryCount: number) => number) | undefined): (retryCount: number) => number {
+  if (f === undefined) return defaultRetryDelay;
+  return (retryCount) => clampRetryDelay(f(retryCount));
+}
+
+/**
  * The N work() subscribes and works: the configured one, or the consumer's
  * current N when the configured one is an N the consumer had before a
  * resize or the one it is being resized to (a process deployed with either
@@ -301,7 +314,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     handlerTimeoutMs: opts.handlerTimeoutMs ?? 0,
     holdAfterMs: positive("holdAfterMs", opts.holdAfterMs, 50, 1),
     maxHeldEvents: 10 * positive("batchSize", opts.batchSize, 1000),
-    retryDelayMs: opts.retryDelayMs ?? defaultRetryDelay,
+    retryDelayMs: retryDelayOption(opts.retryDelayMs),
     handler: handler as Handler,
     sem: new Semaphore(positive("concurrency", opts.concurrency, CONCURRENCY_DEFAULT)),
     fetch: fetchCtl.signal,
