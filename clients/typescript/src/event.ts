@@ -114,7 +114,7 @@ export function jsonbRefuses(s: string): boolean {
 const unstorableChar = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
 /** What in s PostgreSQL text cannot hold as given, or null. */
-function unstorable(s: string): string | null {
+export function unstorable(s: string): string | null {
   const m = unstorableChar.exec(s);
   if (m === null) return null;
   return m[0] === "\u0000" ? "a NUL character" : "a lone surrogate";

@@ -39,7 +39,8 @@ import type { Message } from "./message.js";
 import * as q from "./sql.js";
 import { Semaphore, Wake } from "./sync.js";
 import type { FailurePolicy } from "../admin.js";
-import { defaultWorkerId } from "../workerid.js";
+import { defaultWorkerId, WORKER_ID_MAX_BYTES } from "../workerid.js";
+import { unstorable } from "../event.js";
 
 
 /** P is the payload type the handler expects, as in work<P>; onHandled sees the same. */
@@ -67,26 +68,29 @@ export interface WorkOptions<P = unknown> {
    * holds a connection; txSpare).
    */
   concurrency?: number;
-  /** Aborts a handler's signal after this long and fails the event (0: none). Default 0. */
+  /**
+   * Aborts a handler's signal after this long and fails the event. Default
+   * 0: none, as is Infinity; at most 2^31 − 1 ms (what a timer can wait).
+   */
   handlerTimeoutMs?: number;
-  /** Events received per chunk. Default 1000. */
+  /** Events received per chunk, an integer from 1 to 100 000. Default 1000. */
   batchSize?: number;
-  /** Most slots this worker works at once. Default N, whatever N becomes. */
+  /** Most slots this worker works at once (an integer). Default N, whatever N becomes. */
   maxActiveSlots?: number;
-  /** Slot lease lifetime. Default 30 s, at least 1 s. */
+  /** Slot lease lifetime, 1 s to 1 day. Default 30 s. */
   leaseTtlMs?: number;
-  /** Claim loop period (±20%). Default 1 s. */
+  /** Claim loop period (±20%), 10 ms to 200 s (a presence lasts three). Default 1 s. */
   claimIntervalMs?: number;
-  /** Poll period of an idle slot when no tick wakes it (±20%). Default 1 s. */
+  /** Poll period of an idle slot when no tick wakes it (±20%), 10 ms to 1 day. Default 1 s. */
   pollIntervalMs?: number;
   /**
    * The delay before a failed event's retry. Default 1 s doubled per retry,
    * capped at 10 min, ±10%. Brought into 0 to RETRY_DELAY_MS_MAX (30 days).
    */
   retryDelayMs?: (retryCount: number) => number;
-  /** How long the stragglers of a chunk run before their keys are held. Default 50 ms. */
+  /** How long the stragglers of a chunk run before their keys are held, 1 ms to 1 day. Default 50 ms. */
   holdAfterMs?: number;
-  /** The worker's id, shown in leases and status. Default host-pid-random. */
+  /** The worker's id, shown in leases and status, 1 to 200 bytes of UTF-8. Default host-pid-random. */
   workerId?: string;
   /**
    * Opens the dedicated LISTEN connection. Default: a pg.Client with the
@@ -215,9 +219,69 @@ export const CONCURRENCY_DEFAULT = 256;
  */
 export const ABANDON_WAIT_MS = 1000;
 
-function positive(name: string, v: number | undefined, def: number, min = 1): number {
+/** The longest delay setTimeout keeps: a longer one (Infinity too) fires after 1 ms. */
+const TIMER_MS_MAX = 2 ** 31 - 1;
+/** The largest chunk the server delivers (receive_partitioned_raw's max), as Go's BatchSizeMax. */
+const BATCH_SIZE_MAX = 100_000;
+/** The largest slot count N the server accepts (subscribe_slot), as Go's SlotsMax. */
+const SLOTS_MAX = 1024;
+/**
+ * The shortest slot lease work() takes (leases are renewed at a fraction
+ * of it), as Go's LeaseTTLMin, and the longest the server grants
+ * (claim_slot), as Go's LeaseTTLMax.
+ */
+const LEASE_TTL_MS_MIN = 1000;
+const LEASE_TTL_MS_MAX = 24 * 3600 * 1000;
+/**
+ * The longest claim interval: a worker's presence lasts three of them, and
+ * announce_worker accepts at most 10 minutes.
+ */
+const CLAIM_INTERVAL_MS_MAX = 200_000;
+/** The longest poll interval and holdAfterMs: a day, well within what a timer can wait with its jitter. */
+const WAIT_MS_MAX = 24 * 3600 * 1000;
+
+/** v as an error message shows it: a string is said to be one ("4" is no 4). */
+function shown(v: unknown): string {
+  if (typeof v === "string") return `the string ${JSON.stringify(v)}`;
+  if (typeof v === "number" || typeof v === "boolean" || v === null || v === undefined) return String(v);
+  return `a${typeof v === "object" ? "n" : ""} ${typeof v}`;
+}
+
+/**
+ * Option name of work(): def when absent, else v when it is a number from
+ * min to max (an integer when integer is set); otherwise a PgqueError of
+ * kind invalid_argument naming the option and the value. Checked before
+ * the database is touched: a value the server refuses (batchSize 1.5,
+ * leaseTtlMs 1e12) failed every receive or claim for ever instead, and a
+ * value past TIMER_MS_MAX made its timer fire after 1 ms.
+ */
+function numberOption(name: string, v: unknown, def: number, min: number, max: number, integer = false): number {
   if (v === undefined) return def;
-  if (!Number.isFinite(v) || v < min) throw new PgqueError(`work: ${name} must be a number of at least ${min}, not ${v}`, "invalid_argument");
+  if (typeof v !== "number" || !(v >= min && v <= max) || (integer && !Number.isInteger(v))) {
+    throw new PgqueError(`work: ${name} must be ${integer ? "an integer" : "a number"} from ${min} to ${max}, not ${shown(v)}`, "invalid_argument");
+  }
+  return v;
+}
+
+/**
+ * handlerTimeoutMs as the runner takes it: 0 for none (absent, 0 or
+ * Infinity), else a delay setTimeout can wait.
+ */
+function handlerTimeoutOption(v: unknown): number {
+  if (v === undefined || v === Infinity) return 0;
+  return numberOption("handlerTimeoutMs", v, 0, 0, TIMER_MS_MAX);
+}
+
+/** workerId: 1 to WORKER_ID_MAX_BYTES bytes of UTF-8 that PostgreSQL text stores as given. */
+function workerIdOption(v: unknown): string {
+  if (v === undefined) return defaultWorkerId();
+  if (typeof v !== "string") throw new PgqueError(`work: workerId must be a string, not ${shown(v)}`, "invalid_argument");
+  const bytes = Buffer.byteLength(v);
+  if (bytes === 0 || bytes > WORKER_ID_MAX_BYTES) {
+    throw new PgqueError(`work: workerId must be 1 to ${WORKER_ID_MAX_BYTES} bytes of UTF-8, not ${bytes}`, "invalid_argument");
+  }
+  const bad = unstorable(v);
+  if (bad !== null) throw new PgqueError(`work: workerId holds ${bad}, which PostgreSQL text cannot store as given`, "invalid_argument");
   return v;
 }
 
@@ -258,14 +322,20 @@ async function startSlots(db: ConnectionSource, queue: string, consumer: string,
  * order and one at a time. Resolves once the slots are subscribed.
  */
 export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, handler: Handler<P>): Promise<Worker> {
-  const configured = positive("slots", opts.slots, NaN);
-  if (!Number.isInteger(configured)) throw new PgqueError(`work: slots must be an integer, not ${configured}`, "invalid_argument");
+  if (opts.slots === undefined) throw new PgqueError("work: slots (the consumer's slot count) is required", "invalid_argument");
+  const configured = numberOption("slots", opts.slots, NaN, 1, SLOTS_MAX, true);
   if (opts.failurePolicy !== undefined && opts.failurePolicy !== "skip" && opts.failurePolicy !== "pause") {
     throw new PgqueError(`work: failurePolicy must be "skip" or "pause", not ${String(opts.failurePolicy)}`, "invalid_argument");
   }
-  const leaseTtlMs = positive("leaseTtlMs", opts.leaseTtlMs, 30_000, 1000);
-  const claimIntervalMs = positive("claimIntervalMs", opts.claimIntervalMs, 1000, 10);
-  const worker = opts.workerId ?? defaultWorkerId();
+  const leaseTtlMs = numberOption("leaseTtlMs", opts.leaseTtlMs, 30_000, LEASE_TTL_MS_MIN, LEASE_TTL_MS_MAX);
+  const claimIntervalMs = numberOption("claimIntervalMs", opts.claimIntervalMs, 1000, 10, CLAIM_INTERVAL_MS_MAX);
+  const batchSize = numberOption("batchSize", opts.batchSize, 1000, 1, BATCH_SIZE_MAX, true);
+  const pollIntervalMs = numberOption("pollIntervalMs", opts.pollIntervalMs, 1000, 10, WAIT_MS_MAX);
+  const holdAfterMs = numberOption("holdAfterMs", opts.holdAfterMs, 50, 1, WAIT_MS_MAX);
+  const handlerTimeoutMs = handlerTimeoutOption(opts.handlerTimeoutMs);
+  const concurrency = numberOption("concurrency", opts.concurrency, CONCURRENCY_DEFAULT, 1, Number.MAX_SAFE_INTEGER, true);
+  const maxActiveOpt = numberOption("maxActiveSlots", opts.maxActiveSlots, Infinity, 1, Number.MAX_SAFE_INTEGER, true);
+  const worker = workerIdOption(opts.workerId);
   const report = opts.onError ?? ((err: unknown) => console.warn("pgque worker:", err));
   const counters: HandleCounters = { handled: 0, failed: 0, running: 0 };
   let errors = 0;
@@ -308,15 +378,15 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     queue: opts.queue,
     consumer: opts.consumer,
     worker,
-    batchSize: positive("batchSize", opts.batchSize, 1000),
+    batchSize,
     leaseTtlMs,
-    pollIntervalMs: positive("pollIntervalMs", opts.pollIntervalMs, 1000, 10),
-    handlerTimeoutMs: opts.handlerTimeoutMs ?? 0,
-    holdAfterMs: positive("holdAfterMs", opts.holdAfterMs, 50, 1),
-    maxHeldEvents: 10 * positive("batchSize", opts.batchSize, 1000),
+    pollIntervalMs,
+    handlerTimeoutMs,
+    holdAfterMs,
+    maxHeldEvents: 10 * batchSize,
     retryDelayMs: retryDelayOption(opts.retryDelayMs),
     handler: handler as Handler,
-    sem: new Semaphore(positive("concurrency", opts.concurrency, CONCURRENCY_DEFAULT)),
+    sem: new Semaphore(concurrency),
     fetch: fetchCtl.signal,
     kill: killCtl.signal,
     abandoned: abandonCtl.signal,
@@ -342,8 +412,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     counters,
     session: () => listener?.sessionPid ?? 0,
   };
-  const maxActiveOpt = opts.maxActiveSlots === undefined ? undefined : positive("maxActiveSlots", opts.maxActiveSlots, 1);
-  const maxActive = () => Math.min(nslots, maxActiveOpt ?? nslots);
+  const maxActive = () => Math.min(nslots, maxActiveOpt);
 
   /**
    * Reads the consumer's N and, when it changed, works the new one: the
