@@ -1,4 +1,4 @@
-// work()'s options: a value the server or a timer
+// work()'s options and stop()'s timeout: a value the server or a timer
 // cannot take is refused at once, naming the option and the value, rather
 // than failing every receive or claim for ever (the server refuses it) or
 // firing its timer after 1 ms (setTimeout clamps anything past 2^31 − 1 ms,
@@ -65,4 +65,44 @@ test("handlerTimeoutMs: Infinity is no timeout, and 2^31 − 1 ms is a timeout t
     await w.stop();
     assert.deepEqual(aborted, [false], `handlerTimeoutMs ${handlerTimeoutMs}`);
   }
+});
+
+test("stop({ timeoutMs: Infinity }) waits for the handler without limit, as does one past 2^31 − 1 ms", async (t) => {
+  const db = await setup(t, "sto");
+  for (const timeoutMs of [Infinity, 2 ** 31, 1e15]) {
+    const started = gate();
+    const release = gate();
+    const signals: AbortSignal[] = [];
+    const handled: string[] = [];
+    const w = db.track(await work(db.pool, { ...fast, queue: "sto", consumer: "c", slots: 1 }, async (m: Message, { signal }) => {
+      signals.push(signal);
+      started.open();
+      await release.wait;
+      handled.push(m.id);
+    }));
+    const [id] = await sendKeyed(db.pool, "sto", ["k"], 1);
+    await started.wait;
+    const stopping = w.stop({ timeoutMs });
+    // A timeout setTimeout clamped to 1 ms made the stop a kill by now.
+    await new Promise((r) => setTimeout(r, 20));
+    assert.equal(signals[0]!.aborted, false, `stop({ timeoutMs: ${timeoutMs} }) aborted the handler: ${String(signals[0]!.reason)}`);
+    release.open();
+    await stopping;
+    assert.deepEqual(handled, [id]);
+    const { rows } = await db.pool.query("select owner from pgque.partition_slot_leases");
+    assert.deepEqual(rows, [{ owner: null }], "a graceful stop released the lease");
+  }
+});
+
+test("stop() refuses a negative or NaN timeoutMs and stops nothing", async (t) => {
+  const db = await setup(t, "stn");
+  const got = gate();
+  const w = db.track(await work(db.pool, { ...fast, queue: "stn", consumer: "c", slots: 1 }, () => got.open()));
+  for (const timeoutMs of [-1, NaN, "100" as unknown as number]) {
+    await assert.rejects(w.stop({ timeoutMs }), (err) => isPgqueError(err, "invalid_argument") && /timeoutMs/.test((err as Error).message), String(timeoutMs));
+  }
+  // Still working: it handles what comes after.
+  await sendKeyed(db.pool, "stn", ["k"], 1);
+  await got.wait;
+  await w.stop({ timeoutMs: 0 });
 });

@@ -165,8 +165,10 @@ export interface StopOptions {
   /**
    * A graceful stop that has not finished after this long turns hard
    * (kill()), so the stop resolves at most ABANDON_WAIT_MS later even when
-   * a handler ignores its signal. Without it a graceful stop waits for
-   * every handler to return, however long that takes.
+   * a handler ignores its signal. Without it (or with Infinity, or more
+   * than 2^31 − 1 ms, which no timer can wait) a graceful stop waits for
+   * every handler to return, however long that takes. A negative or NaN
+   * one makes stop() reject with kind invalid_argument, stopping nothing.
    */
   timeoutMs?: number;
 }
@@ -186,7 +188,8 @@ export interface Worker {
    * Stops fetching, lets each slot finish and acknowledge its chunk in
    * flight and settle its held keys, releases the leases. Idempotent. With
    * timeoutMs it turns into kill() when not done by then, and resolves as
-   * kill() does; it never rejects.
+   * kill() does; it rejects only for a timeoutMs that is no delay
+   * (StopOptions.timeoutMs), before stopping anything.
    */
   stop(opts?: StopOptions): Promise<void>;
   /**
@@ -282,6 +285,21 @@ function workerIdOption(v: unknown): string {
   }
   const bad = unstorable(v);
   if (bad !== null) throw new PgqueError(`work: workerId holds ${bad}, which PostgreSQL text cannot store as given`, "invalid_argument");
+  return v;
+}
+
+/**
+ * stop()'s timeoutMs as a timer takes it, or undefined for no limit:
+ * absent, Infinity, or longer than a timer can wait (24.8 days: no stop
+ * waits that long with a limit in mind; setTimeout turned it into 1 ms,
+ * and the stop into a kill). A negative or NaN one is refused (a kill at
+ * once is stop({ graceful: false })), before anything is stopped.
+ */
+function stopTimeout(v: unknown): number | undefined {
+  if (v === undefined || (typeof v === "number" && v > TIMER_MS_MAX)) return undefined;
+  if (typeof v !== "number" || !(v >= 0)) {
+    throw new PgqueError(`worker.stop: timeoutMs must be a number of milliseconds of at least 0 (or Infinity: no limit), not ${shown(v)}`, "invalid_argument");
+  }
   return v;
 }
 
@@ -608,14 +626,15 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     ownedSlots,
     stats: () => ({ ...counters, errors, lastError, ownedSlots: ownedSlots() }),
     async stop(so: StopOptions = {}) {
+      const timeoutMs = stopTimeout(so.timeoutMs);
       // After a kill, finish() may wait for an abandoned handler forever.
       if (so.graceful === false || killCtl.signal.aborted) return kill();
       fetchCtl.abort();
       for (const r of runners.values()) r.wake();
       stopped ??= finish();
-      if (so.timeoutMs === undefined) return stopped;
+      if (timeoutMs === undefined) return stopped;
       let t: NodeJS.Timeout | undefined;
-      const timedOut = new Promise<boolean>((r) => (t = setTimeout(() => r(true), so.timeoutMs)));
+      const timedOut = new Promise<boolean>((r) => (t = setTimeout(() => r(true), timeoutMs)));
       const late = await Promise.race([stopped.then(() => false), timedOut]);
       clearTimeout(t);
       if (late) await kill();
