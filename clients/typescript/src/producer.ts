@@ -96,10 +96,14 @@ export async function sendEncoded(exec: Executor, queue: string, events: readonl
  * (the server's error names none: it checks the batch in one statement),
  * or -1: for 22P02 and 22P05, the first whose payload is not JSON, or is
  * JSON with an escape jsonb refuses (a lone surrogate, \u0000: what
- * JSON.stringify escapes again after a parse); for 54001, the most deeply
- * nested; for 54000, the longest. Runs only after a refusal.
+ * JSON.stringify escapes again after a parse); for 22021, the first whose
+ * payload holds a NUL character as such (a json text can; encode() refused
+ * one in a type or key, and JSON.stringify escapes it in a payload); for
+ * 54001, the most deeply nested; for 54000, the longest. Runs only after a
+ * refusal. (A dedup key's PQ063 names its event itself.)
  */
 export function refusedEvent(events: readonly Encoded[], code: string): number {
+  if (code === "22021") return events.findIndex((e) => e.payload.includes("\u0000"));
   if (code === "22P02" || code === "22P05") {
     return events.findIndex((e) => {
       let v: unknown;

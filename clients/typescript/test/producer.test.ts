@@ -173,6 +173,7 @@ test("a batch the server refuses names the event it refused", async () => {
     ["invalid JSON", [ok, ok, { json: '{"a": ' }, ok], 2, "22P02"],
     ["a \\u0000 escape", [ok, { json: '["\\u0000"]' }, ok], 1, "22P05"],
     ["a lone surrogate escape", [{ json: '["\\ud83d\\ude00"]' }, { json: '["\\uD83D"]' }], 1, "22P02"],
+    ["a NUL character in json text", [ok, ok, { json: '"a\u0000b"' }], 2, "22021"],
     ["nesting past the stack depth", [{ json: "[[[]]]" }, ok, { json: "[".repeat(100_000) + "]".repeat(100_000) }], 2, "54001"],
   ];
   for (const [what, events, at, code] of cases) {
