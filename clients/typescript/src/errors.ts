@@ -124,8 +124,9 @@ export function sqlstateOf(err: unknown): string | undefined {
 
 /**
  * Turns a driver error carrying a SQLSTATE into a PgqueError whose message
- * says what was being done ("sending to queue x: ..."); returns any other
- * error unchanged. Use as `throw mapError("doing x", err)`.
+ * says what was being done ("sending to queue x: ..."), followed by the
+ * server's detail when it gave one; returns any other error unchanged. Use
+ * as `throw mapError("doing x", err)`.
  */
 export function mapError(doing: string, err: unknown): unknown {
   if (err instanceof PgqueError) return err;
@@ -133,7 +134,20 @@ export function mapError(doing: string, err: unknown): unknown {
   if (code === undefined) return err;
   const message = err instanceof Error ? err.message : String(err);
   const hint = code === "42501" && message.startsWith("permission denied for ") ? `; ${roleHint}` : "";
-  return new PgqueError(`${doing}: ${message} (SQLSTATE ${code}${hint})`, kindOf(code), code, { cause: err });
+  return new PgqueError(`${doing}: ${message}${detailOf(err)} (SQLSTATE ${code}${hint})`, kindOf(code), code, { cause: err });
+}
+
+/**
+ * ": " and the DETAIL of a server error (both drivers keep it as
+ * `detail`), or "". PostgreSQL says there what was wrong where the message
+ * only says what failed: "invalid input syntax for type json" is followed
+ * by 'Token "not" is invalid.', which a caller reading err.message alone
+ * never saw.
+ */
+function detailOf(err: unknown): string {
+  const detail = (err as { detail?: unknown }).detail;
+  if (typeof detail !== "string" || detail.trim() === "") return "";
+  return `: ${detail.trim().replace(/\.$/, "")}`;
 }
 
 /**

@@ -25,6 +25,11 @@ test("mapError keeps the driver error and chooses the kind by SQLSTATE alone", (
   assert.equal(err.cause, driver);
   assert.match(err.message, /^acknowledging: some wording that may change \(SQLSTATE PQ032\)$/);
 
+  // The server's detail says what was wrong where the message only says what failed.
+  const detailed = Object.assign(new Error("invalid input syntax for type json"), { code: "22P02", detail: 'Token "not" is invalid.' });
+  assert.equal((mapError("sending", detailed) as Error).message,
+    'sending: invalid input syntax for type json: Token "not" is invalid (SQLSTATE 22P02)');
+
   const refused = Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" });
   assert.equal(mapError("sending", refused), refused, "an error that never reached the database is kept as is");
   assert.equal(kindOf("XX000"), "database");

@@ -105,6 +105,12 @@ test("payload forms: values as JSON, json text as given, binary refused", async 
     await assert.rejects(send(db.pool, q, bad), (err) => isPgqueError(err, "invalid_payload") && err.code === "");
   }
   await assert.rejects(send(db.pool, q, { json: "{oops" }), (err) => isPgqueError(err, "invalid_payload") && err.code === "22P02");
+  // The server's detail says what is wrong with the text, in the message.
+  for (const [json, says] of [['{"a": not}', 'json: Token "not" is invalid'], ['"\\udc00"', "json: Unicode low surrogate must follow a high surrogate"]]) {
+    await assert.rejects(send(db.pool, q, { json }), (err) => isPgqueError(err, "invalid_payload") && err.message.includes(says), json);
+    await assert.rejects(sendBatch(db.pool, q, [{ payload: 1 }, { json }]), (err) =>
+      isPgqueError(err, "invalid_payload") && err.message.includes(says) && err.message.includes("event 1: "), `${json} in a batch`);
+  }
   assert.equal((await stored(q)).length, 3);
 });
 
