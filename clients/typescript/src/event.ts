@@ -13,7 +13,13 @@ export const EVENT_TYPE_DEFAULT = "default";
 export interface Event {
   /** A short name consumers dispatch on, e.g. "FileCreated"; default "default". */
   type?: string;
-  /** The body, serialised with JSON.stringify. */
+  /**
+   * The body, serialised with JSON.stringify. A payload that is itself
+   * binary (Buffer, Uint8Array, ArrayBuffer) or has no JSON form is
+   * refused; nested values are not looked at and follow JSON.stringify
+   * (a nested Buffer becomes {"type":"Buffer","data":[...]}, undefined
+   * fields are dropped).
+   */
   payload?: unknown;
   /** The body as JSON text, sent as is; the server refuses invalid JSON. */
   json?: string;
@@ -59,7 +65,8 @@ export function encode(ev: Event): Encoded {
   } else {
     if (ev.payload instanceof Uint8Array || ev.payload instanceof ArrayBuffer) {
       // JSON.stringify would turn a Buffer into {"type":"Buffer","data":[...]}
-      // silently: make the choice of encoding the caller's.
+      // silently: make the choice of encoding the caller's. Only the payload
+      // itself is looked at: finding one nested would walk every payload.
       throw new PgqueError(
         "pgque: a payload must be JSON; encode binary data yourself (e.g. as a base64 string)",
         "invalid_payload",
