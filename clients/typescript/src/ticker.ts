@@ -154,9 +154,16 @@ export class Ticker {
   /**
    * Checks the schema version and the role's rights, then starts the loop
    * in the background. Fails with kind "permission_denied" naming every
-   * function the role may not execute, "not_installed" or "schema_version".
+   * function the role may not execute, "not_installed" or "schema_version",
+   * and with "already_started" when called a second time: a Ticker starts
+   * once, and one that was stopped stays stopped (create a new Ticker).
    */
   async start(): Promise<void> {
+    if (this.stopping) {
+      // A second run would share this one's lease state, listener and
+      // wake-up with a loop that may still be ending: a new Ticker has none.
+      throw new PgqueError("pgque: this ticker was stopped and does not start again; create a new Ticker", "already_started");
+    }
     if (this.started) throw new PgqueError("pgque: ticker already started", "already_started");
     this.started = true;
     try {
@@ -172,9 +179,13 @@ export class Ticker {
 
   /**
    * Stops ticking, resigns the lease so that another ticker takes over at
-   * once, and resolves when the loop has ended. Idempotent.
+   * once, and resolves when the loop has ended. Idempotent; a ticker never
+   * started is left as it is (it may start later).
    */
   async stop(): Promise<void> {
+    // Before start() there is nothing to stop, and a stopping flag set
+    // then made a later start() run a loop that ended at once, silently.
+    if (!this.started) return;
     this.stopping = true;
     this.wake?.();
     await this.loop;

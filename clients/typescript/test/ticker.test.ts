@@ -182,6 +182,28 @@ test("options are validated", () => {
   assert.throws(() => new Ticker(db.pool, { tickIntervalMs: -1 }), (err) => isPgqueError(err, "invalid_argument"));
 });
 
+test("a stopped ticker says it cannot start again; one stopped before it started starts", async () => {
+  const errors: unknown[] = [];
+  const t = newTicker(db.pool, "ts-restart", errors);
+  await t.start();
+  await assert.rejects(t.start(), (err) => isPgqueError(err, "already_started") && /ticker already started/.test(err.message));
+  await t.stop();
+  await assert.rejects(t.start(), (err) =>
+    isPgqueError(err, "already_started") && /stopped and does not start again; create a new Ticker/.test(err.message));
+
+  // stop() before start() stops nothing: the ticker starts and leads.
+  await db.pool.query("select pgque.ticker_resign(owner) from pgque.ticker_lease where owner is not null");
+  const early = newTicker(db.pool, "ts-early", errors);
+  await early.stop();
+  await early.start();
+  try {
+    await waitFor("the ticker stopped before it started to lead", () => early.isLeader());
+  } finally {
+    await early.stop();
+  }
+  assert.deepEqual(errors, []);
+});
+
 test("a hung lease call does not stall the loop: it is reported and the ticker leads once the lock goes", async () => {
   await db.pool.query("select pgque.ticker_resign(owner) from pgque.ticker_lease where owner is not null");
   const errors: unknown[] = [];
