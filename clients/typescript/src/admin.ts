@@ -313,7 +313,8 @@ export interface SlotStatus {
   owner: string | null;
   /** Whether the lease is live by the server's clock. */
   live: boolean;
-  epoch: string;
+  /** The lease epoch (0 before the first claim): a bigint, as Message.epoch and SlotChange.epoch. */
+  epoch: bigint;
   /** Events pending for the slot. */
   lag: number;
   oldestPendingAgeSec: number;
@@ -322,7 +323,7 @@ export interface SlotStatus {
 
 /** The slots of queue's partitioned consumers (of one consumer when given). */
 export async function slots(exec: Executor, queue?: string, consumer?: string): Promise<SlotStatus[]> {
-  return all<SlotStatus>(exec, "reading slot status",
+  const rows = await all<Omit<SlotStatus, "epoch"> & { epoch: string }>(exec, "reading slot status",
     `select queue, consumer, slot, nslots, owner,
             coalesce(lease_until operator(pg_catalog.>) pg_catalog.now(), false) as live,
             coalesce(epoch, 0)::pg_catalog.text as epoch, coalesce(lag, 0)::pg_catalog.float8 as lag,
@@ -331,6 +332,7 @@ export async function slots(exec: Executor, queue?: string, consumer?: string): 
       where ($1::pg_catalog.text is null or queue operator(pg_catalog.=) $1::pg_catalog.text)
         and ($2::pg_catalog.text is null or consumer operator(pg_catalog.=) $2::pg_catalog.text)
       order by queue, consumer, slot`, [queue ?? null, consumer ?? null]);
+  return rows.map((r) => ({ ...r, epoch: BigInt(r.epoch) }));
 }
 
 /** A key of a partitioned consumer with events pending, from pgque.key_heads. */

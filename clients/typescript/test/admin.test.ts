@@ -29,7 +29,7 @@ test("queues and slot subscriptions", async () => {
   await assert.rejects(subscribeSlots(db.pool, "adm", "c", 0), (err) => isPgqueError(err, "invalid_argument"));
 
   const s = await slots(db.pool, "adm", "c");
-  assert.deepEqual(s.map((r) => [r.slot, r.nslots, r.policy, r.owner, r.live]), [[0, 2, "pause", null, false], [1, 2, "pause", null, false]]);
+  assert.deepEqual(s.map((r) => [r.slot, r.nslots, r.policy, r.owner, r.live, r.epoch]), [[0, 2, "pause", null, false, 0n], [1, 2, "pause", null, false, 0n]]);
   const [info] = await queues(db.pool, "adm");
   assert.equal(info!.name, "adm");
   assert.equal(info!.deadLetters, 0);

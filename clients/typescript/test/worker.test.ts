@@ -6,7 +6,7 @@ import { test } from "node:test";
 import { createRequire } from "node:module";
 import pg from "pg";
 import assert from "node:assert/strict";
-import { subscribeSlots, Ticker, work, type Message, type WorkOptions } from "../src/index.js";
+import { slots, subscribeSlots, Ticker, work, type Message, type WorkOptions } from "../src/index.js";
 import { foldTuning } from "../src/worker/slot.js";
 import { waitFor } from "./harness.js";
 import { barrier, gate, Recorder, sendKeyed, setup } from "./worker_helpers.js";
@@ -136,9 +136,12 @@ test("the message carries key, type, parsed payload, id as a string, epoch, slot
   await db.pool.query(`select pgque.send('msg', 'plain', $1::text, '')`, ['"a string"']);
   await db.pool.query(`select pgque.send('msg', 'nokey', '[1,2]'::jsonb, null)`);
   await done.wait;
+  // The slots' status gives the lease epoch as the messages carry it: a bigint.
+  const status = await slots(db.pool, "msg", "c");
   await w.stop();
   const byType = new Map(got.map((m) => [m.type, m]));
   const created = byType.get("file.created")!;
+  assert.equal(status.find((s) => s.slot === created.slot)!.epoch, created.epoch);
   assert.equal(created.key, "tenant-1");
   assert.equal((created.payload as { s: string }).s, "x");
   assert.match(created.id, /^\d+$/);
