@@ -7,10 +7,10 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 
@@ -27,4 +27,13 @@ test("the package loads by import from ESM and by require from CommonJS", (t) =>
     const out = execFileSync(process.execPath, [file], { cwd: project, encoding: "utf8" }).trim();
     assert.equal(out, want, `${file}: the package's exports as loaded`);
   }
+});
+
+// A name the package exports is API: the guide says what it is for, or the
+// name is internal and stays out of the package's entry.
+test("every name the package exports is in the guide", async () => {
+  const guide = readFileSync(path.resolve(pkgDir, "../../docs/typescript.md"), "utf8");
+  const names = Object.keys(await import(pathToFileURL(path.join(pkgDir, "dist/src/index.js")).href));
+  assert.ok(names.length > 40, `only ${names.length} exports found`);
+  assert.deepEqual(names.filter((n) => !new RegExp(`\\b${n}\\b`).test(guide)).sort(), []);
 });

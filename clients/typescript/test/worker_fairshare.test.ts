@@ -3,8 +3,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { makePlan } from "../src/index.js";
-import type { PlanInput } from "../src/worker/fairshare.js";
+import { makePlan, type PlanInput } from "../src/worker/fairshare.js";
 
 function input(p: Partial<PlanInput>): PlanInput {
   return { self: "me", slots: 8, maxActive: 8, owners: Array(8).fill(null), running: new Map(), peers: new Map(), holdoff: new Set(), prevFree: new Set(), ...p };

@@ -5,5 +5,4 @@ export type { WorkOptions, StopOptions, Worker, WorkerStats, SlotChange } from "
 export type { Handler, HandlerContext, HandleResult } from "./slot.js";
 export type { Message } from "./message.js";
 export { RetryAfterError, RETRY_DELAY_MS_MAX, DeadLetterError, HandlerTimeoutError, LeaseLostError, WorkerKilledError, HandlersStillRunningError, type RunningHandler, retryAfter, deadLetter } from "./outcome.js";
-export { makePlan } from "./fairshare.js";
 export { ListenNotDeliveringError, PROBE_WAIT_MS } from "./listener.js";
