@@ -174,6 +174,10 @@ export class SlotRunner {
   /** Local time until which the lease is known to be held. */
   private leaseUntil: number;
   private renewing = false;
+  /** The renewal in flight, which a release waits for. */
+  private renewal: Promise<void> = Promise.resolve();
+  /** Set when the runner gives the lease up: no renewal may take it again. */
+  private releasing = false;
   /** Set while the session the lease is bound to has ended and no renewal bound it to another. */
   private capTimer: NodeJS.Timeout | null = null;
   releaseRequested = false;
@@ -317,23 +321,33 @@ export class SlotRunner {
 
   /** Renews the lease now, binding it to the current session (the pool calls it when a new one is up). */
   async renew(): Promise<void> {
-    const { env } = this;
-    if (this.renewing || this.fenced || this.ctl.signal.aborted) return;
+    if (this.renewing || this.releasing || this.fenced || this.ctl.signal.aborted) return;
     this.renewing = true;
+    this.renewal = this.renewOnce().finally(() => {
+      this.renewing = false;
+    });
+    await this.renewal;
+  }
+
+  private async renewOnce(): Promise<void> {
+    const { env } = this;
     const start = Date.now();
     const session = env.session();
     try {
       const l = await q.claimSlot(env.db, env.queue, env.consumer, this.slot, env.worker, env.leaseTtlMs, this.lease.token, session);
-      if (l === null || l.epoch !== this.lease.epoch) this.fence("the renewal found another owner");
-      else {
+      if (l === null || l.epoch !== this.lease.epoch) {
+        this.fence("the renewal found another owner");
+        // The slot was free, so the renewal took it as a new lease that
+        // this runner will not work: give it back rather than leave it
+        // unworked for its TTL.
+        if (l !== null) await q.releaseSlot(env.db, env.queue, env.consumer, this.slot, env.worker, l.token).catch(() => {});
+      } else {
         this.renewed(start, env.leaseTtlMs);
         this.bound(session);
       }
     } catch (err) {
       if (isPgqueError(mapError("", err), "lease_lost")) this.fence("the renewal was refused");
       else if (!this.ctl.signal.aborted) env.onError(mapError(`renewing the lease on slot ${this.slot}`, err));
-    } finally {
-      this.renewing = false;
     }
   }
 
@@ -465,6 +479,11 @@ export class SlotRunner {
     // old subscription at the cutover (a lease row of the same number is
     // the new slot's), nothing to release.
     if (this.nslots !== env.currentSlots()) return;
+    // No renewal after the release: one that came after it would take the
+    // free lease again, and one in flight is waited for.
+    this.releasing = true;
+    await this.renewal;
+    if (this.fenced) return;
     try {
       await q.releaseSlot(env.db, env.queue, env.consumer, this.slot, env.worker, a.token);
     } catch (err) {
