@@ -272,8 +272,10 @@ var functions = map[string]fn{
 		nullable: []int{4}, cases: []badCase{bc("PQ011", "'q1'", "'se'", "0", "2", "'wait'")}},
 	"pgque.unsubscribe_slot(text,text,integer,integer)": {roles: "ra", args: []string{"'q1'", "'sc'", "1", "2"},
 		cases: []badCase{bc("PQ030", "'q1'", "'sc'", "1", "4"), bc("PQ011", "'q1'", "'sc'", "5", "2")}},
-	"pgque.claim_slot(text,text,integer,text,interval,uuid)": {roles: "ra", args: []string{"'q1'", "'sc'", "0", "'w1'", "'30 s'", tok},
-		nullable: []int{5}, nullAs: map[int]string{1: "PQ034", 4: "PQ011"}, cases: []badCase{
+	"pgque.claim_slot(text,text,integer,text,interval,uuid,integer)": {roles: "ra",
+		args:     []string{"'q1'", "'sc'", "0", "'w1'", "'30 s'", tok, "pg_backend_pid()"},
+		nullable: []int{5, 6}, nullAs: map[int]string{1: "PQ034", 4: "PQ011"}, cases: []badCase{
+			bc("PQ011", "'q1'", "'sc'", "0", "'w1'", "'30 s'", "null", "2147483647"), bc("PQ011", "'q1'", "'sc'", "0", "'w1'", "'30 s'", "null", "-1"),
 			bc("PQ011", "'q1'", "'sc'", "0", "'w1'", "'0'"), bc("PQ011", "'q1'", "'sc'", "0", "'w1'", "'-1 s'"),
 			bc("PQ011", "'q1'", "'sc'", "0", "'w1'", "'1000 years'"), bc("PQ011", "'q1'", "'sc'", "0", "''", "'30 s'"),
 			bc("PQ011", "'q1'", "'sc'", "0", "repeat('w', 201)", "'30 s'"), bc("PQ011", "'q1'", "'sc'", "2", "'w1'", "'30 s'"),
@@ -385,6 +387,8 @@ var functions = map[string]fn{
 		cases: []badCase{bc("", "'q1'", "'sc'"), bc("PQ002", "'q1'", "'nobody'"), bc("PQ001", "'nope'", "'c1'"), bc("PQ002", "'q1'", "'_'")}},
 	// The same view's counts of held events and blocked keys: counts only.
 	"pgque._slot_held(integer)": {roles: "rwa", args: []string{"1"}, nullAs: map[int]string{0: ""}},
+	"pgque._session_gone(integer)": {roles: "rwa", args: []string{"pg_backend_pid()"}, nullAs: map[int]string{0: ""},
+		cases: []badCase{bc("", "-1"), bc("", "2147483647")}},
 }
 
 // fixture creates the objects the valid arguments refer to.
