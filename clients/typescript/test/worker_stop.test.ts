@@ -101,9 +101,17 @@ test("kill() aborts the handlers and acknowledges nothing; another worker takes 
     "onSlot saw the takeover's claim under the next epoch");
 });
 
-test("a worker process killed with SIGKILL mid-chunk: the survivor takes the slot over and handles the chunk again", async (t) => {
-  const db = await setup(t, "crash");
-  const child = spawn(process.execPath, [path.join(here, "worker_child.js"), db.url, "crash", "c"], { stdio: ["ignore", "pipe", "inherit"] });
+/**
+ * Starts worker_child.js on queue (consumer "c"; mode "listen" binds its
+ * lease to its LISTEN session), sends keys × n events once it subscribed
+ * (a new consumer reads only what is sent after that), waits until it is
+ * in the middle of its chunk and kills it with SIGKILL. Returns the ids
+ * sent and the epoch the child held.
+ */
+async function killedMidChunk(t: { after(fn: () => void): void }, db: Awaited<ReturnType<typeof setup>>, queue: string, keys: string[], n: number,
+  mode?: "listen"): Promise<{ ids: string[]; childEpoch: bigint }> {
+  const child = spawn(process.execPath, [path.join(here, "worker_child.js"), db.url, queue, "c", ...(mode ? [mode] : [])],
+    { stdio: ["ignore", "pipe", "inherit"] });
   t.after(() => {
     if (child.exitCode === null) child.kill("SIGKILL");
   });
@@ -111,18 +119,25 @@ test("a worker process killed with SIGKILL mid-chunk: the survivor takes the slo
   let ids: string[] = [];
   const first = await new Promise<string>((resolve, reject) => {
     lines.on("line", (l) => {
-      // Send once the worker has subscribed its slot: a new consumer
-      // reads only what is sent after it subscribed.
-      if (l === "started") void sendKeyed(db.pool, "crash", ["k", "o"], 2).then((x) => (ids = x), reject);
+      if (l === "started") void sendKeyed(db.pool, queue, keys, n).then((x) => (ids = x), reject);
       if (l.startsWith("handling ")) resolve(l);
     });
     child.on("exit", (code) => reject(new Error(`the worker process exited (${code}) before handling`)));
   });
-  const [, , childEpoch] = first.split(" ");
-  await waitFor("the sends to commit", () => ids.length === 4);
+  await waitFor("the sends to commit", () => ids.length === keys.length * n);
+  if (mode === "listen") {
+    await waitFor("the lease bound to the worker's LISTEN session", async () =>
+      (await db.pool.query("select sl_session is not null as bound from pgque.slot_lease")).rows[0]?.bound === true, 10_000);
+  }
   const exited = new Promise((r) => child.on("exit", r));
   child.kill("SIGKILL");
   await exited;
+  return { ids, childEpoch: BigInt(first.split(" ")[2]!) };
+}
+
+test("a worker process killed with SIGKILL mid-chunk: the survivor takes the slot over and handles the chunk again", async (t) => {
+  const db = await setup(t, "crash");
+  const { ids, childEpoch } = await killedMidChunk(t, db, "crash", ["k", "o"], 2);
   const seen: Message[] = [];
   const all = gate();
   db.track(await work(db.pool, { ...fast, queue: "crash", consumer: "c", slots: 1, leaseTtlMs: 2000 }, (m: Message) => {
@@ -135,33 +150,14 @@ test("a worker process killed with SIGKILL mid-chunk: the survivor takes the slo
   assert.deepEqual(seen.map((m) => m.id).sort(), [...ids].sort());
   assert.deepEqual(seen.filter((m) => m.key === "k").map((m) => m.id), [ids[0], ids[2]]);
   for (const m of seen) {
-    assert.equal(m.epoch, BigInt(childEpoch!) + 1n);
+    assert.equal(m.epoch, childEpoch + 1n);
     assert.equal(m.retryCount, 0);
   }
 });
 
 test("a worker process killed with SIGKILL whose lease is bound to its LISTEN session: taken over long before the 30 s TTL", async (t) => {
   const db = await setup(t, "crashb");
-  const child = spawn(process.execPath, [path.join(here, "worker_child.js"), db.url, "crashb", "c", "listen"], { stdio: ["ignore", "pipe", "inherit"] });
-  t.after(() => {
-    if (child.exitCode === null) child.kill("SIGKILL");
-  });
-  const lines = createInterface({ input: child.stdout! });
-  let ids: string[] = [];
-  const first = await new Promise<string>((resolve, reject) => {
-    lines.on("line", (l) => {
-      if (l === "started") void sendKeyed(db.pool, "crashb", ["k"], 2).then((x) => (ids = x), reject);
-      if (l.startsWith("handling ")) resolve(l);
-    });
-    child.on("exit", (code) => reject(new Error(`the worker process exited (${code}) before handling`)));
-  });
-  const [, , childEpoch] = first.split(" ");
-  await waitFor("the sends to commit", () => ids.length === 2);
-  await waitFor("the lease bound to the worker's LISTEN session", async () =>
-    (await db.pool.query("select sl_session is not null as bound from pgque.slot_lease")).rows[0]?.bound === true, 10_000);
-  const exited = new Promise((r) => child.on("exit", r));
-  child.kill("SIGKILL");
-  await exited;
+  const { ids, childEpoch } = await killedMidChunk(t, db, "crashb", ["k"], 2, "listen");
   const killedAt = Date.now();
   const seen: Message[] = [];
   const all = gate();
@@ -174,7 +170,7 @@ test("a worker process killed with SIGKILL whose lease is bound to its LISTEN se
   const took = Date.now() - killedAt;
   assert.ok(took < 15_000, `the survivor took the slot over ${took} ms after the kill, want well before the 30 s TTL`);
   assert.deepEqual(seen.map((m) => m.id), ids, "the dead worker's chunk comes again, in order");
-  for (const m of seen) assert.equal(m.epoch, BigInt(childEpoch!) + 1n);
+  for (const m of seen) assert.equal(m.epoch, childEpoch + 1n);
 });
 
 test("a LISTEN session that breaks under a live worker: its leases are bound to the new session in time, no slot is fenced", async (t) => {

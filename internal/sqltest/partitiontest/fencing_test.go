@@ -299,18 +299,7 @@ func TestCompletionHoldsTakeoverNotOwner(t *testing.T) {
 	t.Parallel()
 	d := setup(t)
 	ctx := context.Background()
-	d.createQueue("q")
-	d.subscribeSlots("q", "c", 1)
-	k := "k"
-	d.send("q", &k)
-	d.send("q", &k)
-	d.tick("q")
-	s := d.claimAll("q", "c", 1, "w", 1)[0]
-	m := mustReceive(t, d.pool, s)
-	if len(m) != 1 {
-		t.Fatalf("received %v, want one event", m)
-	}
-	token := tokenFor(t, d.pool, "q", "c", 0, "w")
+	s, m, token := twoOfOneKey(t, d, 1)
 	handler, err := d.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -385,18 +374,7 @@ func TestHeldCompletionRacingTheSettle(t *testing.T) {
 	t.Parallel()
 	d := setup(t)
 	ctx := context.Background()
-	d.createQueue("q")
-	d.subscribeSlots("q", "c", 1)
-	k := "k"
-	d.send("q", &k)
-	d.send("q", &k)
-	d.tick("q")
-	s := d.claimAll("q", "c", 1, "w", 10)[0]
-	m := mustReceive(t, d.pool, s)
-	if len(m) != 2 {
-		t.Fatalf("received %v, want both events", m)
-	}
-	token := tokenFor(t, d.pool, "q", "c", 0, "w")
+	s, m, token := twoOfOneKey(t, d, 2)
 	// The stand-in: the same read, after a wait the session asks for.
 	d.exec(`alter function pgque._sub_state(integer) rename to _sub_state_real`)
 	d.exec(`create function pgque._sub_state(i_sub integer) returns pgque.sub_state language plpgsql volatile
@@ -440,4 +418,23 @@ func TestHeldCompletionRacingTheSettle(t *testing.T) {
 	if r := <-completed; r.Err != nil {
 		t.Fatalf("the held key's completion beside the settle: %v", r.Err)
 	}
+}
+
+// twoOfOneKey sends two events of key k to queue q of a one-slot consumer
+// c, claims the slot for worker w and receives a chunk of max events
+// (1 or 2): the slot, the chunk and w's token.
+func twoOfOneKey(t *testing.T, d *db, max int) (slotRef, []msg, *string) {
+	t.Helper()
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 1)
+	k := "k"
+	d.send("q", &k)
+	d.send("q", &k)
+	d.tick("q")
+	s := d.claimAll("q", "c", 1, "w", max)[0]
+	m := mustReceive(t, d.pool, s)
+	if len(m) != max {
+		t.Fatalf("received %v, want %d events", m, max)
+	}
+	return s, m, tokenFor(t, d.pool, "q", "c", 0, "w")
 }
