@@ -22,6 +22,10 @@ const (
 	// ClaimIntervalDefault is the period of the claim loop (jittered ±20%):
 	// how quickly a free slot is found and the spread rebalanced.
 	ClaimIntervalDefault = time.Second
+	// ClaimIntervalMax is the longest accepted ClaimInterval: a worker's
+	// presence lasts three claim intervals, and announce_worker keeps one
+	// for at most 10 minutes (a longer one failed every announcement).
+	ClaimIntervalMax = 200 * time.Second
 	// SlotStatusIntervalDefault is how often the per-slot lag and head-age
 	// gauges are refreshed from partition_slot_status when metrics are
 	// registered. Reading the view counts every slot's pending events, so
@@ -129,7 +133,7 @@ type PartitionedConsumerConfig struct {
 	// LeaseTTLMin.
 	LeaseTTL time.Duration
 	// ClaimInterval is the claim loop's period. Default
-	// ClaimIntervalDefault.
+	// ClaimIntervalDefault, at most ClaimIntervalMax.
 	ClaimInterval time.Duration
 	// PollInterval is how often an idle slot looks for work without a
 	// notification. Default PollIntervalDefault.
@@ -299,6 +303,8 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig.LeaseTTL %v is above the maximum %v", c.LeaseTTL, LeaseTTLMax)
 	case c.ClaimInterval < 0 || c.PollInterval < 0:
 		return invalidConfig("PartitionedConsumerConfig intervals must not be negative")
+	case c.ClaimInterval > ClaimIntervalMax:
+		return invalidConfig("PartitionedConsumerConfig.ClaimInterval %v is above the maximum %v (a worker's presence lasts three, and is kept 10 minutes at most)", c.ClaimInterval, ClaimIntervalMax)
 	case c.BatchSize < 0 || c.BatchSize > BatchSizeMax:
 		return invalidConfig("PartitionedConsumerConfig.BatchSize must be between 1 and %d (got %d)", BatchSizeMax, c.BatchSize)
 	case c.HoldAfter < 0:
