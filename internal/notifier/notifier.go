@@ -317,10 +317,12 @@ func (n *Notifier) probe(ctx context.Context) (string, chan struct{}) {
 			n.probesOK.Add(1)
 		case <-ctx.Done():
 		case <-t.C:
-			n.probesFailed.Add(1)
+			// Warned before counted: whoever sees the count (Probes) finds
+			// the warning written.
 			n.logger.WarnContext(ctx, "pgque: the LISTEN session did not receive a notification sent through the pool: "+
 				"wake-ups do not arrive, so consumers wait for their polls (behind a transaction pooler such as "+
 				"PgBouncer in transaction mode, set Config.PollOnly)", slog.Duration("waited", n.probeWait))
+			n.probesFailed.Add(1)
 		}
 	}()
 	return token, back
