@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 )
 
 var sprintf = fmt.Sprintf
@@ -87,8 +88,45 @@ func TestIntervalBoundsOnRealDurations(t *testing.T) {
 			t.Errorf("as reader: %s = %s %s, want PQ011", stmt, code, m)
 		}
 	}
+	// The bound is 720 hours, the clients' clamp, in any session time
+	// zone: in one whose clocks go forward in two days, now() + '30 days'
+	// is 719 hours away, and a bound taken that way refused the clamp.
+	if _, err := conn.Exec(ctx, `set time zone '`+springForwardZone(time.Now())+`'`); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, `reset time zone`)
+	var ahead string
+	if err := conn.QueryRow(ctx, `select ((now() + interval '30 days') - now())::text`).Scan(&ahead); err != nil {
+		t.Fatal(err)
+	}
+	if ahead != "29 days 23:00:00" {
+		t.Fatalf("the spring-forward zone: now() + 30 days is %s from now, want 29 days 23:00:00", ahead)
+	}
+	for _, c := range []struct{ iv, code string }{{`'720 hours'`, ""}, {`'30 days'`, ""}, {`'720 hours 1 second'`, "PQ011"}} {
+		stmt := sprintf(`select pgque.nack(%d, %d, %s, 'r')`, batch, msg, c.iv)
+		if code, m := sqlstate(t, conn, roleReader, stmt); code != c.code {
+			t.Errorf("as reader, clocks going forward within 30 days: %s = %q %s, want %q", stmt, code, m, c.code)
+		}
+	}
 	stmt := sprintf(`select pgque.nack(%d, %d, '30 days', repeat('é', 5000))`, batch, msg)
 	if code, m := sqlstate(t, conn, roleReader, stmt); code != "" {
 		t.Fatalf("as reader: nack at the 30-day bound: %s %s", code, m)
 	}
+}
+
+// springForwardZone is a POSIX time zone, 3 hours west of UTC, whose clocks
+// go forward an hour two days after now and back a hundred days later:
+// a "30 days" from now is then 719 hours long, whatever today's date.
+func springForwardZone(now time.Time) string {
+	// Jn counts 1 to 365 and never Feb 29.
+	jday := func(t time.Time) int {
+		d := t.YearDay()
+		if y := t.Year(); (y%4 == 0 && y%100 != 0 || y%400 == 0) && d > 59 {
+			d--
+		}
+		return d
+	}
+	start := now.UTC().AddDate(0, 0, 2)
+	end := (jday(start)+100-1)%365 + 1
+	return fmt.Sprintf("AAA3BBB,J%d/2,J%d/2", jday(start), end)
 }

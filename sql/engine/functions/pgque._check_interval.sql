@@ -5,8 +5,11 @@
 -- Intervals compare with a month counted as 30 days and a year as 360, so
 -- '10000 years -3599999 days' compares equal to '1 day' while adding it to
 -- now() lands 144 years ahead. The bounds are therefore checked on what the
--- value does: (now + value) - now, a plain duration, against (now + min) -
--- now and (now + max) - now. Values that overflow a timestamp are refused
+-- value does: (now + value) - now, a plain duration, in seconds, against
+-- min and max in seconds (a day of the bounds is 24 hours: in a session
+-- time zone whose clocks go forward within the next 30 days, now + '30
+-- days' is 719 hours away, and a bound taken that way refused the 720-hour
+-- delay the clients clamp to). Values that overflow a timestamp are refused
 -- too. Raises 22004 for NULL and PQ011 naming the argument otherwise.
 -- Callers (retry delays, lease TTLs, queue config) should use the returned
 -- value, which is what was checked. Touches no table.
@@ -27,7 +30,7 @@ begin
         raise exception using errcode = 'PQ011',
             message = format('%s %s is out of range: it must be between %s and %s', i_what, i_value, i_min, i_max);
     end;
-    if v_dur < (v_now + i_min) - v_now or v_dur > (v_now + i_max) - v_now then
+    if extract(epoch from v_dur) < extract(epoch from i_min) or extract(epoch from v_dur) > extract(epoch from i_max) then
         raise exception using errcode = 'PQ011',
             message = format('%s must be between %s and %s, not %s (%s from now)', i_what, i_min, i_max, i_value, v_dur);
     end if;
