@@ -315,7 +315,13 @@ export interface SlotStatus {
   live: boolean;
   /** The lease epoch (0 before the first claim): a bigint, as Message.epoch and SlotChange.epoch. */
   epoch: bigint;
-  /** Events pending for the slot. */
+  /**
+   * Events of the slot still to be handled: after its cursor, waiting for a
+   * retry or deferred behind a held key. The acknowledged chunks of its open
+   * batch, and a held key's events already completed by workTx handlers,
+   * are not counted; a plain handler's progress in a held key is, until the
+   * key settles.
+   */
   lag: number;
   oldestPendingAgeSec: number;
   policy: string | null;

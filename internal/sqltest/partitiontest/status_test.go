@@ -218,3 +218,138 @@ func TestSlotStatusCountsBlockedKeys(t *testing.T) {
 			lag, age, held, blocked)
 	}
 }
+
+// TestSlotStatusCountsOpenBatchProgress: a slot's cursor stays at its open
+// batch's first tick until the batch's last chunk is acknowledged, and a
+// catch-up batch holds the slot's whole backlog; the lag, key_heads and
+// key_shares count what is still to be handled of it, not the chunks
+// already acknowledged. An event whose transaction began first (the lowest
+// ev_id) but committed after the batch's last tick belongs to a later
+// batch and stays pending.
+func TestSlotStatusCountsOpenBatchProgress(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := setup(t)
+	d.createQueue("sp")
+	d.subscribeSlots("sp", "c", 1)
+	mustClaim(t, d.pool, "sp", "c", 0, "w", "1 hour")
+	p := slotRef{q: "sp", c: "c", slot: 0, n: 1, worker: "w", max: 100}
+
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	late := send(t, tx, "sp", ptr("late"))
+	// 25 keys of 10 consecutive events each: chunks of 100 hold 10 keys.
+	keys := make([]*string, 250)
+	for i := range keys {
+		keys[i] = ptr(fmt.Sprintf("k-%02d", i/10))
+	}
+	sent := d.sendBatch("sp", keys)
+	if late >= sent[0] {
+		t.Fatalf("late event %d was meant to have the lowest ev_id (first sent %d)", late, sent[0])
+	}
+	d.tick("sp")
+
+	type status struct{ lag, retrying, keys, heads, shares int64 }
+	read := func() status {
+		t.Helper()
+		var s status
+		if err := d.pool.QueryRow(ctx, `select lag, retrying from pgque.partition_slot_status
+			where queue = 'sp' and consumer = 'c'`).Scan(&s.lag, &s.retrying); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.pool.QueryRow(ctx, `select count(*), coalesce(sum(pending), 0)::bigint
+			from pgque.key_heads('sp', 'c', null, 10000)`).Scan(&s.keys, &s.heads); err != nil {
+			t.Fatal(err)
+		}
+		s.shares = one[int64](t, d.pool, "select pending from pgque.key_shares('sp', 'c')")
+		return s
+	}
+	check := func(stage string, want status) {
+		t.Helper()
+		if got := read(); got != want {
+			t.Errorf("%s: lag %d (retrying %d), key_heads %d keys with %d pending, key_shares %d pending; want %d (%d), %d, %d, %d",
+				stage, got.lag, got.retrying, got.keys, got.heads, got.shares, want.lag, want.retrying, want.keys, want.heads, want.shares)
+		}
+	}
+	check("before the batch opens", status{250, 0, 25, 250, 250})
+
+	if ms := mustReceive(t, d.pool, p); len(ms) != 100 || ms[0].ID != sent[0] {
+		t.Fatalf("first chunk %v, want the first 100 sent", ids(ms))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.tick("sp")
+	// The chunk in hand is still to be handled; the late event waits for
+	// the next batch.
+	check("first chunk in hand", status{251, 0, 26, 251, 251})
+
+	mustAck(t, d.pool, p)
+	check("first chunk acknowledged", status{151, 0, 16, 151, 151})
+
+	ms := mustReceive(t, d.pool, p)
+	if len(ms) != 100 || ms[0].ID != sent[100] {
+		t.Fatalf("second chunk %v, want sent[100:200]", ids(ms))
+	}
+	// k-19's last event fails and waits an hour for its retry.
+	if n, err := nack(ctx, d.pool, p, sent[199], "1 hour"); err != nil || n != 1 {
+		t.Fatalf("nack: %d %v", n, err)
+	}
+	mustAck(t, d.pool, p)
+	// 50 of the batch (k-20..k-24), the late event, and k-19's retry.
+	check("second chunk acknowledged with a retry", status{52, 1, 7, 52, 51})
+
+	ms = mustReceive(t, d.pool, p)
+	if len(ms) != 50 || ms[0].ID != sent[200] {
+		t.Fatalf("last chunk of the batch %v, want sent[200:]", ids(ms))
+	}
+	mustAck(t, d.pool, p)
+	check("batch finished", status{2, 1, 2, 2, 1})
+}
+
+// TestSlotStatusLeavesOutHeldEventsDone: a held key's events stay in
+// deferred until its lane settles them; the lag, held and key_heads leave
+// out those a transactional handler has completed meanwhile.
+func TestSlotStatusLeavesOutHeldEventsDone(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	s, m, token := twoOfOneKey(t, d, 2)
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "select pgque.hold_key_partitioned('q', 'c', 0, 1, 'w', $1::uuid, $2, $3, 'k', $4)",
+		token, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fencedAck(ctx, tx, s, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check := func(stage string, want int64) {
+		t.Helper()
+		var lag, held, pending, deferred int64
+		if err := d.pool.QueryRow(ctx, `select lag, held from pgque.partition_slot_status where queue = 'q'`).Scan(&lag, &held); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.pool.QueryRow(ctx, `select pending, deferred from pgque.key_heads('q', 'c') where key = 'k'`).Scan(&pending, &deferred); err != nil {
+			t.Fatal(err)
+		}
+		if lag != want || held != want || pending != want || deferred != want {
+			t.Errorf("%s: lag %d, held %d, key_heads pending %d and deferred %d; want %d each", stage, lag, held, pending, deferred, want)
+		}
+	}
+	check("held, nothing done", 2)
+	if _, err := d.pool.Exec(ctx, "select pgque.complete_partitioned_in_tx('q', 'c', 0, 1, 'w', $1::uuid, $2, $3, $4)",
+		token, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	check("held, the head done in a transaction", 1)
+}

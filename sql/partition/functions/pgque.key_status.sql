@@ -25,8 +25,10 @@
 
 -- _slot_keys(sub_id, slot, nslots, scan): the pending events of one slot
 -- (the same visibility as _slot_pending: committed after the cursor's tick,
--- retried copies owned by the slot included), at most i_scan of them in
--- ev_txid order, grouped by key. Per key: its head ev_id and time, how many
+-- retried copies owned by the slot included, the acknowledged chunks of its
+-- open batch left out), at most i_scan of them in ev_txid order, grouped by
+-- key. The walk reads the acknowledged chunks' rows to skip them: that part
+-- of its cost is bounded by the open batch, not by the budget. Per key: its head ev_id and time, how many
 -- of its events were seen, how many of those are in the slot's open batch;
 -- and for the slot: how many rows were read and whether the budget cut the
 -- scan short. The caller validates i_scan; the statement text holds
@@ -44,6 +46,7 @@ set enable_bitmapscan = off
 as $$
 declare
     s      pgque.subscription;
+    st     pgque.sub_state;
     v_snap pg_snapshot;
     v_next pg_snapshot;
 begin
@@ -52,10 +55,10 @@ begin
     if not found then
         return;
     end if;
-    s := pgque._with_state(s);
-    select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
-    if s.sub_next_tick is not null then
-        select tick_snapshot into v_next from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_next_tick;
+    st := pgque._sub_state(i_sub);
+    select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = st.st_last_tick;
+    if st.st_batch is not null then
+        select tick_snapshot into v_next from pgque.tick where tick_queue = s.sub_queue and tick_id = st.st_next_tick;
     end if;
     -- Grouped by _kid (a long key's hash), and the key read back from its
     -- head row: a key is a writer's text of any length, stored compressed,
@@ -66,6 +69,7 @@ begin
      || ' where ev_part >= $1 and ev_part < $2 and ev_txid >= $3'
      || ' and not pg_catalog.pg_visible_in_snapshot(ev_txid, $4)'
      || ' and (ev_owner is null or ev_owner = $5)'
+     || ' and ($8::bigint is null or ev_id > $8 or not pg_catalog.pg_visible_in_snapshot(ev_txid, $6))'
      || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '')
      || ' order by ev_txid limit $7),'
      || ' g as (select min(ev_id) as head, min(ev_time) as head_time, count(*) as n,'
@@ -74,7 +78,8 @@ begin
      || ' select h.ev_extra1, g.head, g.head_time, g.n, g.nb,'
      || ' (sum(g.n) over ())::bigint, (sum(g.n) over ()) >= $7'
      || ' from g join e h on h.ev_id operator(pg_catalog.=) g.head'
-      using pgque._part_lo(s.sub_queue), pgque._part_hi(s.sub_queue), pg_snapshot_xmin(v_snap), v_snap, s.sub_id, v_next, i_scan;
+      using pgque._part_lo(s.sub_queue), pgque._part_hi(s.sub_queue), pg_snapshot_xmin(v_snap), v_snap, s.sub_id, v_next, i_scan,
+            st.st_acked_to;
 end;
 $$;
 
@@ -140,7 +145,8 @@ $$;
 -- read in all, split evenly between the slots; estimated is true for a
 -- slot whose scan was cut short (its counts are then lower bounds).
 -- Reads subscription, tick, slot_group, slot_lease, event, retry_queue,
--- deferred, key_block.
+-- deferred (but for the events a transactional handler of a held key has
+-- completed, see _slot_held), key_block, event_done.
 create or replace function pgque.key_heads(i_queue text, i_consumer text, i_slot integer default null,
                                            i_limit integer default 20, i_scan integer default 20000)
 returns table (slot integer, key text, state text, head_ev_id bigint, head_age interval, pending bigint,
@@ -182,6 +188,7 @@ begin
         select sl.sl_slot, de.ev_group, min(de.ev_extra1), min(de.ev_id), min(de.ev_time), count(*), false, false,
                null, count(*), false
           from sl join pgque.deferred de on de.ev_owner = sl.sl_sub
+         where not exists (select from pgque.event_done dn where dn.dn_sub = sl.sl_sub and dn.dn_ev_id = de.ev_id)
          group by 1, 2),
     est as (select src.sl_slot, bool_or(src.truncated) as truncated from src group by 1),
     j as (select src.sl_slot, src.kid, min(src.key) as key, min(src.head_ev_id) as head_ev_id,
@@ -319,7 +326,11 @@ $$;
 
 -- _slot_head(sub_id, slot, nslots): the first pending event of one slot in
 -- ev_txid order (its ev_id and ev_time), NULL when nothing is pending. Pending
--- is what _slot_pending counts, spelled so that an index probe answers it:
+-- is what _slot_pending counts except that the acknowledged chunks of an
+-- open batch are not skipped (that would read their rows): a slot part way
+-- through a batch has its head at the batch's first event, which says how
+-- long it has been behind, what the claim order wants. Spelled so that an
+-- index probe answers it:
 -- an event is not visible in the cursor's snapshot exactly when its
 -- transaction is at or after the snapshot's xmax, or was in progress at the
 -- tick (the snapshot's xip list). Two probes of the routing index, each

@@ -1,7 +1,15 @@
 -- _slot_pending(sub_id, slot, nslots): events of one slot committed after
--- its cursor (pending, including retried copies owned by it) and the age of
--- the oldest. The slot predicate is _slot_filter's, so the routing index
--- answers it: the cost is the slot's own backlog, not the stream's.
+-- its cursor (pending, including retried copies owned by it) and not yet
+-- acknowledged, and the age of the oldest. The cursor stays at the open
+-- batch's first tick until the batch's last chunk is acknowledged, and a
+-- catch-up batch can hold a slot's whole backlog ("Large batches"), so the
+-- events of its chunks acknowledged so far (in the batch, that is visible
+-- in its last tick's snapshot, and at or before st_acked_to: chunks go in
+-- ev_id order) are left out. They were handled, or moved to the retry
+-- queue or deferred, which _slot_held counts. An event with a lower ev_id
+-- whose transaction committed after the batch's last tick is in a later
+-- batch, and pending. The slot predicate is _slot_filter's, so the routing
+-- index answers it: the cost is the slot's own backlog, not the stream's.
 -- SECURITY DEFINER and granted, because the view below calls it with the
 -- caller's privileges.
 create or replace function pgque._slot_pending(i_sub integer, i_slot integer, i_nslots integer,
@@ -11,7 +19,9 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     s      pgque.subscription;
+    st     pgque.sub_state;
     v_snap pg_snapshot;
+    v_next pg_snapshot;
 begin
     -- Callable directly by every pgque role: validate what goes into the
     -- statement text (a NULL slot or N would make it a syntax error, N = 0
@@ -26,15 +36,21 @@ begin
     if not pgque._may_read(s.sub_queue) then
         perform pgque._authorize_id(s.sub_queue, 'consume');
     end if;
-    s := pgque._with_state(s);
-    select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = s.sub_last_tick;
+    st := pgque._sub_state(i_sub);
+    select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = st.st_last_tick;
+    if st.st_batch is not null and st.st_acked_to is not null then
+        select tick_snapshot into v_next from pgque.tick where tick_queue = s.sub_queue and tick_id = st.st_next_tick;
+    end if;
     execute 'select count(*), pg_catalog.clock_timestamp() - min(ev_time) from pgque.event'
          || ' where ev_part >= $1 and ev_part < $2 and ev_txid >= $3'
          || ' and not pg_catalog.pg_visible_in_snapshot(ev_txid, $4)'
          || ' and (ev_owner is null or ev_owner = $5)'
+         || ' and ($6::pg_catalog.pg_snapshot is null or ev_id > $7'
+         || ' or not pg_catalog.pg_visible_in_snapshot(ev_txid, $6))'
          || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '')
        into o_lag, o_oldest
-      using pgque._part_lo(s.sub_queue), pgque._part_hi(s.sub_queue), pg_snapshot_xmin(v_snap), v_snap, s.sub_id;
+      using pgque._part_lo(s.sub_queue), pgque._part_hi(s.sub_queue), pg_snapshot_xmin(v_snap), v_snap, s.sub_id,
+            v_next, st.st_acked_to;
 end;
 $$;
 
@@ -44,12 +60,17 @@ $$;
 -- key its lanes still run), the age of the oldest of them, and the number
 -- of keys blocked under pause. The cursor moves on past all of them, so
 -- _slot_pending does not see them, yet they are the slot's backlog: a slot
--- with a blocked tenant is not idle. (While the batch that deferred or
--- retried an event is still open, _slot_pending counts that event too:
--- the lag overstates by those until the batch is acknowledged.) Counts and
+-- with a blocked tenant is not idle. (_slot_pending leaves out the
+-- acknowledged chunks of the open batch, so an event deferred or retried
+-- is counted twice only until its chunk is acknowledged.) Counts and
 -- an age only, no key or data; refused (42501) for a confined queue the
--- caller may not read. SECURITY DEFINER and granted, as _slot_pending. Tables: reads
--- retry_queue, deferred, key_block (each by its owner's primary key).
+-- caller may not read. A held key's events stay in deferred until its lane
+-- settles them, so those a transactional handler has completed already
+-- (event_done) are not counted: in a catch-up with hot keys held for
+-- minutes they were most of the lag. (A plain handler's progress reaches
+-- the server only at the settle.) SECURITY DEFINER and granted, as
+-- _slot_pending. Tables: reads retry_queue, deferred, key_block (each by
+-- its owner's primary key), event_done (by its key).
 create or replace function pgque._slot_held(i_sub integer, out o_held bigint, out o_retrying bigint,
                                             out o_oldest interval, out o_blocked integer)
 language plpgsql stable security definer
@@ -68,7 +89,9 @@ begin
     end if;
     select d.n, r.n, clock_timestamp() - least(d.oldest, r.oldest), b.n
       into o_held, o_retrying, o_oldest, o_blocked
-      from (select count(*) as n, min(ev_time) as oldest from pgque.deferred where ev_owner = i_sub) d,
+      from (select count(*) as n, min(de.ev_time) as oldest from pgque.deferred de
+             where de.ev_owner = i_sub
+               and not exists (select from pgque.event_done dn where dn.dn_sub = i_sub and dn.dn_ev_id = de.ev_id)) d,
            (select count(*) as n, min(ev_time) as oldest from pgque.retry_queue where ev_owner = i_sub) r,
            (select count(*)::integer as n from pgque.key_block
              where kb_sub = i_sub and kb_state in ('blocked', 'releasing')) b;
