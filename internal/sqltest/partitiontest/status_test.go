@@ -318,6 +318,7 @@ func TestSlotStatusLeavesOutHeldEventsDone(t *testing.T) {
 	d := setup(t)
 	ctx := context.Background()
 	s, m, token := twoOfOneKey(t, d, 2)
+	s.max = 10
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -352,4 +353,27 @@ func TestSlotStatusLeavesOutHeldEventsDone(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("held, the head done in a transaction", 1)
+
+	// The key's later events are deferred by the receive that reads them;
+	// while that chunk is out they are counted once, as held.
+	k, j := "k", "j"
+	d.send("q", &k)
+	d.send("q", &k)
+	d.send("q", &j)
+	d.tick("q")
+	if ms := mustReceive(t, d.pool, s); len(ms) != 1 || *ms[0].Key != j {
+		t.Fatalf("received %v, want j's event alone (k's deferred behind its hold)", ms)
+	}
+	var lag, held int64
+	if err := d.pool.QueryRow(ctx, `select lag, held from pgque.partition_slot_status where queue = 'q'`).Scan(&lag, &held); err != nil {
+		t.Fatal(err)
+	}
+	var keys, pending int64
+	if err := d.pool.QueryRow(ctx, `select count(*), sum(pending) from pgque.key_heads('q', 'c')`).Scan(&keys, &pending); err != nil {
+		t.Fatal(err)
+	}
+	if lag != 4 || held != 3 || keys != 2 || pending != 4 {
+		t.Errorf("chunk out with k's later events deferred: lag %d, held %d, key_heads %d keys with %d pending; want 4, 3, 2, 4",
+			lag, held, keys, pending)
+	}
 }

@@ -26,12 +26,13 @@
 -- _slot_keys(sub_id, slot, nslots, scan): the pending events of one slot
 -- (the same visibility as _slot_pending: committed after the cursor's tick,
 -- retried copies owned by the slot included, the acknowledged chunks of its
--- open batch left out), at most i_scan of them in ev_txid order, grouped by
--- key. The walk reads the acknowledged chunks' rows to skip them: that part
--- of its cost is bounded by the open batch, not by the budget. Per key: its head ev_id and time, how many
--- of its events were seen, how many of those are in the slot's open batch;
--- and for the slot: how many rows were read and whether the budget cut the
--- scan short. The caller validates i_scan; the statement text holds
+-- open batch and the events its chunk out now deferred left out), at most
+-- i_scan of them in ev_txid order, grouped by key. The walk reads the
+-- acknowledged chunks' rows to skip them: that part of its cost is bounded
+-- by the open batch, not by the budget. Per key: its head ev_id and time,
+-- how many of its events were seen, how many of those are in the slot's
+-- open batch; and for the slot: how many rows were read and whether the
+-- budget cut the scan short. The caller validates i_scan; the statement text holds
 -- validated integers only.
 create or replace function pgque._slot_keys(i_sub integer, i_slot integer, i_nslots integer, i_scan integer)
 returns table (key text, head_ev_id bigint, head_time timestamptz, pending bigint, in_batch bigint,
@@ -65,11 +66,13 @@ begin
     -- and grouping by the text itself decompressed it again at every
     -- comparison (a minute for 1000 keys of 1 MB).
     return query execute
-        'with e as materialized (select ev_id, ev_time, ev_txid, ev_extra1 from pgque.event'
+        'with e as materialized (select ev_id, ev_time, ev_txid, ev_extra1 from pgque.event x'
      || ' where ev_part >= $1 and ev_part < $2 and ev_txid >= $3'
      || ' and not pg_catalog.pg_visible_in_snapshot(ev_txid, $4)'
      || ' and (ev_owner is null or ev_owner = $5)'
-     || ' and ($8::bigint is null or ev_id > $8 or not pg_catalog.pg_visible_in_snapshot(ev_txid, $6))'
+     || ' and ($6::pg_catalog.pg_snapshot is null or not pg_catalog.pg_visible_in_snapshot(ev_txid, $6)'
+     || ' or (ev_id > $8 and not (ev_id <= $9 and exists (select from pgque.deferred d'
+     || ' where d.ev_owner = $5 and d.ev_id = x.ev_id))))'
      || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '')
      || ' order by ev_txid limit $7),'
      || ' g as (select min(ev_id) as head, min(ev_time) as head_time, count(*) as n,'
@@ -79,7 +82,7 @@ begin
      || ' (sum(g.n) over ())::bigint, (sum(g.n) over ()) >= $7'
      || ' from g join e h on h.ev_id operator(pg_catalog.=) g.head'
       using pgque._part_lo(s.sub_queue), pgque._part_hi(s.sub_queue), pg_snapshot_xmin(v_snap), v_snap, s.sub_id, v_next, i_scan,
-            st.st_acked_to;
+            coalesce(st.st_acked_to, -1), coalesce(st.st_delivered_to, -1);
 end;
 $$;
 

@@ -6,7 +6,10 @@
 -- events of its chunks acknowledged so far (in the batch, that is visible
 -- in its last tick's snapshot, and at or before st_acked_to: chunks go in
 -- ev_id order) are left out. They were handled, or moved to the retry
--- queue or deferred, which _slot_held counts. An event with a lower ev_id
+-- queue or deferred, which _slot_held counts, as it counts the events the
+-- receive of the chunk out now deferred behind a held key: those are left
+-- out too (one probe of deferred's key for each event of that chunk). An
+-- event with a lower ev_id
 -- whose transaction committed after the batch's last tick is in a later
 -- batch, and pending. The slot predicate is _slot_filter's, so the routing
 -- index answers it: the cost is the slot's own backlog, not the stream's.
@@ -38,19 +41,23 @@ begin
     end if;
     st := pgque._sub_state(i_sub);
     select tick_snapshot into v_snap from pgque.tick where tick_queue = s.sub_queue and tick_id = st.st_last_tick;
-    if st.st_batch is not null and st.st_acked_to is not null then
+    if st.st_batch is not null then
         select tick_snapshot into v_next from pgque.tick where tick_queue = s.sub_queue and tick_id = st.st_next_tick;
     end if;
-    execute 'select count(*), pg_catalog.clock_timestamp() - min(ev_time) from pgque.event'
+    -- Of the open batch (visible in $6), only what is past the acknowledged
+    -- chunks ($7) and not deferred by the receive of the chunk out now (up
+    -- to $8) behind a held key: _slot_held counts those.
+    execute 'select count(*), pg_catalog.clock_timestamp() - min(ev_time) from pgque.event e'
          || ' where ev_part >= $1 and ev_part < $2 and ev_txid >= $3'
          || ' and not pg_catalog.pg_visible_in_snapshot(ev_txid, $4)'
          || ' and (ev_owner is null or ev_owner = $5)'
-         || ' and ($6::pg_catalog.pg_snapshot is null or ev_id > $7'
-         || ' or not pg_catalog.pg_visible_in_snapshot(ev_txid, $6))'
+         || ' and ($6::pg_catalog.pg_snapshot is null or not pg_catalog.pg_visible_in_snapshot(ev_txid, $6)'
+         || ' or (ev_id > $7 and not (ev_id <= $8 and exists (select from pgque.deferred d'
+         || ' where d.ev_owner = $5 and d.ev_id = e.ev_id))))'
          || coalesce(' and ' || pgque._slot_filter(i_slot, i_nslots), '')
        into o_lag, o_oldest
       using pgque._part_lo(s.sub_queue), pgque._part_hi(s.sub_queue), pg_snapshot_xmin(v_snap), v_snap, s.sub_id,
-            v_next, st.st_acked_to;
+            v_next, coalesce(st.st_acked_to, -1), coalesce(st.st_delivered_to, -1);
 end;
 $$;
 
