@@ -72,6 +72,69 @@ test("stop() lets the handler in flight finish, acknowledges it and releases the
   assert.deepEqual(next.map((m) => [m.id, m.retryCount]), [[e1, 0]]);
 });
 
+/**
+ * Runs a worker on queue's one slot that handles keys hot, a, b, c and d
+ * (10 events each, one chunk), blocks in hot's third event until stop() has
+ * been called, and checks what stop() hands back: the handler running
+ * finishes and is acknowledged, every event not started goes to the next
+ * worker, in key order, and nothing runs twice.
+ */
+async function handsBack(t: { after(fn: () => Promise<void>): void }, queue: string, opts: Partial<WorkOptions>, heldFirst: boolean): Promise<void> {
+  const db = await setup(t, queue);
+  const release = gate();
+  const blocked = gate();
+  const first: Message<{ k: string; i: number }>[] = [];
+  const w1 = db.track(await work(db.pool, { ...fast, queue, consumer: "c", slots: 1, ...opts }, async (m: Message<{ k: string; i: number }>) => {
+    first.push(m);
+    if (m.key === "hot" && m.payload.i === 2) {
+      blocked.open();
+      await release.wait;
+    }
+  }));
+  const ids = await sendKeyed(db.pool, queue, ["hot", "a", "b", "c", "d"], 10);
+  await blocked.wait;
+  if (heldFirst) {
+    await waitFor("hot's key to be held", async () =>
+      (await db.pool.query("select 1 from pgque.key_heads($1, 'c') where key = 'hot' and state = 'held'", [queue])).rowCount === 1);
+  }
+  let stopped = false;
+  // stop() stops the lanes before it returns its promise.
+  const stopping = w1.stop().then(() => (stopped = true));
+  await new Promise((r) => setTimeout(r, 20));
+  assert.equal(stopped, false, "stop waits for the handler running");
+  release.open();
+  await stopping;
+  const hot = first.filter((m) => m.key === "hot").map((m) => m.payload.i);
+  assert.deepEqual(hot, [0, 1, 2], "hot ran up to the event in its handler at the stop, no further");
+  // The next worker gets what the first did not run, each key in order.
+  const next: Message<{ k: string; i: number }>[] = [];
+  const all = gate();
+  db.track(await work(db.pool, { ...fast, queue, consumer: "c", slots: 1 }, (m: Message<{ k: string; i: number }>) => {
+    next.push(m);
+    if (first.length + next.length >= ids.length) all.open();
+  }));
+  await all.wait;
+  const seen = [...first, ...next].map((m) => m.id).sort();
+  assert.deepEqual(seen, [...ids].sort(), "every event ran exactly once");
+  for (const k of ["hot", "a", "b", "c", "d"]) {
+    const order = [...first, ...next].filter((m) => m.key === k).map((m) => m.payload.i);
+    assert.deepEqual(order, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], `key ${k} in order`);
+  }
+  assert.ok(next.every((m) => m.key !== "hot" || m.payload.i > 2), "hot's first three did not run again");
+}
+
+test("stop() hands back the events its lanes have not started: lanes waiting for a place give theirs back at once", async (t) => {
+  // One place: hot's lane has it from its first event, the other keys'
+  // lanes wait for it and never start.
+  await handsBack(t, "hb1", { concurrency: 1 }, false);
+});
+
+test("stop() hands back the rest of a held key's events: the hot lane held past its chunk stops after its running event", async (t) => {
+  // The other keys finish at once; hot's lane, in one handler for longer
+  // than holdAfterMs, is held and the chunk acknowledged before the stop.
+  await handsBack(t, "hb2", { holdAfterMs: 5 }, true);
+});
+
 test("kill() aborts the handlers and acknowledges nothing; another worker takes over under the next epoch", async (t) => {
   const db = await setup(t, "hs");
   const started = gate();

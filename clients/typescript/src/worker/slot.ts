@@ -151,6 +151,12 @@ class Lane {
   heldFailed: q.Failure[] = [];
   runningSince: number | null = null;
   runningId: string | null = null;
+  /** The index of the event the lane starts next (or runs now). */
+  next = 0;
+  /** The lane starts no more events (set before done resolves). */
+  over = false;
+  /** The lane stopped before its last event because its events are handed back. */
+  cut = false;
   finished = false;
   readonly done: Promise<void>;
 
@@ -163,6 +169,15 @@ class Lane {
 
 export class SlotRunner {
   private readonly ctl = new AbortController();
+  /**
+   * Aborted when the worker stops or the slot is to be given up: lanes
+   * start no more events, and the events they have not run go back to the
+   * server (waitLanesUntil holds their keys, the settle releases them in
+   * order), so a stop waits for the handlers running, not for the chunk.
+   */
+  private readonly handBack = new AbortController();
+  /** What a lane waiting for a place gives up on: one signal for all of them (see Semaphore). */
+  private readonly laneSignal = AbortSignal.any([this.ctl.signal, this.handBack.signal]);
   private readonly wakeUp = new Wake();
   private readonly mutex = new Mutex();
   private readonly held = new Set<Lane>();
@@ -262,6 +277,7 @@ export class SlotRunner {
   /** Asks the runner to give the slot up at its next chunk boundary. */
   requestRelease(): void {
     this.releaseRequested = true;
+    this.handBack.abort();
     this.wakeUp.fire();
   }
 
@@ -387,6 +403,17 @@ export class SlotRunner {
   }
 
   private async run(): Promise<void> {
+    const onStop = () => this.handBack.abort();
+    this.env.fetch.addEventListener("abort", onStop, { once: true });
+    if (this.env.fetch.aborted) onStop();
+    try {
+      await this.runLoop();
+    } finally {
+      this.env.fetch.removeEventListener("abort", onStop);
+    }
+  }
+
+  private async runLoop(): Promise<void> {
     const { env } = this;
     const a = this.lease;
     // A hold lives only as long as the runner that took it: whatever a
@@ -554,6 +581,9 @@ export class SlotRunner {
       // The hold failed: fall back to the chunk barrier for this chunk.
       await Promise.all(lanes.map((l) => l.done));
       if (this.ctl.signal.aborted) return;
+      // Lanes cut short by a stop left events unrun: not acknowledged, the
+      // next owner receives the chunk again.
+      if (lanes.some((l) => l.cut)) return;
       const all = lanes.flatMap((l) => l.failures).sort((x, y) => order.get(x.id)! - order.get(y.id)!);
       try {
         await this.settleChunk(d, all, [], pause);
@@ -592,25 +622,43 @@ export class SlotRunner {
   private async waitLanes(lanes: Lane[]): Promise<Lane[]> {
     const all = Promise.all(lanes.map((l) => l.done)).then(() => true);
     const few = Math.max(1, Math.floor(lanes.length / 8));
-    const signal = this.ctl.signal;
+    const signals = [this.ctl.signal, this.handBack.signal];
     let onAbort = () => {};
     const aborted = new Promise<boolean>((r) => {
       onAbort = () => r(false);
-      signal.addEventListener("abort", onAbort, { once: true });
+      for (const s of signals) s.addEventListener("abort", onAbort, { once: true });
     });
     try {
       return await this.waitLanesUntil(lanes, all, few, aborted);
     } finally {
-      signal.removeEventListener("abort", onAbort);
+      for (const s of signals) s.removeEventListener("abort", onAbort);
     }
   }
 
-  /** waitLanes' loop; aborted resolves when the slot's signal aborts. */
+  /**
+   * waitLanes' loop; aborted resolves when the slot's signal or the hand
+   * back aborts. Once the events are handed back, every lane not through
+   * its events is held from the event it runs, or from the first it did not
+   * start: the running handlers finish, and the settle of each key puts
+   * the rest back in order for the next owner.
+   */
   private async waitLanesUntil(lanes: Lane[], all: Promise<boolean>, few: number, aborted: Promise<boolean>): Promise<Lane[]> {
     for (;;) {
+      if (this.ctl.signal.aborted) return [];
+      if (this.handBack.signal.aborted) {
+        const back: Lane[] = [];
+        for (const l of lanes) {
+          if (l.over && !l.cut) continue; // ran its events, or stopped on a failure under pause
+          const from = l.runningId ?? l.events[l.next]?.id ?? null;
+          if (from === null) continue; // past its last event: it ran them all
+          l.heldFrom = from;
+          back.push(l);
+        }
+        return back;
+      }
       const now = Date.now();
       const open = lanes.filter((l) => !l.finished);
-      if (open.length === 0 || this.ctl.signal.aborted) return [];
+      if (open.length === 0) return [];
       if (open.length <= few && open.every((l) => l.runningSince !== null && now - l.runningSince >= this.env.holdAfterMs)) {
         for (const l of open) l.heldFrom = l.runningId;
         return open;
@@ -641,17 +689,28 @@ export class SlotRunner {
   private async runLane(lane: Lane, pause: boolean): Promise<void> {
     const { env } = this;
     let placed = false;
+    const handedBack = () => {
+      if (!this.handBack.signal.aborted) return false;
+      lane.cut = true;
+      return true;
+    };
     try {
-      for (const m of lane.events) {
-        if (this.ctl.signal.aborted) return;
+      for (let i = 0; i < lane.events.length; i++) {
+        const m = lane.events[i]!;
+        lane.next = i;
+        if (this.ctl.signal.aborted || handedBack()) return;
         if (!placed && !env.sem.tryAcquire()) {
           try {
-            await env.sem.acquire(this.ctl.signal);
+            await env.sem.acquire(this.laneSignal);
           } catch {
+            handedBack();
             return;
           }
         }
         placed = true;
+        // Nothing between this test and runningId below awaits: once the
+        // hand back is seen, no lane starts another event.
+        if (handedBack()) return;
         let out: Outcome;
         try {
           lane.runningId = m.id;
@@ -662,6 +721,9 @@ export class SlotRunner {
           lane.runningId = null;
         }
         if (this.ctl.signal.aborted) return;
+        // In the same step as the handler's end (no await between): a hand
+        // back never holds the key from an event that ran.
+        lane.next = i + 1;
         const heldNow = lane.heldFrom !== null && BigInt(m.id) >= BigInt(lane.heldFrom);
         if (out.ok) {
           if (heldNow) lane.heldDone.push(m.id);
@@ -674,6 +736,7 @@ export class SlotRunner {
         if (pause) return;
       }
     } finally {
+      lane.over = true;
       if (placed) env.sem.release();
     }
   }
