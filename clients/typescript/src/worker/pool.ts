@@ -525,7 +525,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     }
     const plan = makePlan({ self: worker, slots: n, maxActive: maxActive(), owners, running, peers, holdoff: hold, prevFree });
     for (const s of plan.release) {
-      runners.get(s)?.requestRelease();
+      runners.get(s)?.requestRelease(true);
       holdoff.set(s, now + 2 * claimIntervalMs);
     }
     let owned = running.size - plan.release.length - [...running.values()].filter(Boolean).length;

@@ -274,10 +274,16 @@ export class SlotRunner {
     this.wakeUp.fire();
   }
 
-  /** Asks the runner to give the slot up at its next chunk boundary. */
-  requestRelease(): void {
+  /**
+   * Asks the runner to give the slot up at its next chunk boundary; with
+   * handBack (a slot given to another worker for fair share), handing back
+   * the events its lanes have not started, as a stop does. A slot of an N
+   * a resize replaced does not: its subscription is gone, and its chunk
+   * cannot be settled anyway.
+   */
+  requestRelease(handBack = false): void {
     this.releaseRequested = true;
-    this.handBack.abort();
+    if (handBack) this.handBack.abort();
     this.wakeUp.fire();
   }
 
