@@ -41,7 +41,7 @@ func (pc *PartitionedConsumer) lanesOf(lease *workerpool.Lease) *slotState {
 	if sl == nil || sl.lease != lease {
 		sl = &slotState{pc: pc, lease: lease}
 		sl.lanes = lanes.NewSlot(pc.lanePool, lanes.Host[*Message, KeyRef](sl), pc.config.MaxWorkersPerSlot,
-			func() { pc.observeLanes(lease.Slot, sl) })
+			func() { pc.observeLanes(lease.Slot, sl) }, lease.GivingUp())
 		pc.lanes[lease.Slot] = sl
 	}
 	return sl

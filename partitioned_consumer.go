@@ -184,9 +184,11 @@ func (pc *PartitionedConsumer) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops claiming and receiving, lets each slot finish and ack its
-// chunk in flight, releases the leases, and returns when every goroutine is
-// gone. If ctx ends first, the chunks in flight are abandoned unacked (their
+// Stop stops claiming and receiving, lets each slot's running handlers
+// finish, hands back the events of its chunk in flight that have not
+// started (their keys are held and put back in order for the next owner;
+// with MaxWorkersPerSlot 1 the chunk runs to its end instead), acks the
+// rest, releases the leases, and returns when every goroutine is gone. If ctx ends first, the chunks in flight are abandoned unacked (their
 // handlers' contexts are cancelled; the next owner receives them again after
 // the TTL) and ctx's error is returned. A handler that ignores its
 // cancelled context does not hold Stop: one second later Stop returns an

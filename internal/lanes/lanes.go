@@ -19,6 +19,14 @@
 // on, and each held lane, once finished, settles its key with one call that
 // releases what arrived for the key meanwhile.
 //
+// A slot that is being given up (its process stops, or the slot goes to
+// another worker: the channel given to NewSlot closes) hands back what it
+// has not started: lanes
+// and inline runs start no further event, every key not through its events
+// is held from the event it runs or the first it has not started, and each
+// settle releases the rest, in order, for the next owner. A stop then waits
+// for one handler per running key, not for the chunk.
+//
 // The package knows nothing of the database: the consumer runs handlers
 // and settles held keys (Host), and settles each chunk with what Chunk
 // reports (its failures and holds). Per key, events run in the order given
@@ -155,6 +163,7 @@ type lane[M Event[K], K comparable] struct {
 	running  bool      // a handler of the lane runs now
 	finished bool      // no handler of the lane runs any more
 	aborted  bool      // stopped because the work context ended
+	cut      bool      // stopped before its last event: handed back
 	// held: the key is (being) held from msgs[heldFrom] on; the lane then
 	// waits for decided and, when holdOK, settles its key itself.
 	held     bool
@@ -188,14 +197,32 @@ type Slot[M Event[K], K comparable] struct {
 	broken  error             // a held key could not be settled: give the slot up
 	changed *wakeup.Signal
 	wg      sync.WaitGroup
+
+	// back closes when the slot is being given up (NewSlot).
+	back <-chan struct{}
 }
 
 // NewSlot returns the lane state of a slot whose handlers run on host, at
 // most maxWorkers at a time, within pool's bound. onChanged, when set, is
-// called whenever a held lane is gone.
-func NewSlot[M Event[K], K comparable](pool *Pool, host Host[M, K], maxWorkers int, onChanged func()) *Slot[M, K] {
+// called whenever a held lane is gone. back, when it closes, says that the
+// slot is being given up: its lanes start no further event, and what they
+// have not started goes back to the server through holds (see the package
+// comment); the chunk running returns from Run with those keys to hold,
+// and held lanes of earlier chunks settle once their running handler is
+// done. A nil back never closes.
+func NewSlot[M Event[K], K comparable](pool *Pool, host Host[M, K], maxWorkers int, onChanged func(), back <-chan struct{}) *Slot[M, K] {
 	return &Slot[M, K]{pool: pool, host: host, onChanged: onChanged, sem: make(chan struct{}, maxWorkers),
-		held: make(map[K]*lane[M, K]), changed: wakeup.NewSignal()}
+		held: make(map[K]*lane[M, K]), changed: wakeup.NewSignal(), back: back}
+}
+
+// handedBack reports whether the slot is being given up.
+func (s *Slot[M, K]) handedBack() bool {
+	select {
+	case <-s.back:
+		return true
+	default:
+		return false
+	}
 }
 
 // LockChunk takes the slot's chunk lock: the owner holds it from a receive
@@ -277,6 +304,7 @@ type Chunk[M Event[K], K comparable] struct {
 	lanes   []*lane[M, K]
 	holding []*lane[M, K]
 	doneCh  chan *lane[M, K]
+	pause   bool
 }
 
 // Run runs a chunk's handlers under ctx (the slot's work context) and
@@ -287,7 +315,7 @@ func (s *Slot[M, K]) Run(ctx context.Context, msgs []M, pause bool) *Chunk[M, K]
 	// The chunk starts on one goroutine; it is split into lanes only if
 	// a handler turns out to be slow.
 	in := s.newInline(msgs, pause)
-	c := &Chunk[M, K]{slot: s, doneCh: make(chan *lane[M, K], len(msgs))}
+	c := &Chunk[M, K]{slot: s, doneCh: make(chan *lane[M, K], len(msgs)), pause: pause}
 	go s.runInline(ctx, in, c.doneCh)
 	lanes, pending, rest := s.awaitInline(ctx, in, c.doneCh)
 	// A first split peels off only the slow key; the chunk's other keys
@@ -339,6 +367,9 @@ wait:
 				break wait
 			}
 			timer.Reset(holdAfter / 5)
+		case <-c.slot.back:
+			holding = markBack(c.lanes, c.pause)
+			break wait
 		}
 	}
 	if timer != nil {
@@ -354,11 +385,12 @@ wait:
 }
 
 // Aborted reports whether a lane not held stopped because the work context
-// ended: the chunk is not to be settled.
+// ended, or was handed back with its hold undone (Unhold): the chunk is not
+// to be settled, and comes again.
 func (c *Chunk[M, K]) Aborted() bool {
 	for _, ln := range c.lanes {
 		ln.mu.Lock()
-		a := ln.aborted && !ln.held
+		a := (ln.aborted || ln.cut) && !ln.held
 		ln.mu.Unlock()
 		if a {
 			return true
@@ -513,12 +545,18 @@ func (s *Slot[M, K]) runLane(ctx context.Context, ln *lane[M, K], from int, paus
 	// hundreds of keys' lanes waiting (a backlog being caught up), a hot
 	// key ran one event per turn of all of them, and its chunk, which ends
 	// with its longest lane, took as long.
+	cut := false
 	for i := from; i < len(ln.msgs) && !stop; i++ {
 		m := ln.msgs[i]
 		if !placed && !s.acquire(ctx) {
+			cut = ctx.Err() == nil
 			break
 		}
 		placed = true
+		if s.handedBack() {
+			cut = true
+			break
+		}
 		ln.mu.Lock()
 		ln.started, ln.running = time.Now(), true
 		ln.mu.Unlock()
@@ -538,6 +576,14 @@ func (s *Slot[M, K]) runLane(ctx context.Context, ln *lane[M, K], from int, paus
 	ln.mu.Lock()
 	ln.finished = true
 	ln.aborted = ctx.Err() != nil
+	if cut && !ln.aborted && ln.next < len(ln.msgs) {
+		// Handed back: the key is held from its first event not run
+		// (markBack may have held it from there already).
+		ln.cut = true
+		if !ln.held {
+			ln.held, ln.heldFrom = true, ln.next
+		}
+	}
 	held := ln.held
 	ln.mu.Unlock()
 	if !held {
@@ -577,6 +623,7 @@ type inlineRun[M Event[K], K comparable] struct {
 	// did not at its last look.
 	suspect time.Time
 	aborted bool
+	cut     bool          // stopped by HandBack before its last event
 	done    chan struct{} // closed when the inline run ends
 	counted *atomic.Int32 // the count of inline runs this one is in
 	// peeled: this run is what an earlier split of its chunk left inline
@@ -611,7 +658,7 @@ func (s *Slot[M, K]) newInline(msgs []M, pause bool) *inlineRun[M, K] {
 // are not handled: the nack defers them on the server.
 func (s *Slot[M, K]) runInline(ctx context.Context, in *inlineRun[M, K], doneCh chan<- *lane[M, K]) {
 	if !s.acquire(ctx) {
-		in.end(true)
+		in.end(ctx.Err() != nil)
 		return
 	}
 	s.pool.inline.Add(1)
@@ -625,11 +672,16 @@ func (s *Slot[M, K]) runInline(ctx context.Context, in *inlineRun[M, K], doneCh 
 			continue
 		}
 		if p := in.prevs[k]; p != nil && !s.waitPrev(ctx, p) {
-			in.end(true)
+			in.end(ctx.Err() != nil)
 			return
 		}
 		in.mu.Lock()
 		if ctx.Err() != nil || in.handoff != nil {
+			in.mu.Unlock()
+			break
+		}
+		if s.handedBack() {
+			in.cut = true
 			in.mu.Unlock()
 			break
 		}
@@ -687,6 +739,8 @@ func (s *Slot[M, K]) waitPrev(ctx context.Context, p *lane[M, K]) bool {
 	case <-p.done:
 	case <-ctx.Done():
 		return false
+	case <-s.back:
+		return false
 	}
 	return s.acquire(ctx)
 }
@@ -716,7 +770,12 @@ func (s *Slot[M, K]) awaitInline(ctx context.Context, in *inlineRun[M, K], doneC
 		case <-in.done:
 			in.mu.Lock()
 			defer in.mu.Unlock()
-			return []*lane[M, K]{{msgs: in.msgs, results: in.results, next: in.next, finished: true, aborted: in.aborted}}, 0, nil
+			lanes := []*lane[M, K]{{msgs: in.msgs, results: in.results, next: in.next, finished: true, aborted: in.aborted}}
+			if in.aborted || !(in.cut || s.handedBack()) {
+				return lanes, 0, nil
+			}
+			back := s.backLanes(ctx, in, doneCh)
+			return append(lanes, back...), len(back), nil
 		case <-timer.C:
 			// Not the timer's value: when this goroutine waited for a
 			// CPU, it is older than the handler's start.
@@ -882,15 +941,21 @@ func (s *Slot[M, K]) peel(ctx context.Context, in *inlineRun[M, K], lanes []*lan
 }
 
 // acquire takes a running-handler place in the slot and in the process.
+// It gives up, reporting false, when ctx ends or the slot is handed back.
 func (s *Slot[M, K]) acquire(ctx context.Context) bool {
 	select {
 	case s.sem <- struct{}{}:
 	case <-ctx.Done():
 		return false
+	case <-s.back:
+		return false
 	}
 	select {
 	case s.pool.workers <- struct{}{}:
 	case <-ctx.Done():
+		<-s.sem
+		return false
+	case <-s.back:
 		<-s.sem
 		return false
 	}
@@ -919,6 +984,63 @@ func markHolds[M Event[K], K comparable](lanes []*lane[M, K], now time.Time, hol
 			out = append(out, ln)
 		}
 		ln.mu.Unlock()
+	}
+	return out
+}
+
+// markBack marks as held, once the slot is being given up, every lane not
+// through its events: from the event it runs, or the first it has not
+// started. A lane that stopped on a failure under pause is not held (its
+// key's later events wait for the nack); lanes that held themselves on
+// seeing the hand back are returned too.
+func markBack[M Event[K], K comparable](lanes []*lane[M, K], pause bool) []*lane[M, K] {
+	var out []*lane[M, K]
+	for _, ln := range lanes {
+		ln.mu.Lock()
+		failed := pause && ln.next > 0 && ln.results[ln.next-1] != nil
+		if !ln.held && !ln.finished && !ln.aborted && ln.next < len(ln.msgs) && !failed {
+			ln.held, ln.heldFrom = true, ln.next
+		}
+		if ln.held {
+			out = append(out, ln)
+		}
+		ln.mu.Unlock()
+	}
+	return out
+}
+
+// backLanes turns what a handed-back inline run did not start into one
+// held lane per key (but keys failed under pause), each from its first
+// event; in.mu is held. Each waits for the chunk's settlement on a
+// goroutine of its own, as a held runLane does: settles its key when the
+// holds landed, reports on doneCh when they did not.
+func (s *Slot[M, K]) backLanes(ctx context.Context, in *inlineRun[M, K], doneCh chan<- *lane[M, K]) []*lane[M, K] {
+	byKey := make(map[K]*lane[M, K])
+	var out []*lane[M, K]
+	for _, m := range in.msgs[in.next:] {
+		k := m.Key()
+		if in.failed[k] {
+			continue
+		}
+		ln := byKey[k]
+		if ln == nil {
+			ln = newLane[M](k)
+			ln.finished, ln.cut, ln.held = true, true, true
+			byKey[k] = ln
+			out = append(out, ln)
+		}
+		ln.msgs = append(ln.msgs, m)
+	}
+	for _, ln := range out {
+		ln.results = make([]error, len(ln.msgs))
+		go func() {
+			<-ln.decided
+			if !ln.holdOK {
+				doneCh <- ln
+				return
+			}
+			s.settleHeld(ctx, ln)
+		}()
 	}
 	return out
 }

@@ -47,13 +47,15 @@ type host struct {
 	gate     map[int]<-chan struct{}
 	fail     map[int]bool
 	settled  []Held[*event, string]
+	// hook, per event, runs as its handler starts.
+	hook     map[int]func()
 	settle   chan struct{} // receives one value per SettleHeld
 	settleFn func(Held[*event, string]) error
 }
 
 func newHost() *host {
 	return &host{started: map[int]chan struct{}{}, inFlight: map[string]int{}, gate: map[int]<-chan struct{}{},
-		fail: map[int]bool{}, settle: make(chan struct{}, 16)}
+		fail: map[int]bool{}, settle: make(chan struct{}, 16), hook: map[int]func(){}}
 }
 
 // startedC returns a channel closed when event id's handler starts.
@@ -80,7 +82,11 @@ func (h *host) Run(ctx context.Context, e *event) error {
 	}
 	close(c)
 	g := h.gate[e.id]
+	hook := h.hook[e.id]
 	h.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
 	if g != nil {
 		select {
 		case <-g:
@@ -140,7 +146,7 @@ func (h *host) checkOrder(t *testing.T, evs []*event) {
 }
 
 func newTestSlot(h *host) *Slot[*event, string] {
-	return NewSlot(NewPool(16, 2, 0, nil), Host[*event, string](h), 16, nil)
+	return NewSlot(NewPool(16, 2, 0, nil), Host[*event, string](h), 16, nil, nil)
 }
 
 // recv waits for a value on c, failing t after a bound that only a broken
@@ -541,5 +547,107 @@ func TestSlowAtUsesThePoolsHoldTime(t *testing.T) {
 	ln.running = false
 	if ln.slowAt(t0.Add(time.Second), time.Millisecond) {
 		t.Error("a lane between two handlers is slow")
+	}
+}
+
+// A slot being given up hands back what it has not started: every key not
+// through its events is held from the event it runs or the first it has
+// not started, Run returns without waiting for the rest, and each key's
+// settlement reports what ran (the rest is released by the host). Three
+// ways a chunk can be caught: in its inline run between two events, in a
+// slow lane, and in lanes waiting for a place.
+func TestHandBack(t *testing.T) {
+	t.Parallel()
+	type want struct {
+		ran     []int
+		holds   map[string]int   // key: head
+		handled map[string][]int // key: what its settlement reports
+	}
+	for _, tc := range []struct {
+		name   string
+		keys   []string
+		places int
+		// setup sets gates and hooks: back gives the slot up, gate is
+		// what gated events wait for (it opens after Run returned).
+		setup func(h *host, back func(), gate <-chan struct{})
+		want  want
+	}{{
+		name: "inline run between two events",
+		//               1    2    3    4    5    6
+		keys: []string{"a", "b", "c", "a", "b", "c"}, places: 16,
+		setup: func(h *host, back func(), _ <-chan struct{}) { h.hook[2] = back },
+		want: want{ran: []int{1, 2}, holds: map[string]int{"c": 3, "a": 4, "b": 5},
+			handled: map[string][]int{"c": nil, "a": nil, "b": nil}},
+	}, {
+		name: "a slow lane stops after its running event",
+		//               1    2    3    4    5
+		keys: []string{"s", "a", "s", "a", "s"}, places: 16,
+		setup: func(h *host, back func(), gate <-chan struct{}) {
+			h.gate[1] = gate
+			h.hook[4] = back // a's inline run is done: only s's lane is left
+		},
+		want: want{ran: []int{2, 4}, holds: map[string]int{"s": 1}, handled: map[string][]int{"s": {1}}},
+	}, {
+		name: "lanes waiting for a place",
+		//               1    2    3    4    5    6
+		keys: []string{"s", "t", "a", "b", "a", "b"}, places: 2,
+		setup: func(h *host, back func(), gate <-chan struct{}) {
+			// s and t are slow and keep both places: a and b, split off
+			// once t is found slow, wait for one.
+			h.gate[1], h.gate[2] = gate, gate
+			h.hook[2] = back
+		},
+		want: want{ran: nil, holds: map[string]int{"s": 1, "t": 2, "a": 3, "b": 4},
+			handled: map[string][]int{"s": {1}, "t": {2}, "a": nil, "b": nil}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHost()
+			evs := chunkOf(0, tc.keys...)
+			backC := make(chan struct{})
+			var once sync.Once
+			gate := make(chan struct{})
+			tc.setup(h, func() { once.Do(func() { close(backC) }) }, gate)
+			s := NewSlot(NewPool(16, 2, 0, nil), Host[*event, string](h), tc.places, nil, backC)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			c := s.Run(ctx, evs, false)
+			if ran := h.handled(); !slices.Equal(ran, tc.want.ran) {
+				t.Errorf("ran %v before Run returned, want %v", ran, tc.want.ran)
+			}
+			holds := map[string]int{}
+			for _, hd := range c.Holds() {
+				holds[hd.Key] = hd.Head.id
+			}
+			if fmt.Sprint(holds) != fmt.Sprint(tc.want.holds) {
+				t.Errorf("holds %v, want %v", holds, tc.want.holds)
+			}
+			if c.Aborted() || len(c.Failures()) != 0 {
+				t.Errorf("aborted %v, failures %v", c.Aborted(), c.Failures())
+			}
+			c.Detach()
+			close(gate)
+			for range tc.want.holds {
+				recv(t, h.settle, "a held key's settlement")
+			}
+			s.Wait()
+			h.mu.Lock()
+			handled := map[string][]int{}
+			for _, st := range h.settled {
+				if len(st.Handled) > 0 {
+					handled[st.Key] = idsOf(st.Handled)
+				} else {
+					handled[st.Key] = nil
+				}
+				if st.Head.id != tc.want.holds[st.Key] {
+					t.Errorf("key %s settled from %d, held from %d", st.Key, st.Head.id, tc.want.holds[st.Key])
+				}
+			}
+			h.mu.Unlock()
+			if fmt.Sprint(handled) != fmt.Sprint(tc.want.handled) {
+				t.Errorf("settlements report %v handled, want %v", handled, tc.want.handled)
+			}
+			h.checkOrder(t, evs)
+		})
 	}
 }

@@ -173,6 +173,7 @@ func (p *Pool) releaseExcess(ctx context.Context, slots []int, now time.Time) {
 	for _, s := range slots {
 		if r, ok := p.running[s]; ok {
 			r.release.Store(true)
+			r.lease.giveUp()
 			r.wake.Fire()
 			p.holdoff[s] = now.Add(2 * p.cfg.ClaimInterval)
 			p.log().DebugContext(ctx, "pgque: releasing slot above fair share", slog.Int("slot", s))

@@ -59,7 +59,22 @@ type Lease struct {
 	// session is the LISTEN session's backend pid the lease is bound to on
 	// the server (0: unbound; see Pool.sessionEnded).
 	session atomic.Int32
+
+	// givingUp closes when the pool gives the slot up while it is still
+	// worked: a graceful stop, or a release for fair share (GivingUp).
+	givingUp     chan struct{}
+	givingUpOnce sync.Once
 }
+
+// GivingUp returns a channel that closes when the pool gives the slot up
+// gracefully: Stop, or a release to share the consumer's slots with
+// other workers. A WorkFunc hands back what it has not started (the key
+// lanes hold those keys and put their events back). Not closed by a hard
+// stop or a fence (nothing is settled then), nor by a resize's release.
+func (l *Lease) GivingUp() <-chan struct{} { return l.givingUp }
+
+// giveUp closes GivingUp's channel; idempotent.
+func (l *Lease) giveUp() { l.givingUpOnce.Do(func() { close(l.givingUp) }) }
 
 // CallBackWithin asks for the slot's next Work call within d even when no
 // wake-up comes: a WorkFunc that returns more = false with something still
@@ -91,7 +106,7 @@ const (
 // expiry callback must not run before the caller has stored the lease
 // where the callback finds it. Call arm next.
 func newLease(slot int, epoch int64, token dbq.LeaseToken, ttl time.Duration, at time.Time) *Lease {
-	l := &Lease{Slot: slot, Epoch: epoch, Token: token, ttl: ttl, heldUntil: at.Add(ttl)}
+	l := &Lease{Slot: slot, Epoch: epoch, Token: token, ttl: ttl, heldUntil: at.Add(ttl), givingUp: make(chan struct{})}
 	l.progressAt.Store(at.UnixNano())
 	return l
 }

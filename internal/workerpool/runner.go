@@ -36,8 +36,14 @@ func (p *Pool) startRunner(fetchCtx, workCtx context.Context, slot, nslots int, 
 	r := &runner{wake: wakeup.NewSignal()}
 	r.workCtx, r.cancel = context.WithCancelCause(workCtx)
 	r.fetchCtx, r.fetchCancel = context.WithCancel(r.workCtx)
-	r.stopFetch = context.AfterFunc(fetchCtx, r.fetchCancel)
 	r.lease = newLease(slot, epoch, token, p.cfg.LeaseTTL, claimedAt)
+	// A graceful stop gives the slot up: its lanes hand back what they
+	// have not started (Lease.GivingUp).
+	r.stopFetch = context.AfterFunc(fetchCtx, func() {
+		r.lease.giveUp()
+		p.log().Debug("pgque: stopping: the slot hands back what it has not started", slog.Int("slot", slot))
+		r.fetchCancel()
+	})
 	r.lease.NSlots = nslots
 	r.lease.arm(func() { p.fence(r, r.lease.expiryReason()) }) // after r.lease is set: it may fire at once
 

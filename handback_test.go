@@ -1,0 +1,151 @@
+package pgque_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/testing/pgtest"
+)
+
+// signalWriter is a log destination that closes seen once a line contains
+// want.
+type signalWriter struct {
+	want string
+	once sync.Once
+	seen chan struct{}
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(w.want)) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return len(p), nil
+}
+
+// TestPartitionedStopHandsBack: Stop waits for the handlers running, not
+// for the chunk. A hot key blocked in its third event when Stop begins
+// runs no fourth; keys whose lanes wait for a place run nothing more; the
+// next consumer handles every event the first did not, each key in order,
+// and nothing twice.
+func TestPartitionedStopHandsBack(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	startTicker(t, env.client)
+	ctx := context.Background()
+	keys := []string{"hot", "slow", "a", "b", "c"}
+	var events []pgque.Event
+	for i := range 10 {
+		for _, k := range keys {
+			events = append(events, pgque.Event{Type: "e", Payload: i, PartitionKey: k})
+		}
+	}
+	ids, err := env.client.SendBatch(ctx, env.queue, events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyOf := make(map[int64]string, len(ids))
+	for i, id := range ids {
+		keyOf[id] = events[i].PartitionKey
+	}
+
+	var mu sync.Mutex
+	var first, next []*pgque.Message
+	blocked, release := make(chan struct{}), make(chan struct{})
+	var blockOnce sync.Once
+	stopping := &signalWriter{want: "hands back what it has not started", seen: make(chan struct{})}
+	logger := slog.New(slog.NewTextHandler(stopping, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	// Two places: hot and slow take them, blocked in a handler; the other
+	// keys' lanes wait for one.
+	p1 := startProcessLogger(t, env, pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "first", MaxWorkers: 2,
+		Handler: func(ctx context.Context, m *pgque.Message) error {
+			mu.Lock()
+			first = append(first, m)
+			mu.Unlock()
+			if (m.PartitionKey == "hot" && string(m.Payload) == "2") || (m.PartitionKey == "slow" && string(m.Payload) == "0") {
+				if m.PartitionKey == "hot" {
+					blockOnce.Do(func() { close(blocked) })
+				}
+				<-release
+			}
+			return nil
+		},
+	}, logger)
+	select {
+	case <-blocked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("hot's third event did not start")
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- p1.pc.Stop(ctx) }()
+	select {
+	case <-stopping.seen:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Stop did not give the slot up")
+	}
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) while two handlers still ran", err)
+	default:
+	}
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	ran := func(ms []*pgque.Message, key string) []string {
+		var out []string
+		for _, m := range ms {
+			if m.PartitionKey == key {
+				out = append(out, string(m.Payload))
+			}
+		}
+		return out
+	}
+	mu.Lock()
+	if got := ran(first, "hot"); !slices.Equal(got, []string{"0", "1", "2"}) {
+		t.Errorf("the stopping consumer ran hot's %v, want 0 1 2: the events after the running one go back", got)
+	}
+	if got := ran(first, "slow"); !slices.Equal(got, []string{"0"}) {
+		t.Errorf("the stopping consumer ran slow's %v, want 0", got)
+	}
+	mu.Unlock()
+
+	startProcess(t, env, pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "next",
+		Handler: func(ctx context.Context, m *pgque.Message) error {
+			mu.Lock()
+			next = append(next, m)
+			mu.Unlock()
+			return nil
+		},
+	})
+	pgtest.WaitFor(t, 30*time.Second, "every event handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(first)+len(next) >= len(ids)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	all := append(slices.Clone(first), next...)
+	seen := make(map[int64]int)
+	for _, m := range all {
+		seen[m.ID]++
+	}
+	for _, id := range ids {
+		if seen[id] != 1 {
+			t.Errorf("event %d (key %s) handled %d times, want once", id, keyOf[id], seen[id])
+		}
+	}
+	for _, k := range keys {
+		if got := strings.Join(ran(all, k), " "); got != "0 1 2 3 4 5 6 7 8 9" {
+			t.Errorf("key %s handled in the order %s", k, got)
+		}
+	}
+}
