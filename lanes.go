@@ -338,11 +338,14 @@ func (pc *PartitionedConsumer) settleWithHolds(ctx context.Context, s *settler, 
 		return mapError("settling chunk", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	q := dbq.New(tx)
-	for _, h := range holds {
-		if _, err := q.HoldKeyPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, delivery, h.Key.arg(), h.Head.ID); err != nil {
-			return mapError(fmt.Sprintf("holding key %v of slot %d", h.Key, lease.Slot), err)
-		}
+	// One call for every key: a stop hands back hundreds of keys of a
+	// chunk, and a call per key scanned the chunk once per key.
+	keys, heads := make([]*string, len(holds)), make([]int64, len(holds))
+	for i, h := range holds {
+		keys[i], heads[i] = h.Key.arg(), h.Head.ID
+	}
+	if _, err := dbq.New(tx).HoldKeysPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, delivery, keys, heads); err != nil {
+		return mapError(fmt.Sprintf("holding %d keys of slot %d", len(holds), lease.Slot), err)
 	}
 	if err := s.settle(ctx, tx, failures); err != nil {
 		return err

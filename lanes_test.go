@@ -467,8 +467,8 @@ func TestLanesHoldFailureFallsBackToBarrier(t *testing.T) {
 	env := setup(t)
 	startFastTicker(t, env.client)
 	if _, err := env.pool.Exec(context.Background(), `
-		create or replace function pgque.hold_key_partitioned(i_queue text, i_consumer text, i_slot integer,
-			i_nslots integer, i_worker text, i_token uuid, i_epoch bigint, i_batch_id bigint, i_key text, i_head bigint)
+		create or replace function pgque.hold_keys_partitioned(i_queue text, i_consumer text, i_slot integer,
+			i_nslots integer, i_worker text, i_token uuid, i_epoch bigint, i_batch_id bigint, i_keys text[], i_heads bigint[])
 		returns integer language plpgsql as $$
 		begin
 			raise exception 'hold refused for the test';

@@ -5,14 +5,13 @@ import (
 	"time"
 )
 
-// HoldKeyPartitioned calls pgque.hold_key_partitioned(queue, consumer, slot,
-// nslots, worker, token, epoch, batch_id, key, head), head being an event of the
-// chunk d, and returns how many events were deferred. A nil key is the NULL
-// key.
-func (q *Queries) HoldKeyPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, d Delivery, key *string, head int64) (int, error) {
+// HoldKeysPartitioned calls pgque.hold_keys_partitioned: holds keys[i] from
+// heads[i] on, every head an event of the chunk d, in one call, and returns
+// how many events were deferred. A nil key is the NULL key.
+func (q *Queries) HoldKeysPartitioned(ctx context.Context, queue, consumer string, slot, nslots int, worker string, token LeaseToken, d Delivery, keys []*string, heads []int64) (int, error) {
 	var n int
-	err := q.db.QueryRow(ctx, `select pgque.hold_key_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::bigint, $8::bigint, $9::pg_catalog.text, $10::bigint)`,
-		queue, consumer, slot, nslots, worker, token, d.Epoch, d.BatchID, key, head).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.hold_keys_partitioned($1::pg_catalog.text, $2::pg_catalog.text, $3::int, $4::int, $5::pg_catalog.text, $6::pg_catalog.uuid, $7::bigint, $8::bigint, $9::pg_catalog.text[], $10::bigint[])`,
+		queue, consumer, slot, nslots, worker, token, d.Epoch, d.BatchID, keys, heads).Scan(&n)
 	return n, err
 }
 

@@ -81,7 +81,9 @@ type Host[M Event[K], K comparable] interface {
 	// result is kept only while ctx has not ended.
 	Run(ctx context.Context, m M) error
 	// SettleHeld settles a held key after its lane finished: the events
-	// handled since the hold with their results, the rest released. It
+	// handled since the hold with their results, the rest released. A key
+	// handed back before its lane ran anything since the hold is not
+	// settled: the slot's next owner releases it. It
 	// runs on the lane's goroutine; around each statement that settles,
 	// it takes the slot's chunk lock (Slot.LockChunk). A non-nil error
 	// means the key could not be settled: the slot is broken (Slot.WaitRoom
@@ -510,6 +512,12 @@ func (s *Slot[M, K]) settleHeld(ctx context.Context, ln *lane[M, K]) {
 	}()
 	if ln.aborted || ctx.Err() != nil {
 		return // the next owner releases the hold
+	}
+	if ln.cut && ln.next == ln.heldFrom {
+		// Handed back without running anything since the hold: the next
+		// owner's release of stale holds puts its events back, one call
+		// for every such key instead of a settlement each.
+		return
 	}
 	h := Held[M, K]{Key: ln.key, Head: ln.msgs[ln.heldFrom], Handled: ln.msgs[ln.heldFrom:ln.next], Results: ln.results[ln.heldFrom:ln.next]}
 	if err := s.host.SettleHeld(ctx, h); err != nil {

@@ -19,6 +19,7 @@ grant execute on function
     pgque.slot_of(text, integer),
     pgque.announce_worker(text, text, text, boolean, integer[], interval),
     pgque.hold_key_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, text, bigint),
+    pgque.hold_keys_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, text[], bigint[]),
     pgque.settle_held_partitioned(text, text, integer, integer, text, uuid, bigint, text, bigint, bigint[], bigint[], interval[], text[]),
     pgque.release_stale_holds_partitioned(text, text, integer, integer, text, uuid),
     pgque.slot_group_info(text, text)

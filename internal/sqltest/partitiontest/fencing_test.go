@@ -438,3 +438,77 @@ func twoOfOneKey(t *testing.T, d *db, max int) (slotRef, []msg, *string) {
 	}
 	return s, m, tokenFor(t, d.pool, "q", "c", 0, "w")
 }
+
+// TestHoldKeys: hold_keys_partitioned holds several keys of the chunk out in
+// one call, each from its head on, as hold_key_partitioned does one; a head
+// that is not its key's event in the chunk, or a key given twice, fails the
+// whole call; and the next owner's release_stale_holds_partitioned puts every
+// held event back, in order.
+func TestHoldKeys(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("hk")
+	d.subscribeSlots("hk", "c", 1)
+	//                          0    1    2    3    4    5    6
+	sent := d.sendBatch("hk", []*string{ptr("a"), ptr("b"), ptr("a"), nil, ptr("b"), nil, ptr("c")})
+	d.tick("hk")
+	s := d.claimAll("hk", "c", 1, "w", 100)[0]
+	m := mustReceive(t, d.pool, s)
+	if len(m) != len(sent) {
+		t.Fatalf("received %v, want %d events", ids(m), len(sent))
+	}
+	token := tokenFor(t, d.pool, "hk", "c", 0, "w")
+	hold := func(q querier, keys []*string, heads []int64) (int32, error) {
+		var n int32
+		err := q.QueryRow(ctx, "select pgque.hold_keys_partitioned('hk', 'c', 0, 1, 'w', $1::uuid, $2, $3, $4, $5)",
+			token, m[0].Epoch, m[0].Batch, keys, heads).Scan(&n)
+		return n, err
+	}
+	// Failing calls change nothing.
+	_, err := hold(d.pool, []*string{ptr("a"), ptr("b")}, []int64{sent[2], sent[2]})
+	wantState(t, err, "PQ022", "a head that is another key's event")
+	_, err = hold(d.pool, []*string{ptr("a"), ptr("a")}, []int64{sent[0], sent[2]})
+	wantState(t, err, "PQ011", "a key given twice")
+	if n := one[int64](t, d.pool, "select count(*) from pgque.deferred"); n != 0 {
+		t.Fatalf("failed holds deferred %d events", n)
+	}
+
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// a from its second event, b from its first, the NULL key from its first.
+	n, err := hold(tx, []*string{ptr("a"), ptr("b"), nil}, []int64{sent[2], sent[1], sent[3]})
+	if err != nil || n != 5 {
+		t.Fatalf("hold_keys_partitioned = %d, %v; want 5 events deferred", n, err)
+	}
+	if _, err := fencedAck(ctx, tx, s, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := one[[]string](t, d.pool, `select array_agg(coalesce(kb_key, 'NULL') || ':' || kb_state || ':' || kb_head order by kb_head)
+		from pgque.key_block`); fmt.Sprint(got) != fmt.Sprint([]string{
+		fmt.Sprintf("b:inflight:%d", sent[1]), fmt.Sprintf("a:inflight:%d", sent[2]), fmt.Sprintf("NULL:inflight:%d", sent[3])}) {
+		t.Errorf("key_block %v, want a, b and NULL held inflight from their heads", got)
+	}
+
+	// The next owner releases the holds and receives the held events, each
+	// key in order.
+	release(t, d.pool, "hk", "c", 0, "w")
+	mustClaim(t, d.pool, "hk", "c", 0, "w2", "1 hour")
+	s2 := slotRef{q: "hk", c: "c", slot: 0, n: 1, worker: "w2", max: 100}
+	if _, err := d.pool.Exec(ctx, "select pgque.release_stale_holds_partitioned('hk', 'c', 0, 1, 'w2', $1::uuid)",
+		tokenFor(t, d.pool, "hk", "c", 0, "w2")); err != nil {
+		t.Fatal(err)
+	}
+	d.tick("hk")
+	got, _ := drain(t, d.pool, s2)
+	want := []int64{sent[1], sent[2], sent[3], sent[4], sent[5]}
+	if fmt.Sprint(ids(got)) != fmt.Sprint(want) {
+		t.Errorf("the next owner received %v, want the held events %v", ids(got), want)
+	}
+}

@@ -78,6 +78,93 @@ begin
 end;
 $$;
 
+-- hold_keys_partitioned(queue, consumer, slot, nslots, worker, token,
+-- epoch, batch_id, keys, heads): hold_key_partitioned for several keys at
+-- once, key i from heads[i] on, in one pass over the chunk instead of one
+-- per key: what a worker that stops hands back (docs/design.md, "Key lanes
+-- and holds"), often hundreds of keys of one chunk. keys and heads are
+-- lists of the same length, at most 100 000, each key once (PQ011), every
+-- head set (22004); the proof of the chunk and PQ022 are those of
+-- hold_key_partitioned, for each head. Returns how many events were
+-- deferred. Tables: as hold_key_partitioned.
+create or replace function pgque.hold_keys_partitioned(i_queue text, i_consumer text, i_slot integer,
+                                                       i_nslots integer, i_worker text, i_token uuid,
+                                                       i_epoch bigint, i_batch_id bigint,
+                                                       i_keys text[], i_heads bigint[])
+returns integer language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    l       pgque.slot_lease;
+    st      pgque.sub_state;
+    v_heads jsonb := '{}';
+    v_found jsonb := '{}';
+    v_kid   text;
+    v_head  bigint;
+    v_min   bigint;
+    v_n     integer := 0;
+    r       record;
+    c       refcursor;
+begin
+    if i_epoch is null or i_batch_id is null or i_keys is null or i_heads is null then
+        raise exception using errcode = '22004', message = 'epoch, batch id, keys and heads must not be NULL';
+    end if;
+    if array_ndims(i_keys) > 1 or array_ndims(i_heads) > 1
+       or cardinality(i_keys) <> cardinality(i_heads) or cardinality(i_keys) > 100000 then
+        raise exception using errcode = 'PQ011',
+            message = format('keys and heads must be one-dimensional lists of the same length, at most 100000, not %s and %s',
+                             cardinality(i_keys), cardinality(i_heads));
+    end if;
+    if array_position(i_heads, null) is not null then
+        raise exception using errcode = '22004', message = 'heads must not be NULL';
+    end if;
+    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
+    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
+    if cardinality(i_keys) = 0 then
+        return 0;
+    end if;
+    for i in 1 .. cardinality(i_keys) loop
+        v_kid := pgque._kid(i_keys[i]);
+        if v_heads ? v_kid then
+            raise exception using errcode = 'PQ011',
+                message = format('key %s is given twice', coalesce(quote_literal(left(i_keys[i], 200)), 'NULL'));
+        end if;
+        v_heads := v_heads || jsonb_build_object(v_kid, i_heads[i]);
+    end loop;
+    select min(h) into v_min from unnest(i_heads) h;
+    st := pgque._check_delivery(l, i_epoch, i_batch_id, v_min);
+    c := 'pgque_hold_' || st.st_batch;
+    for r in select * from pgque._batch_cursor(st.st_batch, c::text, 2147483647,
+                 concat_ws(' and ', pgque._slot_filter(i_slot, i_nslots),
+                           'ev_id >= ' || v_min, 'ev_id <= ' || st.st_delivered_to)) loop
+        v_kid := pgque._kid(r.ev_extra1);
+        v_head := (v_heads ->> v_kid)::bigint;
+        if v_head is not null and r.ev_id >= v_head then
+            if r.ev_id = v_head then
+                v_found := v_found || jsonb_build_object(v_kid, true);
+            end if;
+            v_n := v_n + pgque._defer_row(l.sl_sub, v_kid, r.ev_id, r.ev_time, r.ev_retry, r.ev_type,
+                                          r.ev_data, r.ev_extra1, r.ev_extra2, r.ev_extra3, r.ev_extra4);
+        end if;
+    end loop;
+    close c;
+    for i in 1 .. cardinality(i_keys) loop
+        if not (v_found ? pgque._kid(i_keys[i])) then
+            raise exception using errcode = 'PQ022',
+                message = format('event %s of key %s is not in the delivered part of batch %s of slot %s',
+                                 i_heads[i], coalesce(quote_literal(left(i_keys[i], 200)), 'NULL'), st.st_batch, i_slot);
+        end if;
+    end loop;
+    insert into pgque.key_block as kb (kb_sub, kb_kid, kb_key, kb_state, kb_head, kb_wait, kb_epoch)
+    select l.sl_sub, pgque._kid(k.key), k.key, 'inflight', k.head, -1, l.sl_epoch
+      from unnest(i_keys, i_heads) k(key, head)
+    on conflict (kb_sub, kb_kid) do update
+       set kb_state = 'inflight', kb_head = excluded.kb_head, kb_wait = -1, kb_wait_batch = null,
+           kb_epoch = excluded.kb_epoch;
+    return v_n;
+end;
+$$;
+
 -- settle_held_partitioned(queue, consumer, slot, nslots, worker, token,
 -- epoch, key, head, done, failed, retry_after, reasons): the lane of a key held
 -- from head under epoch (the lease epoch its events were received under;

@@ -8,7 +8,7 @@
 //
 // A slow key does not stall its slot: once all but a few lanes of a chunk
 // are done and the rest have been in one handler for holdAfterMs, those
-// keys are held (hold_key_partitioned defers their unfinished events on
+// keys are held (hold_keys_partitioned defers their unfinished events on
 // the server) and the chunk is acknowledged; the held lanes go on from
 // memory and each settles its key with settle_held_partitioned when done.
 // Settles of held lanes and the chunk cycle share the slot's mutex, so a
@@ -854,7 +854,9 @@ export class SlotRunner {
       await this.call("settling the chunk", async () => {
         await check(conn);
         for (const f of failures) await q.nack(conn, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, d, f);
-        for (const l of hold) await q.holdKey(conn, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, d, l.key, l.heldFrom!);
+        if (hold.length > 0) {
+          await q.holdKeys(conn, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, d, hold.map((l) => l.key), hold.map((l) => l.heldFrom!));
+        }
         await check(conn);
         await q.ack(conn, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, d);
         await conn.query("commit");
@@ -873,6 +875,10 @@ export class SlotRunner {
   private async settleLane(l: Lane, epoch: string): Promise<void> {
     const { env } = this;
     if (this.ctl.signal.aborted) return;
+    // Handed back before it ran anything since the hold: the slot's next
+    // owner releases it (release_stale_holds_partitioned, one call for
+    // every such key instead of a settlement each).
+    if (l.cut && l.heldDone.length === 0 && l.heldFailed.length === 0) return;
     for (let attempt = 0; attempt < 5; attempt++) {
       const unlock = await this.mutex.lock();
       try {

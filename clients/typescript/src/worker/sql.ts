@@ -145,10 +145,14 @@ export async function completeInTx(db: Executor, queue: string, consumer: string
     [queue, consumer, slot, nslots, worker, token, epoch.toString(), batchId, msgId]);
 }
 
-/** hold_key_partitioned: defers key's unfinished events of the chunk from head on. */
-export async function holdKey(db: Executor, queue: string, consumer: string, slot: number, nslots: number, worker: string, token: string, d: Delivery, key: string | null, head: string): Promise<void> {
-  await db.query(`select pgque.hold_key_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::uuid, $7::bigint, $8::bigint, $9::text, $10::bigint)`,
-    [queue, consumer, slot, nslots, worker, token, d.epoch, d.batchId, key, head]);
+/**
+ * hold_keys_partitioned: defers the unfinished events of the chunk d of each
+ * keys[i] from heads[i] on, in one call (a stop hands back hundreds of keys
+ * of a chunk).
+ */
+export async function holdKeys(db: Executor, queue: string, consumer: string, slot: number, nslots: number, worker: string, token: string, d: Delivery, keys: (string | null)[], heads: string[]): Promise<void> {
+  await db.query(`select pgque.hold_keys_partitioned($1::text, $2::text, $3::int, $4::int, $5::text, $6::uuid, $7::bigint, $8::bigint, $9::text[], $10::bigint[])`,
+    [queue, consumer, slot, nslots, worker, token, d.epoch, d.batchId, keys, heads]);
 }
 
 /** settle_held_partitioned; false when the hold is no longer this epoch's. */
