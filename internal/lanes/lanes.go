@@ -839,26 +839,10 @@ func (s *Slot[M, K]) split(ctx context.Context, in *inlineRun[M, K], now time.Ti
 	if !in.peeled {
 		return s.peel(ctx, in, lanes, doneCh)
 	}
-	byKey := make(map[K]*lane[M, K])
-	for _, m := range in.msgs[cur:] {
-		k := m.Key()
-		if in.failed[k] {
-			continue
-		}
-		ln := byKey[k]
-		if ln == nil {
-			ln = newLane[M](k)
-			if len(lanes) > 1 {
-				// The head's key waited for its earlier lane already.
-				ln.prev = in.prevs[k]
-			}
-			byKey[k] = ln
-			lanes = append(lanes, ln)
-		}
-		ln.msgs = append(ln.msgs, m)
-	}
-	for _, ln := range lanes[1:] {
-		ln.results = make([]error, len(ln.msgs))
+	lanes = append(lanes, byKey(in.msgs[cur:], in.failed)...)
+	for _, ln := range lanes[2:] {
+		// The head's key waited for its earlier lane already.
+		ln.prev = in.prevs[ln.key]
 	}
 	head := lanes[1]
 	head.running, head.started = true, in.started
@@ -1017,30 +1001,40 @@ func markBack[M Event[K], K comparable](lanes []*lane[M, K], pause bool) []*lane
 	return out
 }
 
-// backLanes turns what a handed-back inline run did not start into one
-// held lane per key (but keys failed under pause), each from its first
-// event; in.mu is held. Each waits for the chunk's settlement on a
-// goroutine of its own, as a held runLane does: settles its key when the
-// holds landed, reports on doneCh when they did not.
-func (s *Slot[M, K]) backLanes(ctx context.Context, in *inlineRun[M, K], doneCh chan<- *lane[M, K]) []*lane[M, K] {
-	byKey := make(map[K]*lane[M, K])
+// byKey splits msgs into one new lane per key, in the order of each key's
+// first event, leaving out the keys failed under pause (their events are
+// not handled: the chunk's nack defers them).
+func byKey[M Event[K], K comparable](msgs []M, failed map[K]bool) []*lane[M, K] {
+	lanes := make(map[K]*lane[M, K])
 	var out []*lane[M, K]
-	for _, m := range in.msgs[in.next:] {
+	for _, m := range msgs {
 		k := m.Key()
-		if in.failed[k] {
+		if failed[k] {
 			continue
 		}
-		ln := byKey[k]
+		ln := lanes[k]
 		if ln == nil {
 			ln = newLane[M](k)
-			ln.finished, ln.cut, ln.held = true, true, true
-			byKey[k] = ln
+			lanes[k] = ln
 			out = append(out, ln)
 		}
 		ln.msgs = append(ln.msgs, m)
 	}
 	for _, ln := range out {
 		ln.results = make([]error, len(ln.msgs))
+	}
+	return out
+}
+
+// backLanes turns what a handed-back inline run did not start into one
+// held lane per key (but keys failed under pause), each from its first
+// event; in.mu is held. Each waits for the chunk's settlement on a
+// goroutine of its own, as a held runLane does: settles its key when the
+// holds landed, reports on doneCh when they did not.
+func (s *Slot[M, K]) backLanes(ctx context.Context, in *inlineRun[M, K], doneCh chan<- *lane[M, K]) []*lane[M, K] {
+	out := byKey(in.msgs[in.next:], in.failed)
+	for _, ln := range out {
+		ln.finished, ln.cut, ln.held = true, true, true
 		go func() {
 			<-ln.decided
 			if !ln.holdOK {

@@ -400,23 +400,32 @@ func TestHeldCompletionRacingTheSettle(t *testing.T) {
 	})
 	// The settle: hold the key from its running event on, and acknowledge
 	// the chunk, in one transaction.
+	holdAndAck(t, d, s, m[0], token)
+	if r := <-completed; r.Err != nil {
+		t.Fatalf("the held key's completion beside the settle: %v", r.Err)
+	}
+}
+
+// holdAndAck holds key k of queue q's one slot from event head on and
+// acknowledges the chunk head came in, in one transaction, as a worker's
+// settle does.
+func holdAndAck(t *testing.T, d *db, s slotRef, head msg, token *string) {
+	t.Helper()
+	ctx := context.Background()
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
 	if _, err := tx.Exec(ctx, "select pgque.hold_key_partitioned('q', 'c', 0, 1, 'w', $1::uuid, $2, $3, 'k', $4)",
-		token, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
+		token, head.Epoch, head.Batch, head.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fencedAck(ctx, tx, s, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
+	if _, err := fencedAck(ctx, tx, s, head.Epoch, head.Batch, head.ID); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
-	}
-	if r := <-completed; r.Err != nil {
-		t.Fatalf("the held key's completion beside the settle: %v", r.Err)
 	}
 }
 

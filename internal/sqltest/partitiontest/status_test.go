@@ -319,21 +319,7 @@ func TestSlotStatusLeavesOutHeldEventsDone(t *testing.T) {
 	ctx := context.Background()
 	s, m, token := twoOfOneKey(t, d, 2)
 	s.max = 10
-	tx, err := d.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "select pgque.hold_key_partitioned('q', 'c', 0, 1, 'w', $1::uuid, $2, $3, 'k', $4)",
-		token, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fencedAck(ctx, tx, s, m[0].Epoch, m[0].Batch, m[0].ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	holdAndAck(t, d, s, m[0], token)
 	check := func(stage string, want int64) {
 		t.Helper()
 		var lag, held, pending, deferred int64
