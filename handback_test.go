@@ -3,6 +3,7 @@ package pgque_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -46,14 +47,6 @@ func TestPartitionedStopHandsBack(t *testing.T) {
 			events = append(events, pgque.Event{Type: "e", Payload: i, PartitionKey: k})
 		}
 	}
-	ids, err := env.client.SendBatch(ctx, env.queue, events)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyOf := make(map[int64]string, len(ids))
-	for i, id := range ids {
-		keyOf[id] = events[i].PartitionKey
-	}
 
 	var mu sync.Mutex
 	var first, next []*pgque.Message
@@ -78,10 +71,26 @@ func TestPartitionedStopHandsBack(t *testing.T) {
 			return nil
 		},
 	}, logger)
+	// Sent once the consumer is subscribed: events before its subscription
+	// are not its own.
+	ids, err := env.client.SendBatch(ctx, env.queue, events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyOf := make(map[int64]string, len(ids))
+	for i, id := range ids {
+		keyOf[id] = events[i].PartitionKey
+	}
 	select {
 	case <-blocked:
 	case <-time.After(20 * time.Second):
-		t.Fatal("hot's third event did not start")
+		mu.Lock()
+		var seen []string
+		for _, m := range first {
+			seen = append(seen, m.PartitionKey+":"+string(m.Payload)+fmt.Sprintf("/r%d", m.RetryCount))
+		}
+		mu.Unlock()
+		t.Fatalf("hot's third event did not start; ran %v", seen)
 	}
 	stopped := make(chan error, 1)
 	go func() { stopped <- p1.pc.Stop(ctx) }()
