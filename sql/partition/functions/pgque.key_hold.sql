@@ -29,8 +29,8 @@ drop function if exists pgque.release_stale_holds_partitioned(text, text, intege
 -- last, received under epoch in batch_id (_check_delivery: PQ032 when the
 -- lease changed epoch since, PQ035 when that chunk is no longer the one out;
 -- PQ022 when head is not an event of key there). Returns how many events
--- were deferred. Tables: sub_state (read), deferred (insert), key_block
--- (upsert).
+-- were deferred. hold_keys_partitioned (below) for one key. Tables:
+-- sub_state (read), deferred (insert), key_block (upsert).
 create or replace function pgque.hold_key_partitioned(i_queue text, i_consumer text, i_slot integer,
                                                       i_nslots integer, i_worker text, i_token uuid,
                                                       i_epoch bigint, i_batch_id bigint,
@@ -38,43 +38,13 @@ create or replace function pgque.hold_key_partitioned(i_queue text, i_consumer t
 returns integer language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
-declare
-    l       pgque.slot_lease;
-    st      pgque.sub_state;
-    v_kid   text := pgque._kid(i_key);
-    v_n     integer := 0;
-    v_head  boolean := false;
-    r       record;
-    c       refcursor;
 begin
     if i_epoch is null or i_batch_id is null or i_head is null then
         raise exception using errcode = '22004', message = 'epoch, batch id and head must not be NULL';
     end if;
-    perform pgque._authorize(i_queue, i_consumer, 'consume'); -- access check
-    l := pgque._hold_lease(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token);
-    st := pgque._check_delivery(l, i_epoch, i_batch_id, i_head);
-    c := 'pgque_hold_' || st.st_batch;
-    for r in select * from pgque._batch_cursor(st.st_batch, c::text, 2147483647,
-                 concat_ws(' and ', pgque._slot_filter(i_slot, i_nslots), pgque._key_filter(i_key),
-                           'ev_id >= ' || i_head, 'ev_id <= ' || st.st_delivered_to)) loop
-        if r.ev_extra1 is not distinct from i_key then
-            v_head := v_head or r.ev_id = i_head;
-            v_n := v_n + pgque._defer_row(l.sl_sub, v_kid, r.ev_id, r.ev_time, r.ev_retry, r.ev_type,
-                                          r.ev_data, r.ev_extra1, r.ev_extra2, r.ev_extra3, r.ev_extra4);
-        end if;
-    end loop;
-    close c;
-    if not v_head then
-        raise exception using errcode = 'PQ022',
-            message = format('event %s of key %s is not in the delivered part of batch %s of slot %s',
-                             i_head, coalesce(quote_literal(i_key), 'NULL'), st.st_batch, i_slot);
-    end if;
-    insert into pgque.key_block as kb (kb_sub, kb_kid, kb_key, kb_state, kb_head, kb_wait, kb_epoch)
-    values (l.sl_sub, v_kid, i_key, 'inflight', i_head, -1, l.sl_epoch)
-    on conflict (kb_sub, kb_kid) do update
-       set kb_state = 'inflight', kb_head = excluded.kb_head, kb_wait = -1, kb_wait_batch = null,
-           kb_epoch = excluded.kb_epoch;
-    return v_n;
+    -- The caller's rights are checked there by session_user, as here.
+    return pgque.hold_keys_partitioned(i_queue, i_consumer, i_slot, i_nslots, i_worker, i_token, i_epoch, i_batch_id,
+                                       array[i_key], array[i_head]);
 end;
 $$;
 
