@@ -479,6 +479,8 @@ func TestHoldKeys(t *testing.T) {
 	wantState(t, err, "PQ022", "a head that is another key's event")
 	_, err = hold(d.pool, []*string{ptr("a"), ptr("a")}, []int64{sent[0], sent[2]})
 	wantState(t, err, "PQ011", "a key given twice")
+	_, err = hold(d.pool, []*string{nil, ptr("a"), nil}, []int64{sent[3], sent[0], sent[5]})
+	wantState(t, err, "PQ011", "the NULL key given twice")
 	if n := one[int64](t, d.pool, "select count(*) from pgque.deferred"); n != 0 {
 		t.Fatalf("failed holds deferred %d events", n)
 	}

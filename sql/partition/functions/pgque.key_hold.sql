@@ -67,8 +67,9 @@ as $$
 declare
     l       pgque.slot_lease;
     st      pgque.sub_state;
-    v_heads jsonb := '{}';
-    v_found jsonb := '{}';
+    v_heads jsonb;
+    v_found bigint[] := '{}';
+    v_dup   text;
     v_kid   text;
     v_head  bigint;
     v_min   bigint;
@@ -93,15 +94,17 @@ begin
     if cardinality(i_keys) = 0 then
         return 0;
     end if;
-    for i in 1 .. cardinality(i_keys) loop
-        v_kid := pgque._kid(i_keys[i]);
-        if v_heads ? v_kid then
-            raise exception using errcode = 'PQ011',
-                message = format('key %s is given twice', coalesce(quote_literal(left(i_keys[i], 200)), 'NULL'));
-        end if;
-        v_heads := v_heads || jsonb_build_object(v_kid, i_heads[i]);
-    end loop;
-    select min(h) into v_min from unnest(i_heads) h;
+    -- Built in one statement: a jsonb grown key by key is copied at each
+    -- step, quadratic in the keys.
+    select min(u.key) into v_dup
+      from unnest(i_keys) u(key)
+     group by pgque._kid(u.key) having count(*) > 1 limit 1;
+    if found then
+        raise exception using errcode = 'PQ011',
+            message = format('key %s is given twice', coalesce(quote_literal(left(v_dup, 200)), 'NULL'));
+    end if;
+    select jsonb_object_agg(pgque._kid(u.key), u.head), min(u.head) into v_heads, v_min
+      from unnest(i_keys, i_heads) u(key, head);
     st := pgque._check_delivery(l, i_epoch, i_batch_id, v_min);
     c := 'pgque_hold_' || st.st_batch;
     for r in select * from pgque._batch_cursor(st.st_batch, c::text, 2147483647,
@@ -111,20 +114,21 @@ begin
         v_head := (v_heads ->> v_kid)::bigint;
         if v_head is not null and r.ev_id >= v_head then
             if r.ev_id = v_head then
-                v_found := v_found || jsonb_build_object(v_kid, true);
+                v_found := v_found || r.ev_id;
             end if;
             v_n := v_n + pgque._defer_row(l.sl_sub, v_kid, r.ev_id, r.ev_time, r.ev_retry, r.ev_type,
                                           r.ev_data, r.ev_extra1, r.ev_extra2, r.ev_extra3, r.ev_extra4);
         end if;
     end loop;
     close c;
-    for i in 1 .. cardinality(i_keys) loop
-        if not (v_found ? pgque._kid(i_keys[i])) then
-            raise exception using errcode = 'PQ022',
-                message = format('event %s of key %s is not in the delivered part of batch %s of slot %s',
-                                 i_heads[i], coalesce(quote_literal(left(i_keys[i], 200)), 'NULL'), st.st_batch, i_slot);
-        end if;
-    end loop;
+    if cardinality(v_found) < cardinality(i_heads) then
+        select u.key, u.head into v_kid, v_head
+          from unnest(i_keys, i_heads) u(key, head)
+         where u.head <> all (v_found) limit 1;
+        raise exception using errcode = 'PQ022',
+            message = format('event %s of key %s is not in the delivered part of batch %s of slot %s',
+                             v_head, coalesce(quote_literal(left(v_kid, 200)), 'NULL'), st.st_batch, i_slot);
+    end if;
     insert into pgque.key_block as kb (kb_sub, kb_kid, kb_key, kb_state, kb_head, kb_wait, kb_epoch)
     select l.sl_sub, pgque._kid(k.key), k.key, 'inflight', k.head, -1, l.sl_epoch
       from unnest(i_keys, i_heads) k(key, head)
