@@ -180,7 +180,7 @@ func TestG2Parallel(t *testing.T) {
 		}()
 		// The second caller must be waiting on a lock while the first holds
 		// its chunk.
-		waitForLockWait(t, d, secondPID)
+		waitForLockWait(t, d, secondPID, "the second caller, blocked by the first")
 		// ...on the slot's lease row: a row-lock waiter holds the tuple lock.
 		if rel := one[string](t, d.pool, `select coalesce(string_agg(relation::regclass::text, ','), '')
 			from pg_catalog.pg_locks where pid = $1 and locktype = 'tuple'`, secondPID); rel != "pgque.slot_lease" {
@@ -218,10 +218,11 @@ func TestG2Parallel(t *testing.T) {
 	})
 }
 
-// waitForLockWait waits until backend pid waits on a heavyweight lock.
-func waitForLockWait(t *testing.T, d *db, pid int32) {
+// waitForLockWait waits until backend pid (what: who it is) waits on a
+// heavyweight lock.
+func waitForLockWait(t *testing.T, d *db, pid int32, what string) {
 	t.Helper()
-	pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("backend %d to wait on a lock (the second caller blocked by the first)", pid), func() bool {
+	pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("%s (backend %d) to wait on a lock", what, pid), func() bool {
 		return one[bool](t, d.pool, `select coalesce(wait_event_type = 'Lock', false)
 			from pg_catalog.pg_stat_activity where pid = $1`, pid)
 	})

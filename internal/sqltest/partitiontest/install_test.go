@@ -524,6 +524,93 @@ func TestRouteIndexDropsKeepATxidIndex(t *testing.T) {
 	}
 }
 
+// TestRouteIndexBuildDoesNotUpgradeItsLock: maint_route_indexes never
+// waits for a table's exclusive lock while it holds the SHARE lock of the
+// index it just built there. PostgreSQL refuses a wait behind such a lock
+// upgrade at once, as a deadlock (40P01), to whichever of the two asks
+// last: here the build, and, in the other order, a transaction that had
+// read the table and then wrote to it (an ack that puts a paused key's
+// events back), whose chunk was then delivered again. An event trigger
+// stops the build right after its CREATE INDEX, until the writer waits
+// behind the build's SHARE lock; without it the window is the build's
+// 20 ms wait for the exclusive lock.
+func TestRouteIndexBuildDoesNotUpgradeItsLock(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 4)
+	first := one[string](t, d.pool, "select pgque._event_table(queue_id, 0) from pgque.queue where queue_name = 'q'")
+	if cur := one[string](t, d.pool, "select pgque._event_table(queue_id, queue_cur_table) from pgque.queue where queue_name = 'q'"); cur != first {
+		t.Fatalf("a new queue sends to %s, want %s (the table maint_route_indexes builds on first)", cur, first)
+	}
+	d.exec(`create function public.stop_after_index() returns event_trigger language plpgsql as $$
+		begin
+		    if current_setting('application_name') = 'maint under test' then
+		        perform pg_catalog.pg_advisory_xact_lock(4242);
+		    end if;
+		end $$`)
+	d.exec("create event trigger stop_after_index on ddl_command_end when tag in ('CREATE INDEX') execute function public.stop_after_index()")
+
+	gate := pgtest.Conn(t, d.dsn)
+	if _, err := gate.Exec(ctx, "select pg_advisory_lock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+	writer, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Rollback(ctx)
+	writerPID := one[int32](t, writer, "select pg_backend_pid()")
+	if _, err := writer.Exec(ctx, "select count(*) from "+first); err != nil {
+		t.Fatal(err)
+	}
+
+	maint := pgtest.Conn(t, d.dsn)
+	if _, err := maint.Exec(ctx, "set application_name = 'maint under test'"); err != nil {
+		t.Fatal(err)
+	}
+	maintPID := one[int32](t, maint, "select pg_backend_pid()")
+	built := make(chan error, 1)
+	go func() {
+		var n int32
+		err := maint.QueryRow(ctx, "select pgque.maint_route_indexes()").Scan(&n)
+		if err == nil && n != 3 {
+			err = fmt.Errorf("it returned %d, want the 3 routing indexes built", n)
+		}
+		built <- err
+	}()
+	waitForLockWait(t, d, maintPID, "maint_route_indexes, stopped after its first CREATE INDEX")
+	sent := make(chan error, 1)
+	go func() {
+		_, err := writer.Exec(ctx, "select pgque.send('q', 'k', '{}')")
+		sent <- err
+	}()
+	waitForLockWait(t, d, writerPID, "the send, behind the build's SHARE lock")
+	if _, err := gate.Exec(ctx, "select pg_advisory_unlock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-built; err != nil {
+		t.Fatal("maint_route_indexes beside a reader that writes:", err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal("a send after reading the table, beside maint_route_indexes:", err)
+	}
+	if err := writer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.exec("drop event trigger stop_after_index")
+	if n := one[int32](t, d.pool, "select pgque.maint_route_indexes()"); n != 1 {
+		t.Errorf("maint_route_indexes() once the writer committed = %d, want 1 (the engine index of %s)", n, first)
+	}
+	if missing := txidLedMissing(t, d.pool, "q"); len(missing) != 0 {
+		t.Fatalf("tables with no (ev_txid, ev_id) index: %v", missing)
+	}
+	if got := eventIndexes(t, d.pool, "q"); len(got) != 3 || slices.ContainsFunc(got, func(ix string) bool { return !strings.HasSuffix(ix, "_route4 (ev_txid, ev_id, route)") }) {
+		t.Errorf("indexes once the engine's are retired: %q, want the 3 routing indexes alone", got)
+	}
+}
+
 // TestIndexesUnderATransactionSnapshot: unsubscribes in REPEATABLE READ
 // read the catalog in their snapshot, which misses what the other one
 // dropped, and two of them left every table with no (ev_txid, ev_id)

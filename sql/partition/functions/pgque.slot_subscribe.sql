@@ -204,8 +204,9 @@ $$;
 -- ("WAL per keyed send" in docs/benchmarks.md). An index of an earlier
 -- version (the routing expression first, or without ev_id) is dropped and
 -- built again. The engine's index goes through _txid_index_retire, which
--- waits at most 20 ms for the table's lock: when it is not granted the
--- table keeps both indexes until maint_route_indexes retires it.
+-- does not wait for the table's lock while the build's SHARE lock is held
+-- (_ddl_lock): when it is not granted at once, the table keeps both
+-- indexes until a later maint_route_indexes call retires it.
 create or replace function pgque._route_index_build(i_queue_id integer, i_table integer, i_nslots integer)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -224,15 +225,48 @@ begin
 end;
 $$;
 
+-- _ddl_lock(table, wait): takes an event table's ACCESS EXCLUSIVE lock for
+-- an index change, waiting at most wait, and reports whether it got it.
+-- A transaction that holds a lock on the table stronger than ACCESS SHARE
+-- (the SHARE lock of an index it built there) does not wait at all: that
+-- wait would upgrade its lock, and PostgreSQL refuses at once, as a
+-- deadlock (40P01), a session that has read the table and asks to write
+-- to it meanwhile (an ack that puts a paused key's events back: its
+-- chunk was delivered again), or the upgrade itself when that session
+-- asked first. It gets the lock at a later call, holding none.
+create or replace function pgque._ddl_lock(i_tbl regclass, i_wait text)
+returns boolean language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_old_lt text := current_setting('lock_timeout');
+begin
+    if exists (select from pg_catalog.pg_locks l
+                where l.locktype = 'relation' and l.pid = pg_catalog.pg_backend_pid()
+                  and l.relation = i_tbl and l.granted and l.mode <> 'AccessShareLock') then
+        execute format('lock table %s in access exclusive mode nowait', i_tbl);
+    else
+        perform set_config('lock_timeout', i_wait, true);
+        execute format('lock table %s in access exclusive mode', i_tbl);
+        perform set_config('lock_timeout', v_old_lt, true);
+    end if;
+    return true;
+exception when lock_not_available then
+    perform set_config('lock_timeout', v_old_lt, true);
+    return false;
+end;
+$$;
+
 -- _txid_index_retire(queue_id, table): drops the engine's (ev_txid, ev_id)
 -- index of an event table where a routing index that a slot group uses
 -- does its work. The table's ACCESS EXCLUSIVE lock comes first, waited
 -- for at most 20 ms (a producer's transaction is shorter; a reader that
--- holds the table longer keeps both indexes until a later try), and only
--- then is the catalog read: a routing index dropped meanwhile by a
--- session that saw the engine's index cannot leave the table without
--- either (index changes are one session's at a time, _index_ddl_lock, but
--- the catalog is what holds the invariant). Returns whether it dropped it.
+-- holds the table longer keeps both indexes until a later try), and not
+-- at all right after a build (_ddl_lock), and only then is the catalog
+-- read: a routing index dropped meanwhile by a session that saw the
+-- engine's index cannot leave the table without either (index changes
+-- are one session's at a time, _index_ddl_lock, but the catalog is what
+-- holds the invariant). Returns whether it dropped it.
 create or replace function pgque._txid_index_retire(i_queue_id integer, i_table integer)
 returns boolean language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -240,21 +274,15 @@ as $$
 declare
     v_tbl text := pgque._event_table(i_queue_id, i_table);
     v_engine text := pgque._txid_index_name(i_queue_id, i_table);
-    v_old_lt text := current_setting('lock_timeout');
 begin
     -- Asked before the lock, so that a table with nothing to drop is not
     -- locked, and again under it.
     if not pgque._txid_index_replaced(i_queue_id, i_table) then
         return false;
     end if;
-    begin
-        perform set_config('lock_timeout', '20ms', true);
-        execute format('lock table %s in access exclusive mode', v_tbl);
-        perform set_config('lock_timeout', v_old_lt, true);
-    exception when lock_not_available then
-        perform set_config('lock_timeout', v_old_lt, true);
+    if not pgque._ddl_lock(v_tbl::regclass, '20ms') then
         return false;
-    end;
+    end if;
     if not pgque._txid_index_replaced(i_queue_id, i_table) then
         return false;
     end if;
@@ -298,8 +326,8 @@ $$;
 -- comes first, and the catalog is read under it: two sessions dropping
 -- two routing indexes of one table each see what the other left (when
 -- unsubscribes dropped them, two at once left a table with neither).
--- Returns whether it dropped it. The caller bounds the lock wait
--- (lock_timeout).
+-- The lock is waited for at most 20 ms (_ddl_lock). Returns whether it
+-- dropped it.
 create or replace function pgque._route_index_drop(i_queue_id integer, i_table integer, i_index text)
 returns boolean language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -311,7 +339,9 @@ begin
     if pg_catalog.to_regclass(format('pgque.%I', i_index)) is null then
         return false;
     end if;
-    execute format('lock table %s in access exclusive mode', v_tbl);
+    if not pgque._ddl_lock(v_tbl, '20ms') then
+        return false;
+    end if;
     if pg_catalog.to_regclass(format('pgque.%I', i_index)) is null then
         return false;
     end if;
@@ -386,8 +416,9 @@ begin
     end loop;
     -- Routing indexes of an N no slot group uses any more (the old N of a
     -- completed resize): dropped here rather than in the cutover, because
-    -- the drop needs the table's exclusive lock, waited for at most 20 ms
-    -- (_route_index_drop keeps an index that leads with (ev_txid, ev_id)):
+    -- the drop needs the table's exclusive lock, waited for at most 20 ms,
+    -- and not at all on a table this call built on (_ddl_lock;
+    -- _route_index_drop keeps an index that leads with (ev_txid, ev_id)):
     -- while a reader holds the table, each call stalls its producers that
     -- long, and the index stays until the reader is gone.
     for r in
@@ -400,20 +431,14 @@ begin
                               and (g.sg_nslots = m[3]::integer or g.sg_resize_to = m[3]::integer))
          order by 2, 3, 1
     loop
-        begin
-            perform set_config('lock_timeout', '20ms', true);
-            if pgque._route_index_drop(r.queue_id, r.tbl, r.relname) then
-                v_n := v_n + 1;
-            end if;
-            perform set_config('lock_timeout', v_old_lt, true);
-        exception when lock_not_available then
-            perform set_config('lock_timeout', v_old_lt, true);
-        end;
+        if pgque._route_index_drop(r.queue_id, r.tbl, r.relname) then
+            v_n := v_n + 1;
+        end if;
     end loop;
     -- The engine's (ev_txid, ev_id) index of a table whose routing index
     -- does its work, which _route_index_build could not drop (the table's
-    -- lock not granted within 20 ms): tried again at every call, 20 ms at
-    -- most each.
+    -- lock not granted at once): tried again at every call, waiting 20 ms
+    -- at most each, and not at all on a table this call built on.
     for r in
         select q.queue_id, t.n
           from pgque.queue q
