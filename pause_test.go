@@ -46,7 +46,7 @@ func (c pcall) String() string {
 	if !c.ok {
 		outcome = "FAIL"
 	}
-	return fmt.Sprintf("%s#%d(id %d, retry %d, %s)", c.key, c.n, c.id, c.retry, outcome)
+	return fmt.Sprintf("%s#%d(id %d, retry %d, %s, %s slot %d at %s)", c.key, c.n, c.id, c.retry, outcome, c.worker, c.slot, c.start.Format("15:04:05.000"))
 }
 
 // pauseLog records every handler call of a run.
@@ -752,9 +752,7 @@ func runPauseRandomized(t *testing.T, poison bool) {
 	}
 	var log pauseLog
 	var chk checker
-	// Injected panics are logged with their stacks at level error: keep
-	// the test log to warnings that are not about them.
-	quiet := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelError + 1}))
+	logger := slog.New(withoutPanics{slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})})
 	for _, w := range []string{"p1", "p2"} {
 		startProcessLogger(t, env, pgque.PartitionedConsumerConfig{
 			Queue: env.queue, Consumer: "c", Slots: nslots, WorkerID: w, FailurePolicy: pgque.FailurePolicyPause,
@@ -772,7 +770,7 @@ func runPauseRandomized(t *testing.T, poison bool) {
 					return nil
 				})(ctx, m)
 			},
-		}, quiet)
+		}, logger)
 	}
 	keys := make([]string, nkeys)
 	for i := range keys {
@@ -975,3 +973,21 @@ func TestPausePolicySwitchRacesNack(t *testing.T) {
 		t.Fatalf("blocked keys left under skip: %+v", bks)
 	}
 }
+
+// withoutPanics drops the records of the injected panics (logged with
+// their stacks) and keeps the rest, down to debug: a failure's log shows
+// the slots' claims, releases and errors around it.
+type withoutPanics struct{ slog.Handler }
+
+func (h withoutPanics) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "pgque: handler panicked" {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h withoutPanics) WithAttrs(as []slog.Attr) slog.Handler {
+	return withoutPanics{h.Handler.WithAttrs(as)}
+}
+
+func (h withoutPanics) WithGroup(g string) slog.Handler { return withoutPanics{h.Handler.WithGroup(g)} }
