@@ -205,7 +205,7 @@ $$;
 -- version (the routing expression first, or without ev_id) is dropped and
 -- built again. The engine's index goes through _txid_index_retire, which
 -- does not wait for the table's lock while the build's SHARE lock is held
--- (_ddl_lock): when it is not granted at once, the table keeps both
+-- (_lock_for_index): when it is not granted at once, the table keeps both
 -- indexes until a later maint_route_indexes call retires it.
 create or replace function pgque._route_index_build(i_queue_id integer, i_table integer, i_nslots integer)
 returns void language plpgsql
@@ -225,36 +225,26 @@ begin
 end;
 $$;
 
--- _ddl_lock(table, wait): takes an event table's ACCESS EXCLUSIVE lock for
--- an index change, waiting at most wait, and reports whether it got it.
--- A transaction that holds a lock on the table stronger than ACCESS SHARE
--- (the SHARE lock of an index it built there) does not wait at all: that
--- wait would upgrade its lock, and PostgreSQL refuses at once, as a
--- deadlock (40P01), a session that has read the table and asks to write
--- to it meanwhile (an ack that puts a paused key's events back: its
--- chunk was delivered again), or the upgrade itself when that session
--- asked first. It gets the lock at a later call, holding none.
-create or replace function pgque._ddl_lock(i_tbl regclass, i_wait text)
-returns boolean language plpgsql
+-- _lock_for_index(table, wait): takes an event table's ACCESS EXCLUSIVE
+-- lock for an index change, waiting at most wait (_lock_within), and
+-- reports whether it got it. A transaction that holds a lock on the table
+-- stronger than ACCESS SHARE (the SHARE lock of an index it built there)
+-- does not wait at all: that wait would upgrade its lock, and PostgreSQL
+-- refuses at once, as a deadlock (40P01), a session that has read the
+-- table and asks to write to it meanwhile (an ack that puts a paused
+-- key's events back: its chunk was delivered again), or the upgrade
+-- itself when that session asked first. It gets the lock at a later
+-- call, holding none.
+drop function if exists pgque._ddl_lock(regclass, text); -- its first name
+create or replace function pgque._lock_for_index(i_tbl regclass, i_wait interval)
+returns boolean language sql
 set search_path = pg_catalog, pg_temp
 as $$
-declare
-    v_old_lt text := current_setting('lock_timeout');
-begin
-    if exists (select from pg_catalog.pg_locks l
-                where l.locktype = 'relation' and l.pid = pg_catalog.pg_backend_pid()
-                  and l.relation = i_tbl and l.granted and l.mode <> 'AccessShareLock') then
-        execute format('lock table %s in access exclusive mode nowait', i_tbl);
-    else
-        perform set_config('lock_timeout', i_wait, true);
-        execute format('lock table %s in access exclusive mode', i_tbl);
-        perform set_config('lock_timeout', v_old_lt, true);
-    end if;
-    return true;
-exception when lock_not_available then
-    perform set_config('lock_timeout', v_old_lt, true);
-    return false;
-end;
+    select pgque._lock_within(i_tbl::text,
+        case when exists (select from pg_catalog.pg_locks l
+                           where l.locktype = 'relation' and l.pid = pg_catalog.pg_backend_pid()
+                             and l.relation = i_tbl and l.granted and l.mode <> 'AccessShareLock')
+             then interval '0' else i_wait end)
 $$;
 
 -- _txid_index_retire(queue_id, table): drops the engine's (ev_txid, ev_id)
@@ -262,11 +252,11 @@ $$;
 -- does its work. The table's ACCESS EXCLUSIVE lock comes first, waited
 -- for at most 20 ms (a producer's transaction is shorter; a reader that
 -- holds the table longer keeps both indexes until a later try), and not
--- at all right after a build (_ddl_lock), and only then is the catalog
--- read: a routing index dropped meanwhile by a session that saw the
--- engine's index cannot leave the table without either (index changes
--- are one session's at a time, _index_ddl_lock, but the catalog is what
--- holds the invariant). Returns whether it dropped it.
+-- at all right after a build (_lock_for_index), and only then is the
+-- catalog read: a routing index dropped meanwhile by a session that saw
+-- the engine's index cannot leave the table without either (index
+-- changes are one session's at a time, _index_ddl_lock, but the catalog
+-- is what holds the invariant). Returns whether it dropped it.
 create or replace function pgque._txid_index_retire(i_queue_id integer, i_table integer)
 returns boolean language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -280,7 +270,7 @@ begin
     if not pgque._txid_index_replaced(i_queue_id, i_table) then
         return false;
     end if;
-    if not pgque._ddl_lock(v_tbl::regclass, '20ms') then
+    if not pgque._lock_for_index(v_tbl::regclass, interval '20 ms') then
         return false;
     end if;
     if not pgque._txid_index_replaced(i_queue_id, i_table) then
@@ -326,7 +316,7 @@ $$;
 -- comes first, and the catalog is read under it: two sessions dropping
 -- two routing indexes of one table each see what the other left (when
 -- unsubscribes dropped them, two at once left a table with neither).
--- The lock is waited for at most 20 ms (_ddl_lock). Returns whether it
+-- The lock is waited for at most 20 ms (_lock_for_index). Returns whether it
 -- dropped it.
 create or replace function pgque._route_index_drop(i_queue_id integer, i_table integer, i_index text)
 returns boolean language plpgsql
@@ -339,7 +329,7 @@ begin
     if pg_catalog.to_regclass(format('pgque.%I', i_index)) is null then
         return false;
     end if;
-    if not pgque._ddl_lock(v_tbl, '20ms') then
+    if not pgque._lock_for_index(v_tbl, interval '20 ms') then
         return false;
     end if;
     if pg_catalog.to_regclass(format('pgque.%I', i_index)) is null then
@@ -417,7 +407,7 @@ begin
     -- Routing indexes of an N no slot group uses any more (the old N of a
     -- completed resize): dropped here rather than in the cutover, because
     -- the drop needs the table's exclusive lock, waited for at most 20 ms,
-    -- and not at all on a table this call built on (_ddl_lock;
+    -- and not at all on a table this call built on (_lock_for_index;
     -- _route_index_drop keeps an index that leads with (ev_txid, ev_id)):
     -- while a reader holds the table, each call stalls its producers that
     -- long, and the index stays until the reader is gone.
