@@ -95,7 +95,11 @@ func (pc *PartitionedConsumer) flushAck(ctx context.Context, sl *slotState, leas
 	}
 	cfg := &pc.config
 	start := time.Now()
-	if _, err := pc.client.queries.AckDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, *ack); err != nil {
+	err := rerun(ctx, func() error {
+		_, err := pc.client.queries.AckDelivery(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, *ack)
+		return err
+	})
+	if err != nil {
 		err = mapError(fmt.Sprintf("acknowledging the last chunk of slot %d", lease.Slot), err)
 		if errors.Is(err, ErrLeaseLost) {
 			// Taken over, or settled by a receive whose answer was lost:
@@ -290,7 +294,7 @@ func (pc *PartitionedConsumer) settleLanes(ctx context.Context, sl *slotState, c
 	switch {
 	case len(holds) > 0:
 		// The holds must land with the ack: in the same transaction.
-		err = pc.settleWithHolds(ctx, &s, failures, lease, delivery, holds)
+		err = rerun(ctx, func() error { return pc.settleWithHolds(ctx, &s, failures, lease, delivery, holds) })
 	case sl.deferAck(delivery, failures, 0):
 		// Acknowledged by the next receive.
 	default:
@@ -347,7 +351,7 @@ func (pc *PartitionedConsumer) settleWithHolds(ctx context.Context, s *settler, 
 	if _, err := dbq.New(tx).HoldKeysPartitioned(ctx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, delivery, keys, heads); err != nil {
 		return mapError(fmt.Sprintf("holding %d keys of slot %d", len(holds), lease.Slot), err)
 	}
-	if err := s.settle(ctx, tx, failures); err != nil {
+	if err := s.settleOnce(ctx, tx, failures); err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgque/pgque/internal/backoff"
 	"github.com/pgque/pgque/internal/dbq"
 	"github.com/pgque/pgque/internal/metrics"
 )
@@ -32,9 +34,16 @@ type settler struct {
 	check func(ctx context.Context, q *dbq.Queries) error
 }
 
-// settle runs the nacks and the ack over db: in one transaction when there
-// are failures, as one autocommit statement otherwise.
+// settle runs the nacks and the ack over db (a pool: not inside a
+// transaction of the caller's), again when the server rolled them back
+// (rerun).
 func (s *settler) settle(ctx context.Context, db beginner, failures []failure) error {
+	return rerun(ctx, func() error { return s.settleOnce(ctx, db, failures) })
+}
+
+// settleOnce runs the nacks and the ack over db: in one transaction when
+// there are failures, as one autocommit statement otherwise.
+func (s *settler) settleOnce(ctx context.Context, db beginner, failures []failure) error {
 	if len(failures) == 0 {
 		_, err := s.ack(ctx, dbq.New(db))
 		return mapError("acknowledging chunk", err)
@@ -73,6 +82,37 @@ func (s *settler) settle(ctx context.Context, db beginner, failures []failure) e
 	s.metrics.Retried.WithLabelValues(s.queue, s.consumer).Add(float64(retried))
 	s.metrics.DeadLettered.WithLabelValues(s.queue, s.consumer).Add(float64(dead))
 	return nil
+}
+
+// settleRuns bounds how many times rerun runs a settling transaction.
+const settleRuns = 3
+
+// rerunPause paces rerun: 10 ms, then 20 ms, ±50%.
+var rerunPause = backoff.Policy{Base: 10 * time.Millisecond, Max: 100 * time.Millisecond, Jitter: 0.5}
+
+// rerun runs settle, a settling transaction of its own, again when the
+// server rolled it back as a deadlock victim (40P01) or a serialization
+// failure (40001), at most settleRuns times in all. Nothing of it was
+// committed and its fencing still proves the chunk, while a chunk left
+// unsettled is delivered again although its handlers have run: another
+// session's locks must not cost duplicates.
+func rerun(ctx context.Context, settle func() error) error {
+	for run := 1; ; run++ {
+		err := settle()
+		if err == nil || run == settleRuns || !rolledBack(err) || ctx.Err() != nil {
+			return err
+		}
+		if !backoff.Sleep(ctx.Done(), rerunPause.Delay(run-1)) {
+			return err
+		}
+	}
+}
+
+// rolledBack reports whether the server refused err's transaction as a
+// deadlock victim or a serialization failure.
+func rolledBack(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
 
 // delay is how long a failed message waits: dbq.DeadLetterNow for an error

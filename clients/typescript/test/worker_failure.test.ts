@@ -82,6 +82,39 @@ for (const policy of ["skip", "pause"] as FailurePolicy[]) {
   });
 }
 
+test("a settle the server rolls back as a deadlock victim runs again: its chunk is not delivered twice", async (t) => {
+  const db = await setup(t, "rolled");
+  // The first nack is refused as a deadlock, as when another session's
+  // locks made the settle the victim.
+  await db.pool.query(`
+    create sequence public.nacks;
+    create function public.deadlock_first_nack() returns trigger language plpgsql as $$
+    begin
+        if nextval('public.nacks') = 1 then
+            raise exception using errcode = '40P01', message = 'deadlock injected by the test';
+        end if;
+        return new;
+    end $$;
+    create trigger deadlock_first_nack before insert on pgque.retry_queue
+        for each row execute function public.deadlock_first_nack()`);
+  const log: Log = [];
+  const retried = gate();
+  const w = db.track(await work(db.pool, { ...fast, queue: "rolled", consumer: "c", slots: 1 }, async (m: Message) => {
+    const ok = !((m.payload as { i: number }).i === 0 && m.retryCount === 0);
+    log.push({ id: m.id, key: m.key, retry: m.retryCount, ok, at: Date.now() });
+    if (m.retryCount > 0) retried.open();
+    if (!ok) throw new Error("first attempt fails");
+  }));
+  const [e0, e1] = await sendKeyed(db.pool, "rolled", ["k"], 2);
+  await retried.wait;
+  await w.stop();
+  // The retry comes after the chunk's settle committed: a chunk delivered
+  // again would show its calls before it.
+  assert.deepEqual(log.map((l) => [l.id, l.retry, l.ok]), [[e0, 0, false], [e1, 0, true], [e0, 1, true]]);
+  const { rows } = await db.pool.query("select last_value::int as n from public.nacks");
+  assert.equal(rows[0].n, 2, "the retry queue was written twice: the refused nack and its second run");
+});
+
 test("retryAfter() asks for its own delay instead of the retry delay", async (t) => {
   const db = await setup(t, "ra");
   const seen: { retry: number; at: number }[] = [];

@@ -20,7 +20,7 @@
 // the next owner receives the chunk again.
 
 import { checkout, type ConnectionSource, type Executor } from "../executor.js";
-import { isPgqueError, mapError } from "../errors.js";
+import { isPgqueError, mapError, sqlstateOf } from "../errors.js";
 import { toMessage, type ChunkRow, type Message } from "./message.js";
 import * as q from "./sql.js";
 import { HandlerTimeoutError, LeaseLostError, reasonOf, RetryAfterError, DeadLetterError } from "./outcome.js";
@@ -500,7 +500,7 @@ export class SlotRunner {
       const d = this.pendingAck;
       this.pendingAck = null;
       try {
-        await this.call("acknowledging the last chunk", () => q.ack(env.db, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, d));
+        await rerun(() => this.call("acknowledging the last chunk", () => q.ack(env.db, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, d)), this.ctl.signal);
       } catch (err) {
         if (!this.fenced) env.onError(err);
       }
@@ -578,7 +578,7 @@ export class SlotRunner {
       return;
     }
     try {
-      await this.settleChunk(d, failures, toHold, pause);
+      await rerun(() => this.settleChunk(d, failures, toHold, pause), this.ctl.signal);
     } catch (err) {
       for (const l of toHold) this.unhold(l);
       if (this.fenced || this.ctl.signal.aborted) return;
@@ -592,7 +592,7 @@ export class SlotRunner {
       if (lanes.some((l) => l.cut)) return;
       const all = lanes.flatMap((l) => l.failures).sort((x, y) => order.get(x.id)! - order.get(y.id)!);
       try {
-        await this.settleChunk(d, all, [], pause);
+        await rerun(() => this.settleChunk(d, all, [], pause), this.ctl.signal);
       } catch (err2) {
         if (!this.fenced) env.onError(err2);
       }
@@ -904,4 +904,27 @@ export class SlotRunner {
 export function defaultRetryDelay(retryCount: number): number {
   const base = Math.min(600_000, 1000 * 2 ** Math.min(Math.max(retryCount, 0), 30));
   return base * (0.9 + 0.2 * Math.random());
+}
+
+/** How many times rerun runs a settling transaction in all. */
+const SETTLE_RUNS = 3;
+
+/**
+ * Runs settle, a settling transaction of its own, again when the server
+ * rolled it back as a deadlock victim (40P01) or a serialization failure
+ * (40001), at most SETTLE_RUNS times in all, 10 then 20 ms apart. Nothing
+ * of it was committed and its fencing still proves the chunk, while a
+ * chunk left unsettled is delivered again although its handlers ran:
+ * another session's locks must not cost duplicates.
+ */
+async function rerun<T>(settle: () => Promise<T>, signal: AbortSignal): Promise<T> {
+  for (let run = 1; ; run++) {
+    try {
+      return await settle();
+    } catch (err) {
+      const code = sqlstateOf(err);
+      if (run >= SETTLE_RUNS || (code !== "40P01" && code !== "40001") || signal.aborted) throw err;
+    }
+    await sleep(10 * 2 ** (run - 1), signal);
+  }
 }
