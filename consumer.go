@@ -127,8 +127,9 @@ func (con *Consumer) chunk(fetchCtx, workCtx context.Context) (bool, error) {
 		return false, nil
 	}
 	msgs := toMessages(rows, con.config.Queue, con.config.Consumer, 0)
-	failures, _, aborted := con.invoker.handleChunk(workCtx, msgs, false)
-	if aborted {
+	run := con.invoker.handleChunk(workCtx, msgs, false, nil)
+	failures := run.failures
+	if run.aborted {
 		return false, errors.Join(errAborted, workCtx.Err())
 	}
 	batchID := rows[0].BatchID

@@ -31,12 +31,51 @@ func (w *signalWriter) Write(p []byte) (int, error) {
 }
 
 // TestPartitionedStopHandsBack: Stop waits for the handlers running, not
-// for the chunk. A hot key blocked in its third event when Stop begins
-// runs no fourth; keys whose lanes wait for a place run nothing more; the
-// next consumer handles every event the first did not, each key in order,
-// and nothing twice.
+// for the chunk. With lanes, a hot key blocked in its third event when
+// Stop begins runs no fourth, and keys whose lanes wait for a place run
+// nothing more; inline (MaxWorkersPerSlot 1), no event after the running
+// one starts. The next consumer handles every event the first did not,
+// each key in order, and nothing twice.
 func TestPartitionedStopHandsBack(t *testing.T) {
 	t.Parallel()
+	t.Run("lanes", func(t *testing.T) {
+		t.Parallel()
+		// Two places: hot and slow take them, blocked in a handler; the
+		// other keys' lanes wait for one.
+		first := stopWhileBlocked(t, pgque.PartitionedConsumerConfig{MaxWorkers: 2}, func(k, payload string) bool {
+			return (k == "hot" && payload == "2") || (k == "slow" && payload == "0")
+		})
+		if got := ran(first, "hot"); !slices.Equal(got, []string{"0", "1", "2"}) {
+			t.Errorf("the stopping consumer ran hot's %v, want 0 1 2: the events after the running one go back", got)
+		}
+		if got := ran(first, "slow"); !slices.Equal(got, []string{"0"}) {
+			t.Errorf("the stopping consumer ran slow's %v, want 0", got)
+		}
+	})
+	t.Run("inline", func(t *testing.T) {
+		t.Parallel()
+		first := stopWhileBlocked(t, pgque.PartitionedConsumerConfig{MaxWorkersPerSlot: 1}, func(k, payload string) bool {
+			return k == "hot" && payload == "2"
+		})
+		var got []string
+		for _, m := range first {
+			got = append(got, m.PartitionKey+string(m.Payload))
+		}
+		want := []string{"hot0", "slow0", "a0", "b0", "c0", "hot1", "slow1", "a1", "b1", "c1", "hot2"}
+		if !slices.Equal(got, want) {
+			t.Errorf("the stopping consumer ran %v, want %v: nothing after the running event", got, want)
+		}
+	})
+}
+
+// stopWhileBlocked sends 10 events to each of the keys hot, slow, a, b
+// and c (interleaved) to a consumer configured by cfg whose handler
+// blocks on the events block names; it stops the consumer once the
+// handler blocks on hot's third event, lets the handlers go once Stop gave
+// the slot up, and has a second consumer handle the rest. It checks that
+// every event was handled once and each key in order, and returns what
+// the first consumer ran.
+func stopWhileBlocked(t *testing.T, cfg pgque.PartitionedConsumerConfig, block func(key, payload string) bool) []*pgque.Message {
 	env := setup(t)
 	startTicker(t, env.client)
 	ctx := context.Background()
@@ -54,23 +93,20 @@ func TestPartitionedStopHandsBack(t *testing.T) {
 	var blockOnce sync.Once
 	stopping := &signalWriter{want: "hands back what it has not started", seen: make(chan struct{})}
 	logger := slog.New(slog.NewTextHandler(stopping, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	// Two places: hot and slow take them, blocked in a handler; the other
-	// keys' lanes wait for one.
-	p1 := startProcessLogger(t, env, pgque.PartitionedConsumerConfig{
-		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "first", MaxWorkers: 2,
-		Handler: func(ctx context.Context, m *pgque.Message) error {
-			mu.Lock()
-			first = append(first, m)
-			mu.Unlock()
-			if (m.PartitionKey == "hot" && string(m.Payload) == "2") || (m.PartitionKey == "slow" && string(m.Payload) == "0") {
-				if m.PartitionKey == "hot" {
-					blockOnce.Do(func() { close(blocked) })
-				}
-				<-release
+	cfg.Queue, cfg.Consumer, cfg.Slots, cfg.WorkerID = env.queue, "c", 1, "first"
+	cfg.Handler = func(ctx context.Context, m *pgque.Message) error {
+		mu.Lock()
+		first = append(first, m)
+		mu.Unlock()
+		if block(m.PartitionKey, string(m.Payload)) {
+			if m.PartitionKey == "hot" {
+				blockOnce.Do(func() { close(blocked) })
 			}
-			return nil
-		},
-	}, logger)
+			<-release
+		}
+		return nil
+	}
+	p1 := startProcessLogger(t, env, cfg, logger)
 	// Sent once the consumer is subscribed: events before its subscription
 	// are not its own.
 	ids, err := env.client.SendBatch(ctx, env.queue, events)
@@ -101,30 +137,13 @@ func TestPartitionedStopHandsBack(t *testing.T) {
 	}
 	select {
 	case err := <-stopped:
-		t.Fatalf("Stop returned (%v) while two handlers still ran", err)
+		t.Fatalf("Stop returned (%v) while a handler still ran", err)
 	default:
 	}
 	close(release)
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
-	ran := func(ms []*pgque.Message, key string) []string {
-		var out []string
-		for _, m := range ms {
-			if m.PartitionKey == key {
-				out = append(out, string(m.Payload))
-			}
-		}
-		return out
-	}
-	mu.Lock()
-	if got := ran(first, "hot"); !slices.Equal(got, []string{"0", "1", "2"}) {
-		t.Errorf("the stopping consumer ran hot's %v, want 0 1 2: the events after the running one go back", got)
-	}
-	if got := ran(first, "slow"); !slices.Equal(got, []string{"0"}) {
-		t.Errorf("the stopping consumer ran slow's %v, want 0", got)
-	}
-	mu.Unlock()
 
 	startProcess(t, env, pgque.PartitionedConsumerConfig{
 		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "next",
@@ -157,4 +176,16 @@ func TestPartitionedStopHandsBack(t *testing.T) {
 			t.Errorf("key %s handled in the order %s", k, got)
 		}
 	}
+	return slices.Clone(first)
+}
+
+// ran lists the payloads of key's events in ms, in order.
+func ran(ms []*pgque.Message, key string) []string {
+	var out []string
+	for _, m := range ms {
+		if m.PartitionKey == key {
+			out = append(out, string(m.Payload))
+		}
+	}
+	return out
 }

@@ -135,27 +135,54 @@ func (f *inFlight) list() []string {
 	return out
 }
 
+// chunkRun is what handleChunk did with a chunk.
+type chunkRun struct {
+	failures []failure
+	// held counts the events of failed keys not handled (pause).
+	held int
+	// rest are the events not started when the slot was given up, but
+	// the held ones, in chunk order.
+	rest []*Message
+	// aborted: ctx ended; the chunk must not be settled.
+	aborted bool
+}
+
 // handleChunk runs the handler on each message in order and returns the
 // failures. With holdKeys (the pause policy), once the handler failed on an
 // event of a key, the chunk's later events of that key are not handled:
-// nacking the failure defers them on the server. held counts them. It
-// stops early, reporting aborted, when ctx ends: the chunk must then not be
-// acked.
-func (iv *invoker) handleChunk(ctx context.Context, msgs []*Message, holdKeys bool) (failures []failure, held int, aborted bool) {
+// nacking the failure defers them on the server. When giveUp closes (the
+// slot is given up gracefully), it starts no other event and returns the
+// rest, for the caller to hand back. It stops early, reporting aborted,
+// when ctx ends: the chunk must then not be acked.
+func (iv *invoker) handleChunk(ctx context.Context, msgs []*Message, holdKeys bool, giveUp <-chan struct{}) (r chunkRun) {
 	var failed map[KeyRef]bool // keys failed in this chunk (holdKeys only)
-	for _, m := range msgs {
+	for i, m := range msgs {
 		if ctx.Err() != nil {
-			return failures, held, true
+			r.aborted = true
+			return r
 		}
-		if failed != nil && failed[m.Key()] {
-			held++
+		select {
+		case <-giveUp:
+			for _, m := range msgs[i:] {
+				if failed[m.Key()] {
+					r.held++
+				} else {
+					r.rest = append(r.rest, m)
+				}
+			}
+			return r
+		default:
+		}
+		if failed[m.Key()] {
+			r.held++
 			continue
 		}
 		if err := iv.call(ctx, m); err != nil {
 			if ctx.Err() != nil {
-				return failures, held, true
+				r.aborted = true
+				return r
 			}
-			failures = append(failures, failure{msg: m, err: err})
+			r.failures = append(r.failures, failure{msg: m, err: err})
 			if holdKeys {
 				if failed == nil {
 					failed = make(map[KeyRef]bool)
@@ -164,7 +191,8 @@ func (iv *invoker) handleChunk(ctx context.Context, msgs []*Message, holdKeys bo
 			}
 		}
 	}
-	return failures, held, ctx.Err() != nil
+	r.aborted = ctx.Err() != nil
+	return r
 }
 
 // call runs the handler once; a panic becomes an error wrapping

@@ -186,9 +186,9 @@ func (pc *PartitionedConsumer) Start(ctx context.Context) error {
 
 // Stop stops claiming and receiving, lets each slot's running handlers
 // finish, hands back the events of its chunk in flight that have not
-// started (their keys are held and put back in order for the next owner;
-// with MaxWorkersPerSlot 1 the chunk runs to its end instead), acks the
-// rest, releases the leases, and returns when every goroutine is gone. If ctx ends first, the chunks in flight are abandoned unacked (their
+// started (their keys are held and put back in order for the next
+// owner), acks the rest, releases the leases, and returns when every
+// goroutine is gone. If ctx ends first, the chunks in flight are abandoned unacked (their
 // handlers' contexts are cancelled; the next owner receives them again after
 // the TTL) and ctx's error is returned. A handler that ignores its
 // cancelled context does not hold Stop: one second later Stop returns an
@@ -220,26 +220,50 @@ func (pc *PartitionedConsumer) work(fetchCtx, workCtx context.Context, lease *wo
 	}
 	// Handlers are bounded by HandlerTimeout, not by the pool's watchdog.
 	handled := lease.Busy()
-	failures, held, aborted := pc.invoker.handleChunk(workCtx, c.msgs, c.policy == FailurePolicyPause)
+	run := pc.invoker.handleChunk(workCtx, c.msgs, c.policy == FailurePolicyPause, lease.GivingUp())
 	handled()
-	if aborted {
+	if run.aborted {
 		return false, errors.Join(errAborted, context.Cause(workCtx))
 	}
-	if held > 0 {
+	if run.held > 0 {
 		pc.client.logger.DebugContext(workCtx, "pgque: holding events of failed keys",
 			slog.String("queue", cfg.Queue), slog.String("consumer", cfg.Consumer), slog.Int("slot", lease.Slot),
-			slog.Int("failed", len(failures)), slog.Int("held", held))
+			slog.Int("failed", len(run.failures)), slog.Int("held", run.held))
 	}
-	if !sl.deferAck(c.delivery, failures, held) {
+	// Given up in the middle of the chunk: the keys of the events not
+	// started are held from the first of each, as the lanes hand back,
+	// and the slot's next owner puts them back (release_stale_holds).
+	holds := handBack(run.rest)
+	if len(holds) > 0 || !sl.deferAck(c.delivery, run.failures, run.held) {
 		ackStart := time.Now()
 		s := pc.chunkSettler(lease, c.policy, c.delivery)
-		if err := s.settle(workCtx, pc.client.pool, failures); err != nil {
+		var err error
+		if len(holds) > 0 {
+			err = rerun(workCtx, func() error { return pc.settleWithHolds(workCtx, &s, run.failures, lease, c.delivery, holds) })
+		} else {
+			err = s.settle(workCtx, pc.client.pool, run.failures)
+		}
+		if err != nil {
 			return false, err
 		}
 		lease.Renewed(ackStart)
 	}
 	pc.client.metrics.BatchDuration.WithLabelValues(cfg.Queue, cfg.Consumer).Observe(time.Since(c.start).Seconds())
 	return pc.receiveAgain(lease, sl, c), nil
+}
+
+// handBack is the holds that hand back rest, the events of a chunk not
+// started: each key's from its first.
+func handBack(rest []*Message) []lanes.Hold[*Message, KeyRef] {
+	var holds []lanes.Hold[*Message, KeyRef]
+	seen := make(map[KeyRef]bool)
+	for _, m := range rest {
+		if k := m.Key(); !seen[k] {
+			seen[k] = true
+			holds = append(holds, lanes.Hold[*Message, KeyRef]{Key: k, Head: m})
+		}
+	}
+	return holds
 }
 
 // startSlots is the N Start subscribes and works: Slots, or the consumer's

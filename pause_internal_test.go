@@ -50,7 +50,8 @@ func TestHandleChunkHoldsFailedKeys(t *testing.T) {
 				return nil
 			},
 		}
-		failures, held, aborted := iv.handleChunk(context.Background(), toMessages(rows, "q", "c", 0), tc.hold)
+		run := iv.handleChunk(context.Background(), toMessages(rows, "q", "c", 0), tc.hold, nil)
+		failures, held, aborted := run.failures, run.held, run.aborted
 		var failed []int64
 		for _, f := range failures {
 			failed = append(failed, f.msg.ID)
@@ -61,6 +62,50 @@ func TestHandleChunkHoldsFailedKeys(t *testing.T) {
 		}
 		if !errors.Is(failures[1].err, ErrHandlerPanic) {
 			t.Errorf("the panic became %v", failures[1].err)
+		}
+	}
+}
+
+// TestHandleChunkGivenUp: once the slot is given up, no other event
+// starts; the rest comes back in chunk order, but for the events of a key
+// that failed under pause (the nack defers those).
+func TestHandleChunkGivenUp(t *testing.T) {
+	t.Parallel()
+	rows := []dbq.Row{
+		{MsgID: 1, PartitionKey: strp("a")}, {MsgID: 2, PartitionKey: strp("b")}, {MsgID: 3, PartitionKey: strp("c")},
+		{MsgID: 4, PartitionKey: strp("a")}, {MsgID: 5, PartitionKey: strp("b")}, {MsgID: 6, PartitionKey: strp("c")},
+	}
+	for _, tc := range []struct {
+		hold bool
+		rest []int64
+		held int
+	}{
+		{hold: true, rest: []int64{5, 6}, held: 1},
+		{hold: false, rest: []int64{4, 5, 6}, held: 0},
+	} {
+		giveUp := make(chan struct{})
+		var handled []int64
+		iv := invoker{
+			queue: "q", consumer: "c", logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: metrics.New(nil),
+			handler: func(_ context.Context, m *Message) error {
+				handled = append(handled, m.ID)
+				if m.ID == 3 {
+					close(giveUp) // while event 3 runs
+				}
+				if m.ID == 1 {
+					return errors.New("a fails")
+				}
+				return nil
+			},
+		}
+		run := iv.handleChunk(context.Background(), toMessages(rows, "q", "c", 0), tc.hold, giveUp)
+		var rest []int64
+		for _, m := range run.rest {
+			rest = append(rest, m.ID)
+		}
+		if run.aborted || run.held != tc.held || len(run.failures) != 1 || !slices.Equal(handled, []int64{1, 2, 3}) || !slices.Equal(rest, tc.rest) {
+			t.Errorf("hold %v: handled %v, rest %v, held %d, %d failures, aborted %v; want [1 2 3], %v, %d, 1",
+				tc.hold, handled, rest, run.held, len(run.failures), run.aborted, tc.rest, tc.held)
 		}
 	}
 }
