@@ -194,16 +194,18 @@ func TestG2Parallel(t *testing.T) {
 		if _, err := ack(ctx, tx, s); err != nil {
 			t.Fatal(err)
 		}
+		// Taken before the commit is sent: the second caller may return
+		// before Commit does here, once the server has committed.
+		committing := time.Now()
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		committed := time.Now()
 		r := <-done
 		if r.err != nil {
 			t.Fatalf("second caller: %v", r.err)
 		}
-		if r.at.Before(committed) {
-			t.Errorf("second caller returned at %v, before the first committed at %v", r.at, committed)
+		if r.at.Before(committing) {
+			t.Errorf("second caller returned at %v, before the first committed (sent at %v)", r.at, committing)
 		}
 		for _, m := range r.ms {
 			for _, h := range held {
