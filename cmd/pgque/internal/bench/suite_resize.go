@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,8 +20,8 @@ import (
 // (everything up to the seal) before the new ones start; 1000 more events
 // are sent right after the call, for the new slots. steady: a producer
 // sends 1000 ev/s and the consumer keeps up; the resize is called mid-
-// stream. Per resize: drain (call -> last event handled by an old slot),
-// to new N (call -> first event handled by a new slot) and the cutover gap
+// stream. Per resize: drain (call -> resize_status reports the old slots
+// past the seal; polled every 20 ms, so it is never below one poll), to new N (call -> first event handled by a new slot) and the cutover gap
 // between the two, the pause the protocol adds on top of draining the old
 // slots (target under 1 s); for the steady stream also the longest gap
 // between two handled events.
@@ -54,14 +55,16 @@ func (h *handledLog) count() int {
 	return len(h.at)
 }
 
-// resizeTimes measures one resize from call: the last handling under from,
-// the first under to after call, and the longest gap between handlings
-// from call on.
+// resizeTimes measures one resize from call: the first handling under to
+// after call, the gap from the last handling under from, and the longest
+// gap between handlings from call on. The drain comes from the resize's
+// own status (see resizeAndWait): in a steady stream the old slots may have
+// nothing left at the call, so no handling marks its end.
 type resizeTimes struct {
 	drain, toNew, gap, maxGap time.Duration
 }
 
-func (h *handledLog) times(call time.Time, from, to int) resizeTimes {
+func (h *handledLog) times(call, drained time.Time, from, to int) resizeTimes {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var lastOld, firstNew, prev time.Time
@@ -84,37 +87,52 @@ func (h *handledLog) times(call time.Time, from, to int) resizeTimes {
 	if lastOld.IsZero() {
 		lastOld = call
 	}
-	rt.drain, rt.toNew = lastOld.Sub(call), firstNew.Sub(call)
+	rt.drain, rt.toNew = drained.Sub(call), firstNew.Sub(call)
 	rt.gap = firstNew.Sub(lastOld)
 	return rt
 }
 
 // resizeAndWait resizes and waits until pc works n slots and an event was
-// handled under n.
+// handled under n. It returns the time of the call and the time it first
+// saw the resize past its draining phase.
 // tail > 0 sends that many events right after the call (a backlog case has
 // no producer, and the new slots need events after the seal).
-func resizeAndWait(ctx context.Context, client *pgque.Client, pc *pgque.PartitionedConsumer, h *handledLog, q string, n, tail int) (time.Time, error) {
-	call := time.Now()
+func resizeAndWait(ctx context.Context, client *pgque.Client, pc *pgque.PartitionedConsumer, h *handledLog, q string, n, tail int) (call, drained time.Time, err error) {
+	call = time.Now()
 	if err := client.ResizeSlots(ctx, q, "rs", n); err != nil {
-		return call, err
+		return call, drained, err
 	}
 	if tail > 0 {
 		if err := sendResizeEvents(ctx, client, q, tail); err != nil {
-			return call, err
+			return call, drained, err
 		}
 	}
+	var pollErr error
 	ok := waitFor(ctx, 5*time.Minute, func() bool {
-		if pc.Slots() != n {
+		if drained.IsZero() {
+			rs, err := client.Resizes(ctx, q)
+			if err != nil {
+				pollErr = err
+				return true
+			}
+			if i := slices.IndexFunc(rs, func(r pgque.Resize) bool { return r.Consumer == "rs" }); i >= 0 && rs[i].Phase != pgque.ResizeDraining {
+				drained = time.Now()
+			}
+		}
+		if drained.IsZero() || pc.Slots() != n {
 			return false
 		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		return len(h.n) > 0 && h.n[len(h.n)-1] == n
 	})
-	if !ok {
-		return call, fmt.Errorf("the resize to %d did not complete within 5 minutes", n)
+	if pollErr != nil {
+		return call, drained, pollErr
 	}
-	return call, nil
+	if !ok {
+		return call, drained, fmt.Errorf("the resize to %d did not complete within 5 minutes", n)
+	}
+	return call, drained, nil
 }
 
 func runResize(ctx context.Context, e *env, r *recorder) error {
@@ -182,20 +200,20 @@ func resizeCase(ctx context.Context, client *pgque.Client, q, mode string, backl
 			}
 			tail = 1000
 		}
-		call, err := resizeAndWait(ctx, client, pc, h, q, step[1], tail)
+		call, drained, err := resizeAndWait(ctx, client, pc, h, q, step[1], tail)
 		if err != nil {
 			return err
 		}
 		if mode == "steady" {
 			time.Sleep(2 * time.Second) // the gap statistics cover the catch-up
 		}
-		rt := h.times(call, step[0], step[1])
+		rt := h.times(call, drained, step[0], step[1])
 		name := fmt.Sprintf("resize %s %d->%d", mode, step[0], step[1])
 		note := fmt.Sprintf("%d events pending at the call", backlog)
 		if mode == "steady" {
 			note = "1000 ev/s stream"
 		}
-		r.add(name+" drain", single(rt.drain.Seconds()), "s", nil, "call to the last event handled by an old slot; "+note)
+		r.add(name+" drain", single(rt.drain.Seconds()), "s", nil, "call to the old slots past the seal (resize_status, polled every 20 ms); "+note)
 		r.add(name+" to new N", single(rt.toNew.Seconds()), "s", nil, "call to the first event handled by a new slot")
 		r.add(name+" cutover gap", single(rt.gap.Seconds()), "s", valueAtMost(1), "last old-slot event to first new-slot event")
 		if mode == "steady" {
