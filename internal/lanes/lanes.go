@@ -14,8 +14,10 @@
 // per-slot and a per-process semaphore. When all lanes of a chunk are done
 // the chunk is settled as before. When only a few lanes have been left
 // running for the hold time (HoldAfter unless the pool has its own), the
-// keys of those running a handler are held on the server (their unfinished events deferred, later ones deferred on
-// receipt) and the chunk is acknowledged without them: the slot fetches
+// keys of those whose handler has run that long are held on the server
+// (their unfinished events deferred, later ones deferred on receipt), and
+// after ten times the hold time the keys of those running any handler
+// (a hot key's many fast events); the chunk is acknowledged without them: the slot fetches
 // on, and each held lane, once finished, settles its key with one call that
 // releases what arrived for the key meanwhile.
 //
@@ -64,6 +66,15 @@ const checkMax = 8 * FanOutAfter
 // (NewPool's holdAfter). Holding costs a few
 // writes per held event; waiting costs the slot that long without fetching.
 const HoldAfter = 50 * time.Millisecond
+
+// busyHoldFactor: once the last few lanes of a chunk have kept it open for
+// busyHoldFactor × the hold time, those running a handler are held however
+// fast each handler is. A hot key's share of a chunk (hundreds of 5–20 ms
+// events once it falls behind) would otherwise keep the slot's other keys
+// waiting for as long; holding it at the hold time itself sent its events
+// through the server and back at every chunk, which cost the hot key more
+// than its neighbours gained (docs/design.md, "Key lanes and holds").
+const busyHoldFactor = 10
 
 // fewDiv: lanes are "few" when at most 1/fewDiv of the chunk's lanes (at
 // least one) are still running.
@@ -365,6 +376,11 @@ wait:
 			pending--
 		case now := <-timerC:
 			holding = markHolds(c.lanes, now, holdAfter)
+			if len(holding) == 0 && now.Sub(fewSince) >= busyHoldFactor*holdAfter {
+				// No handler is slow, but a few keys' many events have
+				// kept the chunk open for long: hold those running.
+				holding = markHolds(c.lanes, now, 0)
+			}
 			if len(holding) > 0 {
 				break wait
 			}

@@ -459,6 +459,67 @@ func TestHolds(t *testing.T) {
 	}
 }
 
+// A hot key's many fast events are held once they have kept the chunk open
+// for busyHoldFactor hold times, though no single handler is slow, so that
+// the slot fetches on; a chunk they keep open for less is not held. Each
+// "h" handler takes 3 ms (past FanOutAfter: the chunk splits), none near
+// the hold time.
+func TestBusyLaneIsHeld(t *testing.T) {
+	t.Parallel()
+	run := func(holdAfter time.Duration, hot int) (*host, *Slot[*event, string], *Chunk[*event, string], []*event) {
+		h := newHost()
+		keys := []string{"c"}
+		for range hot {
+			keys = append(keys, "h")
+		}
+		evs := chunkOf(0, keys...)
+		for _, e := range evs[1:] {
+			h.hook[e.id] = func() { time.Sleep(3 * time.Millisecond) }
+		}
+		s := NewSlot(NewPool(16, 2, holdAfter, nil), Host[*event, string](h), 16, nil, nil)
+		return h, s, s.Run(context.Background(), evs, false), evs
+	}
+	t.Run("held", func(t *testing.T) {
+		t.Parallel()
+		// 10 ms hold time: held after 100 ms, with most of the 600 ms of
+		// h's events still to run.
+		h, s, c, evs := run(10*time.Millisecond, 200)
+		holds := c.Holds()
+		ran := len(h.handled())
+		if len(holds) != 1 || holds[0].Key != "h" {
+			t.Fatalf("holds %+v, want key h (%d of 201 events ran before the chunk settled)", holds, ran)
+		}
+		if ran > 150 {
+			t.Errorf("the chunk settled after %d of its 201 events: the hot key kept it open", ran)
+		}
+		head := holds[0].Head.id
+		c.Detach()
+		recv(t, h.settle, "the held key's settlement")
+		s.Wait()
+		h.checkOrder(t, evs)
+		held := h.settled[0]
+		if held.Head.id != head || len(held.Handled) != 201-head+1 || held.Handled[0].id != head {
+			t.Errorf("settled from %d with %d events, want from %d with %d", held.Head.id, len(held.Handled), head, 201-head+1)
+		}
+		if got := len(h.handled()); got != 201 {
+			t.Errorf("%d events ran, want 201", got)
+		}
+	})
+	t.Run("not held", func(t *testing.T) {
+		t.Parallel()
+		// The default hold time: 20 events (60 ms) finish long before 500 ms.
+		h, s, c, evs := run(0, 20)
+		if holds := c.Holds(); len(holds) != 0 {
+			t.Fatalf("holds %+v, want none: the chunk was open for less than %d hold times", holds, busyHoldFactor)
+		}
+		s.Wait()
+		h.checkOrder(t, evs)
+		if got := len(h.handled()); got != 21 {
+			t.Errorf("%d events ran, want 21", got)
+		}
+	})
+}
+
 // WaitRoom holds the next receive back while held lanes keep more events
 // in memory than the limit allows, and lets it go once they settle.
 func TestWaitRoom(t *testing.T) {
