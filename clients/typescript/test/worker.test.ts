@@ -123,6 +123,42 @@ test("a slow key does not stall the other keys of its slot", async (t) => {
   assert.deepEqual(rows, [{ n: 0 }]);
 });
 
+test("a hot key's many fast events do not stall the other keys of its slot", async (t) => {
+  // 400 events of 5 ms for one key, none near the hold time: once they have
+  // kept their chunk open for BUSY_HOLD_FACTOR hold times, the key is held
+  // and the slot fetches on, so a cold key's event sent meanwhile is handled
+  // long before the hot key is through.
+  const db = await setup(t, "hot");
+  const rec = new Recorder();
+  const firstHot = gate();
+  let hotAtCold = -1;
+  const w = await work(db.pool, { ...fast, queue: "hot", consumer: "c", slots: 1 }, async (m) => {
+    rec.enter(m);
+    try {
+      if (m.key === "hot") {
+        await new Promise((r) => setTimeout(r, 5));
+        firstHot.open();
+      } else {
+        hotAtCold = rec.seen.get("hot")?.length ?? 0;
+      }
+    } finally {
+      rec.leave(m, true);
+    }
+  });
+  db.track(w);
+  const hot = await sendKeyed(db.pool, "hot", ["hot"], 400);
+  await firstHot.wait;
+  await sendKeyed(db.pool, "hot", ["cold"], 1);
+  await rec.handled(hot.length + 1, 60_000);
+  await w.stop();
+  t.diagnostic(`the cold key's event was handled after ${hotAtCold} of the hot key's 400 events`);
+  assert.ok(hotAtCold >= 0 && hotAtCold < 400, `the cold key's event was handled after ${hotAtCold} of the hot key's 400 events`);
+  assert.deepEqual(rec.seen.get("hot"), hot, "the hot key's events, each once, in order");
+  assert.deepEqual(rec.violations, []);
+  const { rows } = await db.pool.query("select count(*)::int as n from pgque.key_block");
+  assert.deepEqual(rows, [{ n: 0 }]);
+});
+
 test("the message carries key, type, parsed payload, id as a string, epoch, slot and time", async (t) => {
   const db = await setup(t, "msg");
   const got: Message[] = [];

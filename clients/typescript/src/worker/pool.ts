@@ -88,7 +88,12 @@ export interface WorkOptions<P = unknown> {
    * capped at 10 min, ±10%. Brought into 0 to RETRY_DELAY_MS_MAX (30 days).
    */
   retryDelayMs?: (retryCount: number) => number;
-  /** How long the stragglers of a chunk run before their keys are held, 1 ms to 1 day. Default 50 ms. */
+  /**
+   * How long the stragglers of a chunk run, each in one handler, before
+   * their keys are held, 1 ms to 1 day; stragglers that have kept the chunk
+   * open for BUSY_HOLD_FACTOR (10) times this are held however fast each
+   * handler is (a hot key). Default 50 ms.
+   */
   holdAfterMs?: number;
   /** The worker's id, shown in leases and status, 1 to 200 bytes of UTF-8. Default host-pid-random. */
   workerId?: string;

@@ -6,9 +6,10 @@
 // under the pool's concurrency limit) → settle: nack the failures, hold
 // the keys still running, ack the chunk, in one transaction → repeat.
 //
-// A slow key does not stall its slot: once all but a few lanes of a chunk
-// are done and the rest have been in one handler for holdAfterMs, those
-// keys are held (hold_keys_partitioned defers their unfinished events on
+// A slow or hot key does not stall its slot: once all but a few lanes of a
+// chunk are done and the rest have been in one handler for holdAfterMs, or
+// have kept the chunk open for BUSY_HOLD_FACTOR × holdAfterMs each in a
+// handler, those keys are held (hold_keys_partitioned defers their unfinished events on
 // the server) and the chunk is acknowledged; the held lanes go on from
 // memory and each settles its key with settle_held_partitioned when done.
 // Settles of held lanes and the chunk cycle share the slot's mutex, so a
@@ -138,6 +139,17 @@ export interface SlotEnv {
  * connection from its own death as others see it.
  */
 export const SESSION_CAP_DIV = 8;
+
+/**
+ * The last few lanes of a chunk that have kept it open for this many hold
+ * times are held if each runs a handler, however fast each handler is: a
+ * hot key's share of a chunk (hundreds of 5–20 ms events once it falls
+ * behind) would otherwise keep its slot's other keys waiting as long.
+ * Holding it at the hold time itself sent its events through the server
+ * and back at every chunk, which cost it more than its neighbours gained
+ * (docs/design.md, "Key lanes and holds").
+ */
+export const BUSY_HOLD_FACTOR = 10;
 
 type Outcome = { ok: true } | { ok: false; failure: q.Failure };
 
@@ -649,6 +661,9 @@ export class SlotRunner {
    * the rest back in order for the next owner.
    */
   private async waitLanesUntil(lanes: Lane[], all: Promise<boolean>, few: number, aborted: Promise<boolean>): Promise<Lane[]> {
+    const hold = this.env.holdAfterMs;
+    /** When the lanes left open first were few. */
+    let fewSince: number | null = null;
     for (;;) {
       if (this.ctl.signal.aborted) return [];
       if (this.handBack.signal.aborted) {
@@ -665,13 +680,18 @@ export class SlotRunner {
       const now = Date.now();
       const open = lanes.filter((l) => !l.finished);
       if (open.length === 0) return [];
-      if (open.length <= few && open.every((l) => l.runningSince !== null && now - l.runningSince >= this.env.holdAfterMs)) {
+      if (open.length <= few) fewSince ??= now;
+      // Held when each has been in one handler for the hold time or, once
+      // they have kept the chunk open for BUSY_HOLD_FACTOR hold times, when
+      // each is in a handler at all: a hot key's many fast events.
+      const busyAt = fewSince === null ? Infinity : fewSince + BUSY_HOLD_FACTOR * hold;
+      if (open.length <= few && open.every((l) => l.runningSince !== null && (now >= busyAt || now - l.runningSince >= hold))) {
         for (const l of open) l.heldFrom = l.runningId;
         return open;
       }
       const next = open.length <= few
-        ? Math.max(1, Math.min(...open.map((l) => (l.runningSince === null ? this.env.holdAfterMs : l.runningSince + this.env.holdAfterMs - now))))
-        : this.env.holdAfterMs;
+        ? Math.max(1, Math.min(busyAt - now, ...open.map((l) => (l.runningSince === null ? hold : l.runningSince + hold - now))))
+        : hold;
       // A timer cleared when the lanes finish first: a chunk of quick
       // handlers would otherwise leave a timer and an abort listener
       // behind for every chunk.
