@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -306,23 +307,39 @@ func runLaneCases(ctx context.Context, e *env, r *recorder, p *pgqueDB, client *
 	r.compare("lanes_default_N16_cost0", fm["on0"], "lanes_off_N16_cost0", fm["off0"], "events/s", atLeast(0.9),
 		fmt.Sprintf("%d events of 1000 tenants, 16 slots, handler cost 0: lanes (defaults) vs MaxWorkersPerSlot 1", ev0))
 
-	// One hot key: 10% of the events, 200 ms each; the others 5 ms. The
-	// reference run sends the same other events in the same batches,
-	// without the hot key's. A quick run still drains for about two
-	// seconds: a hold's few writes must not be most of the figure.
+	// One hot key, the others at 5 ms. The reference run sends the same
+	// other events in the same batches, without the hot key's. A quick run
+	// still drains for about two seconds: a hold's few writes must not be
+	// most of the figure. slow: 10% of the events, 200 ms each (each of its
+	// handlers outlasts HoldAfter). fast: a quarter of the events, 5 ms each
+	// like the others, so that no handler is slow: its lane is held once it
+	// has kept its chunk open for ten hold times (500 ms), and the other
+	// keys of its slot wait that long at each hold, in a drain of about a
+	// second without the hot key: hence the lower target (0.02x when the
+	// key was never held, 0.43-0.46x since).
 	evHot := pick(e, 20000, 40000)
-	hot := laneRun{slots: slots, events: evHot, tenants: laneTenants - 1, cost: 5 * time.Millisecond, hotEvery: 10, hotCost: 200 * time.Millisecond}
-	cold := hot
-	cold.dropHot = true
-	hm, err := e.rounds(ctx, pick(e, 2, 3),
-		trial{"hot", func(ctx context.Context) (float64, error) { return p.laneRate(ctx, client, hot) }},
-		trial{"cold", func(ctx context.Context) (float64, error) { return p.laneRate(ctx, client, cold) }},
-	)
-	if err != nil {
-		return err
+	for _, v := range []struct {
+		cse, about string
+		every      int
+		cost       time.Duration
+		min        float64
+	}{
+		{"lanes_hot_key_others", "every 10th event at 200 ms", 10, 200 * time.Millisecond, 0.8},
+		{"lanes_fast_hot_key_others", "every 4th event at 5 ms", 4, 5 * time.Millisecond, 0.3},
+	} {
+		hot := laneRun{slots: slots, events: evHot, tenants: laneTenants - 1, cost: 5 * time.Millisecond, hotEvery: v.every, hotCost: v.cost}
+		cold := hot
+		cold.dropHot = true
+		hm, err := e.rounds(ctx, pick(e, 2, 3),
+			trial{"hot", func(ctx context.Context) (float64, error) { return p.laneRate(ctx, client, hot) }},
+			trial{"cold", func(ctx context.Context) (float64, error) { return p.laneRate(ctx, client, cold) }},
+		)
+		if err != nil {
+			return err
+		}
+		r.compare(v.cse, hm["hot"], strings.Replace(v.cse, "hot_key_others", "no_hot_key", 1), hm["cold"], "events/s", atLeast(v.min),
+			fmt.Sprintf("%d events: one key with %s, %d other keys at 5 ms; the other keys' rate (first call to last) vs the same other events in the same batches without the hot key's, 16 slots, defaults", evHot, v.about, laneTenants-1))
 	}
-	r.compare("lanes_hot_key_others", hm["hot"], "lanes_no_hot_key", hm["cold"], "events/s", atLeast(0.8),
-		fmt.Sprintf("%d events: one key with every 10th event at 200 ms, %d other keys at 5 ms; the other keys' rate (first call to last) vs the same other events in the same batches without the hot key's, 16 slots, defaults", evHot, laneTenants-1))
 	return nil
 }
 
