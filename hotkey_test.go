@@ -14,8 +14,8 @@ import (
 // each (no handler near the hold time) shares the only slot with a cold
 // key. The cold key's event, sent once the hot key's chunk is running, is
 // handled while the hot key still has most of its backlog to go: the hot
-// key's lane is held once it has kept its chunk open for ten hold times,
-// and the slot fetches on. The hot key's events are each handled once, in
+// key's lane is held as soon as its events left would take ten hold
+// times, and the slot fetches on. The hot key's events are each handled once, in
 // order.
 func TestHotKeyDoesNotHoldItsSlot(t *testing.T) {
 	t.Parallel()
@@ -70,8 +70,8 @@ func TestHotKeyDoesNotHoldItsSlot(t *testing.T) {
 	}
 	select {
 	case n := <-cold:
-		if n >= hot {
-			t.Fatalf("the cold key's event waited for all %d of the hot key's events", n)
+		if n >= hot/2 {
+			t.Fatalf("the cold key's event waited for %d of the hot key's %d events", n, hot)
 		}
 		t.Logf("the cold key's event was handled after %d of the hot key's %d events", n, hot)
 	case <-time.After(30 * time.Second):

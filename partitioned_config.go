@@ -173,12 +173,12 @@ type PartitionedConsumerConfig struct {
 	// and how long their handler must have run, before their keys are held
 	// and the slot fetches on (docs/worker-pool.md, "No chunk barrier").
 	// Default HoldAfterDefault (50 ms). A key with many fast events is
-	// held only once its lane has kept the chunk open for ten times
-	// HoldAfter, so until then the other keys of its slot wait for its part
-	// of the chunk; a HoldAfter below the handlers' time holds such keys
-	// sooner, for their neighbours' sake, at the cost of the hot key's own
-	// latency (each hold sends its later events through the server and
-	// back).
+	// held only when its events left in the chunk would take ten times
+	// HoldAfter (or have kept the chunk open that long), so a shorter share
+	// is waited for, and the other keys of its slot with it; a HoldAfter
+	// below the handlers' time holds such keys sooner, for their
+	// neighbours' sake, at the cost of the hot key's own latency (each hold
+	// sends its later events through the server and back).
 	HoldAfter time.Duration
 	// Handler processes each message. Exactly one of Handler and HandlerTx
 	// is required.

@@ -15,9 +15,11 @@
 // the chunk is settled as before. When only a few lanes have been left
 // running for the hold time (HoldAfter unless the pool has its own), the
 // keys of those whose handler has run that long are held on the server
-// (their unfinished events deferred, later ones deferred on receipt), and
-// after ten times the hold time the keys of those running any handler
-// (a hot key's many fast events); the chunk is acknowledged without them: the slot fetches
+// (their unfinished events deferred, later ones deferred on receipt), as
+// are those with events left for ten times the hold time at their
+// handlers' mean, and after ten times the hold time the keys of those
+// running any handler (a hot key's many fast events); the chunk is
+// acknowledged without them: the slot fetches
 // on, and each held lane, once finished, settles its key with one call that
 // releases what arrived for the key meanwhile.
 //
@@ -169,14 +171,18 @@ type lane[M Event[K], K comparable] struct {
 	// release.
 	prev *lane[M, K]
 
-	mu       sync.Mutex
-	next     int       // index of the first message not finished
-	results  []error   // per message, valid below next
-	started  time.Time // when the running handler started
-	running  bool      // a handler of the lane runs now
-	finished bool      // no handler of the lane runs any more
-	aborted  bool      // stopped because the work context ended
-	cut      bool      // stopped before its last event: handed back
+	mu      sync.Mutex
+	next    int       // index of the first message not finished
+	results []error   // per message, valid below next
+	started time.Time // when the running handler started
+	running bool      // a handler of the lane runs now
+	// ranFor is the time the lane's own handlers took, runs how many ran:
+	// their mean tells how long its events still to run will take.
+	ranFor   time.Duration
+	runs     int
+	finished bool // no handler of the lane runs any more
+	aborted  bool // stopped because the work context ended
+	cut      bool // stopped before its last event: handed back
 	// held: the key is (being) held from msgs[heldFrom] on; the lane then
 	// waits for decided and, when holdOK, settles its key itself.
 	held     bool
@@ -363,8 +369,9 @@ wait:
 				timerC = timer.C
 			}
 			// When every lane left runs a handler that has run for
-			// HoldAfter already, waiting for the grace only keeps the slot
-			// from fetching: hold them now.
+			// HoldAfter already, or has events left for ten times that,
+			// waiting for the grace only keeps the slot from fetching:
+			// hold them now.
 			if slowLanes(c.lanes, now, holdAfter) == pending {
 				if holding = markHolds(c.lanes, now, holdAfter); len(holding) > 0 {
 					break wait
@@ -587,6 +594,8 @@ func (s *Slot[M, K]) runLane(ctx context.Context, ln *lane[M, K], from int, paus
 		err := s.host.Run(ctx, m)
 		ln.mu.Lock()
 		ln.running = false
+		ln.ranFor += time.Since(ln.started)
+		ln.runs++
 		if ctx.Err() == nil {
 			ln.results[i] = err
 			ln.next = i + 1
@@ -979,7 +988,8 @@ func (s *Slot[M, K]) release() {
 }
 
 // markHolds marks as held, from their first unfinished event, the lanes
-// whose running handler has run for holdAfter by now, and returns them. A
+// whose running handler has run for holdAfter by now, or whose events left
+// would take busyHoldFactor hold times (holdableAt), and returns them. A
 // lane waiting for a place in a semaphore, or for its turn on the CPU
 // between fast handlers, is not a slow key: holding it would only cost
 // writes.
@@ -987,7 +997,7 @@ func markHolds[M Event[K], K comparable](lanes []*lane[M, K], now time.Time, hol
 	var out []*lane[M, K]
 	for _, ln := range lanes {
 		ln.mu.Lock()
-		if ln.slowAt(now, holdAfter) {
+		if ln.holdableAt(now, holdAfter) {
 			ln.held, ln.heldFrom = true, ln.next
 			out = append(out, ln)
 		}
@@ -1080,12 +1090,30 @@ func (ln *lane[M, K]) slowAt(now time.Time, holdAfter time.Duration) bool {
 	return !ln.finished && ln.running && ln.next < len(ln.msgs) && now.Sub(ln.started) >= holdAfter
 }
 
+// aheadAt reports whether the lane runs a handler with events left that,
+// at the mean of its handlers so far (two at least), would keep its chunk
+// open for busyHoldFactor hold times more (ln.mu held): a hot key's share
+// of a chunk, known for what it is before it has kept the chunk open.
+func (ln *lane[M, K]) aheadAt(holdAfter time.Duration) bool {
+	if ln.finished || !ln.running || ln.runs < 2 {
+		return false
+	}
+	return time.Duration(len(ln.msgs)-ln.next)*(ln.ranFor/time.Duration(ln.runs)) >= busyHoldFactor*holdAfter
+}
+
+// holdableAt reports whether the lane is to be held at now: its handler is
+// slow, or its events left are many (ln.mu held). A hold time of 0 holds
+// every lane running a handler.
+func (ln *lane[M, K]) holdableAt(now time.Time, holdAfter time.Duration) bool {
+	return ln.slowAt(now, holdAfter) || (holdAfter > 0 && ln.aheadAt(holdAfter))
+}
+
 // slowLanes counts the lanes that markHolds would hold at now.
 func slowLanes[M Event[K], K comparable](lanes []*lane[M, K], now time.Time, holdAfter time.Duration) int {
 	n := 0
 	for _, ln := range lanes {
 		ln.mu.Lock()
-		if ln.slowAt(now, holdAfter) {
+		if ln.holdableAt(now, holdAfter) {
 			n++
 		}
 		ln.mu.Unlock()

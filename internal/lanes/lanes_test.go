@@ -459,56 +459,71 @@ func TestHolds(t *testing.T) {
 	}
 }
 
-// A hot key's many fast events are held once they have kept the chunk open
-// for busyHoldFactor hold times, though no single handler is slow, so that
-// the slot fetches on; a chunk they keep open for less is not held. Each
-// "h" handler takes 3 ms (past FanOutAfter: the chunk splits), none near
-// the hold time.
+// A hot key's many fast events are held though no single handler is slow,
+// so that the slot fetches on: as soon as its events left would take
+// busyHoldFactor hold times at its handlers' mean, or once it has kept the
+// chunk open that long; a share of the chunk shorter than that is waited
+// for. Each "h" handler takes a few ms (past FanOutAfter: the chunk splits),
+// none near the hold time.
 func TestBusyLaneIsHeld(t *testing.T) {
 	t.Parallel()
-	run := func(holdAfter time.Duration, hot int) (*host, *Slot[*event, string], *Chunk[*event, string], []*event) {
+	run := func(holdAfter time.Duration, cost []time.Duration) (*host, *Slot[*event, string], *Chunk[*event, string], []*event) {
 		h := newHost()
 		keys := []string{"c"}
-		for range hot {
+		for range cost {
 			keys = append(keys, "h")
 		}
 		evs := chunkOf(0, keys...)
-		for _, e := range evs[1:] {
-			h.hook[e.id] = func() { time.Sleep(3 * time.Millisecond) }
+		for i, e := range evs[1:] {
+			h.hook[e.id] = func() { time.Sleep(cost[i]) }
 		}
 		s := NewSlot(NewPool(16, 2, holdAfter, nil), Host[*event, string](h), 16, nil, nil)
 		return h, s, s.Run(context.Background(), evs, false), evs
 	}
-	t.Run("held", func(t *testing.T) {
-		t.Parallel()
-		// 10 ms hold time: held after 100 ms, with most of the 600 ms of
-		// h's events still to run.
-		h, s, c, evs := run(10*time.Millisecond, 200)
+	costs := func(n int, d time.Duration) []time.Duration { return slices.Repeat([]time.Duration{d}, n) }
+	held := func(t *testing.T, h *host, s *Slot[*event, string], c *Chunk[*event, string], evs []*event, most int) {
+		t.Helper()
+		n := len(evs)
 		holds := c.Holds()
 		ran := len(h.handled())
 		if len(holds) != 1 || holds[0].Key != "h" {
-			t.Fatalf("holds %+v, want key h (%d of 201 events ran before the chunk settled)", holds, ran)
+			t.Fatalf("holds %+v, want key h (%d of %d events ran before the chunk settled)", holds, ran, n)
 		}
-		if ran > 150 {
-			t.Errorf("the chunk settled after %d of its 201 events: the hot key kept it open", ran)
+		if ran > most {
+			t.Errorf("the chunk settled after %d of its %d events, want at most %d: the hot key kept it open", ran, n, most)
 		}
 		head := holds[0].Head.id
 		c.Detach()
 		recv(t, h.settle, "the held key's settlement")
 		s.Wait()
 		h.checkOrder(t, evs)
-		held := h.settled[0]
-		if held.Head.id != head || len(held.Handled) != 201-head+1 || held.Handled[0].id != head {
-			t.Errorf("settled from %d with %d events, want from %d with %d", held.Head.id, len(held.Handled), head, 201-head+1)
+		settled := h.settled[0]
+		if settled.Head.id != head || len(settled.Handled) != n-head+1 || settled.Handled[0].id != head {
+			t.Errorf("settled from %d with %d events, want from %d with %d", settled.Head.id, len(settled.Handled), head, n-head+1)
 		}
-		if got := len(h.handled()); got != 201 {
-			t.Errorf("%d events ran, want 201", got)
+		if got := len(h.handled()); got != n {
+			t.Errorf("%d events ran, want %d", got, n)
 		}
+	}
+	t.Run("events left", func(t *testing.T) {
+		t.Parallel()
+		// 10 ms hold time: 200 events of 3 ms have 100 ms left from their
+		// first handlers on; the hold comes with the first look, 10 ms in
+		// (after about 33 events when only the chunk's open time counts).
+		h, s, c, evs := run(10*time.Millisecond, costs(200, 3*time.Millisecond))
+		held(t, h, s, c, evs, 15)
+	})
+	t.Run("kept open", func(t *testing.T) {
+		t.Parallel()
+		// 30 events of 1 ms, then 30 of 5 ms: at the mean so far, what is
+		// left never looks like 100 ms, but the chunk is open for 180 ms.
+		h, s, c, evs := run(10*time.Millisecond, append(costs(30, time.Millisecond), costs(30, 5*time.Millisecond)...))
+		held(t, h, s, c, evs, 60)
 	})
 	t.Run("not held", func(t *testing.T) {
 		t.Parallel()
 		// The default hold time: 20 events (60 ms) finish long before 500 ms.
-		h, s, c, evs := run(0, 20)
+		h, s, c, evs := run(0, costs(20, 3*time.Millisecond))
 		if holds := c.Holds(); len(holds) != 0 {
 			t.Fatalf("holds %+v, want none: the chunk was open for less than %d hold times", holds, busyHoldFactor)
 		}
@@ -520,94 +535,33 @@ func TestBusyLaneIsHeld(t *testing.T) {
 	})
 }
 
-// WaitRoom holds the next receive back while held lanes keep more events
-// in memory than the limit allows, and lets it go once they settle.
-func TestWaitRoom(t *testing.T) {
+// aheadAt: a lane running a handler whose events left would take ten hold
+// times at the mean of its own handlers (two at least) is held without
+// waiting for them to keep the chunk open.
+func TestAheadAt(t *testing.T) {
 	t.Parallel()
-	h := newHost()
-	evs := chunkOf(0, "s", "s", "s", "a")
-	release := make(chan struct{})
-	h.gate[1] = release
-	s := newTestSlot(h)
-	ctx := context.Background()
-	c := s.Run(ctx, evs, false)
-	if len(c.Holds()) != 1 {
-		t.Fatalf("holds %+v, want s", c.Holds())
-	}
-	c.Detach()
-	if room, err := s.WaitRoom(ctx, 2, 5); !room || err != nil {
-		t.Fatalf("3 queued + 2 within 5: room %v, err %v", room, err)
-	}
-	short, cancel := context.WithCancel(ctx)
-	cancel()
-	if room, err := s.WaitRoom(short, 3, 5); room || err != nil {
-		t.Fatalf("3 queued + 3 over 5, context ended: room %v, err %v; want no room, no error", room, err)
-	}
-	got := make(chan bool)
-	go func() {
-		room, _ := s.WaitRoom(ctx, 3, 5)
-		got <- room
-	}()
-	close(release)
-	if !recv(t, got, "room once the held lane settled") {
-		t.Fatal("no room once the held lane settled")
-	}
-	s.Wait()
-}
-
-// A chunk whose work context ends reports itself aborted: nothing of it is
-// settled.
-func TestRunAborted(t *testing.T) {
-	t.Parallel()
-	h := newHost()
-	evs := chunkOf(0, "a", "a", "b")
-	block := make(chan struct{})
-	h.gate[1] = block
-	s := newTestSlot(h)
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		<-h.startedC(1)
-		cancel()
-	}()
-	c := s.Run(ctx, evs, false)
-	c.Abandon()
-	if !c.Aborted() {
-		t.Fatal("a chunk whose context ended is not aborted")
-	}
-	if slices.Contains(h.handled(), 2) {
-		t.Error("the key went on after its context ended")
-	}
-}
-
-// A lane is slow once its running handler has run for the pool's hold
-// time, whatever the default: a consumer's HoldAfter below its handlers'
-// time holds keys whose handlers are each faster than the default.
-func TestSlowAtUsesThePoolsHoldTime(t *testing.T) {
-	t.Parallel()
-	if p := NewPool(1, 1, 0, nil); p.holdAfter != HoldAfter {
-		t.Errorf("NewPool with no hold time holds after %v, want HoldAfter (%v)", p.holdAfter, HoldAfter)
-	}
-	if p := NewPool(1, 1, 5*time.Millisecond, nil); p.holdAfter != 5*time.Millisecond {
-		t.Errorf("NewPool(5ms) holds after %v", p.holdAfter)
-	}
-	t0 := time.Unix(100, 0)
-	ln := &lane[*event, string]{msgs: chunkOf(0, "h", "h"), running: true, started: t0}
+	hold := 10 * time.Millisecond
 	for _, tc := range []struct {
-		ran, holdAfter time.Duration
-		want           bool
+		name         string
+		events, next int
+		runs         int
+		ranFor       time.Duration
+		running      bool
+		want         bool
 	}{
-		{20 * time.Millisecond, 5 * time.Millisecond, true},
-		{20 * time.Millisecond, HoldAfter, false},
-		{HoldAfter, HoldAfter, true},
-		{4 * time.Millisecond, 5 * time.Millisecond, false},
+		{"34 left at 3 ms", 40, 6, 6, 18 * time.Millisecond, true, true},
+		{"33 left at 3 ms", 40, 7, 7, 21 * time.Millisecond, true, false},
+		{"one handler is no mean", 400, 1, 1, 3 * time.Millisecond, true, false},
+		{"between two handlers", 400, 6, 6, 18 * time.Millisecond, false, false},
 	} {
-		if got := ln.slowAt(t0.Add(tc.ran), tc.holdAfter); got != tc.want {
-			t.Errorf("a handler that ran %v, hold time %v: slow %v, want %v", tc.ran, tc.holdAfter, got, tc.want)
+		ln := &lane[*event, string]{msgs: chunkOf(0, slices.Repeat([]string{"h"}, tc.events)...), next: tc.next,
+			runs: tc.runs, ranFor: tc.ranFor, running: tc.running, started: time.Now()}
+		if got := ln.aheadAt(hold); got != tc.want {
+			t.Errorf("%s: ahead %v, want %v", tc.name, got, tc.want)
 		}
-	}
-	ln.running = false
-	if ln.slowAt(t0.Add(time.Second), time.Millisecond) {
-		t.Error("a lane between two handlers is slow")
+		if got := ln.holdableAt(time.Now(), hold); got != tc.want {
+			t.Errorf("%s: holdable %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

@@ -90,9 +90,10 @@ export interface WorkOptions<P = unknown> {
   retryDelayMs?: (retryCount: number) => number;
   /**
    * How long the stragglers of a chunk run, each in one handler, before
-   * their keys are held, 1 ms to 1 day; stragglers that have kept the chunk
-   * open for BUSY_HOLD_FACTOR (10) times this are held however fast each
-   * handler is (a hot key). Default 50 ms.
+   * their keys are held, 1 ms to 1 day; a straggler whose events left would
+   * take BUSY_HOLD_FACTOR (10) times this, or that has kept the chunk open
+   * that long, is held however fast each handler is (a hot key). Default
+   * 50 ms.
    */
   holdAfterMs?: number;
   /** The worker's id, shown in leases and status, 1 to 200 bytes of UTF-8. Default host-pid-random. */

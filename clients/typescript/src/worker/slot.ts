@@ -8,8 +8,9 @@
 //
 // A slow or hot key does not stall its slot: once all but a few lanes of a
 // chunk are done and the rest have been in one handler for holdAfterMs, or
-// have kept the chunk open for BUSY_HOLD_FACTOR × holdAfterMs each in a
-// handler, those keys are held (hold_keys_partitioned defers their unfinished events on
+// have events left for BUSY_HOLD_FACTOR × holdAfterMs at their handlers'
+// mean, or have kept the chunk open that long each in a handler, those
+// keys are held (hold_keys_partitioned defers their unfinished events on
 // the server) and the chunk is acknowledged; the held lanes go on from
 // memory and each settles its key with settle_held_partitioned when done.
 // Settles of held lanes and the chunk cycle share the slot's mutex, so a
@@ -153,6 +154,17 @@ export const BUSY_HOLD_FACTOR = 10;
 
 type Outcome = { ok: true } | { ok: false; failure: q.Failure };
 
+/**
+ * Whether a lane running a handler has events left that, at the mean of
+ * its handlers so far (two at least), would keep its chunk open for
+ * BUSY_HOLD_FACTOR hold times more: a hot key's share of a chunk, held
+ * without waiting for it to have kept the chunk open that long.
+ */
+export function aheadOf(l: { runningSince: number | null; runs: number; ranMs: number; next: number; events: unknown[] }, holdMs: number): boolean {
+  if (l.runningSince === null || l.runs < 2) return false;
+  return (l.events.length - l.next) * (l.ranMs / l.runs) >= BUSY_HOLD_FACTOR * holdMs;
+}
+
 /** The events of one key in one chunk, handled one at a time. */
 class Lane {
   /** Failures of this lane that its chunk settles (before any hold). */
@@ -163,6 +175,9 @@ class Lane {
   heldFailed: q.Failure[] = [];
   runningSince: number | null = null;
   runningId: string | null = null;
+  /** The time the lane's handlers took, and how many ran: their mean tells how long the rest will take. */
+  ranMs = 0;
+  runs = 0;
   /** The index of the event the lane starts next (or runs now). */
   next = 0;
   /** The lane starts no more events (set before done resolves). */
@@ -681,11 +696,12 @@ export class SlotRunner {
       const open = lanes.filter((l) => !l.finished);
       if (open.length === 0) return [];
       if (open.length <= few) fewSince ??= now;
-      // Held when each has been in one handler for the hold time or, once
-      // they have kept the chunk open for BUSY_HOLD_FACTOR hold times, when
-      // each is in a handler at all: a hot key's many fast events.
+      // Held when each has been in one handler for the hold time, or has
+      // events left for BUSY_HOLD_FACTOR hold times (aheadOf), or, once they
+      // have kept the chunk open that long, when each is in a handler at
+      // all: a hot key's many fast events.
       const busyAt = fewSince === null ? Infinity : fewSince + BUSY_HOLD_FACTOR * hold;
-      if (open.length <= few && open.every((l) => l.runningSince !== null && (now >= busyAt || now - l.runningSince >= hold))) {
+      if (open.length <= few && open.every((l) => l.runningSince !== null && (now >= busyAt || now - l.runningSince >= hold || aheadOf(l, hold)))) {
         for (const l of open) l.heldFrom = l.runningId;
         return open;
       }
@@ -743,6 +759,8 @@ export class SlotRunner {
           lane.runningSince = Date.now();
           out = await this.invoke(m);
         } finally {
+          lane.ranMs += Date.now() - lane.runningSince!;
+          lane.runs++;
           lane.runningSince = null;
           lane.runningId = null;
         }
