@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgque/pgque/internal/install"
 	sqlfiles "github.com/pgque/pgque/sql"
 )
 
@@ -35,9 +36,15 @@ func (e *SchemaVersionError) Error() string {
 func (e *SchemaVersionError) Unwrap() error { return ErrSchemaVersion }
 
 // InstalledSchemaVersion returns the schema version installed in the
-// database. It fails with ErrNotInstalled when pgque is not installed. Every
+// database. It fails with ErrNotInstalled when pgque is not installed, and
+// with ErrPermissionDenied, before calling anything, when schema pgque
+// belongs to a role that lacks a right the caller has (a superuser's client
+// over a schema another role prepared: see pgquemigrate.TrustSchema). Every
 // pgque role may call it (through pgque.version()).
 func (c *Client) InstalledSchemaVersion(ctx context.Context) (string, error) {
+	if err := install.TrustSchema(ctx, c.pool); err != nil {
+		return "", mapError("reading the pgque schema version", err)
+	}
 	v, err := c.queries.SchemaVersion(ctx)
 	var pgErr *pgconn.PgError
 	switch {

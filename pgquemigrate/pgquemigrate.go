@@ -84,11 +84,26 @@ func Uninstall(ctx context.Context, conn Conn, dropRoles bool) error {
 }
 
 // InstalledVersion returns the schema version installed in the database,
-// or "" when pgque is not installed. It reads the version table, so it needs
-// the installing role or pgque_admin; any pgque role can use
-// pgque.Client.SchemaVersion instead.
+// or "" when pgque is not installed or the caller may not use schema pgque.
+// Every pgque role may call it. It fails as TrustSchema does first.
 func InstalledVersion(ctx context.Context, q Querier) (string, error) {
 	return install.InstalledVersion(ctx, q)
+}
+
+// TrustSchema fails with a 42501 error (a *pgconn.PgError naming the owner
+// and what it lacks) when schema pgque belongs to a role that lacks a
+// right the caller has: SUPERUSER, CREATEROLE, BYPASSRLS, REPLICATION, or
+// membership in pg_execute_server_program, pg_read_server_files,
+// pg_write_server_files, pg_read_all_data, pg_write_all_data or
+// pg_signal_backend. The schema's functions are its owner's code, and
+// calling them runs that code with the caller's rights (or, SECURITY
+// DEFINER, lets it change the caller's session), so pgque's clients call
+// nothing in such a schema: a superuser's client over a schema a lesser
+// role prepared as a trap is refused before its first call. Connect as
+// the owner instead (a superuser can add options='-c role=<owner>'). The
+// Client, every service's Start, the CLI and InstalledVersion ask it.
+func TrustSchema(ctx context.Context, q Querier) error {
+	return install.TrustSchema(ctx, q)
 }
 
 // Script returns the whole install script as one text, for applying with

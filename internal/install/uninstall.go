@@ -51,16 +51,16 @@ func Uninstall(ctx context.Context, conn Conn, dropRoles bool) error {
 func dropRoleIfUnused(ctx context.Context, tx pgx.Tx, role string) error {
 	var exists, hasOutsideMembers bool
 	err := tx.QueryRow(ctx, `select
-		exists (select 1 from pg_catalog.pg_roles where rolname = $1),
+		exists (select 1 from pg_catalog.pg_roles where rolname operator(pg_catalog.=) $1),
 		exists (select 1 from pg_catalog.pg_auth_members m
-			join pg_catalog.pg_roles g on g.oid = m.roleid
-			join pg_catalog.pg_roles r on r.oid = m.member
-			where g.rolname = $1 and r.rolname <> all ($2)
+			join pg_catalog.pg_roles g on g.oid operator(pg_catalog.=) m.roleid
+			join pg_catalog.pg_roles r on r.oid operator(pg_catalog.=) m.member
+			where g.rolname operator(pg_catalog.=) $1 and r.rolname operator(pg_catalog.<>) all ($2::pg_catalog.name[])
 			  -- inherit_option and set_option exist from 16 on; before,
 			  -- every membership confers the role's privileges.
 			  and not (m.admin_option
-			           and not coalesce((pg_catalog.to_jsonb(m) ->> 'inherit_option')::boolean, true)
-			           and not coalesce((pg_catalog.to_jsonb(m) ->> 'set_option')::boolean, true)))`, role, Roles).
+			           and not coalesce((pg_catalog.to_jsonb(m) operator(pg_catalog.->>) 'inherit_option')::pg_catalog.bool, true)
+			           and not coalesce((pg_catalog.to_jsonb(m) operator(pg_catalog.->>) 'set_option')::pg_catalog.bool, true)))`, role, Roles).
 		Scan(&exists, &hasOutsideMembers)
 	if err != nil || !exists || hasOutsideMembers {
 		return err

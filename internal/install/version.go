@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // InstalledVersion returns the pgque version installed in the database, or
@@ -23,6 +24,9 @@ import (
 // without row security owned by the schema's owner. Anything else (a
 // schema pgque someone prepared, as a trap for whoever looks) reads as "".
 func InstalledVersion(ctx context.Context, q Querier) (string, error) {
+	if err := TrustSchema(ctx, q); err != nil {
+		return "", err
+	}
 	var table, fn bool
 	err := q.QueryRow(ctx, `select
 		exists (select 1 from pg_catalog.pg_class c
@@ -93,4 +97,63 @@ func ownVersion(ctx context.Context, q Querier) (string, error) {
 		return "", nil
 	}
 	return InstalledVersion(ctx, q)
+}
+
+// trustQuery names what the calling role has that the owner of schema
+// pgque lacks, among the rights that code running as the caller could
+// turn against the cluster: NULL when nothing, when the schema is the
+// caller's own or a superuser's, or when there is no schema pgque the
+// caller may use. Only catalogs are read and every operator is
+// pg_catalog's: nothing of another role runs. The TypeScript client's
+// trustSchema asks the same.
+const trustQuery = `select o.rolname, r.rolname,
+	case
+		when not pg_catalog.has_schema_privilege(n.oid, 'USAGE') or n.nspowner operator(pg_catalog.=) r.oid or o.rolsuper then null
+		when r.rolsuper then 'SUPERUSER'
+		when r.rolcreaterole and not o.rolcreaterole then 'CREATEROLE'
+		when r.rolbypassrls and not o.rolbypassrls then 'BYPASSRLS'
+		when r.rolreplication and not o.rolreplication then 'REPLICATION'
+		else (select 'membership in ' operator(pg_catalog.||) pg_catalog.min(p.rolname::pg_catalog.text)
+		        from pg_catalog.pg_roles p
+		       where p.rolname operator(pg_catalog.=) any ('{pg_execute_server_program,pg_read_server_files,pg_write_server_files,pg_read_all_data,pg_write_all_data,pg_signal_backend}'::pg_catalog.name[])
+		         and pg_catalog.pg_has_role(r.oid, p.oid, 'MEMBER') and not pg_catalog.pg_has_role(o.oid, p.oid, 'MEMBER'))
+	end
+	from pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_roles o
+	where n.nspname operator(pg_catalog.=) 'pgque' and r.rolname operator(pg_catalog.=) current_user
+	  and o.oid operator(pg_catalog.=) n.nspowner`
+
+// TrustSchema fails with 42501 when schema pgque belongs to a role that
+// lacks a right the caller has (superuser, CREATEROLE, BYPASSRLS,
+// REPLICATION, or membership in a predefined role that reads or writes any
+// data, the server's files or programs, or signals backends). Every
+// function and table of schema pgque is its owner's code, run as the
+// caller or, SECURITY DEFINER, able to change the caller's session (a
+// search_path set with set_config outlives the call): calling into a
+// schema that a less privileged role prepared would hand it those rights.
+// So the clients ask before their first call into the schema, as the
+// installer refuses a superuser's install over another role's schema. The
+// owner's own login, or a superuser's session with options '-c
+// role=<owner>', is trusted. A database without schema pgque, or whose
+// schema the caller may not use, passes: nothing there can be called.
+func TrustSchema(ctx context.Context, q Querier) error {
+	var owner, caller string
+	var lacks *string
+	err := q.QueryRow(ctx, trustQuery).Scan(&owner, &caller, &lacks)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("checking the owner of schema pgque: %w", err)
+	}
+	if lacks == nil {
+		return nil
+	}
+	// The server's own form of the refusal, so that every caller maps it as
+	// it maps a 42501 from a pgque function.
+	return &pgconn.PgError{
+		Severity: "ERROR", Code: "42501",
+		Message: fmt.Sprintf("schema pgque is owned by role %s, which lacks %s that role %s has: "+
+			"pgque's clients run no code of a less privileged role's schema", owner, *lacks, caller),
+		Hint: fmt.Sprintf("connect as %s (a superuser can add options='-c role=%s'), or install pgque as a role you trust", owner, owner),
+	}
 }

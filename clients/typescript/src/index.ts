@@ -5,7 +5,7 @@ export { fromPostgresJs } from "./executor.js";
 export type { ErrorKind } from "./errors.js";
 export { PgqueError, SchemaVersionError, isPgqueError, kindOf, mapError } from "./errors.js";
 export type { MigrateResult } from "./migrate.js";
-export { migrate, installedVersion, checkSchema, installScript } from "./migrate.js";
+export { migrate, installedVersion, checkSchema, trustSchema, installScript } from "./migrate.js";
 export { SCHEMA_VERSION } from "./version.js";
 export type { Event } from "./event.js";
 export { EVENT_TYPE_DEFAULT } from "./event.js";

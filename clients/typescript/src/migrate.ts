@@ -178,8 +178,10 @@ async function ownVersion(exec: Executor): Promise<string> {
  * owned by the schema's owner, as pgque's is; the table is the caller's
  * own, or a plain text-typed table without row security owned by the
  * schema's owner. A schema pgque someone prepared as a trap reads as "".
+ * Before any of that, trustSchema must accept the schema's owner.
  */
 export async function installedVersion(exec: Executor): Promise<string> {
+  await trustSchema(exec);
   const { rows } = await exec.query<{ has_table: boolean; has_fn: boolean }>(`select
     exists (select 1 from pg_catalog.pg_class c
             join pg_catalog.pg_namespace n on n.oid = c.relnamespace
@@ -204,6 +206,53 @@ export async function installedVersion(exec: Executor): Promise<string> {
   const q = rows[0]!.has_fn ? "select pgque.version() as v" : "select version as v from pgque.version";
   const v = await exec.query<{ v: string | null }>(q);
   return v.rows[0]?.v ?? "";
+}
+
+/**
+ * Fails with a PgqueError of kind "permission_denied" (SQLSTATE 42501) when
+ * schema pgque belongs to a role that lacks a right the caller has:
+ * SUPERUSER, CREATEROLE, BYPASSRLS, REPLICATION, or membership in
+ * pg_execute_server_program, pg_read_server_files, pg_write_server_files,
+ * pg_read_all_data, pg_write_all_data or pg_signal_backend. The schema's
+ * functions are its owner's code: calling one runs that code with the
+ * caller's rights or, SECURITY DEFINER, lets it change the caller's session
+ * (a search_path set with set_config outlives the call). So the package
+ * calls nothing in such a schema, as the installer refuses a superuser's
+ * install over another role's schema: installedVersion, checkSchema, the
+ * Ticker's and work()'s start ask it first. The owner's own login, or a
+ * superuser's session with options '-c role=<owner>', is trusted. Only
+ * catalogs are read, with pg_catalog's operators. As the Go TrustSchema.
+ */
+export async function trustSchema(exec: Executor): Promise<void> {
+  let rows: { owner: string; caller: string; lacks: string | null }[];
+  try {
+    ({ rows } = await exec.query<{ owner: string; caller: string; lacks: string | null }>(`select o.rolname as owner, r.rolname as caller,
+      case
+        when not pg_catalog.has_schema_privilege(n.oid, 'USAGE') or n.nspowner operator(pg_catalog.=) r.oid or o.rolsuper then null
+        when r.rolsuper then 'SUPERUSER'
+        when r.rolcreaterole and not o.rolcreaterole then 'CREATEROLE'
+        when r.rolbypassrls and not o.rolbypassrls then 'BYPASSRLS'
+        when r.rolreplication and not o.rolreplication then 'REPLICATION'
+        else (select 'membership in ' operator(pg_catalog.||) pg_catalog.min(p.rolname::pg_catalog.text)
+                from pg_catalog.pg_roles p
+               where p.rolname operator(pg_catalog.=) any ('{pg_execute_server_program,pg_read_server_files,pg_write_server_files,pg_read_all_data,pg_write_all_data,pg_signal_backend}'::pg_catalog.name[])
+                 and pg_catalog.pg_has_role(r.oid, p.oid, 'MEMBER') and not pg_catalog.pg_has_role(o.oid, p.oid, 'MEMBER'))
+      end as lacks
+      from pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_roles o
+      where n.nspname operator(pg_catalog.=) 'pgque' and r.rolname operator(pg_catalog.=) current_user
+        and o.oid operator(pg_catalog.=) n.nspowner`));
+  } catch (err) {
+    throw mapError("checking the owner of schema pgque", err);
+  }
+  const row = rows[0];
+  if (row === undefined || row.lacks === null) return;
+  throw new PgqueError(
+    `pgque: schema pgque is owned by role "${row.owner}", which lacks ${row.lacks} that role "${row.caller}" has: ` +
+      `pgque's clients run no code of a less privileged role's schema; connect as "${row.owner}" ` +
+      `(a superuser can add options='-c role=${row.owner}'), or install pgque as a role you trust`,
+    "permission_denied",
+    "42501",
+  );
 }
 
 /**

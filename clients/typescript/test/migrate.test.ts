@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import pg from "pg";
-import { checkSchema, installScript, installedVersion, migrate, SCHEMA_VERSION, SchemaVersionError, isPgqueError, sendBatch } from "../src/index.js";
+import { checkSchema, installScript, installedVersion, migrate, SCHEMA_VERSION, SchemaVersionError, isPgqueError, sendBatch, Ticker, work } from "../src/index.js";
 import { testDb } from "./harness.js";
 
 test("migrate installs a fresh database, then upgrades in place keeping data", async (t) => {
@@ -117,11 +117,71 @@ test("migrate refuses a schema another role prepared, and runs none of its code"
       return true;
     });
     // Nor does reading the version (checkSchema, at a worker's start): the
-    // planted function is not called (it would raise), its plain table is
-    // read.
-    assert.equal(await installedVersion(db.pool), "0.0.1");
+    // schema is a lesser role's, so nothing of it is called or read.
+    await assert.rejects(installedVersion(db.pool), (err) => {
+      assert.ok(isPgqueError(err, "permission_denied"), String(err));
+      assert.match(String(err), new RegExp(`owned by role "${role}", which lacks SUPERUSER`));
+      return true;
+    });
   } finally {
     await db.pool.query("drop schema if exists pgque cascade");
+    await db.pool.query(`drop owned by ${role}`);
+    await db.pool.query(`drop role ${role}`);
+  }
+});
+
+// A function of a schema is its owner's code: called by a superuser it
+// runs as the superuser, and even SECURITY DEFINER it can point the
+// caller's session at the owner's operators (set_config outlives the
+// call). So a superuser's package calls nothing in a schema pgque a lesser
+// role prepared: checkSchema, work() and the Ticker refuse it first.
+test("a superuser's clients call nothing in a schema pgque a lesser role prepared", async (t) => {
+  const db = await testDb({ install: false, t });
+  const role = `lesser_${process.pid}_${Date.now()}`;
+  const { rows } = await db.pool.query<{ db: string }>("select current_database() as db");
+  await db.pool.query(`create role ${role}`);
+  const one = new pg.Pool({ connectionString: db.url, max: 1 });
+  try {
+    await db.pool.query(`grant create on database "${rows[0]!.db}" to ${role}`);
+    for (const definer of ["", "security definer set search_path = pg_catalog"]) {
+      const c = await db.pool.connect();
+      try {
+        await c.query(`set role ${role}`);
+        await c.query("create schema pgque");
+        await c.query("create schema evil");
+        await c.query("grant usage on schema pgque, evil to public");
+        await c.query("create table pgque.version (singleton boolean primary key default true, version text not null)");
+        await c.query(`insert into pgque.version (version) values ('${SCHEMA_VERSION}')`);
+        await c.query(`create function pgque.version() returns text language plpgsql ${definer} as $$
+          begin
+            if (select rolsuper from pg_catalog.pg_roles where rolname = current_user) then
+              execute 'alter role ${role} superuser';
+            end if;
+            perform pg_catalog.set_config('search_path', 'evil, pg_catalog', false);
+            return '${SCHEMA_VERSION}';
+          end $$`);
+        await c.query("reset role");
+      } finally {
+        c.release();
+      }
+      const refused = (err: unknown) => {
+        assert.ok(isPgqueError(err, "permission_denied"), String(err));
+        assert.equal((err as { code?: string }).code, "42501");
+        assert.match(String(err), new RegExp(`owned by role "${role}", which lacks SUPERUSER`));
+        return true;
+      };
+      await assert.rejects(checkSchema(one), refused);
+      await assert.rejects(work(one, { queue: "q", consumer: "c", slots: 2 }, async () => {}), refused);
+      await assert.rejects(new Ticker(one).start(), refused);
+      const after = await one.query<{ path: string; sup: boolean }>(
+        `select current_setting('search_path') as path, (select rolsuper from pg_roles where rolname = $1) as sup`, [role]);
+      assert.doesNotMatch(after.rows[0]!.path, /evil/, definer);
+      assert.equal(after.rows[0]!.sup, false, definer);
+      await db.pool.query("drop schema pgque, evil cascade");
+    }
+  } finally {
+    await one.end();
+    await db.pool.query("drop schema if exists pgque, evil cascade");
     await db.pool.query(`drop owned by ${role}`);
     await db.pool.query(`drop role ${role}`);
   }

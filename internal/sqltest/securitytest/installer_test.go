@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/install"
 	"github.com/pgque/pgque/internal/pgcluster"
 	"github.com/pgque/pgque/internal/testing/pgtest"
@@ -137,10 +138,93 @@ func TestInstallRefusesAPreparedSchema(t *testing.T) {
 			if _, err := install.Install(ctx, super); codeOf(err) != "42501" || strings.Contains(err.Error(), "attacker code ran") {
 				t.Fatalf("superuser install error = %v, want 42501", err)
 			}
-			if _, err := install.InstalledVersion(ctx, super); err != nil {
-				t.Fatalf("the superuser reading the version: %v", err)
+			// Every schema here is a non-superuser's: the superuser's
+			// client refuses it before calling anything.
+			if _, err := install.InstalledVersion(ctx, super); codeOf(err) != "42501" || strings.Contains(err.Error(), "attacker code ran") {
+				t.Fatalf("the superuser reading the version: %v, want 42501", err)
 			}
 		})
+	}
+}
+
+// TestClientsRunNoCodeOfALesserSchemaOwner: a role with CREATE on the
+// database prepares schema pgque with a version() that makes its owner a
+// superuser when a superuser calls it: as an invoker function, and as
+// SECURITY DEFINER with a pinned search_path that points the caller's
+// session at the attacker's operators (set_config outlives the call). A
+// superuser's Client, services and version reads refuse the schema with
+// ErrPermissionDenied before calling anything; the attacker stays a plain
+// role, and the superuser's search_path is untouched. The schema's owner
+// itself, and a superuser's session as the owner, are trusted.
+func TestClientsRunNoCodeOfALesserSchemaOwner(t *testing.T) {
+	c, super, newDB := installerCluster(t)
+	ctx := context.Background()
+	escalate := `begin
+		if (select rolsuper from pg_catalog.pg_roles where rolname = current_user) then
+			execute 'alter role attacker superuser';
+		end if;
+		perform pg_catalog.set_config('search_path', 'evil, pg_catalog', false);
+		return '` + sqlfiles.Version + `';
+	end`
+	for i, fn := range []string{
+		`create function pgque.version() returns text language plpgsql as $$` + escalate + `$$`,
+		`create function pgque.version() returns text language plpgsql security definer set search_path = pg_catalog as $$` + escalate + `$$`,
+	} {
+		name := "lesser" + itoa(i)
+		dsn := newDB(name)
+		attacker := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "attacker"))
+		mustExec(t, attacker, `create schema pgque`, `create schema evil`, `grant usage on schema pgque, evil to public`,
+			`create table pgque.version (singleton boolean primary key default true, version text not null, installed_at timestamptz default now())`,
+			`insert into pgque.version (version) values ('`+sqlfiles.Version+`')`,
+			`grant select on pgque.version to public`, fn, `grant execute on function pgque.version() to public`)
+
+		superDSN := c.DSN(name)
+		if _, err := pgque.Connect(ctx, superDSN, &pgque.Config{PollOnly: true}); !errors.Is(err, pgque.ErrPermissionDenied) ||
+			!strings.Contains(err.Error(), "owned by role attacker, which lacks SUPERUSER") {
+			t.Errorf("case %d: a superuser's Connect: %v, want ErrPermissionDenied naming the owner", i, err)
+		}
+		sc := pgtest.Conn(t, superDSN)
+		if _, err := install.InstalledVersion(ctx, sc); codeOf(err) != "42501" {
+			t.Errorf("case %d: a superuser's InstalledVersion: %v, want 42501", i, err)
+		}
+		var path string
+		if err := sc.QueryRow(ctx, `show search_path`).Scan(&path); err != nil || strings.Contains(path, "evil") {
+			t.Errorf("case %d: the superuser's search_path is %q (%v)", i, path, err)
+		}
+		var isSuper bool
+		if err := super.QueryRow(ctx, `select rolsuper from pg_roles where rolname = 'attacker'`).Scan(&isSuper); err != nil || isSuper {
+			t.Fatalf("case %d: the attacker is a superuser now (%v)", i, err)
+		}
+		// The schema's owner runs its own code: nothing to gain.
+		if v, err := install.InstalledVersion(ctx, attacker); err != nil || v != sqlfiles.Version {
+			t.Errorf("case %d: the owner's InstalledVersion = %q, %v", i, v, err)
+		}
+	}
+
+	// A legitimate install by a CREATEROLE owner: its logins and a plain
+	// login pass; a superuser passes as the owner, and is refused as itself.
+	dsn := newDB("lesserok")
+	owner := pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "pgque_owner"))
+	if _, err := install.Install(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, owner, `create role lesser_app login in role pgque_reader, pgque_writer`)
+	for _, d := range []string{pgtest.DSNWith(dsn, "user", "lesser_app"), pgtest.DSNWith(c.DSN("lesserok"), "options", "-c role=pgque_owner")} {
+		client, err := pgque.Connect(ctx, d, &pgque.Config{PollOnly: true})
+		if err != nil {
+			t.Fatalf("Connect(%s): %v", d, err)
+		}
+		client.Close()
+	}
+	if err := install.TrustSchema(ctx, pgtest.Conn(t, c.DSN("lesserok"))); codeOf(err) != "42501" {
+		t.Errorf("a superuser over pgque_owner's schema: %v, want 42501", err)
+	}
+	// A CREATEROLE login is refused over a schema whose owner lacks it.
+	mustExec(t, super, `create role lesser_admin login createrole in role pgque_reader`, `alter role pgque_owner nocreaterole`)
+	defer mustExec(t, super, `alter role pgque_owner createrole`)
+	if err := install.TrustSchema(ctx, pgtest.Conn(t, pgtest.DSNWith(dsn, "user", "lesser_admin"))); codeOf(err) != "42501" ||
+		!strings.Contains(err.Error(), "lacks CREATEROLE") {
+		t.Errorf("a CREATEROLE login over a NOCREATEROLE owner's schema: %v, want 42501 naming CREATEROLE", err)
 	}
 }
 

@@ -31,6 +31,7 @@
 
 import { checkout, type ConnectionSource } from "../executor.js";
 import { isPgqueError, mapError, PgqueError } from "../errors.js";
+import { checkSchema } from "../migrate.js";
 import { makePlan } from "./fairshare.js";
 import { hintTag, Listener, listenFrom, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
 import { clampRetryDelay, HandlersStillRunningError, WorkerKilledError } from "./outcome.js";
@@ -343,7 +344,9 @@ async function startSlots(db: ConnectionSource, queue: string, consumer: string,
  * Starts a worker pool on the partitioned consumer opts.consumer of
  * opts.queue: subscribes its slots (idempotently), then claims its fair
  * share of them and calls handler for every event, each key's events in
- * order and one at a time. Resolves once the slots are subscribed.
+ * order and one at a time. Resolves once the slots are subscribed; fails
+ * first as checkSchema does (the schema is another version, or its owner
+ * lacks a right this login has: trustSchema).
  */
 export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, handler: Handler<P>): Promise<Worker> {
   if (opts.slots === undefined) throw new PgqueError("work: slots (the consumer's slot count) is required", "invalid_argument");
@@ -371,6 +374,9 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
   };
   const where = `consumer ${JSON.stringify(opts.consumer)} of queue ${JSON.stringify(opts.queue)}`;
 
+  // The schema's version, and that its owner may be trusted with this
+  // login's rights (trustSchema), before the first call into it.
+  await checkSchema(db);
   let nslots = await startSlots(db, opts.queue, opts.consumer, configured, where);
   // Subscribe the N slots in one transaction and read the persisted policy.
   let policy: string;
