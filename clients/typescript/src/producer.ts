@@ -83,12 +83,28 @@ export async function sendEncoded(exec: Executor, queue: string, events: readonl
     return rows[0]!.ids;
   } catch (err) {
     const mapped = sendError(`sending batch to queue "${queue}"`, err);
-    const i = mapped instanceof PgqueError ? refusedEvent(events, mapped.code) : -1;
+    if (!(mapped instanceof PgqueError)) throw mapped;
+    const named = namedEvent(mapped.message);
+    const i = named ? named.index : refusedEvent(events, mapped.code);
     if (i < 0) throw mapped;
-    const e = mapped as PgqueError;
-    throw new PgqueError(e.message.replace(`sending batch to queue "${queue}": `, `sending batch to queue "${queue}": event ${i}: `),
-      e.kind, e.code, { cause: err });
+    const message = named ? named.message : mapped.message;
+    throw new PgqueError(message.replace(`sending batch to queue "${queue}": `, `sending batch to queue "${queue}": event ${i}: `),
+      mapped.kind, mapped.code, { cause: err });
   }
+}
+
+/**
+ * The event a server refusal of a batch names itself, counted from 1 as
+ * SQL counts ("event 3 of the batch: " before a type and key too long to
+ * deliver, "dedup key 3 is empty"), as this package counts it (from 0),
+ * and the message without the server's number; or null.
+ */
+function namedEvent(message: string): { index: number; message: string } | null {
+  let m = /event (\d+) of the batch: /.exec(message);
+  if (m) return { index: Number(m[1]) - 1, message: message.replace(m[0], "") };
+  m = /dedup key (\d+) is /.exec(message);
+  if (m) return { index: Number(m[1]) - 1, message: message.replace(m[0], "dedup key is ") };
+  return null;
 }
 
 /**
@@ -100,7 +116,7 @@ export async function sendEncoded(exec: Executor, queue: string, events: readonl
  * payload holds a NUL character as such (a json text can; encode() refused
  * one in a type or key, and JSON.stringify escapes it in a payload); for
  * 54001, the most deeply nested; for 54000, the longest. Runs only after a
- * refusal. (A dedup key's PQ063 names its event itself.)
+ * refusal. (Refusals that name their event are read by namedEvent.)
  */
 export function refusedEvent(events: readonly Encoded[], code: string): number {
   if (code === "22021") return events.findIndex((e) => e.payload.includes("\u0000"));

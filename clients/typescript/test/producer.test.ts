@@ -117,6 +117,37 @@ test("payload forms: values as JSON, json text as given, binary refused", async 
   assert.equal((await stored(q)).length, 4);
 });
 
+// The server counts a batch's events from 1, this package from 0: an
+// event the server's refusal names is reported as the package counts it,
+// once, and a refused batch stores nothing.
+test("a batch refusal the server names its event in is reported with the package's index", async () => {
+  const q = await newQueue("named");
+  await assert.rejects(sendBatch(db.pool, q, [{ payload: 1, dedupKey: "a" }, { payload: 2, dedupKey: "" }]), (err) => {
+    assert.ok(isPgqueError(err), String(err));
+    assert.equal(err.code, "PQ063");
+    assert.match(err.message, /: event 1: dedup key is empty/);
+    assert.doesNotMatch(err.message, /dedup key 2/);
+    return true;
+  });
+  // A type and key too long to deliver together, at a limit lowered for
+  // the test (the real one is 268435455 bytes).
+  await db.pool.query("create or replace function pgque._deliverable_bytes() returns bigint language sql immutable as $$ select 1000::bigint $$");
+  try {
+    const wide = [{ payload: 1 }, { payload: 2, partitionKey: "k" }, { payload: 3, type: "t".repeat(600), partitionKey: "k".repeat(401) }];
+    await assert.rejects(sendBatch(db.pool, q, wide), (err) => {
+      assert.ok(isPgqueError(err), String(err));
+      assert.equal(err.code, "54000");
+      assert.match(err.message, /: event 2: event type and partition key of 1001 bytes together/);
+      assert.doesNotMatch(err.message, /of the batch/);
+      return true;
+    });
+    await assert.rejects(send(db.pool, q, { payload: 1, partitionKey: "k".repeat(1001) }), (err) => isPgqueError(err) && err.code === "54000");
+  } finally {
+    await db.pool.query("create or replace function pgque._deliverable_bytes() returns bigint language sql immutable as $$ select 268435455::bigint $$");
+  }
+  assert.equal((await stored(q)).length, 0);
+});
+
 test("the NULL key and the empty key are different keys", async () => {
   const q = await newQueue("keys");
   await send(db.pool, q, { payload: 1, partitionKey: null });

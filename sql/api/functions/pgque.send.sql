@@ -30,8 +30,12 @@ declare
     v_retired       timestamptz[];
     v_expire        timestamptz;
 begin
-    if i_payload is null or i_type is null then
-        raise exception using errcode = '22004', message = 'event type and payload must not be NULL';
+    if i_payload is null or i_type is null
+       or pgque._fields_bytes(i_type, i_partition_key, null, null, null) > pgque._deliverable_bytes() then
+        if i_payload is null or i_type is null then
+            raise exception using errcode = '22004', message = 'event type and payload must not be NULL';
+        end if;
+        perform pgque._check_fields('', 'event type and partition key', i_type, i_partition_key, null, null, null);
     end if;
     if i_dedup_key is null then
         -- What _insert_event does, inlined: one PL/pgSQL call less on the
@@ -127,10 +131,12 @@ begin
     -- One test on the common path: NULLs and what jsonb may refuse take
     -- the branch, other valid JSON does not.
     if i_type is null or i_payload::json is null or pgque._jsonb_may_refuse(i_payload)
-       or octet_length(i_payload) > pgque._deliverable_bytes() then
+       or octet_length(i_payload) > pgque._deliverable_bytes()
+       or pgque._fields_bytes(i_type, i_partition_key, null, null, null) > pgque._deliverable_bytes() then
         if i_payload is null or i_type is null then
             raise exception using errcode = '22004', message = 'event type and payload must not be NULL';
         end if;
+        perform pgque._check_fields('', 'event type and partition key', i_type, i_partition_key, null, null, null);
         if octet_length(i_payload) > pgque._deliverable_bytes() then
             perform pgque._check_deliverable(i_payload);
         end if;
@@ -269,6 +275,13 @@ begin
         raise exception using errcode = '22004',
             message = format('payload %s of the batch is NULL', array_position(i_payloads, null));
     end if;
+    -- Types and keys a message could not carry (_check_fields).
+    if pgque._fields_bytes(i_type, null, null, null, null) > pgque._deliverable_bytes() then
+        perform pgque._check_fields('', 'event type', i_type, null, null, null, null);
+    end if;
+    perform pgque._check_fields(format('event %s of the batch: ', u.ord), 'event type and partition key', coalesce(u.typ, i_type), u.pkey, null, null, null)
+       from unnest(i_partition_keys, i_types) with ordinality as u(pkey, typ, ord)
+      where pgque._fields_bytes(coalesce(u.typ, i_type), u.pkey, null, null, null) > pgque._deliverable_bytes();
     select pgque._part(queue_id, queue_cur_table), queue_event_seq into v_part, v_seq
       from pgque.queue where queue_name = i_queue;
     if not found then

@@ -165,6 +165,39 @@ create or replace function pgque._deliverable_bytes()
 returns bigint language sql immutable
 as $$ select 268435455::bigint $$;
 
+-- _fields_bytes(type, extra1..4): the bytes of an event's text beside its
+-- data (NULLs count 0). Inlined.
+create or replace function pgque._fields_bytes(i_type text, i_extra1 text, i_extra2 text, i_extra3 text, i_extra4 text)
+returns bigint language sql immutable
+return coalesce(octet_length(i_type), 0)::bigint + coalesce(octet_length(i_extra1), 0) + coalesce(octet_length(i_extra2), 0)
+       + coalesce(octet_length(i_extra3), 0) + coalesce(octet_length(i_extra4), 0);
+
+-- _check_fields(what, names, type, extra1..4): refuses (54000) an event
+-- whose type and extra fields hold more than _deliverable_bytes()
+-- together. The consumers' receives hand a chunk out as one array of
+-- messages, and a single event goes alone however large: beside its
+-- payload (at most that many bytes as jsonb) its other fields must leave
+-- the message under PostgreSQL's 1 GB per value, or every receive of its
+-- batch failed for good and the events behind it waited forever; past
+-- 1 GB together the insert itself failed with an internal error (XX000).
+-- The writers call it only when _fields_bytes is over the limit (one sum
+-- on their path). what names the event ('' alone, 'event 3 of the batch: '
+-- in a batch), names its fields as the caller's contract calls them.
+create or replace function pgque._check_fields(i_what text, i_names text, i_type text, i_extra1 text, i_extra2 text,
+                                               i_extra3 text, i_extra4 text)
+returns void language plpgsql immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if pgque._fields_bytes(i_type, i_extra1, i_extra2, i_extra3, i_extra4) > pgque._deliverable_bytes() then
+        raise exception using errcode = '54000',
+            message = format('%s%s of %s bytes together cannot be delivered: at most %s bytes (the type is %s bytes)',
+                             i_what, i_names, pgque._fields_bytes(i_type, i_extra1, i_extra2, i_extra3, i_extra4),
+                             pgque._deliverable_bytes(), coalesce(octet_length(i_type), 0));
+    end if;
+end;
+$$;
+
 -- _check_deliverable(data): refuses (54000) event data that receive and
 -- receive_partitioned could never hand out, before it is stored. They
 -- deliver data as jsonb, and data jsonb cannot hold as a JSON string of

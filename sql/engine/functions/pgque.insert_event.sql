@@ -35,6 +35,9 @@ begin
     if octet_length(i_data) > pgque._deliverable_bytes() then
         perform pgque._check_deliverable(i_data);
     end if;
+    if pgque._fields_bytes(i_type, i_extra1, i_extra2, i_extra3, i_extra4) > pgque._deliverable_bytes() then
+        perform pgque._check_fields('', 'event type and extra fields', i_type, i_extra1, i_extra2, i_extra3, i_extra4);
+    end if;
     v_id := pgque._next_ev_id(v_seq);
     insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
     values (v_id, v_part, i_type, i_data, i_extra1, i_extra2, i_extra3, i_extra4);
@@ -70,6 +73,9 @@ begin
     end if;
     if octet_length(i_data) > pgque._deliverable_bytes() then
         perform pgque._check_deliverable(i_data);
+    end if;
+    if pgque._fields_bytes(i_type, i_extra1, i_extra2, i_extra3, i_extra4) > pgque._deliverable_bytes() then
+        perform pgque._check_fields('', 'event type and extra fields', i_type, i_extra1, i_extra2, i_extra3, i_extra4);
     end if;
     v_id := pgque._next_ev_id(v_seq);
     insert into pgque.event (ev_id, ev_part, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
