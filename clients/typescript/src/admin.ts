@@ -180,19 +180,30 @@ export async function blockedKeys(exec: Executor, queue: string, consumer?: stri
 }
 
 /**
+ * A key as an error message quotes it: its first 200 characters, then its
+ * length in bytes when it is longer (a key is any text; quoted whole, a
+ * 1 MB key made every message that named it megabytes long). The server's
+ * messages quote keys the same way.
+ */
+function keyLabel(key: string | null): string {
+  if (key === null || key.length <= 200) return JSON.stringify(key);
+  return `${JSON.stringify(key.slice(0, 200))}… (${Buffer.byteLength(key)} bytes)`;
+}
+
+/**
  * Dead-letters the failing head of a blocked key and lets the key go on;
  * returns the head's event id. Fails with "key_not_blocked" or, while the
  * head is being redelivered, "key_busy". Needs pgque_admin.
  */
 export async function unblockKey(exec: Executor, queue: string, consumer: string, key: string | null): Promise<string> {
-  const r = await one<{ id: string }>(exec, `unblocking key ${JSON.stringify(key)} of "${consumer}" on queue "${queue}"`,
+  const r = await one<{ id: string }>(exec, `unblocking key ${keyLabel(key)} of "${consumer}" on queue "${queue}"`,
     "select pgque.unblock_key($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)::pg_catalog.text as id", [queue, consumer, key]);
   return r.id;
 }
 
 /** Retries a blocked key's head now instead of at its backoff; false when no retry was pending. Needs pgque_admin. */
 export async function retryKeyNow(exec: Executor, queue: string, consumer: string, key: string | null): Promise<boolean> {
-  const r = await one<{ n: number }>(exec, `retrying key ${JSON.stringify(key)} of "${consumer}" on queue "${queue}"`,
+  const r = await one<{ n: number }>(exec, `retrying key ${keyLabel(key)} of "${consumer}" on queue "${queue}"`,
     "select pgque.retry_key_now($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)::int4 as n", [queue, consumer, key]);
   return r.n === 1;
 }

@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
   blockedKeys, createQueue, deadLetters, dropQueue, hotKeys, isPgqueError, keyHeads, keyShares, purgeDeadLetters, queues,
-  replayDeadLetter, send, setQueueConfig, slots, subscribeSlots, unblockKey, unsubscribeSlots, withTransaction, type Executor,
+  replayDeadLetter, retryKeyNow, send, setQueueConfig, slots, subscribeSlots, unblockKey, unsubscribeSlots, withTransaction, type Executor,
 } from "../src/index.js";
 import { testDb, type TestDb } from "./harness.js";
 
@@ -69,6 +69,17 @@ test("a blocked key: list, unblock into a dead letter, replay, purge", async () 
   assert.equal(blocked[0]!.state, "blocked");
   assert.equal(blocked[0]!.reason, "boom");
   await assert.rejects(unblockKey(db.pool, "blk", "c", null), (err) => isPgqueError(err, "key_not_blocked"));
+  // A key is any text: an error quotes its start and its length, never all
+  // of it (a 1 MB key made a 2 MB message).
+  const huge = "K".repeat(1 << 20);
+  for (const call of [() => unblockKey(db.pool, "blk", "c", huge), () => retryKeyNow(db.pool, "blk", "c", huge)]) {
+    await assert.rejects(call(), (err) => {
+      assert.ok(isPgqueError(err, "key_not_blocked"), String(err).slice(0, 300));
+      assert.ok(err.message.length < 1500, `a message of ${err.message.length} characters`);
+      assert.match(err.message, /… \(1048576 bytes\)/);
+      return true;
+    });
+  }
 
   assert.equal(await unblockKey(db.pool, "blk", "c", ""), head);
   // The key's later events are being released to the slot again.

@@ -239,12 +239,19 @@ func TestLeaseTokenIsTheCredential(t *testing.T) {
 		fmt.Sprintf("select pgque.release_stale_holds_partitioned('tq', 'tc', 0, 1, '%s', '%s')", tokenOwner, ownerToken),
 		fmt.Sprintf("select pgque.hold_key_partitioned('tq', 'tc', 0, 1, '%s', '%s', %d, %d, 'k', %d) = 3", tokenOwner, ownerToken, p.epoch, p.batch, p.first),
 		fmt.Sprintf("select pgque.ack_partitioned('tq', 'tc', 0, 1, '%s', '%s', %d, %d, %d) = 1", tokenOwner, ownerToken, p.epoch, p.batch, p.last),
-		fmt.Sprintf("select pgque.settle_held_partitioned('tq', 'tc', 0, 1, '%s', '%s', %d, 'k', %d, array[%d, %d]::bigint[], array[%d]::bigint[], '{1 hour}', '{r}') = 1",
+		// A failure dead-lettered (no delay) with a reason of 5000
+		// characters, which is stored cut to 1000 as nack's.
+		fmt.Sprintf("select pgque.settle_held_partitioned('tq', 'tc', 0, 1, '%s', '%s', %d, 'k', %d, array[%d, %d]::bigint[], array[%d]::bigint[], '{NULL}', array[repeat('r', 5000)]) = 1",
 			tokenOwner, ownerToken, p.epoch, p.first, p.first, p.first+1, p.last),
 	} {
 		if code, text, got := runAs(t, owner, stmt); code != "" || !got {
 			t.Fatalf("owner: %s = SQLSTATE %q (%s), got %v", stmt, code, text, got)
 		}
+	}
+	var reasons []int
+	if err := super.QueryRow(ctx, `select array_agg(length(dl_reason)) from pgque.dead_letter`).Scan(&reasons); err != nil ||
+		len(reasons) != 1 || reasons[0] != 1000 {
+		t.Fatalf("the settle's dead letter has reasons of %v characters (%v), want one of 1000", reasons, err)
 	}
 	mustExec(t, super, `select pgque.send('tq', 't', '{"a":2}'::jsonb, 'j') from generate_series(1, 2)`,
 		`select pgque.force_next_tick('tq')`, `select pgque.ticker('tq')`)

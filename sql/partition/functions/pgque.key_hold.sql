@@ -101,7 +101,7 @@ begin
      group by pgque._kid(u.key) having count(*) > 1 limit 1;
     if found then
         raise exception using errcode = 'PQ011',
-            message = format('key %s is given twice', coalesce(quote_literal(left(v_dup, 200)), 'NULL'));
+            message = format('key %s is given twice', pgque._key_label(v_dup));
     end if;
     select jsonb_object_agg(pgque._kid(u.key), u.head), min(u.head) into v_heads, v_min
       from unnest(i_keys, i_heads) u(key, head);
@@ -127,7 +127,7 @@ begin
          where u.head <> all (v_found) limit 1;
         raise exception using errcode = 'PQ022',
             message = format('event %s of key %s is not in the delivered part of batch %s of slot %s',
-                             v_head, coalesce(quote_literal(left(v_kid, 200)), 'NULL'), st.st_batch, i_slot);
+                             v_head, pgque._key_label(v_kid), st.st_batch, i_slot);
     end if;
     insert into pgque.key_block as kb (kb_sub, kb_kid, kb_key, kb_state, kb_head, kb_wait, kb_epoch)
     select l.sl_sub, pgque._kid(k.key), k.key, 'inflight', k.head, -1, l.sl_epoch
@@ -210,7 +210,7 @@ begin
         returning * into d;
         if not found then
             raise exception using errcode = 'PQ022',
-                message = format('event %s is not held for key %s', i_failed[i], coalesce(quote_literal(i_key), 'NULL'));
+                message = format('event %s is not held for key %s', i_failed[i], pgque._key_label(i_key));
         end if;
         if exists (select 1 from pgque.event_done dn where dn.dn_sub = l.sl_sub and dn.dn_ev_id = d.ev_id) then
             -- Completed in a transaction (complete_partitioned_in_tx) whose
@@ -220,7 +220,7 @@ begin
         if i_retry_after[i] is null or pgque._retries(d.ev_retry) >= q.queue_max_retries then
             insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_retry,
                                            ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-            values (s.sub_queue, s.sub_name, i_reasons[i], d.ev_id, d.ev_time, pgque._retries(d.ev_retry),
+            values (s.sub_queue, s.sub_name, left(i_reasons[i], 1000), d.ev_id, d.ev_time, pgque._retries(d.ev_retry),
                     d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3, d.ev_extra4);
         else
             insert into pgque.retry_queue (ev_owner, ev_id, ev_queue, ev_retry_after, ev_time, ev_retry,
@@ -230,7 +230,7 @@ begin
             on conflict (ev_owner, ev_id) do nothing;
             if v_pause and v_block is null then
                 v_block := d.ev_id;
-                v_reason := i_reasons[i];
+                v_reason := left(i_reasons[i], 1000);
             end if;
         end if;
     end loop;

@@ -142,6 +142,17 @@ begin
 end;
 $$;
 
+-- _key_label(key): a partition key as the layer's error messages quote it: the
+-- literal of its first 200 characters, then "…" and its length in bytes
+-- when it is longer, or NULL. A key is any text a writer sends (up to
+-- _deliverable_bytes() with its event's type), and a message quoting it
+-- whole was megabytes long in every log line that reported it.
+create or replace function pgque._key_label(i_key text)
+returns text language sql immutable
+return coalesce(quote_literal(left(i_key, 200))
+                || case when length(i_key) > 200 then format('… (%s bytes)', octet_length(i_key)) else '' end,
+                'NULL');
+
 -- _pause_on_nack(lease, batch, msg_id, key, retried, reason): the handler
 -- failed on msg_id of key. Defers the rest of the key in the chunk already
 -- handed out (the worker skipped them), then blocks the key with msg_id as
@@ -172,7 +183,7 @@ begin
     end if;
 
     insert into pgque.key_block as kb (kb_sub, kb_kid, kb_key, kb_state, kb_head, kb_wait, kb_failures, kb_reason)
-    values (l.sl_sub, v_kid, i_key, 'blocked', i_msg_id, i_msg_id, 1, i_reason)
+    values (l.sl_sub, v_kid, i_key, 'blocked', i_msg_id, i_msg_id, 1, left(i_reason, 1000))
     on conflict (kb_sub, kb_kid) do update
        set kb_state = 'blocked', kb_head = excluded.kb_head, kb_wait = excluded.kb_wait,
            kb_wait_batch = null, kb_reason = excluded.kb_reason,
@@ -297,7 +308,7 @@ begin
         end if;
         raise exception using errcode = 'PQ036',
             message = format('key %s is not blocked for consumer %L on queue %L',
-                             coalesce(quote_literal(i_key), 'NULL'), i_consumer, i_queue);
+                             pgque._key_label(i_key), i_consumer, i_queue);
     end if;
     return b;
 end;
@@ -319,14 +330,14 @@ declare
 begin
     if b.kb_state <> 'blocked' then
         raise exception using errcode = 'PQ036',
-            message = format('key %s is not blocked by a failing head (it is %s)', coalesce(quote_literal(i_key), 'NULL'),
+            message = format('key %s is not blocked by a failing head (it is %s)', pgque._key_label(i_key),
                              case b.kb_state when 'inflight' then 'held' else b.kb_state end);
     end if;
     delete from pgque.retry_queue where ev_owner = b.kb_sub and ev_id = b.kb_head returning * into r;
     if not found then
         raise exception using errcode = 'PQ037',
             message = format('the head %s of key %s is being redelivered; try again once it was handled',
-                             b.kb_head, coalesce(quote_literal(i_key), 'NULL'));
+                             b.kb_head, pgque._key_label(i_key));
     end if;
     select * into s from pgque.subscription where sub_id = b.kb_sub;
     insert into pgque.dead_letter (dl_queue, dl_consumer, dl_reason, ev_id, ev_time, ev_retry,
