@@ -109,7 +109,7 @@ export async function withTransaction<T>(exec: Executor, fn: (tx: Executor) => P
     const conn = await checkout(exec);
     let broken: Error | undefined;
     try {
-      return await withTransaction(conn, fn);
+      return await inTransaction(conn, fn, true);
     } catch (err) {
       // A connection that failed without a SQLSTATE may be broken: destroy it.
       if (err instanceof Error && typeof (err as { code?: unknown }).code !== "string") broken = err;
@@ -118,14 +118,28 @@ export async function withTransaction<T>(exec: Executor, fn: (tx: Executor) => P
       conn.release(broken);
     }
   }
-  let own = false;
-  try {
-    await exec.query("savepoint pgque_tx");
-  } catch (err) {
-    // 25P01 no_active_sql_transaction: not inside a transaction block.
-    if ((err as { code?: unknown }).code !== "25P01") throw err;
-    own = true;
+  return inTransaction(exec, fn, false);
+}
+
+/**
+ * withTransaction on one connection: idle when the caller knows it is
+ * outside a transaction (one just checked out of a pool), which then
+ * begins one without the SAVEPOINT probe, whose refusal outside a
+ * transaction block is an ERROR line in the server's log.
+ */
+async function inTransaction<T>(exec: Executor, fn: (tx: Executor) => Promise<T>, idle: boolean): Promise<T> {
+  let own = idle;
+  if (idle) {
     await exec.query("begin");
+  } else {
+    try {
+      await exec.query("savepoint pgque_tx");
+    } catch (err) {
+      // 25P01 no_active_sql_transaction: not inside a transaction block.
+      if ((err as { code?: unknown }).code !== "25P01") throw err;
+      own = true;
+      await exec.query("begin");
+    }
   }
   try {
     const out = await fn(exec);

@@ -1,5 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import pg from "pg";
 import {
   blockedKeys, createQueue, deadLetters, dropQueue, hotKeys, isPgqueError, keyHeads, keyShares, purgeDeadLetters, queues,
   replayDeadLetter, retryKeyNow, send, setQueueConfig, slots, subscribeSlots, unblockKey, unsubscribeSlots, withTransaction, type Executor,
@@ -16,6 +17,46 @@ async function tick(queue: string): Promise<void> {
     await tx.query("select pgque.ticker($1)", [queue]);
   });
 }
+
+// On a pool the connection is fresh, outside any transaction: the work
+// begins one at once. The SAVEPOINT that tells a caller's open transaction
+// apart is refused outside one, an ERROR line in the server's log on every
+// call. On a connection inside the caller's transaction it nests.
+test("withTransaction on a pool begins at once, and nests in the caller's transaction", async () => {
+  const seen: string[] = [];
+  const pool = new pg.Pool({ connectionString: db.url, max: 1 });
+  try {
+    const connect = pool.connect.bind(pool) as () => Promise<pg.PoolClient>;
+    const spied = new WeakSet<pg.PoolClient>();
+    (pool as { connect: unknown }).connect = async () => {
+      const c = await connect();
+      if (spied.has(c)) return c; // the pool hands the same client out again
+      spied.add(c);
+      const query = c.query.bind(c) as (text: string, params?: unknown[]) => Promise<unknown>;
+      (c as { query: unknown }).query = (text: string, params?: unknown[]) => {
+        seen.push(text);
+        return query(text, params);
+      };
+      return c;
+    };
+    const n = await withTransaction(pool, async (tx) => (await tx.query<{ n: number }>("select 1 as n")).rows[0]!.n);
+    assert.equal(n, 1);
+    assert.deepEqual(seen, ["begin", "select 1 as n", "commit"]);
+
+    seen.length = 0;
+    const c = await pool.connect();
+    try {
+      await c.query("begin");
+      await withTransaction(c, async (tx) => tx.query("select 2"));
+      await c.query("rollback");
+    } finally {
+      c.release();
+    }
+    assert.deepEqual(seen, ["begin", "savepoint pgque_tx", "select 2", "release savepoint pgque_tx", "rollback"]);
+  } finally {
+    await pool.end();
+  }
+});
 
 test("queues and slot subscriptions", async () => {
   assert.equal(await createQueue(db.pool, "adm"), true);

@@ -64,6 +64,31 @@ test("different keys of one slot run at once up to the concurrency limit", async
   assert.deepEqual(rec.violations, []);
 });
 
+// Each slot, and each lane waiting for a place, listens on the worker's
+// shared abort signals: past ten, Node warned of a leak
+// (MaxListenersExceededWarning) in any process with more than ten slots.
+test("sixteen slots and many waiting lanes raise no listener warning", async (t) => {
+  const db = await setup(t, "listeners");
+  const warnings: string[] = [];
+  const onWarning = (w: Error) => warnings.push(`${w.name}: ${w.message}`);
+  process.on("warning", onWarning);
+  t.after(() => process.off("warning", onWarning));
+  const rec = new Recorder();
+  const w = await work(db.pool, { ...fast, queue: "listeners", consumer: "c", slots: 16, concurrency: 2 }, async (m) => {
+    rec.enter(m);
+    await new Promise((r) => setTimeout(r, 1));
+    rec.leave(m, true);
+  });
+  db.track(w);
+  const keys = Array.from({ length: 64 }, (_, i) => `k${i}`);
+  const ids = await sendKeyed(db.pool, "listeners", keys, 3);
+  await rec.handled(ids.length);
+  await w.stop();
+  await new Promise((r) => setImmediate(r)); // process.emitWarning reports on the next tick
+  assert.deepEqual(warnings.filter((x) => x.startsWith("MaxListenersExceededWarning")), []);
+  assert.deepEqual(rec.violations, []);
+});
+
 test("the concurrency limit bounds the handlers running at once", async (t) => {
   const db = await setup(t, "limit");
   const keys = Array.from({ length: 10 }, (_, i) => `k${i}`);

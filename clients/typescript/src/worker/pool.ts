@@ -29,6 +29,7 @@
 // of two N at once. The server stays the authority: a runner with a stale
 // N can neither receive nor acknowledge.
 
+import { setMaxListeners } from "node:events";
 import { checkout, type ConnectionSource } from "../executor.js";
 import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { checkSchema } from "../migrate.js";
@@ -396,6 +397,10 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
   const fetchCtl = new AbortController();
   const killCtl = new AbortController();
   const abandonCtl = new AbortController();
+  // Every slot, and every waiting lane of it, listens on these three for
+  // as long as it runs: Node's default of ten listeners per signal warned
+  // of a leak in any process with more than ten slots.
+  setMaxListeners(0, fetchCtl.signal, killCtl.signal, abandonCtl.signal);
   const runners = new Map<number, SlotRunner>();
   const holdoff = new Map<number, number>();
   let prevFree = new Set<number>();

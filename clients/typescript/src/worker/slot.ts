@@ -21,6 +21,7 @@
 // signal: handlers see it, nothing more is acknowledged or released, and
 // the next owner receives the chunk again.
 
+import { setMaxListeners } from "node:events";
 import { checkout, type ConnectionSource, type Executor } from "../executor.js";
 import { isPgqueError, mapError, sqlstateOf } from "../errors.js";
 import { toMessage, type ChunkRow, type Message } from "./message.js";
@@ -238,6 +239,9 @@ export class SlotRunner {
    */
   constructor(private readonly env: SlotEnv, readonly slot: number, readonly nslots: number, private lease: q.Lease, claimedAt: number, prev?: Promise<void>) {
     this.leaseUntil = claimedAt + env.leaseTtlMs;
+    // Every waiting lane listens on these: hundreds, in a chunk of a
+    // backlog, past Node's default of ten that warns of a leak.
+    setMaxListeners(0, this.ctl.signal, this.handBack.signal, this.laneSignal);
     this.done = (prev ?? Promise.resolve())
       .then(() => this.run())
       .catch((err) => env.onError(err))
