@@ -26,6 +26,23 @@ const Version = "0.1.0"
 //go:embed install.list engine api partition
 var fsys embed.FS
 
+// The queries the clients run before they trust schema pgque (client/):
+// catalog reads only, shared with the TypeScript package, which bundles
+// the same files.
+//
+//go:embed client
+var clientFS embed.FS
+
+// ClientQuery returns the query in client/<name>.sql. It panics on a name
+// without a file: the names are the callers' constants.
+func ClientQuery(name string) string {
+	b, err := clientFS.ReadFile("client/" + name + ".sql")
+	if err != nil {
+		panic(fmt.Sprintf("sqlfiles: no client query %q: %v", name, err))
+	}
+	return string(b)
+}
+
 // File is one SQL source file of the install script.
 type File struct {
 	// Name is the path inside sql/, e.g. "engine/functions/pgque.ticker.sql".

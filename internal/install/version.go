@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	sqlfiles "github.com/pgque/pgque/sql"
 )
 
 // InstalledVersion returns the pgque version installed in the database, or
@@ -28,26 +30,7 @@ func InstalledVersion(ctx context.Context, q Querier) (string, error) {
 		return "", err
 	}
 	var table, fn bool
-	err := q.QueryRow(ctx, `select
-		exists (select 1 from pg_catalog.pg_class c
-		        join pg_catalog.pg_namespace n on n.oid = c.relnamespace
-		        where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
-		          and pg_catalog.has_schema_privilege(n.oid, 'USAGE')
-		          and (c.relowner operator(pg_catalog.=) r.oid
-		               or (c.relkind operator(pg_catalog.=) 'r' and not c.relrowsecurity
-		                   and c.relowner operator(pg_catalog.=) n.nspowner
-		                   and exists (select 1 from pg_catalog.pg_attribute a
-		                               where a.attrelid operator(pg_catalog.=) c.oid and a.attname operator(pg_catalog.=) 'version'
-		                                 and a.atttypid operator(pg_catalog.=) 'pg_catalog.text'::pg_catalog.regtype)))),
-		exists (select 1 from pg_catalog.pg_proc p
-		        join pg_catalog.pg_namespace n on n.oid = p.pronamespace
-		        where n.nspname operator(pg_catalog.=) 'pgque' and p.proname operator(pg_catalog.=) 'version'
-		          and p.pronargs operator(pg_catalog.=) 0
-		          and (p.proowner operator(pg_catalog.=) r.oid
-		               or (p.prosecdef and p.proowner operator(pg_catalog.=) n.nspowner
-		                   and exists (select 1 from pg_catalog.unnest(p.proconfig) g
-		                               where g operator(pg_catalog.~~) 'search\_path=%'))))
-		from pg_catalog.pg_roles r where r.rolname operator(pg_catalog.=) current_user`).Scan(&table, &fn)
+	err := q.QueryRow(ctx, sqlfiles.ClientQuery("version_source")).Scan(&table, &fn)
 	if err != nil {
 		return "", fmt.Errorf("reading the installed pgque version: %w", err)
 	}
@@ -79,17 +62,7 @@ func InstalledVersion(ctx context.Context, q Querier) (string, error) {
 // error naming its owner.
 func ownVersion(ctx context.Context, q Querier) (string, error) {
 	var own bool
-	err := q.QueryRow(ctx, `select coalesce(pg_catalog.bool_and(o.owner operator(pg_catalog.=) r.oid), true)
-		from (select n.nspowner as owner from pg_catalog.pg_namespace n
-		       where n.nspname operator(pg_catalog.=) 'pgque'
-		      union all
-		      select c.relowner from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace
-		       where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
-		      union all
-		      select p.proowner from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) p.pronamespace
-		       where n.nspname operator(pg_catalog.=) 'pgque' and p.proname operator(pg_catalog.=) 'version') o,
-		     pg_catalog.pg_roles r
-		where r.rolname operator(pg_catalog.=) current_user`).Scan(&own)
+	err := q.QueryRow(ctx, sqlfiles.ClientQuery("own_version")).Scan(&own)
 	if err != nil {
 		return "", fmt.Errorf("reading the installed pgque version: %w", err)
 	}
@@ -98,29 +71,6 @@ func ownVersion(ctx context.Context, q Querier) (string, error) {
 	}
 	return InstalledVersion(ctx, q)
 }
-
-// trustQuery names what the calling role has that the owner of schema
-// pgque lacks, among the rights that code running as the caller could
-// turn against the cluster: NULL when nothing, when the schema is the
-// caller's own or a superuser's, or when there is no schema pgque the
-// caller may use. Only catalogs are read and every operator is
-// pg_catalog's: nothing of another role runs. The TypeScript client's
-// trustSchema asks the same.
-const trustQuery = `select o.rolname, r.rolname,
-	case
-		when not pg_catalog.has_schema_privilege(n.oid, 'USAGE') or n.nspowner operator(pg_catalog.=) r.oid or o.rolsuper then null
-		when r.rolsuper then 'SUPERUSER'
-		when r.rolcreaterole and not o.rolcreaterole then 'CREATEROLE'
-		when r.rolbypassrls and not o.rolbypassrls then 'BYPASSRLS'
-		when r.rolreplication and not o.rolreplication then 'REPLICATION'
-		else (select 'membership in ' operator(pg_catalog.||) pg_catalog.min(p.rolname::pg_catalog.text)
-		        from pg_catalog.pg_roles p
-		       where p.rolname operator(pg_catalog.=) any ('{pg_execute_server_program,pg_read_server_files,pg_write_server_files,pg_read_all_data,pg_write_all_data,pg_signal_backend}'::pg_catalog.name[])
-		         and pg_catalog.pg_has_role(r.oid, p.oid, 'MEMBER') and not pg_catalog.pg_has_role(o.oid, p.oid, 'MEMBER'))
-	end
-	from pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_roles o
-	where n.nspname operator(pg_catalog.=) 'pgque' and r.rolname operator(pg_catalog.=) current_user
-	  and o.oid operator(pg_catalog.=) n.nspowner`
 
 // TrustSchema fails with 42501 when schema pgque belongs to a role that
 // lacks a right the caller has (superuser, CREATEROLE, BYPASSRLS,
@@ -134,11 +84,13 @@ const trustQuery = `select o.rolname, r.rolname,
 // installer refuses a superuser's install over another role's schema. The
 // owner's own login, or a superuser's session with options '-c
 // role=<owner>', is trusted. A database without schema pgque, or whose
-// schema the caller may not use, passes: nothing there can be called.
+// schema the caller may not use, passes: nothing there can be called. The
+// query is sql/client/trust_schema.sql, which the TypeScript client runs
+// too.
 func TrustSchema(ctx context.Context, q Querier) error {
 	var owner, caller string
 	var lacks *string
-	err := q.QueryRow(ctx, trustQuery).Scan(&owner, &caller, &lacks)
+	err := q.QueryRow(ctx, sqlfiles.ClientQuery("trust_schema")).Scan(&owner, &caller, &lacks)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}

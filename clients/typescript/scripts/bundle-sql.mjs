@@ -2,11 +2,13 @@
 // repository's sql/ folder: the files named by sql/install.list, in order,
 // framed exactly as the Go installer frames them (`pgque sql`). The script
 // is built, not checked in, so sql/ stays its only source; `make lint`
-// compares this output with `pgque sql` byte for byte.
+// compares this output with `pgque sql` byte for byte. It also copies
+// sql/client/*.sql, the queries the clients run before they trust the
+// schema, to sql/client/.
 //
 // Usage: node scripts/bundle-sql.mjs [OUT]   (OUT "-" is standard output)
 
-import { readFileSync, writeFileSync, mkdirSync } from "node:fs";
+import { readdirSync, readFileSync, writeFileSync, mkdirSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -39,4 +41,11 @@ if (out === "-") {
 } else {
   mkdirSync(dirname(out), { recursive: true });
   writeFileSync(out, script);
+  // The queries the clients run before they trust schema pgque, as the Go
+  // client embeds them (sqlfiles.ClientQuery).
+  const clientOut = join(dirname(out), "client");
+  mkdirSync(clientOut, { recursive: true });
+  for (const name of readdirSync(join(sqlDir, "client"))) {
+    if (name.endsWith(".sql")) writeFileSync(join(clientOut, name), readFileSync(join(sqlDir, "client", name)));
+  }
 }

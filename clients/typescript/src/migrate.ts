@@ -44,6 +44,21 @@ export interface MigrateResult {
 
 let scriptCache: Promise<string> | undefined;
 
+const clientQueries = new Map<string, Promise<string>>();
+
+/**
+ * The query in sql/client/<name>.sql, which the build copies from the
+ * repository's sql/client/ (the Go client embeds the same files).
+ */
+function clientQuery(name: string): Promise<string> {
+  let q = clientQueries.get(name);
+  if (q === undefined) {
+    q = readFile(new URL(`../../sql/client/${name}.sql`, import.meta.url), "utf8");
+    clientQueries.set(name, q);
+  }
+  return q;
+}
+
 /** The install script, as `pgque sql` prints it. */
 export function installScript(): Promise<string> {
   scriptCache ??= readFile(new URL("../../sql/pgque.sql", import.meta.url), "utf8");
@@ -152,19 +167,7 @@ async function lockWithin(exec: Executor, sql: string): Promise<boolean> {
  * owner. As the Go installer's ownVersion.
  */
 async function ownVersion(exec: Executor): Promise<string> {
-  const { rows } = await exec.query<{ own: boolean }>(
-    `select coalesce(pg_catalog.bool_and(o.owner operator(pg_catalog.=) r.oid), true) as own
-       from (select n.nspowner as owner from pg_catalog.pg_namespace n
-              where n.nspname operator(pg_catalog.=) 'pgque'
-             union all
-             select c.relowner from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace
-              where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
-             union all
-             select p.proowner from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) p.pronamespace
-              where n.nspname operator(pg_catalog.=) 'pgque' and p.proname operator(pg_catalog.=) 'version') o,
-            pg_catalog.pg_roles r
-      where r.rolname operator(pg_catalog.=) current_user`,
-  );
+  const { rows } = await exec.query<{ own: boolean }>(await clientQuery("own_version"));
   return rows[0]!.own ? installedVersion(exec) : "";
 }
 
@@ -182,26 +185,7 @@ async function ownVersion(exec: Executor): Promise<string> {
  */
 export async function installedVersion(exec: Executor): Promise<string> {
   await trustSchema(exec);
-  const { rows } = await exec.query<{ has_table: boolean; has_fn: boolean }>(`select
-    exists (select 1 from pg_catalog.pg_class c
-            join pg_catalog.pg_namespace n on n.oid = c.relnamespace
-            where n.nspname operator(pg_catalog.=) 'pgque' and c.relname operator(pg_catalog.=) 'version'
-              and pg_catalog.has_schema_privilege(n.oid, 'USAGE')
-              and (c.relowner operator(pg_catalog.=) r.oid
-                   or (c.relkind operator(pg_catalog.=) 'r' and not c.relrowsecurity
-                       and c.relowner operator(pg_catalog.=) n.nspowner
-                       and exists (select 1 from pg_catalog.pg_attribute a
-                                   where a.attrelid operator(pg_catalog.=) c.oid and a.attname operator(pg_catalog.=) 'version'
-                                     and a.atttypid operator(pg_catalog.=) 'pg_catalog.text'::pg_catalog.regtype)))) as has_table,
-    exists (select 1 from pg_catalog.pg_proc p
-            join pg_catalog.pg_namespace n on n.oid = p.pronamespace
-            where n.nspname operator(pg_catalog.=) 'pgque' and p.proname operator(pg_catalog.=) 'version'
-              and p.pronargs operator(pg_catalog.=) 0
-              and (p.proowner operator(pg_catalog.=) r.oid
-                   or (p.prosecdef and p.proowner operator(pg_catalog.=) n.nspowner
-                       and exists (select 1 from pg_catalog.unnest(p.proconfig) g
-                                   where g operator(pg_catalog.~~) 'search\\_path=%')))) as has_fn
-    from pg_catalog.pg_roles r where r.rolname operator(pg_catalog.=) current_user`);
+  const { rows } = await exec.query<{ has_table: boolean; has_fn: boolean }>(await clientQuery("version_source"));
   if (!rows[0]!.has_table) return "";
   const q = rows[0]!.has_fn ? "select pgque.version() as v" : "select version as v from pgque.version";
   const v = await exec.query<{ v: string | null }>(q);
@@ -221,26 +205,13 @@ export async function installedVersion(exec: Executor): Promise<string> {
  * install over another role's schema: installedVersion, checkSchema, the
  * Ticker's and work()'s start ask it first. The owner's own login, or a
  * superuser's session with options '-c role=<owner>', is trusted. Only
- * catalogs are read, with pg_catalog's operators. As the Go TrustSchema.
+ * catalogs are read, with pg_catalog's operators (sql/client/trust_schema.sql,
+ * as the Go TrustSchema).
  */
 export async function trustSchema(exec: Executor): Promise<void> {
   let rows: { owner: string; caller: string; lacks: string | null }[];
   try {
-    ({ rows } = await exec.query<{ owner: string; caller: string; lacks: string | null }>(`select o.rolname as owner, r.rolname as caller,
-      case
-        when not pg_catalog.has_schema_privilege(n.oid, 'USAGE') or n.nspowner operator(pg_catalog.=) r.oid or o.rolsuper then null
-        when r.rolsuper then 'SUPERUSER'
-        when r.rolcreaterole and not o.rolcreaterole then 'CREATEROLE'
-        when r.rolbypassrls and not o.rolbypassrls then 'BYPASSRLS'
-        when r.rolreplication and not o.rolreplication then 'REPLICATION'
-        else (select 'membership in ' operator(pg_catalog.||) pg_catalog.min(p.rolname::pg_catalog.text)
-                from pg_catalog.pg_roles p
-               where p.rolname operator(pg_catalog.=) any ('{pg_execute_server_program,pg_read_server_files,pg_write_server_files,pg_read_all_data,pg_write_all_data,pg_signal_backend}'::pg_catalog.name[])
-                 and pg_catalog.pg_has_role(r.oid, p.oid, 'MEMBER') and not pg_catalog.pg_has_role(o.oid, p.oid, 'MEMBER'))
-      end as lacks
-      from pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_roles o
-      where n.nspname operator(pg_catalog.=) 'pgque' and r.rolname operator(pg_catalog.=) current_user
-        and o.oid operator(pg_catalog.=) n.nspowner`));
+    ({ rows } = await exec.query<{ owner: string; caller: string; lacks: string | null }>(await clientQuery("trust_schema")));
   } catch (err) {
     throw mapError("checking the owner of schema pgque", err);
   }
