@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/cmd/pgque/internal/httpbound"
 	"github.com/pgque/pgque/cmd/pgque/internal/web"
 )
 
@@ -50,11 +51,13 @@ a shorter one is refused), or a random token printed once at start. The
 database role of --dsn bounds what any action can do: run the console as a
 pgque_reader role to make actions impossible.
 
-Every request, reads included, needs the token ($` + EnvWebToken + `, or a
-random one printed at start): open the address printed at start, or
-/?token=<token>, once in the browser (it sets a same-site cookie), or send the
-token in the X-Pgque-Token header. On loopback too: any local user can reach
-a loopback port, and the console reads with the role of --dsn. On a loopback
+Every read of the database, as every action, needs the token ($` + EnvWebToken + `,
+or a random one printed at start): open the address printed at start, or
+/#token=<token>, once in the browser tab (the page keeps it in the tab's
+session storage, which no other port or site can read, and sends it in the
+X-Pgque-Token header; no cookie is set), or send that header yourself. On
+loopback too: any local user can reach a loopback port, and the console
+reads with the role of --dsn. On a loopback
 address (the default) the console also answers only to the Host names
 localhost, 127.0.0.1 and ::1 (or those of --allowed-host), so that a web page
 cannot reach it by DNS rebinding.`,
@@ -93,10 +96,10 @@ cannot reach it by DNS rebinding.`,
 			}
 			fmt.Fprintf(a.stdout, "pgque web: serving http://%s (%s)\n", ln.Addr(), mode)
 			if generated {
-				fmt.Fprintf(a.stderr, "pgque web: every request needs the token; open http://%s/?%s=%s once in the browser\n",
+				fmt.Fprintf(a.stderr, "pgque web: every request needs the token; open http://%s/#%s=%s once in the browser\n",
 					ln.Addr(), web.TokenParam, cfg.Token)
 			} else {
-				fmt.Fprintf(a.stderr, "pgque web: every request needs the token; open http://%s/?%s=<$%s> once in the browser\n",
+				fmt.Fprintf(a.stderr, "pgque web: every request needs the token; open http://%s/#%s=<$%s> once in the browser\n",
 					ln.Addr(), web.TokenParam, EnvWebToken)
 			}
 			return serveWeb(ctx, ln, srv)
@@ -143,7 +146,8 @@ func defaultWebHosts(host string) []string {
 
 // serveWeb serves until ctx ends, then shuts the server down.
 func serveWeb(ctx context.Context, ln net.Listener, srv *web.Server) error {
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	hs := httpbound.Server(srv)
+	ln = httpbound.Listener(ln, httpbound.MaxConns)
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	sampled := make(chan struct{})
 	go func() { defer close(sampled); srv.Run(sampleCtx) }()

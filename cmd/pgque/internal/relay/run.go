@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/cmd/pgque/internal/httpbound"
 )
 
 // ShutdownTimeoutDefault bounds a graceful stop: requests in flight finish
@@ -169,7 +170,8 @@ func serve(addr string, metrics http.Handler, pc *pgque.PartitionedConsumer, sta
 		}
 		_ = json.NewEncoder(w).Encode(body)
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := httpbound.Server(mux)
+	ln = httpbound.Listener(ln, httpbound.MaxConns)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -280,7 +280,33 @@ func (s *Server) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 		writeDBError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"dead_letters": nonNil(view.DeadLettersOf(dls)), "actions_enabled": s.cfg.AllowActions})
+	out := view.DeadLettersOf(dls)
+	for i := range out {
+		cutPayload(&out[i])
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"dead_letters": nonNil(out), "actions_enabled": s.cfg.AllowActions})
+}
+
+// ConsolePayloadMax bounds the payload of each dead letter the console's
+// page receives. A writer chooses payloads: a hundred dead letters of
+// 30 MB made one refresh of the page (every five seconds) a 185 MB
+// response that the browser never finished rendering. The whole payload
+// is for pgque dlq list or dlq_list.
+const ConsolePayloadMax = 64 << 10
+
+// cutPayload replaces a payload over ConsolePayloadMax by its start as
+// text, saying how long it is.
+func cutPayload(d *view.DeadLetter) {
+	text := d.Payload
+	if d.PayloadText != nil {
+		text = json.RawMessage(*d.PayloadText)
+	}
+	if len(text) <= ConsolePayloadMax {
+		return
+	}
+	cut := strings.ToValidUTF8(string(text[:ConsolePayloadMax]), "")
+	note := fmt.Sprintf("%s… (cut by the console: %d bytes in all; pgque dlq list <queue> --json shows all of it)", cut, len(text))
+	d.Payload, d.PayloadText = nil, &note
 }
 
 // maxOlderThan is the longest purge bound in seconds a time.Duration holds.

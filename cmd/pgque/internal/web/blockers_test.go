@@ -4,13 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/cmd/pgque/internal/view"
 	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
@@ -101,26 +103,27 @@ func serveConsole(t *testing.T, cfg Config) *httptest.Server {
 	return hs
 }
 
-// TestConsoleTokenRedirectStaysOnSite: opening the console with ?token=
-// sets the cookie and redirects to the same path without the token, on
-// this site, even for a path that starts with two slashes.
-func TestConsoleTokenRedirectStaysOnSite(t *testing.T) {
-	t.Parallel()
-	client, err := pgque.NewClient(pgtest.Pool(t, pgtest.NewInstalledDB(t)), &pgque.Config{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
+
+// TestConsoleCutsLargePayloads: the dead letters page gets at most
+// ConsolePayloadMax bytes of each payload, saying how long it is, and
+// small payloads whole.
+func TestConsoleCutsLargePayloads(t *testing.T) {
+	big := `{"pad":"` + strings.Repeat("x", 3*ConsolePayloadMax) + `"}`
+	d := view.DeadLetter{Payload: json.RawMessage(big)}
+	cutPayload(&d)
+	if d.Payload != nil || d.PayloadText == nil || len(*d.PayloadText) > ConsolePayloadMax+200 ||
+		!strings.Contains(*d.PayloadText, strconv.Itoa(len(big))+" bytes in all") {
+		t.Errorf("a %d-byte payload: payload %d bytes, text %v", len(big), len(d.Payload), d.PayloadText != nil)
 	}
-	t.Cleanup(client.Close)
-	hs := serveConsole(t, Config{Client: client, Token: testToken, RequireToken: true})
-	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	for path, want := range map[string]string{"/keys": "/keys?a=1", "//evil.example/x": "/evil.example/x?a=1"} {
-		resp, err := noFollow.Get(hs.URL + path + "?a=1&" + TokenParam + "=" + testToken)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
-			t.Errorf("GET %s with the token: %d to %q, want 303 to %q", path, resp.StatusCode, resp.Header.Get("Location"), want)
-		}
+	text := strings.Repeat("é", ConsolePayloadMax) // cut inside a character
+	d = view.DeadLetter{PayloadText: &text}
+	cutPayload(&d)
+	if !utf8.ValidString(*d.PayloadText) || len(*d.PayloadText) > ConsolePayloadMax+200 {
+		t.Errorf("a long text payload was cut to %d bytes (valid UTF-8: %v)", len(*d.PayloadText), utf8.ValidString(*d.PayloadText))
+	}
+	small := view.DeadLetter{Payload: json.RawMessage(`{"a":1}`)}
+	cutPayload(&small)
+	if string(small.Payload) != `{"a":1}` || small.PayloadText != nil {
+		t.Errorf("a small payload changed: %s %v", small.Payload, small.PayloadText)
 	}
 }

@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
@@ -255,5 +257,45 @@ func TestConsoleInBrowser(t *testing.T) {
 		if strings.Contains(m, "Content Security Policy") || strings.Contains(m, "exception") {
 			t.Errorf("browser console: %s", m)
 		}
+	}
+}
+
+// TestConsoleTokenInBrowser: a console that requires its token, opened
+// once at /#token=<token> as pgque web prints it, reads its data on every
+// page of the tab, with the token taken out of the address and no cookie
+// set: a cookie would reach every port of the host, so whatever listens
+// on another port of 127.0.0.1 would have the token. Without the token
+// the page reports the refusal and reads nothing.
+func TestConsoleTokenInBrowser(t *testing.T) {
+	t.Parallel()
+	b := startBrowser(t)
+	client, err := pgque.NewClient(pgtest.Pool(t, pgtest.NewInstalledDB(t)), &pgque.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	if _, err := client.CreateQueue(context.Background(), "tokenq"); err != nil {
+		t.Fatal(err)
+	}
+	hs := serveConsole(t, Config{Client: client, Token: testToken, RequireToken: true, SampleInterval: 200 * time.Millisecond})
+
+	b.do(t, "opening the console without its token", chromedp.Navigate(hs.URL+"/"),
+		until(`!document.querySelector("#error").hidden && document.querySelector("#error").textContent.includes("requires its token")`))
+	if s := b.text(t, "main"); strings.Contains(s, "tokenq") {
+		t.Errorf("the page without the token shows %q", s)
+	}
+
+	b.open(t, hs.URL+"/#token="+testToken, "queues", `document.querySelector("#queues").textContent.includes("tokenq")`)
+	if href := eval[string](t, b, `location.href`); strings.Contains(href, testToken) {
+		t.Errorf("the token stayed in the address: %s", href)
+	}
+	b.open(t, hs.URL+"/consumers", "consumers", `document.querySelector("#error").hidden`)
+	b.open(t, hs.URL+"/?token="+testToken, "queues", `document.querySelector("#queues").textContent.includes("tokenq")`)
+	res, err := chromedp.Call(b.ctx, network.GetCookies, network.GetCookiesParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Cookies) != 0 {
+		t.Errorf("the console set cookies: %v", res.Cookies)
 	}
 }

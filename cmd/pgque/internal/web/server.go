@@ -32,16 +32,14 @@ const (
 	ConsoleKeyScan = pgque.KeyScanDefault
 	// TokenHeader carries the token.
 	TokenHeader = "X-Pgque-Token"
-	// TokenParam is the query parameter that, on a GET, hands the console
-	// its token once: it answers with TokenCookie set and a redirect to
-	// the same path without it.
+	// TokenParam hands a browser tab the token: the page's script reads it
+	// from the address (/#token=<token>, or ?token=<token>), keeps it in the
+	// tab's session storage and sends it in TokenHeader; the server never
+	// sets a cookie. A cookie is not bound to a port: the browser sent it to
+	// every other server on the console's host, so any local user listening
+	// on a loopback port got the token once the operator's browser visited
+	// that port. Session storage belongs to the origin, port included.
 	TokenParam = "token"
-	// TokenCookie carries the token of a console that requires it on every
-	// request. It is HttpOnly and SameSite=Strict, and a browser sends it
-	// only to the host that set it: a page that rebinds its own name to
-	// the console's address never has it. It never authorises an action,
-	// which needs TokenHeader.
-	TokenCookie = "pgque_token"
 	// MinTokenLength is the shortest token the console accepts.
 	MinTokenLength = 16
 )
@@ -63,11 +61,13 @@ type Config struct {
 	// AllowActions enables the POST actions; Token must then be set.
 	AllowActions bool
 	// Token is the secret of actions and, with RequireToken, of every
-	// request: at least MinTokenLength characters.
+	// API request: at least MinTokenLength characters.
 	Token string
-	// RequireToken refuses every request (pages, API, static files) that
-	// carries the token neither in TokenHeader nor in TokenCookie. pgque
-	// web always sets it: beyond loopback any page a browser on the
+	// RequireToken refuses every API request (every read of the database)
+	// that does not carry the token in TokenHeader. The page and its
+	// static files hold no data and are served without it, so that the
+	// page's script can read the token from the address (TokenParam).
+	// pgque web always sets it: beyond loopback any page a browser on the
 	// network loads could otherwise read the console by DNS rebinding,
 	// and on loopback any local user could.
 	RequireToken bool
@@ -134,35 +134,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMisdirectedRequest, "this console does not answer to host "+r.Host)
 		return
 	}
-	if s.cfg.RequireToken && !s.tokenPresented(w, r) {
+	if s.cfg.RequireToken && strings.HasPrefix(r.URL.Path, "/api/") && !s.tokenMatches(r.Header.Get(TokenHeader)) {
+		writeError(w, http.StatusUnauthorized, "this console requires its token: open /#"+TokenParam+
+			"=<token> once in the browser tab, or send the "+TokenHeader+" header")
 		return
 	}
 	s.mux.ServeHTTP(w, r)
-}
-
-// tokenPresented reports whether r carries the token (header or cookie).
-// Otherwise it answers r: a GET with the right TokenParam gets the cookie
-// and a redirect to the same path without it, anything else 401.
-func (s *Server) tokenPresented(w http.ResponseWriter, r *http.Request) bool {
-	if s.tokenMatches(r.Header.Get(TokenHeader)) {
-		return true
-	}
-	if c, err := r.Cookie(TokenCookie); err == nil && s.tokenMatches(c.Value) {
-		return true
-	}
-	if r.Method == http.MethodGet && s.tokenMatches(r.URL.Query().Get(TokenParam)) {
-		http.SetCookie(w, &http.Cookie{Name: TokenCookie, Value: s.cfg.Token, Path: "/",
-			HttpOnly: true, SameSite: http.SameSiteStrictMode})
-		q := r.URL.Query()
-		q.Del(TokenParam)
-		// The same path on this site: "//host/x" would be another site's.
-		to := url.URL{Path: "/" + strings.TrimLeft(r.URL.Path, "/"), RawQuery: q.Encode()}
-		http.Redirect(w, r, to.String(), http.StatusSeeOther)
-		return false
-	}
-	writeError(w, http.StatusUnauthorized, "this console requires its token: open /?"+TokenParam+
-		"=<token> once, or send the "+TokenHeader+" header")
-	return false
 }
 
 // tokenMatches compares got with the token in constant time.

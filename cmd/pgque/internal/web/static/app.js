@@ -78,8 +78,31 @@ function seriesOf(history, field, name) {
   return history.filter((p) => p[field] && name in p[field]).map((p) => [p.t, p[field][name]]);
 }
 
+// The token comes in the address, /#token=<token> (or ?token=): it is kept
+// in this tab's session storage, which belongs to the console's origin
+// (port included), and taken out of the address. It goes to the API in a
+// header, never a cookie: a browser sends a cookie to every port of the
+// host, and so to whatever else listens there.
+// A token pasted into the address of an open page changes only its hash:
+// hashchange takes it then.
+function takeToken() {
+  const hash = new URLSearchParams(location.hash.slice(1));
+  const query = new URLSearchParams(location.search);
+  const t = hash.get("token") || query.get("token");
+  if (!t) return false;
+  sessionStorage.setItem("pgque-token", t);
+  hash.delete("token");
+  query.delete("token");
+  const rest = query.toString();
+  history.replaceState(null, "", location.pathname + (rest ? "?" + rest : "") + (hash.toString() ? "#" + hash.toString() : ""));
+  return true;
+}
+takeToken();
+window.addEventListener("hashchange", () => { if (takeToken()) refresh(); });
+
 async function getJSON(url) {
-  const r = await fetch(url, { cache: "no-store", credentials: "omit" });
+  const headers = token() ? { "X-Pgque-Token": token() } : {};
+  const r = await fetch(url, { cache: "no-store", credentials: "omit", headers });
   const body = await r.json();
   if (!r.ok) throw new Error(body.error || r.statusText);
   return body;
