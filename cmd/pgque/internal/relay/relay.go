@@ -254,8 +254,21 @@ func (r *Relay) attempt(ctx context.Context, m *pgque.Message) result {
 	// wrote tells a failure before the request was sent (the endpoint
 	// cannot be reached: no event is at fault) from one after it (the
 	// endpoint may have choked on this event).
-	var wrote atomic.Bool
+	// fresh tells a connection the endpoint accepted for this request. A
+	// reset while a large body is being sent on it is the endpoint
+	// refusing the request's size (a server that drops such clients),
+	// which no wait for the endpoint cures: counted as unreachable, the
+	// event was never charged and its key stalled for good. A small
+	// request dropped so is the endpoint's trouble (a load balancer
+	// without backends), and waits as before. Headers too large are
+	// refused before sending (MaxEventHeaderBytes).
+	var wrote, fresh atomic.Bool
 	reqCtx = httptrace.WithClientTrace(reqCtx, &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			if !info.Reused {
+				fresh.Store(true)
+			}
+		},
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
 				wrote.Store(true)
@@ -267,6 +280,14 @@ func (r *Relay) attempt(ctx context.Context, m *pgque.Message) result {
 		return result{err: fmt.Errorf("building the request: %w", err), unreachable: true, reason: "request"}
 	}
 	r.setHeaders(req.Header, m)
+	if n := headerBytes(req.Header); n > MaxEventHeaderBytes {
+		// The same every time: no endpoint takes them, and retries would
+		// only hold the key. Straight to the dead letter queue.
+		r.cfg.Metrics.Requests.WithLabelValues("error").Inc()
+		r.cfg.Metrics.DeadLetters.Inc()
+		return result{err: pgque.DeadLetter(fmt.Errorf("event %d's type and key take %d bytes of request headers, over the relay's %d: "+
+			"endpoints refuse (or drop) requests with headers that large", m.ID, n, MaxEventHeaderBytes))}
+	}
 	if err := checkHeaders(req.Header); err != nil {
 		// The transport would refuse the request before connecting, and
 		// that failure looks like an unreachable endpoint. Whatever made
@@ -280,7 +301,7 @@ func (r *Relay) attempt(ctx context.Context, m *pgque.Message) result {
 	resp, err := r.client.Do(req)
 	if err != nil {
 		r.cfg.Metrics.Duration.Observe(time.Since(start).Seconds())
-		return r.transportFailure(ctx, reqCtx, err, wrote.Load())
+		return r.transportFailure(ctx, reqCtx, err, wrote.Load() || (fresh.Load() && len(m.Payload) > largeBody))
 	}
 	body, readErr := readBody(resp.Body)
 	r.cfg.Metrics.Duration.Observe(time.Since(start).Seconds())
@@ -291,7 +312,8 @@ func (r *Relay) attempt(ctx context.Context, m *pgque.Message) result {
 	return r.classify(resp, body)
 }
 
-// transportFailure maps an error without a response.
+// transportFailure maps an error without a response. wrote: the request
+// was sent, or went out on a connection the endpoint accepted for it.
 func (r *Relay) transportFailure(ctx, reqCtx context.Context, err error, wrote bool) result {
 	if ctx.Err() != nil {
 		// The consumer abandons the work (lease lost, hard stop).
@@ -375,6 +397,28 @@ func (r *Relay) setHeaders(h http.Header, m *pgque.Message) {
 	if r.cfg.AuthValue != "" {
 		h.Set(r.cfg.AuthHeader, r.cfg.AuthValue)
 	}
+}
+
+// largeBody is the body size past which a connection the endpoint drops
+// while the request is being sent charges the event.
+const largeBody = 1 << 20
+
+// MaxEventHeaderBytes bounds the request headers an event makes (its type
+// and key are sent in headers, and a writer chooses them freely):
+// 16 KiB, Node's default limit for a request's headers; Go's server takes
+// 1 MB, most proxies 8 to 32 KiB. Larger events are dead-lettered.
+const MaxEventHeaderBytes = 16 << 10
+
+// headerBytes is the size of h as sent: each line's name, ": ", value
+// and CRLF.
+func headerBytes(h http.Header) int {
+	n := 0
+	for name, values := range h {
+		for _, v := range values {
+			n += len(name) + len(v) + 4
+		}
+	}
+	return n
 }
 
 // checkHeaders returns an error naming the first header the transport
