@@ -103,7 +103,6 @@ func serveConsole(t *testing.T, cfg Config) *httptest.Server {
 	return hs
 }
 
-
 // TestConsoleCutsLargePayloads: the dead letters page gets at most
 // ConsolePayloadMax bytes of each payload, saying how long it is, and
 // small payloads whole.
