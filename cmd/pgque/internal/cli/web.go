@@ -96,10 +96,10 @@ cannot reach it by DNS rebinding.`,
 			}
 			fmt.Fprintf(a.stdout, "pgque web: serving http://%s (%s)\n", ln.Addr(), mode)
 			if generated {
-				fmt.Fprintf(a.stderr, "pgque web: every request needs the token; open http://%s/#%s=%s once in the browser\n",
+				fmt.Fprintf(a.stderr, "pgque web: every read needs the token; open http://%s/#%s=%s once in the browser tab\n",
 					ln.Addr(), web.TokenParam, cfg.Token)
 			} else {
-				fmt.Fprintf(a.stderr, "pgque web: every request needs the token; open http://%s/#%s=<$%s> once in the browser\n",
+				fmt.Fprintf(a.stderr, "pgque web: every read needs the token; open http://%s/#%s=<$%s> once in the browser tab\n",
 					ln.Addr(), web.TokenParam, EnvWebToken)
 			}
 			return serveWeb(ctx, ln, srv)

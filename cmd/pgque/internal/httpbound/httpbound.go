@@ -1,7 +1,8 @@
 // Package httpbound bounds what a peer can hold of pgque's own HTTP
 // servers (the web console, the relay's metrics and health port) before
 // it proves anything: every connection is closed after a while idle, slow
-// reads and writes end, and at most MaxConns connections are open at once.
+// reads and writes end, and at most MaxConns connections are open at once;
+// a server on a loopback address answers only loopback Host names.
 //
 // Both servers answered with ReadHeaderTimeout alone. A peer that sent one
 // request on each of many connections, even one answered 401, then kept
@@ -14,6 +15,7 @@ package httpbound
 import (
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -86,4 +88,27 @@ func (c *conn) Close() error {
 	err := c.Conn.Close()
 	c.release()
 	return err
+}
+
+// LoopbackOnly wraps h for a server listening on ln: when ln's address is
+// a loopback one, a request whose Host is not a loopback name (localhost,
+// 127.0.0.1, ::1, …) gets 421, so that a web page whose name its owner
+// rebinds to 127.0.0.1 cannot read the server from the operator's
+// browser. On any other address every Host is answered.
+func LoopbackOnly(ln net.Listener, h http.Handler) http.Handler {
+	if a, ok := ln.Addr().(*net.TCPAddr); !ok || !a.IP.IsLoopback() {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		host = strings.Trim(host, "[]")
+		if ip := net.ParseIP(host); !strings.EqualFold(host, "localhost") && (ip == nil || !ip.IsLoopback()) {
+			http.Error(w, "this server answers only to loopback host names, not "+r.Host, http.StatusMisdirectedRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -92,3 +92,46 @@ func TestHeldConnectionsAreBounded(t *testing.T) {
 		t.Fatalf("an idle connection was not closed by the server: %v", err)
 	}
 }
+
+// TestLoopbackOnly: a server on a loopback address answers loopback Host
+// names only (a page that rebinds its own name to 127.0.0.1 gets 421);
+// elsewhere every Host is answered.
+func TestLoopbackOnly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := Server(LoopbackOnly(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })))
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	for host, want := range map[string]int{"evil.example": 421, "evil.example:9188": 421, "10.0.0.1:9188": 421,
+		"localhost": 200, "LOCALHOST:9188": 200, "127.0.0.1:9188": 200, "127.0.0.2": 200, "[::1]:9188": 200} {
+		req, err := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+	// On every interface the handler is served as it is, to any Host.
+	other := &fakeListener{addr: &net.TCPAddr{IP: net.IPv4zero, Port: 9188}}
+	h := http.Handler(&http.ServeMux{})
+	if LoopbackOnly(other, h) != h {
+		t.Fatal("a server on every interface got a Host check")
+	}
+}
+
+// fakeListener is a listener with only an address.
+type fakeListener struct {
+	net.Listener
+	addr net.Addr
+}
+
+func (f *fakeListener) Addr() net.Addr { return f.addr }

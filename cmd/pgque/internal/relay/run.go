@@ -170,7 +170,7 @@ func serve(addr string, metrics http.Handler, pc *pgque.PartitionedConsumer, sta
 		}
 		_ = json.NewEncoder(w).Encode(body)
 	})
-	srv := httpbound.Server(mux)
+	srv := httpbound.Server(httpbound.LoopbackOnly(ln, mux))
 	ln = httpbound.Listener(ln, httpbound.MaxConns)
 	done := make(chan struct{})
 	go func() {
