@@ -18,10 +18,14 @@
 // what any action can do.
 //
 // With Config.RequireToken (pgque web always sets it, on loopback too:
-// any local user can reach a loopback port) every request needs the token, in the header or in the
-// SameSite=Strict cookie that opening /?token=<token> once sets: a page
-// that rebinds its own DNS name to the console's address sends neither, so
-// it reads nothing, whatever Host it names.
+// any local user can reach a loopback port) every API request, which is
+// every read of the database, needs the token in the X-Pgque-Token
+// header. The pages and static files hold no data and are served without
+// it; the page's script takes the token from the address (/#token=<token>,
+// which pgque web prints, or ?token=<token>) into the tab's session
+// storage and sends it on each call. No cookie is ever set (TokenParam
+// says why), so a page that rebinds its own DNS name to the console's
+// address has no token to send and reads nothing, whatever Host it names.
 //
 // The keys page refreshes every five seconds and reads its views with a
 // budget of ConsoleKeyScan events each; the other pages every two seconds,
