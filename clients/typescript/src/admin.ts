@@ -5,7 +5,7 @@
 // "permission_denied". Event and dead-letter ids are decimal strings, as
 // send returns them.
 
-import { withTransaction, type Executor } from "./executor.js";
+import { intervalParam, withTransaction, type Executor } from "./executor.js";
 import { PgqueError, mapError } from "./errors.js";
 
 /** What happens to a key whose head event keeps failing. */
@@ -285,7 +285,7 @@ export async function purgeDeadLetters(exec: Executor, queue: string, opts: { co
   if (!(older >= 0 && Number.isFinite(older))) throw invalid(`purge olderThanMs must be a non-negative number, not ${older}`);
   const r = await one<{ n: number }>(exec, `purging dead letters of queue "${queue}"`,
     "select pgque.dlq_purge($1::pg_catalog.text, $2::pg_catalog.text, $3::interval)::pg_catalog.float8 as n",
-    [queue, opts.consumer ?? null, `${older} milliseconds`]);
+    [queue, opts.consumer ?? null, intervalParam(older)]);
   return r.n;
 }
 

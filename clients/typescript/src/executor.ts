@@ -154,3 +154,13 @@ async function inTransaction<T>(exec: Executor, fn: (tx: Executor) => Promise<T>
     throw err;
   }
 }
+
+/**
+ * The text of an interval parameter of ms milliseconds, in seconds:
+ * PostgreSQL 14 refuses a count of milliseconds past 2^31 (about 24.8 days)
+ * as "interval field value out of range", where seconds reach 68 years on
+ * every supported major.
+ */
+export function intervalParam(ms: number): string {
+  return `${(ms / 1000).toFixed(3)} seconds`;
+}

@@ -24,7 +24,7 @@
 // rights first and fails at once, naming each function it may not run,
 // rather than warning for ever.
 
-import type { Executor } from "./executor.js";
+import { intervalParam, type Executor } from "./executor.js";
 import { PgqueError, mapError } from "./errors.js";
 import { checkSchema } from "./migrate.js";
 import { WORKER_ID_MAX_BYTES, defaultWorkerId } from "./workerid.js";
@@ -224,7 +224,7 @@ export class Ticker {
       try {
         const { rows } = await bounded("ticker_lead", this.leaseTtlMs, this.exec.query<{ ok: boolean }>(
           "select coalesce(pgque.ticker_lead($1::pg_catalog.text, $2::interval), false) as ok",
-          [this.workerId, `${this.leaseTtlMs} milliseconds`],
+          [this.workerId, intervalParam(this.leaseTtlMs)],
         ));
         ok = rows[0]!.ok;
         this.stats.leadChecks++;

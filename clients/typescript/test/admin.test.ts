@@ -5,6 +5,7 @@ import {
   blockedKeys, createQueue, deadLetters, dropQueue, hotKeys, isPgqueError, keyHeads, keyShares, purgeDeadLetters, queues,
   replayDeadLetter, retryKeyNow, send, setQueueConfig, slots, subscribeSlots, unblockKey, unsubscribeSlots, withTransaction, type Executor,
 } from "../src/index.js";
+import { intervalParam } from "../src/executor.js";
 import { testDb, type TestDb } from "./harness.js";
 
 const db: TestDb = await testDb();
@@ -156,6 +157,8 @@ test("dead letters of a plain consumer are purged, and a consumer the queue does
   const [dl] = await deadLetters(db.pool, "dlq");
   assert.equal(dl!.reason, "bad");
   assert.equal(await purgeDeadLetters(db.pool, "dlq", { olderThanMs: 3_600_000 }), 0);
+  // 90 days is past 2^31 milliseconds, which PostgreSQL 14 refuses as a count of milliseconds.
+  assert.equal(await purgeDeadLetters(db.pool, "dlq", { olderThanMs: 90 * 86_400_000 }), 0);
   assert.equal(await purgeDeadLetters(db.pool, "dlq", { consumer: "p" }), 1);
   assert.deepEqual(await deadLetters(db.pool, "dlq"), []);
   assert.deepEqual(await deadLetters(db.pool, "dlq", { consumer: "p" }), []);
@@ -163,6 +166,17 @@ test("dead letters of a plain consumer are purged, and a consumer the queue does
   await assert.rejects(deadLetters(db.pool, "dlq", { consumer: "P" }), (err) => isPgqueError(err, "consumer_not_found"));
   await assert.rejects(purgeDeadLetters(db.pool, "dlq", { consumer: "P" }), (err) => isPgqueError(err, "consumer_not_found"));
   await assert.rejects(setQueueConfig(db.pool, "dlq", "no_such_param", "1"), (err) => isPgqueError(err, "unknown_parameter"));
+});
+
+test("an interval goes to the server as seconds, to the millisecond, past 2^31 milliseconds too", async () => {
+  for (const ms of [0, 1, 999, 1_000, 86_400_123, 2 ** 31 - 1, 2 ** 31, 2_592_000_000, 90 * 86_400_000]) {
+    const p = intervalParam(ms);
+    assert.match(p, /^\d+\.\d{3} seconds$/);
+    // Each field within 2^31, as PostgreSQL 14 requires.
+    assert.ok(Number(p.split(".")[0]) < 2 ** 31, p);
+    const { rows } = await db.pool.query<{ ms: string }>("select (extract(epoch from $1::interval) * 1000)::text as ms", [p]);
+    assert.equal(Number(rows[0]!.ms), ms, p);
+  }
 });
 
 test("key views: the keys behind, each slot's busiest key, the hot keys", async () => {

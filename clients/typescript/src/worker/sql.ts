@@ -4,7 +4,7 @@
 // epoch. Lease tokens are passed as parameters only, never logged or put
 // into an error message.
 
-import type { Executor } from "../executor.js";
+import { intervalParam, type Executor } from "../executor.js";
 import type { ChunkRow } from "./message.js";
 
 /** The chunk a slot handed out: what the fenced ack and nack present. */
@@ -47,7 +47,7 @@ export interface SlotLease {
   holderGone: boolean;
 }
 
-const ms = (n: number | null): string | null => (n === null ? null : `${Math.max(0, Math.round(n))} milliseconds`);
+const ms = (n: number | null): string | null => (n === null ? null : intervalParam(Math.max(0, Math.round(n))));
 
 export async function slotGroupN(db: Executor, queue: string, consumer: string): Promise<number | null> {
   const { rows } = await db.query<{ nslots: number }>(
