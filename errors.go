@@ -77,7 +77,8 @@ var (
 	// send", "... for schema pgque") go on to name the pgque roles.
 	ErrPermissionDenied = errors.New("pgque: permission denied")
 	// ErrInvalidPayload: an event payload is not valid JSON, could not be
-	// marshalled, or holds text PostgreSQL cannot store (SQLSTATE 22P02,
+	// marshalled, holds a number PostgreSQL's numeric cannot (such as
+	// 1e131072), or holds text PostgreSQL cannot store (SQLSTATE 22P02,
 	// 22P05, 22021). Most are detected before the database is touched.
 	ErrInvalidPayload = errors.New("pgque: invalid payload")
 	// ErrAlreadyStarted: Start was called twice on a service.

@@ -53,6 +53,13 @@ func (e Event) encode() (typ string, payload json.RawMessage, key, dedup *string
 			return "", nil, nil, nil, fmt.Errorf("%w: %w", ErrInvalidPayload, err)
 		}
 	}
+	// The server stores a payload as text and reads it as jsonb, which keeps
+	// numbers as numeric: one past numeric's range would reach consumers as
+	// a JSON string of the whole payload (docs/sql-reference.md).
+	if n := jsonsyntax.NumericOverflow(payload); n != nil {
+		return "", nil, nil, nil, fmt.Errorf("%w: the number %s is past the range of PostgreSQL's numeric "+
+			"(131 072 digits before the decimal point, 16 383 after it), which jsonb cannot hold", ErrInvalidPayload, shortNumber(n))
+	}
 	if e.PartitionKey != "" {
 		k := e.PartitionKey
 		key = &k
@@ -62,4 +69,13 @@ func (e Event) encode() (typ string, payload json.RawMessage, key, dedup *string
 		dedup = &d
 	}
 	return typ, payload, key, dedup, nil
+}
+
+// shortNumber is n for an error message: its first 16 and last 8 bytes
+// when it is longer than 32.
+func shortNumber(n []byte) string {
+	if len(n) <= 32 {
+		return string(n)
+	}
+	return fmt.Sprintf("%s...%s (%d bytes)", n[:16], n[len(n)-8:], len(n))
 }

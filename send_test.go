@@ -10,9 +10,11 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgque/pgque"
+	"github.com/pgque/pgque/internal/jsonsyntax"
 )
 
 func TestSendReturnsIncreasingIDs(t *testing.T) {
@@ -77,6 +79,65 @@ func TestSendBatchNamesTheEventTheServerRefused(t *testing.T) {
 	var n int64
 	if err := env.pool.QueryRow(ctx, "select count(*) from pgque.event").Scan(&n); err != nil || n != 0 {
 		t.Errorf("%d events stored (%v), want none", n, err)
+	}
+}
+
+// TestNumericOverflowAgreesWithTheServer: the numbers the client's rule
+// (jsonsyntax.NumericOverflow) says numeric cannot hold are those jsonb
+// refuses with 22003, near each limit (digits before and after the point,
+// the exponent), on the server the test runs on. Send and SendBatch refuse
+// a payload holding one before the database, naming the number and, in a
+// batch, the event: the server would store it and hand it to consumers as
+// a JSON string.
+func TestNumericOverflowAgreesWithTheServer(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	zeros := strings.Repeat("0", 16382)
+	for _, n := range []string{
+		"0", "-0.0", "1e1001", "1e-1001", "0e200000", "-12.5e3", "1E+5", "2.5E-3",
+		"1" + strings.Repeat("0", 131071), "1" + strings.Repeat("0", 131072),
+		"1e131071", "1e131072", "-0.5e131072", "0.5e131073", "0.05e131073", "12e131069", "12e131070",
+		"1e-16383", "1e-16384", "0e-16383", "0e-16384", "0.0e-16383",
+		"0." + zeros + "1", "0." + zeros + "01", "0." + zeros + "01e1", "12.5e-16382", "0.00e-16382",
+		"1e1073741823", "1e-1073741823", "0e1073741824", "0e-2147483648", "1e99999999999999999999",
+	} {
+		doc := `{"n": "1e131072", "1e131072": [true, ` + n + `, "x"]}`
+		var code string
+		if _, err := env.pool.Exec(ctx, "select $1::text::jsonb", doc); err != nil {
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) {
+				t.Fatal(err)
+			}
+			code = pgErr.Code
+		}
+		short := n
+		if len(short) > 24 {
+			short = fmt.Sprintf("%s... (%d bytes)", short[:16], len(short))
+		}
+		bad := jsonsyntax.NumericOverflow([]byte(doc))
+		if (bad != nil) != (code == "22003") {
+			t.Errorf("NumericOverflow(%s) = %q; the server says %q", short, bad, code)
+			continue
+		}
+		if bad == nil {
+			continue
+		}
+		if string(bad) != n {
+			t.Errorf("NumericOverflow(%s) returned %q, not the number", short, bad)
+		}
+		_, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: json.RawMessage(doc)})
+		if !errors.Is(err, pgque.ErrInvalidPayload) || !strings.Contains(err.Error(), "numeric") {
+			t.Errorf("Send of %s: %v, want ErrInvalidPayload naming numeric", short, err)
+		}
+		_, err = env.client.SendBatch(ctx, env.queue, []pgque.Event{{Payload: 1}, {Payload: json.RawMessage(doc)}})
+		if !errors.Is(err, pgque.ErrInvalidPayload) || !strings.Contains(err.Error(), "event 1: ") {
+			t.Errorf("SendBatch with %s: %v, want ErrInvalidPayload naming event 1", short, err)
+		}
+	}
+	var stored int64
+	if err := env.pool.QueryRow(ctx, "select count(*) from pgque.event").Scan(&stored); err != nil || stored != 0 {
+		t.Errorf("%d events stored (%v), want none", stored, err)
 	}
 }
 
