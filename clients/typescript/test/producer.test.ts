@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import pg from "pg";
 import { send, sendBatch, isPgqueError, configureSends } from "../src/index.js";
 import type { Executor, QueryResult } from "../src/index.js";
+import { numericOverflow } from "../src/event.js";
 import { testDb, waitFor, type TestDb } from "./harness.js";
 
 const db: TestDb = await testDb();
@@ -232,6 +233,32 @@ test("JSON nested past the server's stack depth is refused as invalid_payload", 
   const deep = "[".repeat(100_000) + "]".repeat(100_000);
   for (const sending of [() => send(db.pool, q, { json: deep }), () => sendBatch(db.pool, q, [{ payload: 1 }, { json: deep }])]) {
     await assert.rejects(sending(), (err) => isPgqueError(err, "invalid_payload") && (err as { code: string }).code === "54001");
+  }
+  assert.equal((await stored(q)).length, 0);
+});
+
+test("a json text with a number numeric cannot hold is refused before sending, naming it", async () => {
+  const q = await newQueue("numeric");
+  const zeros = "0".repeat(16382);
+  const numbers = [
+    "0", "-0.0", "1e1001", "1e-1001", "0e200000", "-12.5e3", "1E+5", "2.5E-3",
+    "1" + "0".repeat(131071), "1" + "0".repeat(131072),
+    "1e131071", "1e131072", "-0.5e131072", "0.5e131073", "0.05e131073", "12e131069", "12e131070",
+    "1e-16383", "1e-16384", "0e-16383", "0e-16384", "0.0e-16383",
+    "0." + zeros + "1", "0." + zeros + "01", "0." + zeros + "01e1", "12.5e-16382", "0.00e-16382",
+    "1e1073741823", "1e-1073741823", "0e1073741824", "0e-2147483648", "1e99999999999999999999",
+  ];
+  for (const n of numbers) {
+    const json = `{"n": "1e131072", "1e131072": [true, ${n}, "x\\\"1e131072"]}`;
+    const short = n.length > 24 ? `${n.slice(0, 16)}... (${n.length} characters)` : n;
+    // What the server's jsonb says of the text, on the major the suite runs on.
+    const refused = await db.pool.query("select $1::text::jsonb", [json]).then(() => "", (err: { code?: string }) => err.code ?? "?");
+    assert.equal(numericOverflow(json), refused === "22003" ? n : null, `${short}: the server says "${refused}"`);
+    if (refused !== "22003") continue;
+    await assert.rejects(send(db.pool, q, { json }), (err) =>
+      isPgqueError(err, "invalid_payload") && /past the range of PostgreSQL's numeric/.test(err.message), short);
+    await assert.rejects(sendBatch(db.pool, q, [{ payload: 1 }, { json }]), (err) =>
+      isPgqueError(err, "invalid_payload") && new RegExp(`^sending batch to queue "${q}": event 1: `).test(err.message), short);
   }
   assert.equal((await stored(q)).length, 0);
 });
