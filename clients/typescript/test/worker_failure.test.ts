@@ -183,6 +183,32 @@ test("a handler past handlerTimeoutMs sees its signal aborted, and the event is 
   assert.deepEqual(rows, [{ n: 0 }]);
 });
 
+test("a handler that never reads its signal and throws past handlerTimeoutMs fails as a timeout", async (t) => {
+  const db = await setup(t, "tonr");
+  const errors: unknown[] = [];
+  const done = gate();
+  const w = db.track(await work(db.pool, {
+    ...fast, queue: "tonr", consumer: "c", slots: 1, handlerTimeoutMs: 30,
+    onHandled: (_m, r) => {
+      errors.push(r.error);
+      if (errors.length === 2) done.open();
+    },
+  }, async (m: Message) => {
+    // No signal is made for this call (it is made when read): the
+    // timeout is judged by the clock.
+    if (m.retryCount === 0) {
+      await new Promise((r) => setTimeout(r, 60));
+      throw new Error("gave up late");
+    }
+  }));
+  await sendKeyed(db.pool, "tonr", ["k"], 1);
+  await done.wait;
+  await w.stop();
+  assert.ok(errors[0] instanceof HandlerTimeoutError, `failed with ${String(errors[0])}`);
+  assert.equal(((errors[0] as Error).cause as Error).message, "gave up late");
+  assert.equal(errors[1], undefined, "the retry succeeded");
+});
+
 test("every event's handler gets a signal of its own", async (t) => {
   const db = await setup(t, "sig");
   const signals = new Set<AbortSignal>();

@@ -135,6 +135,25 @@ test("stop() hands back the rest of a held key's events: the hot lane held past 
   await handsBack(t, "hb2", { holdAfterMs: 5 }, true);
 });
 
+test("kill() aborts the signal of a handler that reads it only after the kill", async (t) => {
+  const db = await setup(t, "hsl");
+  const started = gate();
+  const killed = gate();
+  let reason: unknown;
+  const w = db.track(await work(db.pool, { ...fast, queue: "hsl", consumer: "c", slots: 1 }, async (_m, ctx) => {
+    started.open();
+    await killed.wait;
+    // The call's signal is made here, after the slot was aborted.
+    reason = ctx.signal.aborted ? ctx.signal.reason : "not aborted";
+  }));
+  await sendKeyed(db.pool, "hsl", ["k"], 1);
+  await started.wait;
+  const stopping = w.kill();
+  killed.open();
+  await stopping;
+  assert.ok(reason instanceof WorkerKilledError, `read ${String(reason)}`);
+});
+
 test("kill() aborts the handlers and acknowledges nothing; another worker takes over under the next epoch", async (t) => {
   const db = await setup(t, "hs");
   const started = gate();
