@@ -87,6 +87,7 @@ func runTS(ctx context.Context, e *env, r *recorder) error {
 			return out.rate(), nil
 		}
 	}
+	var tsCPU []float64 // the free drain's worker CPU per event, µs
 	tsRun := func(lr laneRun, concurrency int, rss *[]float64) func(context.Context) (float64, error) {
 		return func(ctx context.Context) (float64, error) {
 			q, events, err := p.loadLanes(ctx, lr)
@@ -104,6 +105,9 @@ func runTS(ctx context.Context, e *env, r *recorder) error {
 			}
 			if rss != nil {
 				*rss = append(*rss, out.RSSPeak)
+			}
+			if lr.cost == 0 {
+				tsCPU = append(tsCPU, 1000*out.CPUMS/float64(out.Handled))
 			}
 			return float64(out.Handled) / (out.WorkMS / 1000), nil
 		}
@@ -126,6 +130,8 @@ func runTS(ctx context.Context, e *env, r *recorder) error {
 			tenants, free.events, tsConcurrencyDefault, bossEvents, nodeNote)))
 	r.compare("ts_work_N8_cost0", m["ts"], "go_pool_N8_cost0", m["go"], "events/s", nil,
 		"the same drain by the Go library's PartitionedConsumer (8 slots, defaults) in the bench process: what the server and the machine allow")
+	r.add("ts_work_N8_cost0_cpu", measurement{value: median(tsCPU), samples: tsCPU}, "µs/event", nil,
+		"CPU time of the TypeScript worker's Node.js process per event through the free-handler drain (from work() resolving to the last handler's end; a fresh process, so its code is not yet optimised): lower is better")
 
 	// The lanes workload: 200 tenants, 20 ms, 16 workers / slots.
 	const lanes, cost = 16, 20 * time.Millisecond

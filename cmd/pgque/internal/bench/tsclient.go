@@ -153,6 +153,7 @@ type tsWorkResult struct {
 	WorkMS          float64 `json:"work_ms"`
 	OrderViolations int     `json:"order_violations"`
 	RSSPeak         float64 `json:"rss_peak"`
+	CPUMS           float64 `json:"cpu_ms"`
 	Errors          int     `json:"errors"`
 	Error           string  `json:"error"`
 }
