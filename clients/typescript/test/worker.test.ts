@@ -202,9 +202,16 @@ test("the message carries key, type, parsed payload, id as a string, epoch, slot
     if (got.length === 3) done.open();
   });
   db.track(w);
-  await db.pool.query(`select pgque.send('msg', 'file.created', '{"big": 12345678901234567890, "s": "x"}'::jsonb, 'tenant-1')`);
-  await db.pool.query(`select pgque.send('msg', 'plain', $1::text, '')`, ['"a string"']);
-  await db.pool.query(`select pgque.send('msg', 'nokey', '[1,2]'::jsonb, null)`);
+  // now() is the event's ev_time, in the send's transaction.
+  const sentAt = new Map<string, number>();
+  for (const [type, sql, params] of [
+    ["file.created", `select pgque.send('msg', 'file.created', '{"big": 12345678901234567890, "s": "x"}'::jsonb, 'tenant-1'), now() as at`, []],
+    ["plain", `select pgque.send('msg', 'plain', $1::text, ''), now() as at`, ['"a string"']],
+    ["nokey", `select pgque.send('msg', 'nokey', '[1,2]'::jsonb, null), now() as at`, []],
+  ] as const) {
+    const { rows } = await db.pool.query<{ at: Date }>(sql, [...params]);
+    sentAt.set(type, rows[0]!.at.getTime());
+  }
   await done.wait;
   // The slots' status gives the lease epoch as the messages carry it: a bigint.
   const status = await slots(db.pool, "msg", "c");
@@ -220,6 +227,7 @@ test("the message carries key, type, parsed payload, id as a string, epoch, slot
   assert.equal(created.retryCount, 0);
   assert.equal(created.redelivered, false);
   assert.ok(created.createdAt instanceof Date);
+  for (const m of got) assert.equal(m.createdAt.getTime(), sentAt.get(m.type), `${m.type}: createdAt is the send's time, to the millisecond`);
   assert.equal(created.nslots, 2);
   assert.ok(created.slot === 0 || created.slot === 1);
   assert.equal(byType.get("plain")!.key, "");

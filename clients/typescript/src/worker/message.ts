@@ -48,7 +48,8 @@ export interface ChunkRow {
   type: string;
   payload: string | null;
   retry_count: number | null;
-  created_at: Date;
+  /** created_at in whole milliseconds since 1970, as int8 text. */
+  created_ms: string;
   partition_key: string | null;
   epoch: string;
 }
@@ -87,7 +88,7 @@ export function toMessage(r: ChunkRow, queue: string, consumer: string, slot: nu
     retryCount,
     redelivered: retryCount > 0 || replay,
     replay,
-    createdAt: r.created_at instanceof Date ? r.created_at : new Date(r.created_at),
+    createdAt: new Date(Number(r.created_ms)),
     epoch: BigInt(r.epoch),
     slot,
     nslots,
