@@ -5,7 +5,7 @@
 // "permission_denied". Event and dead-letter ids are decimal strings, as
 // send returns them.
 
-import { intervalParam, withTransaction, type Executor } from "./executor.js";
+import { dateOf, intervalParam, msColumn, withTransaction, type Executor } from "./executor.js";
 import { PgqueError, mapError } from "./errors.js";
 
 /** What happens to a key whose head event keeps failing. */
@@ -18,6 +18,13 @@ async function one<R>(exec: Executor, doing: string, text: string, params: unkno
     throw mapError(doing, err);
   }
 }
+
+/**
+ * R with its Date fields K as the query returns them: milliseconds in
+ * text (msColumn), which dateOf turns into Dates whatever type parsers the
+ * application set.
+ */
+type Timed<R, K extends keyof R> = Omit<R, K> & { [F in K]: string | null };
 
 async function all<R>(exec: Executor, doing: string, text: string, params: unknown[]): Promise<R[]> {
   try {
@@ -143,10 +150,12 @@ export interface Resize {
 
 /** The resizes in progress and each consumer's last one, of queue or of every queue. */
 export async function resizes(exec: Executor, queue?: string): Promise<Resize[]> {
-  return all<Resize>(exec, queue === undefined ? "reading resizes" : `reading the resizes of queue "${queue}"`,
-    `select queue, consumer, nslots, resize_to as "resizeTo", phase, seal_tick::pg_catalog.text as "sealTick", started, finished,
+  const rows = await all<Timed<Resize, "started" | "finished">>(exec, queue === undefined ? "reading resizes" : `reading the resizes of queue "${queue}"`,
+    `select queue, consumer, nslots, resize_to as "resizeTo", phase, seal_tick::pg_catalog.text as "sealTick",
+            ${msColumn("started", "started")}, ${msColumn("finished", "finished")},
             slots_done as "slotsDone", slots_total as "slotsTotal", held_keys as "heldKeys", blocked_keys as "blockedKeys"
        from pgque.resize_status($1::pg_catalog.text) order by queue, consumer`, [queue ?? null]);
+  return rows.map((r) => ({ ...r, started: dateOf(r.started), finished: dateOf(r.finished) }));
 }
 
 /** A key held by a failing head event under the "pause" policy. */
@@ -173,10 +182,11 @@ export interface BlockedKey {
 
 /** The blocked keys of queue's consumers (of one consumer when given). */
 export async function blockedKeys(exec: Executor, queue: string, consumer?: string): Promise<BlockedKey[]> {
-  return all<BlockedKey>(exec, `listing blocked keys of queue "${queue}"`,
-    `select queue, consumer, slot, key, state, head_ev_id::pg_catalog.text as "headEventId", since, failures, reason,
-            deferred::pg_catalog.float8 as deferred
+  const rows = await all<Timed<BlockedKey, "since">>(exec, `listing blocked keys of queue "${queue}"`,
+    `select queue, consumer, slot, key, state, head_ev_id::pg_catalog.text as "headEventId", ${msColumn("since", "since")},
+            failures, reason, deferred::pg_catalog.float8 as deferred
        from pgque.blocked_keys($1::pg_catalog.text, $2::pg_catalog.text)`, [queue, consumer ?? null]);
+  return rows.map((r) => ({ ...r, since: dateOf(r.since)! }));
 }
 
 /**
@@ -231,11 +241,12 @@ export interface DeadLetter {
 export async function deadLetters(exec: Executor, queue: string, opts: { consumer?: string; limit?: number } = {}): Promise<DeadLetter[]> {
   const limit = opts.limit ?? 100;
   if (!Number.isInteger(limit) || limit < 0) throw invalid(`dead letter limit must be a non-negative integer, not ${limit}`);
-  return all<DeadLetter>(exec, `listing dead letters of queue "${queue}"`,
-    `select dl_id::pg_catalog.text as id, consumer, dl_time as "deadSince", reason, ev_id::pg_catalog.text as "eventId",
-            ev_time as "eventTime", case when ev_retry < 0 then -1 - ev_retry else ev_retry end as "retryCount",
+  const rows = await all<Timed<DeadLetter, "deadSince" | "eventTime">>(exec, `listing dead letters of queue "${queue}"`,
+    `select dl_id::pg_catalog.text as id, consumer, ${msColumn("dl_time", '"deadSince"')}, reason, ev_id::pg_catalog.text as "eventId",
+            ${msColumn("ev_time", '"eventTime"')}, case when ev_retry < 0 then -1 - ev_retry else ev_retry end as "retryCount",
             ev_retry < 0 as replayed, ev_type as type, ev_data as json, key
        from pgque.dlq_list($1::pg_catalog.text, $2::pg_catalog.text, $3::int4)`, [queue, opts.consumer ?? null, limit]);
+  return rows.map((r) => ({ ...r, deadSince: dateOf(r.deadSince)!, eventTime: dateOf(r.eventTime)! }));
 }
 
 /** What replaying a dead letter did (replayDeadLetterReport). */
@@ -387,13 +398,14 @@ export interface KeyHead {
 export async function keyHeads(
   exec: Executor, queue: string, consumer: string, opts: { slot?: number; limit?: number; scan?: number } = {},
 ): Promise<KeyHead[]> {
-  return all<KeyHead>(exec, `reading the key heads of "${consumer}" on queue "${queue}"`,
+  const rows = await all<Timed<KeyHead, "retryAt">>(exec, `reading the key heads of "${consumer}" on queue "${queue}"`,
     `select slot, key, state, head_ev_id::pg_catalog.text as "headEventId",
             extract(epoch from head_age)::pg_catalog.float8 as "headAgeSec", pending::pg_catalog.float8 as pending,
-            failures, reason, retry_at as "retryAt", deferred::pg_catalog.float8 as deferred, estimated
+            failures, reason, ${msColumn("retry_at", '"retryAt"')}, deferred::pg_catalog.float8 as deferred, estimated
        from pgque.key_heads($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int4,
                             coalesce($4::pg_catalog.int4, 20), coalesce($5::pg_catalog.int4, 20000))`,
     [queue, consumer, opts.slot ?? null, opts.limit ?? null, opts.scan ?? null]);
+  return rows.map((r) => ({ ...r, retryAt: dateOf(r.retryAt) }));
 }
 
 /** One slot's pending events and its busiest key, from pgque.key_shares. */

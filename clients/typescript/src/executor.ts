@@ -164,3 +164,22 @@ async function inTransaction<T>(exec: Executor, fn: (tx: Executor) => Promise<T>
 export function intervalParam(ms: number): string {
   return `${(ms / 1000).toFixed(3)} seconds`;
 }
+
+/**
+ * A timestamptz column selected as whole milliseconds since 1970, in text,
+ * for dateOf. node-postgres parses a timestamptz with the parser the
+ * application set for the type, if any (`types.setTypeParser` is global to
+ * the process: some keep timestamps as strings), and with a regular
+ * expression per value otherwise, 0.8 µs of the worker's CPU per event;
+ * text is left alone. floor in numeric is exact, and a Date holds
+ * milliseconds: the same instant node-postgres's own parser gives.
+ * `column` is a name of the query's, never a caller's value.
+ */
+export function msColumn(column: string, as: string): string {
+  return `(pg_catalog.floor(extract(epoch from ${column}) operator(pg_catalog.*) 1000))::pg_catalog.int8::pg_catalog.text as ${as}`;
+}
+
+/** The Date of a column msColumn selected; null stays null. */
+export function dateOf(ms: string | null): Date | null {
+  return ms === null ? null : new Date(Number(ms));
+}

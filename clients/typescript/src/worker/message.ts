@@ -1,5 +1,7 @@
 // The message a worker's handler receives.
 
+import { dateOf } from "../executor.js";
+
 /** One event as a handler sees it. */
 export interface Message<P = unknown> {
   /** The event id (ev_id), a decimal string: int8 never loses precision. */
@@ -48,7 +50,7 @@ export interface ChunkRow {
   type: string;
   payload: string | null;
   retry_count: number | null;
-  /** created_at in whole milliseconds since 1970, as int8 text. */
+  /** created_at in whole milliseconds since 1970 (msColumn). */
   created_ms: string;
   partition_key: string | null;
   epoch: string;
@@ -88,7 +90,7 @@ export function toMessage(r: ChunkRow, queue: string, consumer: string, slot: nu
     retryCount,
     redelivered: retryCount > 0 || replay,
     replay,
-    createdAt: new Date(Number(r.created_ms)),
+    createdAt: dateOf(r.created_ms)!,
     epoch: BigInt(r.epoch),
     slot,
     nslots,
