@@ -3,21 +3,15 @@ import assert from "node:assert/strict";
 import pg from "pg";
 import {
   blockedKeys, createQueue, deadLetters, dropQueue, hotKeys, isPgqueError, keyHeads, keyShares, purgeDeadLetters, queues,
-  replayDeadLetter, retryKeyNow, send, setQueueConfig, slots, subscribeSlots, unblockKey, unsubscribeSlots, withTransaction, type Executor,
+  replayDeadLetter, retryKeyNow, send, setQueueConfig, slots, subscribeSlots, unblockKey, unsubscribeSlots, withTransaction,
 } from "../src/index.js";
 import { intervalParam } from "../src/executor.js";
 import { testDb, type TestDb } from "./harness.js";
+import { failFirst, tickNow } from "./worker_helpers.js";
 
 const db: TestDb = await testDb();
 
-/** Makes queue's pending events visible to consumers now. */
-async function tick(queue: string): Promise<void> {
-  // force_next_tick and ticker(queue) in one transaction always tick.
-  await withTransaction(db.pool, async (tx: Executor) => {
-    await tx.query("select pgque.force_next_tick($1)", [queue]);
-    await tx.query("select pgque.ticker($1)", [queue]);
-  });
-}
+const tick = (queue: string) => tickNow(db.pool, queue);
 
 // On a pool the connection is fresh, outside any transaction: the work
 // begins one at once. The SAVEPOINT that tells a caller's open transaction
@@ -91,16 +85,8 @@ test("a blocked key: list, unblock into a dead letter, replay, purge", async () 
   await tick("blk");
 
   // A worker, through the SQL API: claim the key's slot, receive, fail the head.
-  const slot = (await db.pool.query("select pgque.slot_of('', 2) as s")).rows[0].s;
-  const lease = (await db.pool.query("select epoch, token from pgque.claim_slot('blk', 'c', $1, 'w1', '30 seconds')", [slot])).rows[0];
-  const got = (await db.pool.query(
-    "select msg_id::text as id, batch_id, epoch from pgque.receive_partitioned('blk', 'c', $1, 2, 'w1', $2, 10)", [slot, lease.token])).rows;
-  assert.equal(got[0].id, head);
-  await db.pool.query(
-    "select pgque.nack_partitioned('blk', 'c', $1, 2, 'w1', $2, $3, $4, $5, '1 hour', 'boom')",
-    [slot, lease.token, got[0].epoch, got[0].batch_id, head]);
-  await db.pool.query("select pgque.ack_partitioned('blk', 'c', $1, 2, 'w1', $2, $3, $4, $5)",
-    [slot, lease.token, got[0].epoch, got[0].batch_id, head]);
+  const { slot, failed } = await failFirst(db.pool, "blk", "c", 2, "");
+  assert.equal(failed, head);
 
   const blocked = await blockedKeys(db.pool, "blk", "c");
   assert.equal(blocked.length, 1);

@@ -8,11 +8,10 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import pg from "pg";
 import {
-  blockedKeys, createQueue, deadLetters, keyHeads, resizes, resizeSlots, send, subscribeSlots, unblockKey, withTransaction, work,
-  type Executor, type Message,
+  blockedKeys, createQueue, deadLetters, keyHeads, resizes, resizeSlots, send, subscribeSlots, unblockKey, work, type Message,
 } from "../src/index.js";
 import { testDb, type TestDb } from "./harness.js";
-import { gate } from "./worker_helpers.js";
+import { failFirst, gate, tickNow } from "./worker_helpers.js";
 
 pg.types.setTypeParser(20, (v) => Number.parseInt(v, 10)); // int8
 pg.types.setTypeParser(1700, (v) => Number.parseFloat(v)); // numeric
@@ -22,12 +21,7 @@ pg.types.setTypeParser(1186, (v) => `for ${v}`); // interval
 
 const db: TestDb = await testDb();
 
-async function tick(queue: string): Promise<void> {
-  await withTransaction(db.pool, async (tx: Executor) => {
-    await tx.query("select pgque.force_next_tick($1)", [queue]);
-    await tx.query("select pgque.ticker($1)", [queue]);
-  });
-}
+const tick = (queue: string) => tickNow(db.pool, queue);
 
 /** The server's now() in milliseconds, read past the parsers. */
 async function serverNow(): Promise<number> {
@@ -77,13 +71,7 @@ test("admin calls: blocked keys, key heads, dead letters and resizes carry Dates
   await tick("adm");
   const now = await serverNow();
   // Through the SQL API: claim the key's slot, receive, fail the head for an hour.
-  const slot = (await db.pool.query("select pgque.slot_of('k', 2) as s")).rows[0].s;
-  const lease = (await db.pool.query("select epoch::text, token from pgque.claim_slot('adm', 'c', $1, 'w1', '30 seconds')", [slot])).rows[0];
-  const got = (await db.pool.query(
-    "select batch_id::text, epoch::text from pgque.receive_partitioned('adm', 'c', $1, 2, 'w1', $2, 10)", [slot, lease.token])).rows;
-  const proof = [slot, lease.token, got[0].epoch, got[0].batch_id, head];
-  await db.pool.query("select pgque.nack_partitioned('adm', 'c', $1, 2, 'w1', $2, $3, $4, $5, '1 hour', 'boom')", proof);
-  await db.pool.query("select pgque.ack_partitioned('adm', 'c', $1, 2, 'w1', $2, $3, $4, $5)", proof);
+  assert.equal((await failFirst(db.pool, "adm", "c", 2, "k")).failed, head);
 
   const [blocked] = await blockedKeys(db.pool, "adm", "c");
   assert.equal(blocked!.headEventId, head);

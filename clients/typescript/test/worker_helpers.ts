@@ -2,7 +2,7 @@
 // a recorder that checks the per-key guarantees as events are handled.
 
 import pg from "pg";
-import type { Message, Worker } from "../src/index.js";
+import { withTransaction, type Executor, type Message, type Worker } from "../src/index.js";
 import { testDb, type TestDb } from "./harness.js";
 
 /** Creates queue name and settings for quick tests (max_retries given). */
@@ -41,6 +41,32 @@ export function runTicker(pool: pg.Pool, queue: string, intervalMs = 20): () => 
     stopped = true;
     await loop;
   };
+}
+
+/** Makes queue's pending events visible to consumers now: force_next_tick and ticker in one transaction always tick. */
+export async function tickNow(pool: pg.Pool, queue: string): Promise<void> {
+  await withTransaction(pool, async (tx: Executor) => {
+    await tx.query("select pgque.force_next_tick($1)", [queue]);
+    await tx.query("select pgque.ticker($1)", [queue]);
+  });
+}
+
+/**
+ * As a worker would, through the SQL API: claims key's slot of consumer
+ * (nslots slots) as worker "w1", receives its chunk, nacks the chunk's
+ * first event with retry delay `delay` and reason "boom", and
+ * acknowledges the chunk. Under the pause policy the key is then blocked.
+ * Returns the slot and the id of the event it failed.
+ */
+export async function failFirst(pool: pg.Pool, queue: string, consumer: string, nslots: number, key: string, delay = "1 hour"): Promise<{ slot: number; failed: string }> {
+  const slot = (await pool.query("select pgque.slot_of($1, $2) as s", [key, nslots])).rows[0].s as number;
+  const lease = (await pool.query("select epoch::text, token from pgque.claim_slot($1, $2, $3, 'w1', '30 seconds')", [queue, consumer, slot])).rows[0];
+  const got = (await pool.query("select msg_id::text as id, batch_id::text, epoch::text from pgque.receive_partitioned($1, $2, $3, $4, 'w1', $5, 10)",
+    [queue, consumer, slot, nslots, lease.token])).rows;
+  const proof = [queue, consumer, slot, nslots, lease.token, got[0].epoch, got[0].batch_id, got[0].id];
+  await pool.query("select pgque.nack_partitioned($1, $2, $3, $4, 'w1', $5, $6, $7, $8, $9::interval, 'boom')", [...proof, delay]);
+  await pool.query("select pgque.ack_partitioned($1, $2, $3, $4, 'w1', $5, $6, $7, $8)", proof);
+  return { slot, failed: got[0].id };
 }
 
 /**
