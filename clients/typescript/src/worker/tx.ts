@@ -24,6 +24,33 @@ import { abandonedSignal, type HandlerContext, type RunnerContext } from "./slot
  */
 export type TxHandler<P = unknown> = (msg: Message<P>, tx: PooledConnection, ctx: { signal: AbortSignal }) => unknown | Promise<unknown>;
 
+/**
+ * What to run when each pool's abandon signal aborts: the destroys of the
+ * workTx calls running under it. One listener per pool, not one per call,
+ * which would pile up on the long-lived signal (and warn past ten), nor
+ * an AbortSignal.any per call, about 12 µs each.
+ */
+const abandonHooks = new WeakMap<AbortSignal, Set<() => void>>();
+
+/** Runs fn when abandoned aborts, until the function returned is called. */
+function whenAbandoned(abandoned: AbortSignal, fn: () => void): () => void {
+  let hooks = abandonHooks.get(abandoned);
+  if (hooks === undefined) {
+    const set = new Set<() => void>();
+    abandonHooks.set(abandoned, set);
+    abandoned.addEventListener("abort", () => {
+      for (const f of set) f();
+      set.clear();
+    }, { once: true });
+    hooks = set;
+  }
+  const own = hooks;
+  own.add(fn);
+  return () => {
+    own.delete(fn);
+  };
+}
+
 /** The SQLSTATE of a completion that finds its event completed before. */
 const ALREADY_COMPLETED = "PQ038";
 /** A statement in a transaction a failed statement aborted. */
@@ -95,10 +122,7 @@ function txConcurrency(db: ConnectionSource, nslots: number): number | undefined
 export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, handler: TxHandler<P>): Promise<Worker> {
   const concurrency = opts.concurrency ?? txConcurrency(db, opts.slots);
   return work<P>(db, { ...opts, concurrency }, async (msg: Message<P>, ctx: HandlerContext) => {
-    // A signal of this call's own: a listener on the pool's signal per
-    // handler running would pile up (and warn past ten).
-    const pools = (ctx as RunnerContext)[abandonedSignal];
-    const abandoned = pools && AbortSignal.any([pools]);
+    const abandoned = (ctx as RunnerContext)[abandonedSignal];
     for (let attempt = 1; ; attempt++) {
       const tx = await checkout(db);
       // The wait for a connection takes no signal: a stop, a lost lease or
@@ -124,7 +148,7 @@ export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, 
         tx.release();
         throw abandoned.reason;
       }
-      abandoned?.addEventListener("abort", destroy, { once: true });
+      const forget = abandoned ? whenAbandoned(abandoned, destroy) : () => {};
       try {
         await tx.query("begin");
         await handler(msg, tx, { signal: ctx.signal });
@@ -154,7 +178,7 @@ export function workTx<P = unknown>(db: ConnectionSource, opts: WorkOptions<P>, 
         }
         throw err;
       } finally {
-        abandoned?.removeEventListener("abort", destroy);
+        forget();
         if (!destroyed) tx.release(broken);
       }
     }
