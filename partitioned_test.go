@@ -309,6 +309,16 @@ func TestPartitionedStopLeavesNoGoroutinesAndReleases(t *testing.T) {
 	if owners := slotOwners(t, env, "c"); owners[""] != 4 {
 		t.Fatalf("after Stop the slots are owned: %v", owners)
 	}
+	// Its last announcement tells the other workers it left: no slots,
+	// not hungry (internal/workerpool, left), so they take its slots at
+	// once instead of counting it for three claim intervals.
+	var hungry bool
+	var slots int
+	if err := env.pool.QueryRow(ctx, `select p.wp_hungry, cardinality(p.wp_slots) from pgque.worker_presence p
+		join pgque.queue q on q.queue_id = p.wp_queue where q.queue_name = $1 and p.wp_consumer = 'c'
+		order by p.wp_seen desc limit 1`, env.queue).Scan(&hungry, &slots); err != nil || hungry || slots != 0 {
+		t.Fatalf("last announcement after Stop: hungry %v, %d slots (%v); want a leave (not hungry, no slots)", hungry, slots, err)
+	}
 }
 
 // randomLatency is a handler delay: mostly short, sometimes long.
@@ -486,6 +496,37 @@ func TestPartitionedScaleUpAndDown(t *testing.T) {
 	}
 	t.Logf("calls %d, redeliveries %d, per worker %v", rep.calls, rep.redeliveries, rep.perWorker)
 	r.checkRedeliveries(rep.redeliveries)
+}
+
+// TestPartitionedGracefulLeaveTakenOverAtOnce: a process that stops
+// gracefully announces that it left and hints the others (Pool.leave),
+// which take its released slots in a pass run at once. Before, they took
+// its announcement for three claim intervals as its ownership, and here,
+// with 4-second intervals, the survivor's first chance came 9.6 s or more
+// after the stop.
+func TestPartitionedGracefulLeaveTakenOverAtOnce(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	const slots = 6
+	cfg := func(w string) pgque.PartitionedConsumerConfig {
+		return pgque.PartitionedConsumerConfig{Queue: env.queue, Consumer: "leave", Slots: slots, WorkerID: w,
+			ClaimInterval: 4 * time.Second, PollInterval: 200 * time.Millisecond,
+			Handler: func(context.Context, *pgque.Message) error { return nil }}
+	}
+	p1 := startProcess(t, env, cfg("p1"))
+	pgtest.WaitFor(t, 10*time.Second, "p1 to hold every slot", func() bool { return len(p1.pc.OwnedSlots()) == slots })
+	p2 := startProcess(t, env, cfg("p2"))
+	pgtest.WaitFor(t, 30*time.Second, "an even spread", func() bool {
+		return len(p1.pc.OwnedSlots()) == slots/2 && len(p2.pc.OwnedSlots()) == slots/2
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := p2.pc.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	pgtest.WaitFor(t, 5*time.Second, "p1 to take the slots p2 released", func() bool { return len(p1.pc.OwnedSlots()) == slots })
+	t.Logf("p1 held every slot %v after p2 stopped", time.Since(stopped))
 }
 
 // TestPartitionedDeadProcessTakenOverBeforeTTL: a process that dies

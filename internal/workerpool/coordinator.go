@@ -117,10 +117,36 @@ func (p *Pool) announce(ctx context.Context, hungry bool) {
 	if p.presence.update(peers, time.Now()) {
 		p.trigger.Fire()
 	}
+	if p.presence.takeLeft() {
+		p.mu.Lock()
+		clear(p.holdoff)
+		p.mu.Unlock()
+	}
 	if p.cfg.Notifier == nil {
 		return
 	}
 	if err := p.cfg.Queries.Notify(actx, PresenceChannel, hintTag(p.cfg.Queue, p.cfg.Consumer)); err != nil && ctx.Err() == nil {
+		p.log().WarnContext(ctx, "pgque: sending the presence hint", slog.Any("error", err))
+	}
+}
+
+// leave announces, once a graceful stop has released every slot, that
+// this pool left (no slots, not hungry: see left) and hints the peers, so
+// that they take the released slots at once. Without it they counted this
+// pool among the live ones for three claim intervals and left its slots
+// unworked for one or two passes. Best effort: a peer that misses it
+// forgets this pool after the presence TTL, as after a crash.
+func (p *Pool) leave(ctx context.Context) {
+	actx, cancel := context.WithTimeout(ctx, queryTimeout(p.cfg.ClaimInterval))
+	defer cancel()
+	if _, err := p.cfg.Queries.AnnounceWorker(actx, p.cfg.Queue, p.cfg.Consumer, p.cfg.Worker, false, nil, p.presence.ttl); err != nil {
+		p.log().WarnContext(ctx, "pgque: announcing the stop to the other workers", slog.Any("error", err))
+		return
+	}
+	if p.cfg.Notifier == nil {
+		return
+	}
+	if err := p.cfg.Queries.Notify(actx, PresenceChannel, leaveTag(p.cfg.Queue, p.cfg.Consumer)); err != nil {
 		p.log().WarnContext(ctx, "pgque: sending the presence hint", slog.Any("error", err))
 	}
 }

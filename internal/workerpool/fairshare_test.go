@@ -146,6 +146,25 @@ func TestPresence(t *testing.T) {
 	if a.update(nil, now); len(a.live(now)) != 0 {
 		t.Fatal("a peer the server no longer returns is still live")
 	}
+	// A pool that stopped gracefully announces no slots and no hunger:
+	// it is no peer from then on, its slots are free, and that is news.
+	a.update(b(false, 0, 2), now)
+	if !a.update(b(false), now) || !a.takeLeft() || a.takeLeft() {
+		t.Fatal("a peer that left is not news, or not taken once as a leave")
+	}
+	if live := a.live(now); len(live) != 0 {
+		t.Fatalf("live after the peer left = %v", live)
+	}
+	if st := a.status(3, now); st[0].Owner != nil || st[2].Owner != nil {
+		t.Fatalf("status after the peer left = %+v", st)
+	}
+	if a.update(b(false), now) {
+		t.Fatal("a peer that left is news again")
+	}
+	// One with no slots that wants some is a peer.
+	if !a.update(b(true), now) || len(a.live(now)) != 1 {
+		t.Fatal("a hungry peer with no slots is not live")
+	}
 }
 
 // TestPresenceHint: only this consumer's tag wakes the pool, at most once
@@ -169,6 +188,15 @@ func TestPresenceHint(t *testing.T) {
 		if got := a.hint(c.payload, now.Add(c.at), 250*time.Millisecond); got != c.want {
 			t.Errorf("hint(%q) at +%v = %v, want %v", c.payload, c.at, got, c.want)
 		}
+	}
+	// A leave is gated apart: the hint just taken does not swallow it.
+	leave := leaveTag("files", "thumbs")
+	// The TypeScript worker checks the same value (test/worker_fairshare.test.ts).
+	if leave == tag || leave == leaveTag("files", "other") || leave != "ce3fd733220ff6c1" {
+		t.Fatalf("leave tag %q collides", leave)
+	}
+	if !a.hint(leave, now.Add(310*time.Millisecond), 250*time.Millisecond) || a.hint(leave, now.Add(320*time.Millisecond), 250*time.Millisecond) {
+		t.Fatal("a leave right after a hint is not taken, or a second one within the gap is")
 	}
 	if len(a.live(now)) != 0 {
 		t.Fatal("a hint created a peer")

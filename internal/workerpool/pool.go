@@ -209,6 +209,10 @@ func (p *Pool) Run(fetchCtx, workCtx context.Context) {
 
 	close(stopStatus)
 	p.runners.Wait()
+	if workCtx.Err() == nil && len(p.Owned()) == 0 {
+		// A graceful stop: every runner released its slot.
+		p.leave(workCtx)
+	}
 	close(stopBackground)
 	background.Wait()
 }

@@ -30,7 +30,8 @@ import (
 // ids. After announcing, a pool sends a NOTIFY hint on PresenceChannel whose
 // payload is only hintTag(queue, consumer): it makes the consumer's other
 // pools run their next pass early, and a forged hint costs at most one
-// early pass per hintGap.
+// early pass per hintGap. A pool that stops gracefully announces that it
+// left and hints with leaveTag, gated apart (see left).
 //
 // Announcements are soft state: a worker not heard from for a few claim
 // intervals is forgotten. The server stays the authority: claim_slot on a
@@ -54,6 +55,10 @@ type presence struct {
 	// announcement expired, to count takeovers.
 	lastOwner map[int]string
 	lastHint  time.Time
+	lastLeave time.Time
+	// peerLeft is set when a known peer announced that it left (see
+	// takeLeft).
+	peerLeft bool
 }
 
 func newPresence(queue, consumer, self string, ttl time.Duration) *presence {
@@ -68,26 +73,41 @@ func hintTag(queue, consumer string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
+// leaveTag is the NOTIFY payload with which a pool that stopped gracefully
+// wakes the other pools of (queue, consumer) (Pool.leave): a digest too.
+// It is gated apart from hintTag, so that the hints every pass sends (a
+// pool's own among them) cannot swallow a leave.
+func leaveTag(queue, consumer string) string {
+	sum := sha256.Sum256([]byte(queue + "\x00" + consumer + "\x00left"))
+	return hex.EncodeToString(sum[:8])
+}
+
 // hint reports whether a presence notification should trigger an early
-// pass: its payload is this consumer's tag and no hint was taken within
-// gap, so a flood of (possibly forged) hints costs at most one pass per gap.
+// pass: its payload is this consumer's hint or leave tag and no hint of
+// that kind was taken within gap, so a flood of (possibly forged) hints
+// costs at most two passes per gap.
 func (pr *presence) hint(payload string, now time.Time, gap time.Duration) bool {
-	if payload != hintTag(pr.queue, pr.consumer) {
-		return false
-	}
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	if now.Sub(pr.lastHint) < gap {
+	last := &pr.lastHint
+	switch payload {
+	case hintTag(pr.queue, pr.consumer):
+	case leaveTag(pr.queue, pr.consumer):
+		last = &pr.lastLeave
+	default:
 		return false
 	}
-	pr.lastHint = now
+	if now.Sub(*last) < gap {
+		return false
+	}
+	*last = now
 	return true
 }
 
 // update replaces what is known of the peers by what the server returned
 // (seen age ago), and reports whether it is news the coordinator should act
-// on at once: a new peer, a peer turned hungry, or a peer whose slots
-// changed.
+// on at once: a new peer, a peer turned hungry, a peer whose slots
+// changed, or a peer that left.
 func (pr *presence) update(peers []dbq.Peer, now time.Time) bool {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
@@ -95,6 +115,12 @@ func (pr *presence) update(peers []dbq.Peer, now time.Time) bool {
 	fresh := make(map[string]peer, len(peers))
 	for _, p := range peers {
 		if p.Worker == pr.self || p.Worker == "" {
+			continue
+		}
+		if left(p) {
+			if _, known := pr.peers[p.Worker]; known {
+				news, pr.peerLeft = true, true
+			}
 			continue
 		}
 		slots := make([]int, len(p.Slots))
@@ -113,6 +139,27 @@ func (pr *presence) update(peers []dbq.Peer, now time.Time) bool {
 	}
 	pr.peers = fresh
 	return news
+}
+
+// takeLeft reports whether a known peer announced that it left since the
+// last call: the slots this pool holds off for a hungry peer may then be
+// claimed again at once (the peer they were released for may be the one
+// that left).
+func (pr *presence) takeLeft() bool {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	l := pr.peerLeft
+	pr.peerLeft = false
+	return l
+}
+
+// left reports whether p is the announcement of a pool that stopped
+// gracefully (Pool.leave): no slots, and not hungry. A running pool never
+// makes it, since its fair share is at least one slot, so it is hungry
+// while it has none. Its peers stop counting it at once, instead of a
+// presence TTL later, and take its released slots on their next pass.
+func left(p dbq.Peer) bool {
+	return len(p.Slots) == 0 && !p.Hungry
 }
 
 // previousOwner returns the worker that last announced slot, if any.
