@@ -3,7 +3,8 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { makePlan, type PlanInput } from "../src/worker/fairshare.js";
+import { left, makePlan, type PlanInput } from "../src/worker/fairshare.js";
+import { hintTag, leaveTag } from "../src/worker/listener.js";
 
 function input(p: Partial<PlanInput>): PlanInput {
   return { self: "me", slots: 8, maxActive: 8, owners: Array(8).fill(null), running: new Map(), peers: new Map(), holdoff: new Set(), prevFree: new Set(), ...p };
@@ -49,4 +50,17 @@ test("beyond its share a worker claims a free slot only once it stayed free a wh
   assert.deepEqual(later.claim, [3]);
   const hungry = makePlan(input({ ...base, peers: new Map([["go", true]]), prevFree: new Set([3]) }));
   assert.deepEqual(hungry.claim, [], "a hungry peer gets the spare slot");
+});
+
+test("an announcement of no slots and no hunger is a worker that left; one with no slots that is hungry is a peer", () => {
+  assert.equal(left({ hungry: false, slots: [] }), true);
+  assert.equal(left({ hungry: true, slots: [] }), false);
+  assert.equal(left({ hungry: false, slots: [0] }), false);
+});
+
+test("the leave tag is the Go pool's, names nothing, and is not the hint tag", () => {
+  // internal/workerpool's leaveTag("files", "thumbs"), as Go computes it.
+  assert.equal(leaveTag("files", "thumbs"), "ce3fd733220ff6c1");
+  assert.notEqual(leaveTag("files", "thumbs"), hintTag("files", "thumbs"));
+  assert.ok(!leaveTag("files", "thumbs").includes("files"));
 });

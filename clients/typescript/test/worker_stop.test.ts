@@ -287,10 +287,38 @@ test("two workers of one consumer converge to a fair share of its slots", async 
   const opts = { ...fast, queue: "fair", consumer: "c", slots: 6 };
   const w1 = db.track(await work(db.pool, opts, () => {}));
   await waitFor("the first worker to hold all 6 slots", () => w1.ownedSlots().length === 6);
-  const w2 = db.track(await work(db.pool, opts, () => {}));
+  const w2 = db.track(await work(db.pool, { ...opts, onError: (e) => console.log("w2 err", String(e)), onSlot: (c) => console.log(Date.now() % 100000, "w2", c.kind, c.slot) }, () => {}));
   await waitFor("3 slots each", () => w1.ownedSlots().length === 3 && w2.ownedSlots().length === 3, 15_000);
   await w2.stop();
   await waitFor("the first worker to take the released slots back", () => w1.ownedSlots().length === 6, 15_000);
+});
+
+test("a worker that stops gracefully announces last that it left: no slots, not hungry", async (t) => {
+  const db = await setup(t, "leave");
+  const w = db.track(await work(db.pool, { ...fast, queue: "leave", consumer: "c", slots: 2 }, () => {}));
+  await waitFor("both slots", () => w.ownedSlots().length === 2);
+  await w.stop();
+  // Its peers (Go pools too: internal/workerpool, left) then stop counting
+  // it at once and take its slots on their next pass.
+  const { rows } = await db.pool.query(`select p.wp_hungry as hungry, cardinality(p.wp_slots) as slots
+    from pgque.worker_presence p join pgque.queue q on q.queue_id = p.wp_queue
+    where q.queue_name = 'leave' and p.wp_consumer = 'c' order by p.wp_seen desc limit 1`);
+  assert.deepEqual(rows, [{ hungry: false, slots: 0 }]);
+});
+
+test("a worker that stops gracefully is replaced at once: its peer takes its slots in a pass its NOTIFY starts", async (t) => {
+  const db = await setup(t, "leave2");
+  // Claim passes 4 s apart (3.2 at least, with their jitter). Before, the
+  // survivor counted the stopped worker as live for three intervals and
+  // took a slot beyond its share only once it had stayed free a whole
+  // pass: its second pass after the stop, 6.4 s or more.
+  const opts = { queue: "leave2", consumer: "c", slots: 6, claimIntervalMs: 4_000, pollIntervalMs: 50 };
+  const w1 = db.track(await work(db.pool, opts, () => {}));
+  await waitFor("the first worker to hold all 6 slots", () => w1.ownedSlots().length === 6);
+  const w2 = db.track(await work(db.pool, opts, () => {}));
+  await waitFor("3 slots each", () => w1.ownedSlots().length === 3 && w2.ownedSlots().length === 3, 30_000);
+  await w2.stop();
+  await waitFor("the first worker to take the slots w2 released", () => w1.ownedSlots().length === 6, 5_000);
 });
 
 /**

@@ -13,6 +13,19 @@
 //     when it stayed free for a whole pass and nobody is hungry.
 //   - A worker above its fair share releases the excess while a peer is
 //     hungry (highest slots first, as Go does).
+//   - A worker that stops gracefully announces no slots and no hunger
+//     last (left): its peers stop counting it at once.
+
+/**
+ * Whether an announcement is that of a worker that stopped gracefully (its
+ * last one: no slots, not hungry). A running worker never makes it: its
+ * fair share is at least one slot, so it is hungry while it has none. Its
+ * peers drop it at once and take its released slots on their next pass,
+ * as the Go pool does (internal/workerpool, left).
+ */
+export function left(p: { hungry: boolean; slots: readonly number[] }): boolean {
+  return p.slots.length === 0 && !p.hungry;
+}
 
 export interface PlanInput {
   self: string;

@@ -55,6 +55,16 @@ export function hintTag(queue: string, consumer: string): string {
   return createHash("sha256").update(queue + "\u0000" + consumer).digest("hex").slice(0, 16);
 }
 
+/**
+ * The payload with which a worker that stopped gracefully wakes the other
+ * workers of (queue, consumer): a digest, the Go pool's leaveTag. Gated
+ * apart from hintTag, so that the hints every pass sends (a worker's own
+ * among them) cannot swallow a leave.
+ */
+export function leaveTag(queue: string, consumer: string): string {
+  return createHash("sha256").update(queue + "\u0000" + consumer + "\u0000left").digest("hex").slice(0, 16);
+}
+
 /** Opens the dedicated LISTEN connection (not from the pool: it is held). */
 export type ListenConnect = () => Promise<pg.Client>;
 

@@ -33,8 +33,8 @@ import { setMaxListeners } from "node:events";
 import { checkout, type ConnectionSource } from "../executor.js";
 import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { checkSchema } from "../migrate.js";
-import { makePlan } from "./fairshare.js";
-import { hintTag, Listener, listenFrom, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
+import { left, makePlan } from "./fairshare.js";
+import { hintTag, leaveTag, Listener, listenFrom, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
 import { clampRetryDelay, HandlersStillRunningError, WorkerKilledError } from "./outcome.js";
 import { defaultRetryDelay, SlotRunner, type HandleCounters, type HandleResult, type Handler, type SlotEnv } from "./slot.js";
 import type { Message } from "./message.js";
@@ -504,6 +504,15 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     lastHint = now;
     trigger.fire();
   });
+  const leftTag = leaveTag(opts.queue, opts.consumer);
+  let lastLeave = 0;
+  listener?.on(presenceChannel, leftTag, () => {
+    // A peer left (see leave): gated apart from the hints, as many again.
+    const now = Date.now();
+    if (now - lastLeave < claimIntervalMs / 4) return;
+    lastLeave = now;
+    trigger.fire();
+  });
 
   function slotChanged(change: SlotChange): void {
     if (!opts.onSlot) return;
@@ -561,6 +570,15 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     let news = false;
     for (const p of heard) {
       if (p.worker === worker) continue;
+      if (left(p)) {
+        if (peers.has(p.worker)) {
+          news = true;
+          // The slots held off for a hungry peer may have been released
+          // for this one: they may be claimed again at once.
+          holdoff.clear();
+        }
+        continue;
+      }
       if (!peers.has(p.worker) || (p.hungry && !peers.get(p.worker))) news = true;
       next.set(p.worker, p.hungry);
     }
@@ -586,11 +604,29 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
   }, leaseTtlMs / 10);
   keeper.unref();
 
+  /**
+   * After a graceful stop released every slot: announces that this worker
+   * left (no slots, not hungry: see left) and hints the peers, so that they
+   * take the released slots at once instead of counting this worker for a
+   * presence TTL and leaving its slots unworked for one or two claim
+   * passes. Best effort: a peer that misses it forgets this worker after
+   * the TTL, as after a crash.
+   */
+  async function leave(): Promise<void> {
+    try {
+      await q.announce(db, opts.queue, opts.consumer, worker, false, [], presenceTtl);
+      if (listener) await q.notify(db, presenceChannel, leftTag);
+    } catch (err) {
+      onError(mapError(`announcing the stop of ${where} to the other workers`, err));
+    }
+  }
+
   let stopped: Promise<void> | null = null;
   async function finish(): Promise<void> {
     await coordinator;
     await Promise.all([...runners.values()].map((r) => r.done));
     clearInterval(keeper);
+    if (!killCtl.signal.aborted && runners.size === 0) await leave();
     await listener?.close();
   }
 
