@@ -185,9 +185,17 @@ func TestPresenceHint(t *testing.T) {
 		{tag, 0, true}, {tag, time.Millisecond, false}, {`{"q":"files","c":"thumbs","w":"fake","h":true}`, time.Second, false},
 		{"", time.Second, false}, {hintTag("files", "other"), time.Second, false}, {tag, 300 * time.Millisecond, true},
 	} {
-		if got := a.hint(c.payload, now.Add(c.at), 250*time.Millisecond); got != c.want {
+		if got, _ := a.hint(c.payload, now.Add(c.at), 250*time.Millisecond); got != c.want {
 			t.Errorf("hint(%q) at +%v = %v, want %v", c.payload, c.at, got, c.want)
 		}
+	}
+	// One within the gap is due when the gap ends, not dropped; others
+	// are not due at all.
+	if ok, wait := a.hint(tag, now.Add(400*time.Millisecond), 250*time.Millisecond); ok || wait != 150*time.Millisecond {
+		t.Fatalf("hint within the gap = %v, wait %v; want false, due in 150ms", ok, wait)
+	}
+	if ok, wait := a.hint("", now.Add(400*time.Millisecond), 250*time.Millisecond); ok || wait != 0 {
+		t.Fatalf("a foreign hint = %v, wait %v; want nothing due", ok, wait)
 	}
 	// A leave is gated apart: the hint just taken does not swallow it.
 	leave := leaveTag("files", "thumbs")
@@ -195,8 +203,11 @@ func TestPresenceHint(t *testing.T) {
 	if leave == tag || leave == leaveTag("files", "other") || leave != "ce3fd733220ff6c1" {
 		t.Fatalf("leave tag %q collides", leave)
 	}
-	if !a.hint(leave, now.Add(310*time.Millisecond), 250*time.Millisecond) || a.hint(leave, now.Add(320*time.Millisecond), 250*time.Millisecond) {
-		t.Fatal("a leave right after a hint is not taken, or a second one within the gap is")
+	if ok, _ := a.hint(leave, now.Add(310*time.Millisecond), 250*time.Millisecond); !ok {
+		t.Fatal("a leave right after a hint is not taken")
+	}
+	if ok, _ := a.hint(leave, now.Add(320*time.Millisecond), 250*time.Millisecond); ok {
+		t.Fatal("a second leave within the gap is taken")
 	}
 	if len(a.live(now)) != 0 {
 		t.Fatal("a hint created a peer")

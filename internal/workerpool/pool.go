@@ -242,6 +242,17 @@ func (p *Pool) Owned() []int {
 // re-established, notifications may have been lost) wakes every slot.
 func (p *Pool) dispatch(stop <-chan struct{}, notify, slots, announce <-chan string) {
 	tag := TickTag(p.cfg.Queue)
+	gap := p.cfg.ClaimInterval / 4
+	// A presence hint that came within its gap, asked again when the gap
+	// ends (presence.hint): one at a time.
+	var later *time.Timer
+	var laterC <-chan time.Time
+	var laterPayload string
+	defer func() {
+		if later != nil {
+			later.Stop()
+		}
+	}()
 	for {
 		select {
 		case <-stop:
@@ -260,7 +271,16 @@ func (p *Pool) dispatch(stop <-chan struct{}, notify, slots, announce <-chan str
 				p.wake(t)
 			}
 		case payload := <-announce:
-			if p.presence.hint(payload, time.Now(), p.cfg.ClaimInterval/4) {
+			now, wait := p.presence.hint(payload, time.Now(), gap)
+			if now {
+				p.trigger.Fire()
+			} else if wait > 0 && laterC == nil {
+				later, laterPayload = time.NewTimer(wait), payload
+				laterC = later.C
+			}
+		case <-laterC:
+			laterC = nil
+			if now, _ := p.presence.hint(laterPayload, time.Now(), gap); now {
 				p.trigger.Fire()
 			}
 		}

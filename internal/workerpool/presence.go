@@ -30,8 +30,9 @@ import (
 // ids. After announcing, a pool sends a NOTIFY hint on PresenceChannel whose
 // payload is only hintTag(queue, consumer): it makes the consumer's other
 // pools run their next pass early, and a forged hint costs at most one
-// early pass per hintGap. A pool that stops gracefully announces that it
-// left and hints with leaveTag, gated apart (see left).
+// early pass per hintGap (one that comes sooner runs when the gap ends). A
+// pool that stops gracefully announces that it left and hints with
+// leaveTag, gated apart (see left).
 //
 // Announcements are soft state: a worker not heard from for a few claim
 // intervals is forgotten. The server stays the authority: claim_slot on a
@@ -83,10 +84,14 @@ func leaveTag(queue, consumer string) string {
 }
 
 // hint reports whether a presence notification should trigger an early
-// pass: its payload is this consumer's hint or leave tag and no hint of
+// pass now: its payload is this consumer's hint or leave tag and no hint of
 // that kind was taken within gap, so a flood of (possibly forged) hints
-// costs at most two passes per gap.
-func (pr *presence) hint(payload string, now time.Time, gap time.Duration) bool {
+// costs at most one pass per gap and kind. A hint of this consumer that
+// comes within the gap is not dropped but due when the gap ends: wait says
+// when to ask again (0 when nothing is due). Dropped, a peer's hint that
+// came just after this pool's own (every pass sends one, and a pool hears
+// itself) waited for the next claim pass, a claim interval away.
+func (pr *presence) hint(payload string, now time.Time, gap time.Duration) (bool, time.Duration) {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	last := &pr.lastHint
@@ -95,13 +100,13 @@ func (pr *presence) hint(payload string, now time.Time, gap time.Duration) bool 
 	case leaveTag(pr.queue, pr.consumer):
 		last = &pr.lastLeave
 	default:
-		return false
+		return false, 0
 	}
-	if now.Sub(*last) < gap {
-		return false
+	if wait := last.Add(gap).Sub(now); wait > 0 {
+		return false, wait
 	}
 	*last = now
-	return true
+	return true, 0
 }
 
 // update replaces what is known of the peers by what the server returned
