@@ -3,7 +3,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { left, makePlan, type PlanInput } from "../src/worker/fairshare.js";
+import { HintGate, left, makePlan, type PlanInput } from "../src/worker/fairshare.js";
 import { hintTag, leaveTag } from "../src/worker/listener.js";
 
 function input(p: Partial<PlanInput>): PlanInput {
@@ -63,4 +63,42 @@ test("the leave tag is the Go pool's, names nothing, and is not the hint tag", (
   assert.equal(leaveTag("files", "thumbs"), "ce3fd733220ff6c1");
   assert.notEqual(leaveTag("files", "thumbs"), hintTag("files", "thumbs"));
   assert.ok(!leaveTag("files", "thumbs").includes("files"));
+});
+
+test("a hint gate runs at once, then once at the end of its gap for every hint that came within it", async () => {
+  const runs: number[] = [];
+  let ran: () => void = () => {};
+  const gate = new HintGate(80, () => {
+    runs.push(performance.now());
+    ran();
+  });
+  // The gate's timer does not hold the process open (a worker's other
+  // timers and connections do): this one does, for the test.
+  const alive = setInterval(() => {}, 1000);
+  try {
+    const t0 = performance.now();
+    gate.take();
+    assert.equal(runs.length, 1, "the first hint runs at once");
+    const second = new Promise<void>((r) => (ran = r));
+    for (let i = 0; i < 5; i++) gate.take();
+    assert.equal(runs.length, 1, "hints within the gap wait");
+    await second;
+    assert.equal(runs.length, 2);
+    assert.ok(runs[1]! - t0 >= 79, `the deferred run came ${runs[1]! - t0} ms after the first, within the gap`);
+    // Stopped, a deferred run does not come: the next take after the gap
+    // runs at once and is the only run.
+    gate.take();
+    gate.stop();
+    const stoppedAt = performance.now();
+    await new Promise<void>((r) => {
+      ran = r;
+      setTimeout(() => {
+        gate.take();
+      }, 100);
+    });
+    assert.equal(runs.length, 3);
+    assert.ok(runs[2]! - stoppedAt >= 99, `a run ${runs[2]! - stoppedAt} ms after the stop, before the next take`);
+  } finally {
+    clearInterval(alive);
+  }
 });

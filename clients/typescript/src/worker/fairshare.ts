@@ -100,3 +100,40 @@ export function makePlan(inp: PlanInput, random: () => number = Math.random): Pl
   }
   return plan;
 }
+
+/**
+ * The gate of one kind of presence NOTIFY (a peer's hint, a peer's leave):
+ * take() runs fire at once when the last run was gapMs ago or more, and
+ * otherwise once when the gap ends, however many take() come meanwhile. A
+ * forged flood thus costs one early claim pass per gap, and a real hint
+ * that came within the gap (a worker hears its own after every pass) is
+ * late by the rest of the gap rather than dropped.
+ */
+export class HintGate {
+  private last = -Infinity;
+  private later: NodeJS.Timeout | null = null;
+
+  constructor(private readonly gapMs: number, private readonly fire: () => void) {}
+
+  take(): void {
+    const wait = this.last + this.gapMs - Date.now();
+    if (wait > 0) {
+      if (this.later === null) {
+        this.later = setTimeout(() => {
+          this.later = null;
+          this.take();
+        }, wait);
+        this.later.unref();
+      }
+      return;
+    }
+    this.last = Date.now();
+    this.fire();
+  }
+
+  /** Drops the run due when the gap ends, if any. */
+  stop(): void {
+    if (this.later !== null) clearTimeout(this.later);
+    this.later = null;
+  }
+}

@@ -33,7 +33,7 @@ import { setMaxListeners } from "node:events";
 import { checkout, type ConnectionSource } from "../executor.js";
 import { isPgqueError, mapError, PgqueError } from "../errors.js";
 import { checkSchema } from "../migrate.js";
-import { left, makePlan } from "./fairshare.js";
+import { HintGate, left, makePlan } from "./fairshare.js";
 import { hintTag, leaveTag, Listener, listenFrom, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
 import { clampRetryDelay, HandlersStillRunningError, WorkerKilledError } from "./outcome.js";
 import { defaultRetryDelay, SlotRunner, type HandleCounters, type HandleResult, type Handler, type SlotEnv } from "./slot.js";
@@ -472,7 +472,6 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
         (channel, payload) => q.notify(db, channel, payload))
     : null;
   const hint = hintTag(opts.queue, opts.consumer);
-  let lastHint = 0;
   // A tick's touched set wakes only the slots it names. Once the server
   // has sent one, the plain tag (sent for every tick too, for clients that
   // cannot read sets) wakes nobody; a server without sets only sends the
@@ -497,22 +496,17 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
       else if (up && r.session !== pid) void r.renew();
     }
   });
-  listener?.on(presenceChannel, hint, () => {
-    // A forged flood of hints costs at most one early pass per quarter interval.
-    const now = Date.now();
-    if (now - lastHint < claimIntervalMs / 4) return;
-    lastHint = now;
-    trigger.fire();
-  });
+  // Presence hints (a peer's pass) and leaves (a peer stopped), each
+  // gated: a forged flood costs at most one early pass per quarter
+  // interval and kind. One that comes within its gap runs a pass when the
+  // gap ends rather than being dropped: a worker hears its own hint after
+  // every pass, and a peer's that came just after waited for the next
+  // pass, a claim interval away.
+  const hintGate = new HintGate(claimIntervalMs / 4, () => trigger.fire());
+  const leaveGate = new HintGate(claimIntervalMs / 4, () => trigger.fire());
+  listener?.on(presenceChannel, hint, () => hintGate.take());
   const leftTag = leaveTag(opts.queue, opts.consumer);
-  let lastLeave = 0;
-  listener?.on(presenceChannel, leftTag, () => {
-    // A peer left (see leave): gated apart from the hints, as many again.
-    const now = Date.now();
-    if (now - lastLeave < claimIntervalMs / 4) return;
-    lastLeave = now;
-    trigger.fire();
-  });
+  listener?.on(presenceChannel, leftTag, () => leaveGate.take());
 
   function slotChanged(change: SlotChange): void {
     if (!opts.onSlot) return;
@@ -626,6 +620,8 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     await coordinator;
     await Promise.all([...runners.values()].map((r) => r.done));
     clearInterval(keeper);
+    hintGate.stop();
+    leaveGate.stop();
     if (!killCtl.signal.aborted && runners.size === 0) await leave();
     await listener?.close();
   }
@@ -670,6 +666,8 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
     // What finish() would do last; it may still be waiting for the
     // coordinator or a runner, and then does it again (both are idempotent).
     clearInterval(keeper);
+    hintGate.stop();
+    leaveGate.stop();
     await listener?.close();
   }
 
