@@ -529,6 +529,36 @@ func TestPartitionedGracefulLeaveTakenOverAtOnce(t *testing.T) {
 	t.Logf("p1 held every slot %v after p2 stopped", time.Since(stopped))
 }
 
+// TestPartitionedStopBoundsItsLeave: a graceful stop whose last
+// announcement waits (here for a lock on worker_presence) returns after
+// leaveWait, 2 s, not when the server lets the announcement through.
+func TestPartitionedStopBoundsItsLeave(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	// One claim pass only (the next is a minute away): none runs under the lock.
+	p := startProcess(t, env, pgque.PartitionedConsumerConfig{Queue: env.queue, Consumer: "leavelock", Slots: 2,
+		ClaimInterval: time.Minute, Handler: func(context.Context, *pgque.Message) error { return nil }})
+	pgtest.WaitFor(t, 10*time.Second, "both slots", func() bool { return len(p.pc.OwnedSlots()) == 2 })
+	tx, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `lock table pgque.worker_presence in access exclusive mode`); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 6*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := p.pc.Stop(sctx); err != nil {
+		t.Fatalf("Stop while the announcement waits: %v", err)
+	}
+	if took := time.Since(start); took < 1900*time.Millisecond || took > 5*time.Second {
+		t.Fatalf("Stop took %v; want the announcement waited for about 2 s", took)
+	}
+}
+
 // TestPartitionedDeadProcessTakenOverBeforeTTL: a process that dies
 // without releasing its slots closes its LISTEN session, to which its
 // leases are bound, so the survivor takes them over a sixth of the TTL

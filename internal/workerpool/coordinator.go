@@ -134,10 +134,12 @@ func (p *Pool) announce(ctx context.Context, hungry bool) {
 // this pool left (no slots, not hungry: see left) and hints the peers, so
 // that they take the released slots at once. Without it they counted this
 // pool among the live ones for three claim intervals and left its slots
-// unworked for one or two passes. Best effort: a peer that misses it
-// forgets this pool after the presence TTL, as after a crash.
+// unworked for one or two passes. Best effort, and bounded by leaveWait so
+// that a stop while the database is unreachable does not wait on it: a
+// peer that misses it forgets this pool after the presence TTL, as after a
+// crash.
 func (p *Pool) leave(ctx context.Context) {
-	actx, cancel := context.WithTimeout(ctx, queryTimeout(p.cfg.ClaimInterval))
+	actx, cancel := context.WithTimeout(ctx, leaveWait)
 	defer cancel()
 	if _, err := p.cfg.Queries.AnnounceWorker(actx, p.cfg.Queue, p.cfg.Consumer, p.cfg.Worker, false, nil, p.presence.ttl); err != nil {
 		p.log().WarnContext(ctx, "pgque: announcing the stop to the other workers", slog.Any("error", err))
@@ -150,6 +152,9 @@ func (p *Pool) leave(ctx context.Context) {
 		p.log().WarnContext(ctx, "pgque: sending the presence hint", slog.Any("error", err))
 	}
 }
+
+// leaveWait bounds a graceful stop's last announcement (leave).
+const leaveWait = 2 * time.Second
 
 // queryTimeout bounds one background query of a loop with period
 // interval: long enough for a busy server, short enough that one hung
