@@ -306,6 +306,25 @@ test("a worker that stops gracefully announces last that it left: no slots, not 
   assert.deepEqual(rows, [{ hungry: false, slots: 0 }]);
 });
 
+test("a stop does not wait for its last announcement when the server holds it: bounded at 2 s", async (t) => {
+  const db = await setup(t, "leavelock");
+  // One claim pass only (the next is a minute away): none runs under the lock.
+  const w = db.track(await work(db.pool, { queue: "leavelock", consumer: "c", slots: 2, claimIntervalMs: 60_000, listen: false }, () => {}));
+  await waitFor("both slots", () => w.ownedSlots().length === 2);
+  const locker = await db.pool.connect();
+  try {
+    await locker.query("begin");
+    await locker.query("lock table pgque.worker_presence in access exclusive mode");
+    const t0 = performance.now();
+    assert.ok(await within(w.stop(), 6000), "stop() resolves while the announcement waits for the lock");
+    const took = performance.now() - t0;
+    assert.ok(took >= 1900, `stop() took ${took} ms: the announcement was not waited for at all`);
+  } finally {
+    await locker.query("rollback");
+    locker.release();
+  }
+});
+
 test("a worker that stops gracefully is replaced at once: its peer takes its slots in a pass its NOTIFY starts", async (t) => {
   const db = await setup(t, "leave2");
   // Claim passes 4 s apart (3.2 at least, with their jitter). Before, the

@@ -230,6 +230,9 @@ export const CONCURRENCY_DEFAULT = 256;
  */
 export const ABANDON_WAIT_MS = 1000;
 
+/** How long a graceful stop's last announcement (that the worker left) may take: the Go pool's leaveWait. */
+const LEAVE_WAIT_MS = 2000;
+
 /** The longest delay setTimeout keeps: a longer one (Infinity too) fires after 1 ms. */
 const TIMER_MS_MAX = 2 ** 31 - 1;
 /** The largest chunk the server delivers (receive_partitioned_raw's max), as Go's BatchSizeMax. */
@@ -607,12 +610,14 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
    * the TTL, as after a crash.
    */
   async function leave(): Promise<void> {
-    try {
+    const said = (async () => {
       await q.announce(db, opts.queue, opts.consumer, worker, false, [], presenceTtl);
       if (listener) await q.notify(db, presenceChannel, leftTag);
-    } catch (err) {
-      onError(mapError(`announcing the stop of ${where} to the other workers`, err));
-    }
+    })().catch((err) => onError(mapError(`announcing the stop of ${where} to the other workers`, err)));
+    // Bounded: a stop while the database is unreachable does not wait on it.
+    let t: NodeJS.Timeout | undefined;
+    await Promise.race([said, new Promise((r) => (t = setTimeout(r, LEAVE_WAIT_MS)))]);
+    clearTimeout(t);
   }
 
   let stopped: Promise<void> | null = null;
