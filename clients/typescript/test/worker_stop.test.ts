@@ -327,17 +327,18 @@ test("a stop does not wait for its last announcement when the server holds it: b
 
 test("a worker that stops gracefully is replaced at once: its peer takes its slots in a pass its NOTIFY starts", async (t) => {
   const db = await setup(t, "leave2");
-  // Claim passes 4 s apart (3.2 at least, with their jitter). Before, the
+  // Claim passes 8 s apart (6.4 at least, with their jitter). Before, the
   // survivor counted the stopped worker as live for three intervals and
   // took a slot beyond its share only once it had stayed free a whole
-  // pass: its second pass after the stop, 6.4 s or more.
-  const opts = { queue: "leave2", consumer: "c", slots: 6, claimIntervalMs: 4_000, pollIntervalMs: 50 };
+  // pass: its second pass after the stop, 12.8 s or more. The bound below
+  // leaves room for a loaded machine.
+  const opts = { queue: "leave2", consumer: "c", slots: 6, claimIntervalMs: 8_000, pollIntervalMs: 50 };
   const w1 = db.track(await work(db.pool, opts, () => {}));
   await waitFor("the first worker to hold all 6 slots", () => w1.ownedSlots().length === 6);
   const w2 = db.track(await work(db.pool, opts, () => {}));
   await waitFor("3 slots each", () => w1.ownedSlots().length === 3 && w2.ownedSlots().length === 3, 30_000);
   await w2.stop();
-  await waitFor("the first worker to take the slots w2 released", () => w1.ownedSlots().length === 6, 5_000);
+  await waitFor("the first worker to take the slots w2 released", () => w1.ownedSlots().length === 6, 10_000);
 });
 
 /**
