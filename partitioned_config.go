@@ -22,6 +22,10 @@ const (
 	// ClaimIntervalDefault is the period of the claim loop (jittered ±20%):
 	// how quickly a free slot is found and the spread rebalanced.
 	ClaimIntervalDefault = time.Second
+	// ClaimIntervalMin is the shortest accepted ClaimInterval (the
+	// TypeScript worker's too): a worker's presence lasts three, which
+	// announce_worker needs to be at least a millisecond.
+	ClaimIntervalMin = 10 * time.Millisecond
 	// ClaimIntervalMax is the longest accepted ClaimInterval: a worker's
 	// presence lasts three claim intervals, and announce_worker keeps one
 	// for at most 10 minutes (a longer one failed every announcement).
@@ -305,6 +309,8 @@ func (c *PartitionedConsumerConfig) validate() error {
 		return invalidConfig("PartitionedConsumerConfig.LeaseTTL %v is above the maximum %v", c.LeaseTTL, LeaseTTLMax)
 	case c.ClaimInterval < 0 || c.PollInterval < 0:
 		return invalidConfig("PartitionedConsumerConfig intervals must not be negative")
+	case c.ClaimInterval != 0 && c.ClaimInterval < ClaimIntervalMin:
+		return invalidConfig("PartitionedConsumerConfig.ClaimInterval %v is below the minimum %v", c.ClaimInterval, ClaimIntervalMin)
 	case c.ClaimInterval > ClaimIntervalMax:
 		return invalidConfig("PartitionedConsumerConfig.ClaimInterval %v is above the maximum %v (a worker's presence lasts three, and is kept 10 minutes at most)", c.ClaimInterval, ClaimIntervalMax)
 	case c.BatchSize < 0 || c.BatchSize > BatchSizeMax:

@@ -154,6 +154,7 @@ func TestPartitionedConfigValidation(t *testing.T) {
 		{Queue: "q", Consumer: "c", Slots: 1, Handler: noop, BatchSize: 50, MaxEventsPerSlot: 49},
 		{Queue: "q", Consumer: "c", Slots: 1, Handler: noop, HoldAfter: -time.Millisecond},
 		{Queue: "q", Consumer: "c", Slots: 1, Handler: noop, ClaimInterval: pgque.ClaimIntervalMax + time.Second},
+		{Queue: "q", Consumer: "c", Slots: 1, Handler: noop, ClaimInterval: pgque.ClaimIntervalMin - time.Nanosecond},
 	} {
 		if _, err := env.client.NewPartitionedConsumer(cfg); !errors.Is(err, pgque.ErrInvalidArgument) {
 			t.Errorf("NewPartitionedConsumer(%+v) = %v, want ErrInvalidArgument", cfg, err)

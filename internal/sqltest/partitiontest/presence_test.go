@@ -133,7 +133,8 @@ func TestPresenceAppendOnlyUnderHeldHorizon(t *testing.T) {
 // TestAnnounceRefusesImpossibleSlots: peers read a worker's announced
 // slots back as the slots it works, so a list that no N could hold (a
 // negative slot, one past 1023, a NULL, a two-dimensional array) is
-// refused with PQ011 and nothing is recorded.
+// refused with PQ011 and nothing is recorded; so is a max age that could
+// hide every live peer.
 func TestAnnounceRefusesImpossibleSlots(t *testing.T) {
 	t.Parallel()
 	d := setup(t)
@@ -143,6 +144,13 @@ func TestAnnounceRefusesImpossibleSlots(t *testing.T) {
 		_, err := d.pool.Exec(context.Background(),
 			"select * from pgque.announce_worker('q', 'c', 'w', true, $1::int[], '1 minute')", slots)
 		wantState(t, err, "PQ011", "announcing slots "+slots)
+	}
+	// A max age of 0 would say that no peer is alive, whatever the record:
+	// refused as any age outside 1 ms to 10 minutes is.
+	for _, age := range []string{"0", "-1 second", "10 minutes 1 second"} {
+		_, err := d.pool.Exec(context.Background(),
+			"select * from pgque.announce_worker('q', 'c', 'w', true, '{0}', $1::interval)", age)
+		wantState(t, err, "PQ011", "announcing with max age "+age)
 	}
 	if n := one[int64](t, d.pool, "select count(*) from pgque.worker_presence"); n != 0 {
 		t.Errorf("refused announcements recorded %d presence rows", n)

@@ -1,10 +1,11 @@
 -- announce_worker(queue, consumer, worker, hungry, slots, max_age): records
 -- that worker of the partitioned consumer is alive, works slots and is (or
 -- is not) hungry, and returns the other workers heard from within max_age
--- (at most 10 minutes), each with its newest announcement and how long ago
--- it was made. The consumer must have slots (PQ034); worker is 1 to 200
--- bytes and slots at most 1024 entries (PQ011). Workers not heard from for
--- 10 minutes are forgotten by the next presence flip.
+-- (1 ms to 10 minutes, PQ011; NULL is 10 minutes), each with its newest
+-- announcement and how long ago it was made. The consumer must have slots
+-- (PQ034); worker is 1 to 200 bytes and slots at most 1024 entries
+-- (PQ011). Workers not heard from for 10 minutes are forgotten by the next
+-- presence flip.
 -- Tables: worker_presence (insert, read), slot_group (read).
 create or replace function pgque.announce_worker(i_queue text, i_consumer text, i_worker text, i_hungry boolean,
                                                  i_slots integer[], i_max_age interval)
@@ -37,7 +38,9 @@ begin
         raise exception using errcode = 'PQ011',
             message = 'slots must be a one-dimensional list of slot numbers from 0 to 1023';
     end if;
-    v_age := pgque._check_interval('max age', coalesce(i_max_age, interval '10 minutes'), interval '0', interval '10 minutes');
+    -- A max age of 0 would return no peer at all, and a worker trusting the
+    -- answer would take every slot for its own.
+    v_age := pgque._check_interval('max age', coalesce(i_max_age, interval '10 minutes'), interval '1 millisecond', interval '10 minutes');
     if not exists (select 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer) then
         raise exception using errcode = 'PQ034',
             message = format('consumer %L has no slots on queue %L; call subscribe_slot first', i_consumer, i_queue);
