@@ -186,7 +186,9 @@ func runWithPgss(t *testing.T, suite string) (*Report, *bytes.Buffer) {
 // which preloads pg_stat_statements, and checks that every configuration
 // gets its server-side figures: time, calls and buffers of the receive and
 // ack statements, the CPU of the consumer's backends (a part of every
-// server process's), WAL and latency.
+// server process's), WAL and latency; the configuration whose consumer
+// never receives gets the producers' and the server's figures and none
+// of a consumer's.
 func TestSteadyServerFigures(t *testing.T) {
 	rep, progress := runWithPgss(t, "steady")
 	got := map[string]float64{}
@@ -197,10 +199,21 @@ func TestSteadyServerFigures(t *testing.T) {
 	if len(configs) == 0 {
 		t.Fatal("no configurations in tiny mode")
 	}
+	floors := 0
 	for _, cfg := range configs {
 		n := cfg.name()
-		for _, fig := range []string{"_recv_ack_time", "_recv_ack_calls", "_recv_ack_buffers", "_send_time",
-			"_cpu_consumer", "_cpu_server", "_wal", "_latency_p50", "_latency_p99"} {
+		figs := []string{"_recv_ack_time", "_recv_ack_calls", "_recv_ack_buffers", "_send_time",
+			"_cpu_consumer", "_cpu_server", "_wal", "_latency_p50", "_latency_p99"}
+		if cfg.client == "none" {
+			floors++
+			figs = []string{"_send_time", "_cpu_server", "_wal"}
+			for _, fig := range []string{"_recv_ack_calls", "_cpu_consumer", "_latency_p50"} {
+				if v, ok := got[n+fig]; ok {
+					t.Errorf("%s%s = %v from a consumer that never receives", n, fig, v)
+				}
+			}
+		}
+		for _, fig := range figs {
 			if _, ok := got[n+fig]; !ok {
 				t.Errorf("no figure %s%s\nprogress:\n%s", n, fig, progress.String())
 			}
@@ -209,6 +222,9 @@ func TestSteadyServerFigures(t *testing.T) {
 			t.Errorf("%s: the consumer's backends used %v µs/event, more than every server process together (%v)",
 				n, got[n+"_cpu_consumer"], got[n+"_cpu_server"])
 		}
+	}
+	if floors == 0 {
+		t.Error("no configuration with a consumer that never receives")
 	}
 }
 

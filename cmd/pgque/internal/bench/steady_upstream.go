@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -143,6 +144,30 @@ func steadyCompare(e *env, r *recorder, results []steadyResult) {
 				}
 			}
 		}
+	}
+	steadyFloor(e, r, results, find)
+}
+
+// steadyFloor prints and records, for each rate, the server CPU per event
+// of pgque with a consumer that never receives (client "none") beside
+// upstream's with its SQL loop consuming: what pgque spends before any
+// consumer work, against what upstream spends in all.
+func steadyFloor(e *env, r *recorder, results []steadyResult, find func(system, name string) (steadyResult, bool)) {
+	cpu := steadyFigures[slices.IndexFunc(steadyFigures, func(f steadyFigure) bool { return f.head == "CPU server µs/ev" })]
+	for _, up := range results {
+		if up.system != "upstream" || up.cfg.client != "sql" || up.cfg.held || up.cfg.drain || up.cfg.slots != 16 {
+			continue
+		}
+		floor, ok := find("pgque", steadyConfig{rate: up.cfg.rate, slots: 16, client: "none"}.name())
+		fv, okF := cpu.get(floor)
+		uv, okU := cpu.get(up)
+		if !ok || !okF || !okU || uv == 0 {
+			continue
+		}
+		e.logf("   %s ev/s: pgque's server CPU with no consumer work (%s) is %s µs/event, upstream's in all (%s) %s µs/event: %s×",
+			fmtNum(float64(up.cfg.rate)), floor.cfg.name(), cpu.cell(floor), up.cfg.name(), cpu.cell(up), fmtNum(fv/uv))
+		r.compare(floor.caseName()+"_vs_upstream_"+up.cfg.name()+"_cpu_server", single(fv), up.caseName()+"_cpu_server", single(uv), cpu.unit, nil,
+			"pgque's producers, ticker and background with a consumer that never receives, against upstream with its consumer")
 	}
 }
 

@@ -29,7 +29,11 @@ import (
 // that wakes on each touched set naming its slot and calls
 // receive_partitioned_raw with the folded ack until a chunk ends its
 // batch (see sqlSlotLoop), as a client without the Go library would. Each configuration runs once without and once with
-// a REPEATABLE READ transaction held open on another connection.
+// a REPEATABLE READ transaction held open on another connection. Each rate
+// also runs once with a 16-slot consumer subscribed
+// that never receives ("none"): what the producers, the ticker and the
+// server's background processes cost per event before any consumer work,
+// the floor under every consumer's figures.
 //
 // Over the measured window (the producers' run plus the drain of what they
 // sent) it reports, per event: the server time of the receive and ack
@@ -79,7 +83,7 @@ var steadyGroups = map[string]string{
 type steadyConfig struct {
 	rate   int
 	slots  int
-	client string // "go" or "sql"
+	client string // "go", "sql" or "none" (subscribed, never receives)
 	held   bool
 	drain  bool // a backlog drained as fast as it goes, not a rate
 	warm   bool // the drain's loops warmed up on a first backlog before it
@@ -110,6 +114,7 @@ func steadyConfigs(e *env) []steadyConfig {
 	}
 	var out []steadyConfig
 	for _, r := range rates {
+		out = append(out, steadyConfig{rate: r, slots: 16, client: "none"})
 		for _, s := range slots {
 			for _, h := range held {
 				for _, c := range clients {
@@ -236,7 +241,7 @@ func runSteadyParts(ctx context.Context, e *env, r *recorder, parts steadyParts)
 // both.
 func (side *steadySide) runAll(ctx context.Context, r *recorder, parts steadyParts, d time.Duration, drainEvents int, results *[]steadyResult) error {
 	for _, cfg := range steadyConfigs(side.e) {
-		if !parts.configs || (cfg.client == "go" && side.goConsumer == nil) {
+		if !parts.configs || (cfg.client == "go" && side.goConsumer == nil) || (cfg.client == "none" && side.system != "pgque") {
 			continue
 		}
 		res, err := side.run(ctx, cfg, d)
@@ -459,9 +464,15 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 	}
 	lat := &latencyLog{seen: map[int]bool{}}
 	var con steadyConsumer
-	if cfg.client == "go" {
+	switch cfg.client {
+	case "go":
 		con, err = side.goConsumer(ctx, q, cfg.slots, lat)
-	} else {
+	case "none":
+		// Subscribed, so that the ticker's hooks do their work for the
+		// slot group, but no loop is started.
+		_, err = side.sqlConsumer(ctx, q, cfg.slots, lat)
+		con = noConsumer{}
+	default:
 		var start func(context.Context, *loopGate) (steadyConsumer, error)
 		if start, err = side.sqlConsumer(ctx, q, cfg.slots, lat); err == nil {
 			con, err = start(ctx, nil)
@@ -490,7 +501,7 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 	}); err != nil {
 		return res, fmt.Errorf("producer, warming up: %w", err)
 	}
-	if err := lat.waitDelivered(ctx, warm); err != nil {
+	if err := side.delivered(ctx, cfg, q, lat, warm); err != nil {
 		return res, fmt.Errorf("warming up: %w", err)
 	}
 	lat.restart()
@@ -506,7 +517,7 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 	if err != nil {
 		return res, fmt.Errorf("producer: %w", err)
 	}
-	if err := lat.waitDelivered(ctx, sent); err != nil {
+	if err := side.delivered(ctx, cfg, q, lat, sent); err != nil {
 		return res, err
 	}
 	if err := side.end(ctx, q, m0, &res); err != nil {
@@ -523,6 +534,20 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 	side.e.logf("   %-8s %-22s %s", side.system, cfg.name(), res.line())
 	return res, nil
 }
+
+// delivered waits until n events were delivered or, when nothing
+// consumes (client "none"), until the events sent are in a tick.
+func (side *steadySide) delivered(ctx context.Context, cfg steadyConfig, q string, lat *latencyLog, n int) error {
+	if cfg.client == "none" {
+		return side.closeBacklog(ctx, q)
+	}
+	return lat.waitDelivered(ctx, n)
+}
+
+// noConsumer is the consumer of client "none": nothing runs.
+type noConsumer struct{}
+
+func (noConsumer) stop(context.Context) error { return nil }
 
 // drain measures cfg.slots SQL loops draining a backlog of events keyed
 // sends, which the system's ticker cut into ticks as they arrived (and a
@@ -930,9 +955,13 @@ func (r steadyResult) line() string {
 		fmt.Fprintf(&b, " | recv+ack %6.0f µs/ev %5.2f calls/ev %5.1f buf/ev", r.per(c.execMS*1000), r.per(c.calls), r.per(c.buffers))
 	}
 	if r.cpu != nil {
-		fmt.Fprintf(&b, " | cpu consumer %6.0f µs/ev all %6.0f µs/ev", r.per(r.cpu["consumer"]*1e6), r.per(r.cpu["all"]*1e6))
+		fmt.Fprintf(&b, " | cpu consumer %6.0f producers %4.0f ticker %4.0f all %6.0f µs/ev", r.per(r.cpu["consumer"]*1e6),
+			r.per(r.cpu["producer"]*1e6), r.per(r.cpu["ticker"]*1e6), r.per(r.cpu["all"]*1e6))
 	}
-	fmt.Fprintf(&b, " | wal %5.0f B/ev | p50 %5.1f ms p99 %5.1f ms", r.per(float64(r.walBytes)), percentile(r.ms, 50), percentile(r.ms, 99))
+	fmt.Fprintf(&b, " | wal %5.0f B/ev", r.per(float64(r.walBytes)))
+	if len(r.ms) > 0 {
+		fmt.Fprintf(&b, " | p50 %5.1f ms p99 %5.1f ms", percentile(r.ms, 50), percentile(r.ms, 99))
+	}
 	return b.String()
 }
 
@@ -969,7 +998,7 @@ func recordSteady(r *recorder, res steadyResult) {
 			strings.TrimPrefix(note+"; pg_current_wal_insert_lsn delta, whole cluster", "; "))
 		note = ""
 	}
-	if res.cfg.drain {
+	if res.cfg.drain || res.cfg.client == "none" {
 		return
 	}
 	var t50, t99 *target
@@ -1003,8 +1032,8 @@ var steadyFigures = []steadyFigure{
 	{"CPU consumer µs/ev", "µs/event", "%.0f", func(r steadyResult) (float64, bool) { return r.per(r.cpu["consumer"] * 1e6), r.cpu != nil }},
 	{"CPU server µs/ev", "µs/event", "%.0f", func(r steadyResult) (float64, bool) { return r.per(r.cpu["all"] * 1e6), r.cpu != nil }},
 	{"WAL B/ev", "bytes/event", "%.0f", func(r steadyResult) (float64, bool) { return r.per(float64(r.walBytes)), true }},
-	{"p50 ms", "ms", "%.1f", func(r steadyResult) (float64, bool) { return percentile(r.ms, 50), !r.cfg.drain }},
-	{"p99 ms", "ms", "%.1f", func(r steadyResult) (float64, bool) { return percentile(r.ms, 99), !r.cfg.drain }},
+	{"p50 ms", "ms", "%.1f", func(r steadyResult) (float64, bool) { return percentile(r.ms, 50), len(r.ms) > 0 && !r.cfg.drain }},
+	{"p99 ms", "ms", "%.1f", func(r steadyResult) (float64, bool) { return percentile(r.ms, 99), len(r.ms) > 0 && !r.cfg.drain }},
 }
 
 // cell formats figure f of r, "–" when it was not measured.
