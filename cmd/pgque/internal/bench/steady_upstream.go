@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -153,7 +152,7 @@ func steadyCompare(e *env, r *recorder, results []steadyResult) {
 // upstream's with its SQL loop consuming: what pgque spends before any
 // consumer work, against what upstream spends in all.
 func steadyFloor(e *env, r *recorder, results []steadyResult, find func(system, name string) (steadyResult, bool)) {
-	cpu := steadyFigures[slices.IndexFunc(steadyFigures, func(f steadyFigure) bool { return f.head == "CPU server µs/ev" })]
+	cpu := cpuServerFigure
 	for _, up := range results {
 		if up.system != "upstream" || up.cfg.client != "sql" || up.cfg.held || up.cfg.drain || up.cfg.slots != 16 {
 			continue
