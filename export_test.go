@@ -38,6 +38,9 @@ func SendsWaiting(client *Client) int {
 	return len(client.sends.pending)
 }
 
+// TickerStopping is closed once Stop was called on tk and told it to stop.
+func TickerStopping(tk *Ticker) <-chan struct{} { return tk.service.Stopping() }
+
 // TickerRefused returns how many of tk's lease requests another ticker's
 // lease refused.
 func TickerRefused(tk *Ticker) int64 { return tk.ticker.Refused() }

@@ -147,7 +147,10 @@ func (t *Ticker) Start(ctx context.Context) error {
 }
 
 // Stop stops ticking, resigns the lease so another ticker takes over at
-// once, and waits for the goroutine. It is idempotent.
+// once, and waits for the goroutine. A lease call in flight is let finish
+// first (it is bounded by LeaseTTL); when ctx ends before, the call is
+// abandoned and the lease is not resigned, so another ticker takes over
+// when it expires. It is idempotent.
 func (t *Ticker) Stop(ctx context.Context) error {
 	return t.service.Stop(ctx)
 }

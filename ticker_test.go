@@ -164,6 +164,84 @@ func TestTickerStopHandsOverAtOnce(t *testing.T) {
 	t.Logf("the second ticker took over %v after the first stopped", time.Since(stopped))
 }
 
+// TestTickerStopLetsItsLeaseCallFinish: a leader stopped while its lease
+// call waits lets the call finish before it resigns. Cancelled instead, the
+// call is only abandoned by the client: a server that had not yet read it
+// runs it after the resignation and gives the lease back to the stopped
+// ticker, and no queue ticks until it expires. Here the call is a renewal
+// that waits on the lease row, which the test holds locked.
+func TestTickerStopLetsItsLeaseCallFinish(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	// A renewal locks the row once half the lease is left: with 8 s, the
+	// lease is checked every 2 s and locked about 4 s in; each call is
+	// bounded by the lease, so the test has 8 s to end the wait.
+	tk, err := env.client.NewTicker(&pgque.TickerConfig{WorkerID: "held", LeaseTTL: 8 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer tk.Stop(ctx)
+	pgtest.WaitFor(t, 5*time.Second, "the ticker to lead", tk.IsLeader)
+	holder, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, "select 1 from pgque.ticker_lease for update"); err != nil {
+		t.Fatal(err)
+	}
+	// waiting counts the sessions waiting on the row in ticker_lead and in
+	// ticker_resign.
+	waiting := func() (lead, resign int) {
+		err := env.pool.QueryRow(ctx, `select count(*) filter (where query like '%pgque.ticker_lead(%'),
+				count(*) filter (where query like '%pgque.ticker_resign(%')
+			from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`).Scan(&lead, &resign)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lead, resign
+	}
+	pgtest.WaitFor(t, 15*time.Second, "the renewal to wait on the lease row", func() bool {
+		lead, _ := waiting()
+		return lead == 1
+	})
+	stopped := make(chan error, 1)
+	go func() { stopped <- tk.Stop(ctx) }()
+	<-pgque.TickerStopping(tk)
+	// A cancelled renewal stops waiting at once and the resignation queues
+	// behind the row in its place, within milliseconds; a second shows
+	// whether that happens (it cannot once the renewal is let finish).
+	if pgtest.Eventually(ctx, time.Second, func() bool {
+		lead, resign := waiting()
+		return lead != 1 || resign != 0
+	}) {
+		lead, resign := waiting()
+		t.Fatalf("after Stop, %d renewals and %d resignations wait on the lease row, want the renewal alone: it was cancelled, not let finish", lead, resign)
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal("stopping:", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return 10 s after the lease row was freed")
+	}
+	var owner *string
+	if err := env.pool.QueryRow(ctx, "select owner from pgque.ticker_lease").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if owner != nil {
+		t.Fatalf("the lease is held by %q after Stop, want it resigned", *owner)
+	}
+}
+
 // roundCounter counts the ticker's rounds (MetricTickerRounds).
 type roundCounter struct {
 	pgque.NopObserver

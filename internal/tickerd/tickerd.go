@@ -113,7 +113,7 @@ func (t *Ticker) Run(fetchCtx, workCtx context.Context) {
 	}
 	for fetchCtx.Err() == nil {
 		start := time.Now()
-		err := t.step(fetchCtx, &s)
+		err := t.step(fetchCtx, workCtx, &s)
 		if fetchCtx.Err() != nil {
 			return
 		}
@@ -172,10 +172,17 @@ func (t *Ticker) sleep(ctx context.Context, d time.Duration, resigned <-chan str
 }
 
 // step renews or seeks leadership when due, then does the leader's duties.
-func (t *Ticker) step(ctx context.Context, s *schedule) error {
+//
+// The lease call runs under workCtx, so a graceful stop lets it finish
+// before Run resigns. Cancelled, it would only be abandoned by this
+// process: a server that had not yet read the call runs it anyway, and
+// when that is after the resignation it takes the lease back for a ticker
+// that has stopped, and no queue ticks until the lease expires. The other
+// duties leave the lease alone and stop with ctx.
+func (t *Ticker) step(ctx, workCtx context.Context, s *schedule) error {
 	now := time.Now()
 	if !now.Before(s.lead) {
-		ok, err := bounded(ctx, t.cfg.LeaseTTL, func(ctx context.Context) (bool, error) {
+		ok, err := bounded(workCtx, t.cfg.LeaseTTL, func(ctx context.Context) (bool, error) {
 			return t.cfg.Queries.TickerLead(ctx, t.cfg.Worker, t.cfg.LeaseTTL)
 		})
 		if err != nil {
