@@ -143,16 +143,19 @@ func TestRetryDelaysAreClampedNotFatal(t *testing.T) {
 					t.Fatal(err)
 				}
 				if d.comes {
-					pgtest.WaitFor(t, 20*time.Second, "the retry", func() bool { return retried.Load() == 1 })
+					waitOrDescribe(t, env, queue, 20*time.Second, "the retry", func() bool { return retried.Load() == 1 },
+						func() string { return fmt.Sprintf("the handler ran %d times", seen.Load()) })
 					return
 				}
-				var until time.Duration
-				pgtest.WaitFor(t, 20*time.Second, "the retry row", func() bool {
-					err := env.pool.QueryRow(ctx, `select extract(epoch from r.ev_retry_after - now())::float8 * 1e9
+				var ahead float64 // seconds
+				var lastErr error
+				waitOrDescribe(t, env, queue, 20*time.Second, "the retry row", func() bool {
+					lastErr = env.pool.QueryRow(ctx, `select extract(epoch from r.ev_retry_after - now())::float8
 						from pgque.retry_queue r join pgque.queue q on q.queue_id = r.ev_queue where q.queue_name = $1`, queue).
-						Scan(&until)
-					return err == nil
-				})
+						Scan(&ahead)
+					return lastErr == nil
+				}, func() string { return fmt.Sprintf("the handler ran %d times; the last read: %v", seen.Load(), lastErr) })
+				until := time.Duration(ahead * float64(time.Second))
 				if until > pgque.RetryDelayMax || until < pgque.RetryDelayMax-time.Hour {
 					t.Fatalf("retry scheduled %v ahead, want about RetryDelayMax (%v)", until, pgque.RetryDelayMax)
 				}

@@ -98,3 +98,46 @@ func startTickerWith(t *testing.T, client *pgque.Client, cfg *pgque.TickerConfig
 	})
 	return tk
 }
+
+// waitOrDescribe is pgtest.WaitFor that, when the wait times out, logs
+// where queue stands before failing: its consumers' positions, its last
+// ticks, the ticker lease, the database's sessions that are not idle and
+// what each of notes returns. A wait that failed once on a loaded machine
+// then says which part stalled.
+func waitOrDescribe(t *testing.T, env *testEnv, queue string, timeout time.Duration, what string, cond func() bool, notes ...func() string) {
+	t.Helper()
+	if pgtest.Eventually(context.Background(), timeout, cond) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, q := range []struct{ name, sql string }{
+		{"consumers", `select consumer_name, 'lag ' || lag, 'seen ' || last_seen || ' ago', last_tick, current_batch, next_tick,
+			pending_events, retry_pending from pgque.get_consumer_info($1)`},
+		{"last ticks", `select t.tick_id, (clock_timestamp() - t.tick_time)::text || ' ago', t.tick_event_seq
+			from pgque.tick t join pgque.queue q on q.queue_id = t.tick_queue
+			where q.queue_name = $1 order by t.tick_id desc limit 3`},
+		{"ticker lease", `select owner, 'until ' || (lease_until - clock_timestamp()) || ' from now' from pgque.ticker_lease
+			where $1::text is not null`},
+		{"sessions", `select pid, state, wait_event_type, wait_event, (clock_timestamp() - query_start)::text, left(query, 120)
+			from pg_stat_activity where datname = current_database() and state <> 'idle' and pid <> pg_backend_pid()
+			and $1::text is not null`},
+	} {
+		rows, err := env.pool.Query(ctx, q.sql, queue)
+		if err != nil {
+			t.Logf("%s: %v", q.name, err)
+			continue
+		}
+		for rows.Next() {
+			v, err := rows.Values()
+			t.Logf("%s: %v %v", q.name, v, err)
+		}
+		if err := rows.Err(); err != nil {
+			t.Logf("%s: %v", q.name, err)
+		}
+	}
+	for _, note := range notes {
+		t.Log(note())
+	}
+	t.Fatalf("timed out after %v waiting for %s", timeout, what)
+}
