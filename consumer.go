@@ -117,13 +117,24 @@ func (con *Consumer) chunk(fetchCtx, workCtx context.Context) (bool, error) {
 	ack := con.pendingAck
 	// Whatever the receive does, the pending ack is not sent again: when
 	// the statement fails it rolled back, and the chunk is redelivered, as
-	// after any failed ack.
+	// after any failed ack. Sending it again would not be safe anyway: it
+	// acknowledges whichever chunk of the batch was received last, and
+	// after a receive that landed unseen that is one never handled.
 	con.pendingAck = nil
-	rows, err := con.client.queries.ReceiveRaw(fetchCtx, con.config.Queue, con.config.Consumer, con.config.BatchSize, ack)
+	// So a receive that carries an ack runs under workCtx: a graceful stop
+	// lets it land rather than cancel it, which would redeliver the chunk
+	// just handled (or leave the server to run the call anyway). What it
+	// returns after a stop is left unhandled: the same chunk comes back
+	// to the consumer's next receive.
+	rctx := fetchCtx
+	if ack != nil {
+		rctx = workCtx
+	}
+	rows, err := con.client.queries.ReceiveRaw(rctx, con.config.Queue, con.config.Consumer, con.config.BatchSize, ack)
 	if err != nil {
 		return false, mapError("receiving", err)
 	}
-	if len(rows) == 0 {
+	if len(rows) == 0 || fetchCtx.Err() != nil {
 		return false, nil
 	}
 	msgs := toMessages(rows, con.config.Queue, con.config.Consumer, 0)

@@ -82,3 +82,98 @@ func TestConsumerAcksWithTheNextReceive(t *testing.T) {
 			batches, n, batches+1)
 	}
 }
+
+// TestConsumerStopLetsTheAckingReceiveLand: a Consumer stopped while the
+// receive that acknowledges its last chunk waits lets that receive land,
+// so the chunk it handled is not delivered again. Cancelled instead, the
+// acknowledgement is lost and the next consumer of the name gets the chunk
+// again. The receive waits on the subscription's row, which the test holds
+// locked from the handler's return.
+func TestConsumerStopLetsTheAckingReceiveLand(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	startTicker(t, env.client)
+	handling, locked := make(chan struct{}), make(chan struct{})
+	con, err := env.client.NewConsumer(&pgque.ConsumerConfig{Queue: env.queue, Consumer: "c",
+		Handler: func(context.Context, *pgque.Message) error {
+			close(handling)
+			<-locked
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := con.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer con.Stop(ctx)
+	first, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-handling:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first event was not delivered within 20 s")
+	}
+	holder, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `select 1 from pgque.subscription s join pgque.queue q on q.queue_id = s.sub_queue
+		where q.queue_name = $1 and s.sub_name = 'c' for no key update`, env.queue); err != nil {
+		t.Fatal(err)
+	}
+	close(locked)
+	waitingReceives := func() int {
+		var n int
+		err := env.pool.QueryRow(ctx, `select count(*) from pg_stat_activity
+			where datname = current_database() and wait_event_type = 'Lock' and query like '%pgque.receive_raw(%'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the acknowledging receive to wait on the subscription", func() bool { return waitingReceives() == 1 })
+	stopped := make(chan error, 1)
+	go func() { stopped <- con.Stop(ctx) }()
+	<-pgque.ConsumerStopping(con)
+	// A cancelled receive stops waiting within milliseconds; a second
+	// shows whether that happens (it cannot once the receive is let land).
+	if pgtest.Eventually(ctx, time.Second, func() bool { return waitingReceives() != 1 }) {
+		t.Fatal("after Stop, the receive carrying the acknowledgement no longer waits: it was cancelled, not let land")
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal("stopping:", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return 10 s after the subscription was freed")
+	}
+	// The next consumer of the name gets the second event, not the first
+	// again: chunks come in order, so the first would come before it.
+	got := make(chan int64, 10)
+	startConsumer(t, env, &pgque.ConsumerConfig{Queue: env.queue, Consumer: "c",
+		Handler: func(_ context.Context, m *pgque.Message) error {
+			got <- m.ID
+			return nil
+		}})
+	second, err := env.client.Send(ctx, env.queue, pgque.Event{Payload: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-got:
+		if id != second {
+			t.Fatalf("the next consumer got event %d first, want %d (the first, %d, was handled and acknowledged)", id, second, first)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the second event was not delivered within 20 s")
+	}
+}
