@@ -137,25 +137,8 @@ func TestConsumerStopLetsTheAckingReceiveLand(t *testing.T) {
 		return n
 	}
 	pgtest.WaitFor(t, 10*time.Second, "the acknowledging receive to wait on the subscription", func() bool { return waitingReceives() == 1 })
-	stopped := make(chan error, 1)
-	go func() { stopped <- con.Stop(ctx) }()
-	<-pgque.ConsumerStopping(con)
-	// A cancelled receive stops waiting within milliseconds; a second
-	// shows whether that happens (it cannot once the receive is let land).
-	if pgtest.Eventually(ctx, time.Second, func() bool { return waitingReceives() != 1 }) {
-		t.Fatal("after Stop, the receive carrying the acknowledgement no longer waits: it was cancelled, not let land")
-	}
-	if err := holder.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-stopped:
-		if err != nil {
-			t.Fatal("stopping:", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Stop did not return 10 s after the subscription was freed")
-	}
+	stopLetsFinish(t, holder, con.Stop, func() <-chan struct{} { return pgque.ConsumerStopping(con) },
+		"the receive carrying the acknowledgement", func() bool { return waitingReceives() == 1 })
 	// The next consumer of the name gets the second event, not the first
 	// again: chunks come in order, so the first would come before it.
 	got := make(chan int64, 10)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgque/pgque"
@@ -140,4 +141,32 @@ func waitOrDescribe(t *testing.T, env *testEnv, queue string, timeout time.Durat
 		t.Log(note())
 	}
 	t.Fatalf("timed out after %v waiting for %s", timeout, what)
+}
+
+// stopLetsFinish stops a service (stop; stopping is closed once Stop told
+// it to stop) while one of its calls waits on a row that holder keeps
+// locked, and checks that the call is let finish rather than cancelled:
+// waiting (whether the call still waits, alone) must hold for a second
+// after the stop began, since a cancelled call stops waiting within
+// milliseconds, and Stop must return once holder commits.
+func stopLetsFinish(t *testing.T, holder pgx.Tx, stop func(context.Context) error, stopping func() <-chan struct{}, what string, waiting func() bool) {
+	t.Helper()
+	ctx := context.Background()
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop(ctx) }()
+	<-stopping()
+	if pgtest.Eventually(ctx, time.Second, func() bool { return !waiting() }) {
+		t.Fatalf("after Stop, %s no longer waits alone: it was cancelled, not let finish", what)
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal("stopping:", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Stop did not return 10 s after %s could go on", what)
+	}
 }

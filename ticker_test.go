@@ -209,30 +209,10 @@ func TestTickerStopLetsItsLeaseCallFinish(t *testing.T) {
 		lead, _ := waiting()
 		return lead == 1
 	})
-	stopped := make(chan error, 1)
-	go func() { stopped <- tk.Stop(ctx) }()
-	<-pgque.TickerStopping(tk)
-	// A cancelled renewal stops waiting at once and the resignation queues
-	// behind the row in its place, within milliseconds; a second shows
-	// whether that happens (it cannot once the renewal is let finish).
-	if pgtest.Eventually(ctx, time.Second, func() bool {
-		lead, resign := waiting()
-		return lead != 1 || resign != 0
-	}) {
-		lead, resign := waiting()
-		t.Fatalf("after Stop, %d renewals and %d resignations wait on the lease row, want the renewal alone: it was cancelled, not let finish", lead, resign)
-	}
-	if err := holder.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-stopped:
-		if err != nil {
-			t.Fatal("stopping:", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Stop did not return 10 s after the lease row was freed")
-	}
+	// A cancelled renewal would also let the resignation queue behind the
+	// row in its place.
+	stopLetsFinish(t, holder, tk.Stop, func() <-chan struct{} { return pgque.TickerStopping(tk) },
+		"the renewal", func() bool { lead, resign := waiting(); return lead == 1 && resign == 0 })
 	var owner *string
 	if err := env.pool.QueryRow(ctx, "select owner from pgque.ticker_lease").Scan(&owner); err != nil {
 		t.Fatal(err)
