@@ -120,6 +120,23 @@ func TestRotationWithLaggingConsumer(t *testing.T) {
 	if got := tableStates(t, pool, tables)[0]; got != table0 {
 		t.Fatalf("table 0 changed while pinned by the slow consumer: %+v, was %+v", got, table0)
 	}
+	// Nor lock the table to find that out: every reader of the queue's
+	// events would queue behind the request, on each maint() until the
+	// slow consumer caught up.
+	waitRotationDue(t, pool)
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec(t, tx, "select pgque.maint()")
+	held := scalar[bool](t, tx, `select exists (select 1 from pg_catalog.pg_locks
+		where pid = pg_catalog.pg_backend_pid() and relation = $1::regclass and mode = 'AccessExclusiveLock')`, tables[0])
+	if err := tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if held {
+		t.Fatal("maint() locked table 0 while the slow consumer pins it")
+	}
 
 	// The slow consumer catches up and gets every event, once.
 	slowGot := map[int64]int{}

@@ -97,11 +97,22 @@ begin
     v_next := (q.queue_cur_table + 1) % q.queue_ntables;
     v_tbl := pgque._event_table(q.queue_id, v_next);
 
+    -- A subscription behind the table (the usual reason not to rotate)
+    -- is found without the lock: a pinner seen now is one. Asking for the
+    -- lock first made every reader of the queue's events (the ticker, the
+    -- receives) queue behind the request, up to its wait, on each maint()
+    -- while a consumer caught up, only to find the table still pinned.
+    if exists (select 1 from pgque._rotate_pinners(q.queue_id, v_next)) then
+        return 0;
+    end if;
     -- Readers hold their locks only for a short transaction; wait a little,
     -- and try again at the next maint() if a writer is still in there.
     if not pgque._lock_within(v_tbl, pgque._maint_wait(interval '500 ms', i_deadline)) then
         return 0;
     end if;
+    -- Under the lock every row of the table is committed or dead: the
+    -- check is now complete (a writer that was still in the table may
+    -- have committed a row no cursor has seen).
     if exists (select 1 from pgque._rotate_pinners(q.queue_id, v_next)) then
         return 0;
     end if;
