@@ -325,6 +325,25 @@ func runProducerStress(t *testing.T, rotate bool) stressResult {
 	pgtest.Eventually(ctx, maxDuration, func() bool {
 		return stop.Load() || (time.Since(start) >= duration && enough())
 	})
+	if !stop.Load() && !enough() {
+		// Say what held the run back while it is still running.
+		for _, q := range []string{
+			"select * from pgque.rotation_blockers()",
+			"select queue_cur_table, clock_timestamp() - queue_switch_time as since_switch from pgque.queue where queue_name = 'q'",
+			"select * from pgque.get_consumer_info('q')",
+		} {
+			rows, err := admin.Query(ctx, "select row_to_json(x)::text from ("+q+") x")
+			if err != nil {
+				t.Logf("%s: %v", q, err)
+				continue
+			}
+			for rows.Next() {
+				v, err := rows.Values()
+				t.Logf("%s: %v %v", q, v, err)
+			}
+			rows.Close()
+		}
+	}
 	stop.Store(true)
 	prod.Wait()
 	bg.Wait()
