@@ -306,10 +306,11 @@ test("a worker that stops gracefully announces last that it left: no slots, not 
   assert.deepEqual(rows, [{ hungry: false, slots: 0 }]);
 });
 
-test("a stop does not wait for its last announcement when the server holds it: bounded at 2 s", async (t) => {
+test("a stop does not wait for its last announcement when the server holds it: bounded at 2 s, and said before it resolves", async (t) => {
   const db = await setup(t, "leavelock");
+  const errors: unknown[] = [];
   // One claim pass only (the next is a minute away): none runs under the lock.
-  const w = db.track(await work(db.pool, { queue: "leavelock", consumer: "c", slots: 2, claimIntervalMs: 60_000, listen: false }, () => {}));
+  const w = db.track(await work(db.pool, { queue: "leavelock", consumer: "c", slots: 2, claimIntervalMs: 60_000, listen: false, onError: (e) => errors.push(e) }, () => {}));
   await waitFor("both slots", () => w.ownedSlots().length === 2);
   const locker = await db.pool.connect();
   try {
@@ -319,6 +320,17 @@ test("a stop does not wait for its last announcement when the server holds it: b
     assert.ok(await within(w.stop(), 6000), "stop() resolves while the announcement waits for the lock");
     const took = performance.now() - t0;
     assert.ok(took >= 1900, `stop() took ${took} ms: the announcement was not waited for at all`);
+    const said = errors.map(String);
+    assert.ok(said.some((m) => m.includes("did not finish within 2000 ms")), `stop() resolved without saying its announcement was cut short: ${said.join("; ")}`);
+    // The announcement then fails: stop() has resolved, so that is not
+    // reported any more (the caller may have moved on, or exited).
+    const released = new Promise((r) => db.pool.once("release", r));
+    const { rows } = await locker.query(`select pg_cancel_backend(pid) as ok from pg_stat_activity
+      where datname = current_database() and wait_event_type = 'Lock' and query like '%pgque.announce_worker(%'`);
+    assert.deepEqual(rows, [{ ok: true }], "the announcement waits on the lock");
+    await released;
+    await new Promise((r) => setImmediate(r));
+    assert.equal(errors.length, said.length, `reported after stop() resolved: ${errors.slice(said.length).map(String).join("; ")}`);
   } finally {
     await locker.query("rollback");
     locker.release();

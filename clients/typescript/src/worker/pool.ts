@@ -610,14 +610,28 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
    * the TTL, as after a crash.
    */
   async function leave(): Promise<void> {
+    const doing = `announcing the stop of ${where} to the other workers`;
+    let late = false;
     const said = (async () => {
       await q.announce(db, opts.queue, opts.consumer, worker, false, [], presenceTtl);
       if (listener) await q.notify(db, presenceChannel, leftTag);
-    })().catch((err) => onError(mapError(`announcing the stop of ${where} to the other workers`, err)));
+    })().then(
+      () => true,
+      (err) => {
+        // After the bound, stop() has resolved and said why: an error
+        // reported now would reach onError after the caller moved on.
+        if (!late) onError(mapError(doing, err));
+        return true;
+      },
+    );
     // Bounded: a stop while the database is unreachable does not wait on it.
     let t: NodeJS.Timeout | undefined;
-    await Promise.race([said, new Promise((r) => (t = setTimeout(r, LEAVE_WAIT_MS)))]);
+    const done = await Promise.race([said, new Promise<boolean>((r) => (t = setTimeout(() => r(false), LEAVE_WAIT_MS)))]);
     clearTimeout(t);
+    if (!done) {
+      late = true;
+      onError(new Error(`pgque: ${doing} did not finish within ${LEAVE_WAIT_MS} ms; unless it lands later, they count this worker until its presence expires`));
+    }
   }
 
   let stopped: Promise<void> | null = null;
