@@ -31,9 +31,6 @@ type server struct {
 
 	ddlMu sync.Mutex // serializes CREATE and DROP DATABASE
 
-	versionOnce sync.Once
-	strategy    bool // CREATE DATABASE takes STRATEGY (fileCopy)
-
 	tmplMu   sync.Mutex
 	tmplName string // database with pgque installed, copied by NewInstalledDB
 	tmplErr  error
@@ -139,36 +136,12 @@ func (s *server) admin(ctx context.Context, stmts ...string) error {
 }
 
 // createDB creates database name, as a copy of template when not "".
-// From 15 on, the copy is made file by file (FILE_COPY, what 14 always
-// does) rather than logged page by page (WAL_LOG, the default): a test
-// database is small and the cluster runs without fsync, so the two
-// checkpoints FILE_COPY takes are cheap, and a copy took 210-265 ms
-// against 360-395 ms.
 func (s *server) createDB(ctx context.Context, name, template string) error {
 	stmt := "create database " + pgx.Identifier{name}.Sanitize()
 	if template != "" {
 		stmt += " template " + pgx.Identifier{template}.Sanitize()
-		if s.fileCopy(ctx) {
-			stmt += " strategy file_copy"
-		}
 	}
 	return s.admin(ctx, stmt)
-}
-
-// fileCopy reports whether CREATE DATABASE takes STRATEGY (15 and later).
-func (s *server) fileCopy(ctx context.Context) bool {
-	s.versionOnce.Do(func() {
-		conn, err := pgx.Connect(ctx, s.adminDSN)
-		if err != nil {
-			return
-		}
-		defer conn.Close(context.WithoutCancel(ctx))
-		var num int
-		if conn.QueryRow(ctx, "select current_setting('server_version_num')::int").Scan(&num) == nil {
-			s.strategy = num >= 150000
-		}
-	})
-	return s.strategy
 }
 
 // dropDB drops database name, disconnecting anyone still connected.
