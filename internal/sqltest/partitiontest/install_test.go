@@ -544,7 +544,11 @@ func TestRouteIndexBuildDoesNotUpgradeItsLock(t *testing.T) {
 	if cur := one[string](t, d.pool, "select pgque._event_table(queue_id, queue_cur_table) from pgque.queue where queue_name = 'q'"); cur != first {
 		t.Fatalf("a new queue sends to %s, want %s (the table maint_route_indexes builds on first)", cur, first)
 	}
-	d.exec(`create function public.stop_after_index() returns event_trigger language plpgsql as $$
+	// lock_timeout = 0: the build runs under maint_route_indexes' 100 ms
+	// lock_timeout, which would otherwise end the wait on the gate (and
+	// the build with it) before the send had queued behind it.
+	d.exec(`create function public.stop_after_index() returns event_trigger language plpgsql
+		set lock_timeout = 0 as $$
 		begin
 		    if current_setting('application_name') = 'maint under test' then
 		        perform pg_catalog.pg_advisory_xact_lock(4242);
