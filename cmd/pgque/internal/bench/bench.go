@@ -48,6 +48,10 @@ type Options struct {
 
 	// tiny shrinks quick mode further, for the package's own tests.
 	tiny bool
+	// dbPrefix goes before the name of every database the suites make,
+	// so that the package's tests can run suites side by side on one
+	// server.
+	dbPrefix string
 }
 
 // validate checks the options and returns the suites to run, in order.
@@ -172,6 +176,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	defer e.close(context.WithoutCancel(ctx))
 	e.upstream = upstream
+	e.dbPrefix = opts.dbPrefix
 	rep.Environment = e.describe(ctx)
 	if upstream != nil {
 		rep.Environment.Upstream = upstream.describe()

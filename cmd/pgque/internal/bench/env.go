@@ -27,6 +27,7 @@ type env struct {
 	cluster  *pgcluster.Cluster // nil when running against Options.DSN
 	adminDSN string             // a database on the server to run CREATE DATABASE from
 	upstream *upstreamFile      // upstream PgQue's installer, with Options.UpstreamSQL
+	dbPrefix string             // Options.dbPrefix
 
 	mu     sync.Mutex
 	pools  []*pgxpool.Pool
@@ -141,8 +142,10 @@ func withDatabase(dsn, db string) string {
 	return strings.TrimSpace(dsn) + " dbname='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(db) + "'"
 }
 
-// freshDB drops database name if it exists, creates it and returns its DSN.
+// freshDB drops database name (after the run's prefix, Options.dbPrefix)
+// if it exists, creates it and returns its DSN.
 func (e *env) freshDB(ctx context.Context, name string) (string, error) {
+	name = e.dbPrefix + name
 	conn, err := pgx.Connect(ctx, e.adminDSN)
 	if err != nil {
 		return "", fmt.Errorf("creating database %s: %w", name, err)

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,6 +43,8 @@ func setupPgBoss(ctx context.Context, e *env) (*pgbossDriver, error) {
 	if err != nil {
 		return nil, err
 	}
+	nodeSetup.Lock()
+	defer nodeSetup.Unlock()
 	dir, err := cacheEmbedded(pgbossFiles, "pgboss", "bench-pgboss-", "driver.mjs", "package.json", "package-lock.json")
 	if err != nil {
 		return nil, err
@@ -106,12 +109,24 @@ func cacheEmbedded(fsys embed.FS, sub, prefix string, names ...string) (string, 
 	}
 	for _, name := range names {
 		b, _ := fsys.ReadFile(sub + "/" + name)
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+		path := filepath.Join(dir, name)
+		// A file already in place is left alone: a driver another run
+		// is starting reads it meanwhile.
+		if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, b) {
+			continue
+		}
+		if err := os.WriteFile(path, b, 0o644); err != nil {
 			return "", err
 		}
 	}
 	return dir, nil
 }
+
+// nodeSetup makes one suite at a time write a Node.js driver into the
+// cache or install or build what it needs (setupPgBoss, setupTS): suites
+// that run side by side would otherwise run npm in the same directory at
+// once.
+var nodeSetup sync.Mutex
 
 // nodeConnection is the node-postgres connection config for dsn.
 func nodeConnection(dsn string) (map[string]any, error) {

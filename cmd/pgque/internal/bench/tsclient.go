@@ -82,6 +82,8 @@ func setupTS(ctx context.Context, e *env) (*tsDriver, error) {
 	if err != nil {
 		return nil, err
 	}
+	nodeSetup.Lock()
+	defer nodeSetup.Unlock()
 	index := filepath.Join(pkgDir, "dist", "src", "index.js")
 	stale, why, err := tsStale(pkgDir, index)
 	if err != nil {
