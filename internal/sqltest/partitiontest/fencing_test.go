@@ -368,8 +368,9 @@ func TestCompletionHoldsTakeoverNotOwner(t *testing.T) {
 // two looks refused the event with PQ035 (a spurious failure, seen about
 // once in 6 000 transactional handler calls). The test makes the
 // completion's read of the slot's state wait until the settle committed,
-// through a stand-in for pgque._sub_state that sleeps first in sessions
-// that ask it to.
+// through a stand-in for pgque._sub_state that, in sessions that ask it
+// to, first waits on a lock the test holds until then (with no
+// lock_timeout: the completion's own, 2 s, would otherwise end the wait).
 func TestHeldCompletionRacingTheSettle(t *testing.T) {
 	t.Parallel()
 	d := setup(t)
@@ -378,29 +379,35 @@ func TestHeldCompletionRacingTheSettle(t *testing.T) {
 	// The stand-in: the same read, after a wait the session asks for.
 	d.exec(`alter function pgque._sub_state(integer) rename to _sub_state_real`)
 	d.exec(`create function pgque._sub_state(i_sub integer) returns pgque.sub_state language plpgsql volatile
-		set search_path = pg_catalog, pg_temp as $$
+		set search_path = pg_catalog, pg_temp set lock_timeout = 0 as $$
 		begin
 		    if current_setting('pgque_test.wait_state', true) = 'on' then
-		        perform pg_catalog.pg_sleep(1);
+		        perform pg_catalog.pg_advisory_xact_lock(4243);
 		    end if;
 		    return pgque._sub_state_real(i_sub);
 		end $$`)
 
+	gate := pgtest.Conn(t, d.dsn)
+	if _, err := gate.Exec(ctx, "select pg_advisory_lock(4243)"); err != nil {
+		t.Fatal(err)
+	}
 	handler := pgtest.Conn(t, d.dsn)
 	if _, err := handler.Exec(ctx, "set pgque_test.wait_state = on"); err != nil {
 		t.Fatal(err)
 	}
+	handlerPID := one[int32](t, handler, "select pg_backend_pid()")
 	completed := pgtest.Async(func() (struct{}, error) {
 		_, err := handler.Exec(ctx, "select pgque.complete_partitioned_in_tx('q', 'c', 0, 1, 'w', $1::uuid, $2, $3, $4)",
 			token, m[0].Epoch, m[0].Batch, m[0].ID)
 		return struct{}{}, err
 	})
-	pgtest.WaitFor(t, 10*time.Second, "the completion to wait in its read of the state", func() bool {
-		return one[bool](t, d.pool, "select exists (select from pg_stat_activity where wait_event = 'PgSleep')")
-	})
+	waitForLockWait(t, d, handlerPID, "the completion, in its read of the state")
 	// The settle: hold the key from its running event on, and acknowledge
 	// the chunk, in one transaction.
 	holdAndAck(t, d, s, m[0], token)
+	if _, err := gate.Exec(ctx, "select pg_advisory_unlock(4243)"); err != nil {
+		t.Fatal(err)
+	}
 	if r := <-completed; r.Err != nil {
 		t.Fatalf("the held key's completion beside the settle: %v", r.Err)
 	}
