@@ -1043,8 +1043,14 @@ func resizeNs(n int) []int {
 
 // resize starts a resize of the consumer to another N of resizeNs. The
 // resize runs on its own (the workers' receives and maint() complete it);
-// one still in progress is left alone.
+// one still in progress is left alone. The call is not cut short when the
+// run's time is up (a loaded machine ran resize_slots past it, and the
+// run failed on a fault it was still injecting): it waits, as a restart
+// does, up to a minute, for the queue's and the group's row locks, which
+// a tick or a cutover hold meanwhile.
 func (r *runner) resize(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
 	conn, err := connectRetry(ctx, r.dsn)
 	if err != nil {
 		return err
@@ -1070,7 +1076,7 @@ func (r *runner) resize(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, `select pgque.resize_slots($1, $2, $3)`, queueName, consumerName, n); err != nil {
 		return fmt.Errorf("resizing %d -> %d: %w", cur, n, err)
 	}
-	r.logf("chaos: resize %d -> %d slots", cur, n)
+	r.logf("chaos: resize %d -> %d slots (the call took %v)", cur, n, time.Since(at).Round(time.Millisecond))
 	r.addFault(Fault{Kind: FaultResize, Target: strconv.Itoa(n), Start: at, End: time.Now()})
 	return nil
 }
