@@ -8,6 +8,10 @@ import "time"
 // stop fetching.
 func ConsumerStopping(con *Consumer) <-chan struct{} { return con.service.Stopping() }
 
+// PartitionedStopping is closed once Stop was called on pc and told it to
+// stop fetching.
+func PartitionedStopping(pc *PartitionedConsumer) <-chan struct{} { return pc.service.Stopping() }
+
 // SendCounts is what a client's Send coalescing did.
 type SendCounts struct {
 	Statements int64 // coalesced statements

@@ -645,3 +645,62 @@ func TestPartitionedLostSessionRebindsLeases(t *testing.T) {
 // sessionCap is workerpool's sessionCapDiv: a lease bound to an ended
 // session is given up TTL/8 after the end.
 const sessionCap = 8
+
+// TestPartitionedStopLetsTheClaimLandAndGivesItBack: a claim under way when
+// the consumer stops is let finish rather than cancelled (a cancelled call
+// the server had not read yet still ran, and took the slot for a worker
+// that was gone), and a slot it takes after the stop is released before
+// Stop returns, free for the next worker at once. The claim waits on the
+// slot's lease row, which the test holds; _lease's own 2 s lock_timeout is
+// lifted in this database, so that only the test decides when it goes on.
+func TestPartitionedStopLetsTheClaimLandAndGivesItBack(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	if _, err := env.pool.Exec(ctx, "select pgque.subscribe_slot($1, 'c', 0, 1)", env.queue); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.pool.Exec(ctx, "alter function pgque._lease(text, text, integer) set lock_timeout = 0"); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `select 1 from pgque.slot_lease l join pgque.queue q on q.queue_id = l.sl_queue
+		where q.queue_name = $1 and l.sl_consumer = 'c' for no key update of l`, env.queue); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "w",
+		Handler: func(context.Context, *pgque.Message) error { return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Stop(ctx)
+	waitingClaims := func() int {
+		var n int
+		err := env.pool.QueryRow(ctx, `select count(*) from pg_stat_activity
+			where datname = current_database() and wait_event_type = 'Lock' and query like '%pgque.claim_slot(%'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the claim to wait on the lease row", func() bool { return waitingClaims() == 1 })
+	stopLetsFinish(t, holder, pc.Stop, func() <-chan struct{} { return pgque.PartitionedStopping(pc) },
+		"the claim", func() bool { return waitingClaims() == 1 })
+	var owner *string
+	if err := env.pool.QueryRow(ctx, `select l.sl_owner from pgque.slot_lease l join pgque.queue q on q.queue_id = l.sl_queue
+		where q.queue_name = $1 and l.sl_consumer = 'c'`, env.queue).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if owner != nil {
+		t.Fatalf("after Stop returned, the slot is still leased to %q: the claim that landed after the stop was not given back", *owner)
+	}
+}

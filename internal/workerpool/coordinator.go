@@ -90,6 +90,9 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 		}
 	}
 	for _, slot := range pl.claim {
+		if fetchCtx.Err() != nil {
+			break
+		}
 		if p.claim(fetchCtx, workCtx, slot, nslots, owners[slot]) {
 			owned++
 		}
@@ -213,15 +216,22 @@ func (p *Pool) releaseExcess(ctx context.Context, slots []int, now time.Time) {
 }
 
 // claim tries to take one slot and starts its goroutine on success.
+//
+// The call runs under workCtx: a stop that cancelled it would have pgx
+// give the call up and close the connection, while a server that had not
+// read it yet still ran it and granted this worker the slot, which then
+// stayed out of every worker's reach until the server found the session
+// gone. A slot a claim takes after the stop gets its runner as any other,
+// which finds the pool stopping and releases the lease at once.
 func (p *Pool) claim(fetchCtx, workCtx context.Context, slot, nslots int, prevOwner string) bool {
 	at := time.Now()
-	cctx, cancel := context.WithTimeout(fetchCtx, queryTimeout(p.cfg.ClaimInterval))
+	cctx, cancel := context.WithTimeout(workCtx, queryTimeout(p.cfg.ClaimInterval))
 	defer cancel()
 	session := p.session()
 	epoch, token, ok, err := p.cfg.Queries.ClaimSlotBound(cctx, p.cfg.Queue, p.cfg.Consumer, slot, p.cfg.Worker, p.cfg.LeaseTTL, "", session)
 	if err != nil {
-		if fetchCtx.Err() == nil {
-			p.log().WarnContext(fetchCtx, "pgque: claiming slot", slog.Int("slot", slot), slog.Any("error", err))
+		if workCtx.Err() == nil {
+			p.log().WarnContext(workCtx, "pgque: claiming slot", slog.Int("slot", slot), slog.Any("error", err))
 		}
 		return false
 	}
