@@ -12,6 +12,10 @@ func ConsumerStopping(con *Consumer) <-chan struct{} { return con.service.Stoppi
 // stop fetching.
 func PartitionedStopping(pc *PartitionedConsumer) <-chan struct{} { return pc.service.Stopping() }
 
+// SetAnnounceGrace sets how long a graceful stop of pc lets a claim
+// pass's announcement under way go on; call it before Start.
+func SetAnnounceGrace(pc *PartitionedConsumer, d time.Duration) { pc.pool.SetAnnounceGrace(d) }
+
 // SendCounts is what a client's Send coalescing did.
 type SendCounts struct {
 	Statements int64 // coalesced statements

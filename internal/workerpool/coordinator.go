@@ -102,7 +102,43 @@ func (p *Pool) pass(fetchCtx, workCtx context.Context) {
 	p.prevFree = pl.free
 	p.mu.Unlock()
 	hungry := owned < pl.target
-	p.announce(fetchCtx, hungry)
+	if fetchCtx.Err() != nil {
+		return // the stop announces that this pool left (leave)
+	}
+	// A graceful stop lets an announcement under way land, for a moment
+	// (announceGrace): cancelled at once, pgx gave it up while the server,
+	// not having read it yet, still recorded it, after the stop's own
+	// (leave), which it then overwrote with the slots just released, and
+	// the peers went on counting them this pool's until it expired. One
+	// that the server holds longer (a lock on worker_presence) is
+	// cancelled, and is cancelled there, as before: the stop does not wait
+	// on it.
+	actx, cancel := afterStop(fetchCtx, workCtx, p.announceGrace)
+	defer cancel()
+	p.announce(actx, hungry)
+}
+
+// announceGrace is how long a graceful stop lets a pass's announcement
+// under way go on (see pass).
+const announceGrace = leaveWait / 4
+
+// afterStop returns a context that ends with workCtx, or grace after
+// fetchCtx ends, whichever comes first.
+func afterStop(fetchCtx, workCtx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(workCtx)
+	unwatch := context.AfterFunc(fetchCtx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-ctx.Done():
+		}
+	})
+	return ctx, func() {
+		unwatch()
+		cancel()
+	}
 }
 
 // announce records this worker's presence in the database and learns the

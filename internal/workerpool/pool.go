@@ -151,7 +151,17 @@ type Pool struct {
 	running  map[int]*runner
 	holdoff  map[int]time.Time
 	prevFree map[int]bool
+
+	// announceGrace is how long a graceful stop lets a pass's
+	// announcement under way go on (see pass): announceGrace, or what a
+	// test set.
+	announceGrace time.Duration
 }
+
+// SetAnnounceGrace sets how long a graceful stop lets a pass's
+// announcement under way go on, for tests that hold it longer than the
+// default; call it before Run.
+func (p *Pool) SetAnnounceGrace(d time.Duration) { p.announceGrace = d }
 
 // New returns a Pool; Run starts it.
 func New(cfg Config) *Pool {
@@ -162,6 +172,8 @@ func New(cfg Config) *Pool {
 		running:  make(map[int]*runner),
 		holdoff:  make(map[int]time.Time),
 		prevFree: make(map[int]bool),
+
+		announceGrace: announceGrace,
 	}
 	p.nslots.Store(int64(cfg.Slots))
 	return p
