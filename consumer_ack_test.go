@@ -127,15 +127,7 @@ func TestConsumerStopLetsTheAckingReceiveLand(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(locked)
-	waitingReceives := func() int {
-		var n int
-		err := env.pool.QueryRow(ctx, `select count(*) from pg_stat_activity
-			where datname = current_database() and wait_event_type = 'Lock' and query like '%pgque.receive_raw(%'`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	waitingReceives := func() int { return lockWaiters(t, env, "receive_raw") }
 	pgtest.WaitFor(t, 10*time.Second, "the acknowledging receive to wait on the subscription", func() bool { return waitingReceives() == 1 })
 	stopLetsFinish(t, holder, con.Stop, func() <-chan struct{} { return pgque.ConsumerStopping(con) },
 		"the receive carrying the acknowledgement", func() bool { return waitingReceives() == 1 })

@@ -143,6 +143,19 @@ func waitOrDescribe(t *testing.T, env *testEnv, queue string, timeout time.Durat
 	t.Fatalf("timed out after %v waiting for %s", timeout, what)
 }
 
+// lockWaiters counts the sessions of env's database that wait on a lock
+// in a call of pgque.fn.
+func lockWaiters(t *testing.T, env *testEnv, fn string) int {
+	t.Helper()
+	var n int
+	err := env.pool.QueryRow(context.Background(), `select count(*) from pg_stat_activity
+		where datname = current_database() and wait_event_type = 'Lock' and query like '%pgque.' || $1 || '(%'`, fn).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // stopLetsFinish stops a service (stop; stopping is closed once Stop told
 // it to stop) while one of its calls waits on a row that holder keeps
 // locked, and checks that the call is let finish rather than cancelled:

@@ -661,44 +661,11 @@ func TestPartitionedStopLetsTheClaimLandAndGivesItBack(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
 	ctx := context.Background()
-	if _, err := env.pool.Exec(ctx, "select pgque.subscribe_slot($1, 'c', 0, 1)", env.queue); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := env.pool.Exec(ctx, "alter function pgque._lease(text, text, integer) set lock_timeout = 0"); err != nil {
 		t.Fatal(err)
 	}
-	holder, err := env.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback(ctx)
-	if _, err := holder.Exec(ctx, `select 1 from pgque.slot_lease l join pgque.queue q on q.queue_id = l.sl_queue
-		where q.queue_name = $1 and l.sl_consumer = 'c' for no key update of l`, env.queue); err != nil {
-		t.Fatal(err)
-	}
-	pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
-		Queue: env.queue, Consumer: "c", Slots: 1, WorkerID: "w",
-		Handler: func(context.Context, *pgque.Message) error { return nil },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Stop(ctx)
-	waitingClaims := func() int {
-		var n int
-		err := env.pool.QueryRow(ctx, `select count(*) from pg_stat_activity
-			where datname = current_database() and wait_event_type = 'Lock' and query like '%pgque.claim_slot(%'`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	pgtest.WaitFor(t, 10*time.Second, "the claim to wait on the lease row", func() bool { return waitingClaims() == 1 })
-	stopLetsFinish(t, holder, pc.Stop, func() <-chan struct{} { return pgque.PartitionedStopping(pc) },
-		"the claim", func() bool { return waitingClaims() == 1 })
+	oneSlotStopLetsFinish(t, env, "claim_slot", `select 1 from pgque.slot_lease l join pgque.queue q on q.queue_id = l.sl_queue
+		where q.queue_name = '`+env.queue+`' and l.sl_consumer = 'c' for no key update of l`, nil)
 	var owner *string
 	if err := env.pool.QueryRow(ctx, `select l.sl_owner from pgque.slot_lease l join pgque.queue q on q.queue_id = l.sl_queue
 		where q.queue_name = $1 and l.sl_consumer = 'c'`, env.queue).Scan(&owner); err != nil {
@@ -722,6 +689,26 @@ func TestPartitionedStopLetsTheClaimLandAndGivesItBack(t *testing.T) {
 func TestPartitionedStopLetsTheAnnouncementLandBeforeTheLeave(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
+	oneSlotStopLetsFinish(t, env, "announce_worker", "lock table pgque.worker_presence in share mode",
+		func(pc *pgque.PartitionedConsumer) { pgque.SetAnnounceGrace(pc, time.Minute) })
+	var slots []int32
+	var hungry bool
+	if err := env.pool.QueryRow(context.Background(), `select wp_slots, wp_hungry from pgque.worker_presence
+		where wp_worker = 'w' order by wp_seen desc limit 1`).Scan(&slots, &hungry); err != nil {
+		t.Fatal(err)
+	}
+	if len(slots) != 0 || hungry {
+		t.Fatalf("the worker's last announcement after Stop: slots %v, hungry %v; want the leave's (no slots, not hungry)", slots, hungry)
+	}
+}
+
+// oneSlotStopLetsFinish subscribes slot 0 of 1 of env.queue for consumer
+// c, runs hold in a transaction it keeps open, starts a one-slot
+// PartitionedConsumer of worker w (tune, when not nil, adjusts it before
+// Start), waits until the worker's call of pgque.fn waits on a lock, and
+// stops the consumer with stopLetsFinish, which ends the transaction.
+func oneSlotStopLetsFinish(t *testing.T, env *testEnv, fn, hold string, tune func(*pgque.PartitionedConsumer)) {
+	t.Helper()
 	ctx := context.Background()
 	if _, err := env.pool.Exec(ctx, "select pgque.subscribe_slot($1, 'c', 0, 1)", env.queue); err != nil {
 		t.Fatal(err)
@@ -731,7 +718,7 @@ func TestPartitionedStopLetsTheAnnouncementLandBeforeTheLeave(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Rollback(ctx)
-	if _, err := holder.Exec(ctx, "lock table pgque.worker_presence in share mode"); err != nil {
+	if _, err := holder.Exec(ctx, hold); err != nil {
 		t.Fatal(err)
 	}
 	pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
@@ -741,33 +728,15 @@ func TestPartitionedStopLetsTheAnnouncementLandBeforeTheLeave(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pgque.SetAnnounceGrace(pc, time.Minute)
+	if tune != nil {
+		tune(pc)
+	}
 	if err := pc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer pc.Stop(ctx)
-	waitingAnnouncements := func() int {
-		var n int
-		err := env.pool.QueryRow(ctx, `select count(*) from pg_stat_activity
-			where datname = current_database() and wait_event_type = 'Lock' and query like '%pgque.announce_worker(%'`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	pgtest.WaitFor(t, 10*time.Second, "the pass's announcement to wait on worker_presence", func() bool { return waitingAnnouncements() == 1 })
-	if got := pc.OwnedSlots(); len(got) != 1 {
-		t.Fatalf("the worker owns slots %v before its announcement, want [0]", got)
-	}
+	waiting := func() bool { return lockWaiters(t, env, fn) == 1 }
+	pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("the worker's %s call to wait on a lock", fn), waiting)
 	stopLetsFinish(t, holder, pc.Stop, func() <-chan struct{} { return pgque.PartitionedStopping(pc) },
-		"the announcement", func() bool { return waitingAnnouncements() == 1 })
-	var slots []int32
-	var hungry bool
-	if err := env.pool.QueryRow(ctx, `select wp_slots, wp_hungry from pgque.worker_presence
-		where wp_worker = 'w' order by wp_seen desc limit 1`).Scan(&slots, &hungry); err != nil {
-		t.Fatal(err)
-	}
-	if len(slots) != 0 || hungry {
-		t.Fatalf("the worker's last announcement after Stop: slots %v, hungry %v; want the leave's (no slots, not hungry)", slots, hungry)
-	}
+		"the "+fn+" call", waiting)
 }
