@@ -159,7 +159,7 @@ func lockWaiters(t *testing.T, env *testEnv, fn string) int {
 // stopLetsFinish stops a service (stop; stopping is closed once Stop told
 // it to stop) while one of its calls waits on a row that holder keeps
 // locked, and checks that the call is let finish rather than cancelled:
-// waiting (whether the call still waits, alone) must hold for a second
+// waiting (whether the call still waits) must hold for a second
 // after the stop began, since a cancelled call stops waiting within
 // milliseconds, and Stop must return once holder commits.
 func stopLetsFinish(t *testing.T, holder pgx.Tx, stop func(context.Context) error, stopping func() <-chan struct{}, what string, waiting func() bool) {
@@ -169,7 +169,7 @@ func stopLetsFinish(t *testing.T, holder pgx.Tx, stop func(context.Context) erro
 	go func() { stopped <- stop(ctx) }()
 	<-stopping()
 	if pgtest.Eventually(ctx, time.Second, func() bool { return !waiting() }) {
-		t.Fatalf("after Stop, %s no longer waits alone: it was cancelled, not let finish", what)
+		t.Fatalf("after Stop, %s no longer waits: it was cancelled, not let finish", what)
 	}
 	if err := holder.Commit(ctx); err != nil {
 		t.Fatal(err)
