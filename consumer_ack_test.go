@@ -129,7 +129,7 @@ func TestConsumerStopLetsTheAckingReceiveLand(t *testing.T) {
 	close(locked)
 	waitingReceives := func() int { return lockWaiters(t, env, "receive_raw") }
 	pgtest.WaitFor(t, 10*time.Second, "the acknowledging receive to wait on the subscription", func() bool { return waitingReceives() == 1 })
-	stopLetsFinish(t, holder, con.Stop, func() <-chan struct{} { return pgque.ConsumerStopping(con) },
+	stopLetsFinish(t, env, holder, con.Stop, func() <-chan struct{} { return pgque.ConsumerStopping(con) },
 		"the receive carrying the acknowledgement", func() bool { return waitingReceives() >= 1 })
 	// The next consumer of the name gets the second event, not the first
 	// again: chunks come in order, so the first would come before it.

@@ -144,16 +144,43 @@ func waitOrDescribe(t *testing.T, env *testEnv, queue string, timeout time.Durat
 }
 
 // lockWaiters counts the sessions of env's database that wait on a lock
-// in a call of pgque.fn.
+// in a call of pgque.fn. It asks pg_locks for a lock not yet granted, not
+// pg_stat_activity for the wait event: a backend waiting on a lock clears
+// its wait event each time its latch wakes it (its deadlock check, a
+// deadlock_timeout into the wait; a barrier that another test's DROP
+// DATABASE sends every backend) and sets it again, so a check that must
+// see the wait go on could catch it ended for an instant. The ungranted
+// lock stays until the wait ends.
 func lockWaiters(t *testing.T, env *testEnv, fn string) int {
 	t.Helper()
 	var n int
-	err := env.pool.QueryRow(context.Background(), `select count(*) from pg_stat_activity
-		where datname = current_database() and wait_event_type = 'Lock' and query like '%pgque.' || $1 || '(%'`, fn).Scan(&n)
+	err := env.pool.QueryRow(context.Background(), `select count(distinct a.pid)
+		from pg_stat_activity a join pg_locks l on l.pid = a.pid
+		where a.datname = current_database() and not l.granted and a.query like '%pgque.' || $1 || '(%'`, fn).Scan(&n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// logSessions logs the sessions of env's database that are not idle, with
+// the locks each waits for: what a failed check of a waiting call shows.
+func logSessions(t *testing.T, env *testEnv) {
+	t.Helper()
+	rows, err := env.pool.Query(context.Background(), `select a.pid, a.state, a.wait_event_type, a.wait_event,
+			(select string_agg(l.locktype || ' ' || l.mode, ', ') from pg_locks l where l.pid = a.pid and not l.granted),
+			(clock_timestamp() - a.query_start)::text, left(a.query, 120)
+		from pg_stat_activity a
+		where a.datname = current_database() and a.state <> 'idle' and a.pid <> pg_backend_pid()`)
+	if err != nil {
+		t.Log("sessions:", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		v, err := rows.Values()
+		t.Logf("session: %v %v", v, err)
+	}
 }
 
 // stopLetsFinish stops a service (stop; stopping is closed once Stop told
@@ -162,13 +189,14 @@ func lockWaiters(t *testing.T, env *testEnv, fn string) int {
 // waiting (whether the call still waits) must hold for a second
 // after the stop began, since a cancelled call stops waiting within
 // milliseconds, and Stop must return once holder commits.
-func stopLetsFinish(t *testing.T, holder pgx.Tx, stop func(context.Context) error, stopping func() <-chan struct{}, what string, waiting func() bool) {
+func stopLetsFinish(t *testing.T, env *testEnv, holder pgx.Tx, stop func(context.Context) error, stopping func() <-chan struct{}, what string, waiting func() bool) {
 	t.Helper()
 	ctx := context.Background()
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop(ctx) }()
 	<-stopping()
 	if pgtest.Eventually(ctx, time.Second, func() bool { return !waiting() }) {
+		logSessions(t, env)
 		t.Fatalf("after Stop, %s no longer waits: it was cancelled, not let finish", what)
 	}
 	if err := holder.Commit(ctx); err != nil {

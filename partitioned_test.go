@@ -736,6 +736,6 @@ func oneSlotStopLetsFinish(t *testing.T, env *testEnv, fn, hold string, tune fun
 	}
 	defer pc.Stop(ctx)
 	pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("the worker's %s call to wait on a lock", fn), func() bool { return lockWaiters(t, env, fn) == 1 })
-	stopLetsFinish(t, holder, pc.Stop, func() <-chan struct{} { return pgque.PartitionedStopping(pc) },
+	stopLetsFinish(t, env, holder, pc.Stop, func() <-chan struct{} { return pgque.PartitionedStopping(pc) },
 		"the "+fn+" call", func() bool { return lockWaiters(t, env, fn) >= 1 })
 }

@@ -197,13 +197,7 @@ func TestTickerStopLetsItsLeaseCallFinish(t *testing.T) {
 	// waiting counts the sessions waiting on the row in ticker_lead and in
 	// ticker_resign.
 	waiting := func() (lead, resign int) {
-		err := env.pool.QueryRow(ctx, `select count(*) filter (where query like '%pgque.ticker_lead(%'),
-				count(*) filter (where query like '%pgque.ticker_resign(%')
-			from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`).Scan(&lead, &resign)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return lead, resign
+		return lockWaiters(t, env, "ticker_lead"), lockWaiters(t, env, "ticker_resign")
 	}
 	pgtest.WaitFor(t, 15*time.Second, "the renewal to wait on the lease row", func() bool {
 		lead, _ := waiting()
@@ -211,7 +205,7 @@ func TestTickerStopLetsItsLeaseCallFinish(t *testing.T) {
 	})
 	// A cancelled renewal would also let the resignation queue behind the
 	// row in its place.
-	stopLetsFinish(t, holder, tk.Stop, func() <-chan struct{} { return pgque.TickerStopping(tk) },
+	stopLetsFinish(t, env, holder, tk.Stop, func() <-chan struct{} { return pgque.TickerStopping(tk) },
 		"the renewal", func() bool { lead, resign := waiting(); return lead == 1 && resign == 0 })
 	var owner *string
 	if err := env.pool.QueryRow(ctx, "select owner from pgque.ticker_lease").Scan(&owner); err != nil {

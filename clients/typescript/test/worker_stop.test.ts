@@ -325,8 +325,11 @@ test("a stop does not wait for its last announcement when the server holds it: b
     // The announcement then fails: stop() has resolved, so that is not
     // reported any more (the caller may have moved on, or exited).
     const released = new Promise((r) => db.pool.once("release", r));
-    const { rows } = await locker.query(`select pg_cancel_backend(pid) as ok from pg_stat_activity
-      where datname = current_database() and wait_event_type = 'Lock' and query like '%pgque.announce_worker(%'`);
+    // Asked of pg_locks, not of the wait event, which a waiting backend
+    // clears for an instant whenever its latch wakes it.
+    const { rows } = await locker.query(`select pg_cancel_backend(a.pid) as ok from pg_stat_activity a
+      where a.datname = current_database() and a.query like '%pgque.announce_worker(%'
+        and exists (select 1 from pg_locks l where l.pid = a.pid and not l.granted)`);
     assert.deepEqual(rows, [{ ok: true }], "the announcement waits on the lock");
     await released;
     await new Promise((r) => setImmediate(r));
