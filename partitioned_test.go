@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pgque/pgque/internal/testing/leakcheck"
 
 	"github.com/pgque/pgque"
@@ -529,6 +531,102 @@ func TestPartitionedGracefulLeaveTakenOverAtOnce(t *testing.T) {
 	stopped := time.Now()
 	pgtest.WaitFor(t, 15*time.Second, "p1 to take the slots p2 released", func() bool { return len(p1.pc.OwnedSlots()) == slots })
 	t.Logf("p1 held every slot %v after p2 stopped", time.Since(stopped))
+}
+
+// TestPartitionedForgedLeaveMovesNoSlot: announce_worker takes the worker
+// id on trust from any role that may consume, so a leave can be forged for
+// a worker that is running. A peer that listens reads who works which slot
+// from the announcements alone, so it counts the worker gone, finds itself
+// short of its fair share (it announces itself hungry) and claims the
+// worker's slots. The server stays the authority: claim_slot refuses slots
+// whose lease is live, so no slot changes hands (same holder, same epoch),
+// and the worker's own next announcement puts it back.
+func TestPartitionedForgedLeaveMovesNoSlot(t *testing.T) {
+	t.Parallel()
+	env := setup(t)
+	ctx := context.Background()
+	const slots = 6
+	cfg := func(w string) pgque.PartitionedConsumerConfig {
+		return pgque.PartitionedConsumerConfig{Queue: env.queue, Consumer: "forged", Slots: slots, WorkerID: w,
+			ClaimInterval: time.Second, PollInterval: 200 * time.Millisecond,
+			Handler: func(context.Context, *pgque.Message) error { return nil }}
+	}
+	p1 := startProcess(t, env, cfg("p1"))
+	pgtest.WaitFor(t, 10*time.Second, "p1 to hold every slot", func() bool { return len(p1.pc.OwnedSlots()) == slots })
+	p2 := startProcess(t, env, cfg("p2"))
+	pgtest.WaitFor(t, 30*time.Second, "an even spread", func() bool {
+		return len(p1.pc.OwnedSlots()) == slots/2 && len(p2.pc.OwnedSlots()) == slots/2
+	})
+	leases := func() map[int32]string {
+		out := make(map[int32]string)
+		rows, err := env.pool.Query(ctx, `select l.sl_slot, coalesce(l.sl_owner, '') || ' epoch ' || l.sl_epoch
+			from pgque.slot_lease l join pgque.queue q on q.queue_id = l.sl_queue
+			where q.queue_name = $1 and l.sl_consumer = 'forged'`, env.queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var s int32
+			var v string
+			if err := rows.Scan(&s, &v); err != nil {
+				t.Fatal(err)
+			}
+			out[s] = v
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	before := leases()
+	// announced returns p1's newest announcement after since: when, and
+	// whether it was hungry (it is once it counts p2 gone: its fair share
+	// is then every slot).
+	announced := func(since time.Time) (at time.Time, hungry bool) {
+		err := env.pool.QueryRow(ctx, `select p.wp_seen, p.wp_hungry from pgque.worker_presence p
+			join pgque.queue q on q.queue_id = p.wp_queue
+			where q.queue_name = $1 and p.wp_consumer = 'forged' and p.wp_worker = 'p1' and p.wp_seen > $2
+			order by p.wp_seen desc limit 1`, env.queue, since).Scan(&at, &hungry)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		return at, hungry
+	}
+	forge := func() {
+		if _, err := env.pool.Exec(ctx, `select count(*) from pgque.announce_worker($1, 'forged', 'p2', false, '{}', null)`, env.queue); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Forge the leave until p1 announces that it believes it: p2's own
+	// passes announce it again, once a second.
+	var fooled time.Time
+	pgtest.WaitFor(t, 20*time.Second, "p1 to count p2 gone after a forged leave", func() bool {
+		forge()
+		at, hungry := announced(fooled)
+		if hungry {
+			fooled = at
+		}
+		return hungry
+	})
+	// That pass tried to claim p2's slots; wait for the next one, still
+	// forging, so that it had every chance to take them.
+	pgtest.WaitFor(t, 20*time.Second, "p1's next pass", func() bool {
+		forge()
+		at, _ := announced(fooled)
+		return !at.IsZero()
+	})
+	if after := leases(); !maps.Equal(after, before) {
+		t.Fatalf("slot leases moved after a forged leave: before %v, after %v", before, after)
+	}
+	if n1, n2 := len(p1.pc.OwnedSlots()), len(p2.pc.OwnedSlots()); n1 != slots/2 || n2 != slots/2 {
+		t.Fatalf("after a forged leave p1 holds %d slots and p2 %d; want %d each", n1, n2, slots/2)
+	}
+	// Without more forgery p2's next announcement puts it back, and p1
+	// stops asking for more.
+	pgtest.WaitFor(t, 20*time.Second, "p1 to count p2 again", func() bool {
+		at, hungry := announced(fooled)
+		return !at.IsZero() && !hungry
+	})
 }
 
 // TestPartitionedStopBoundsItsLeave: a graceful stop whose last
