@@ -501,6 +501,26 @@ func TestPartitionedScaleUpAndDown(t *testing.T) {
 	r.checkRedeliveries(rep.redeliveries)
 }
 
+// startEvenPair starts workers p1 and p2 of consumer over slots slots (an
+// even number) with the claim interval given and handlers that do
+// nothing: p1 first, until it holds every slot, then p2, until each holds
+// half.
+func startEvenPair(t *testing.T, env *testEnv, consumer string, slots int, claim time.Duration) (p1, p2 *process) {
+	t.Helper()
+	cfg := func(w string) pgque.PartitionedConsumerConfig {
+		return pgque.PartitionedConsumerConfig{Queue: env.queue, Consumer: consumer, Slots: slots, WorkerID: w,
+			ClaimInterval: claim, PollInterval: 200 * time.Millisecond,
+			Handler: func(context.Context, *pgque.Message) error { return nil }}
+	}
+	p1 = startProcess(t, env, cfg("p1"))
+	pgtest.WaitFor(t, 10*time.Second, "p1 to hold every slot", func() bool { return len(p1.pc.OwnedSlots()) == slots })
+	p2 = startProcess(t, env, cfg("p2"))
+	pgtest.WaitFor(t, 30*time.Second, "an even spread", func() bool {
+		return len(p1.pc.OwnedSlots()) == slots/2 && len(p2.pc.OwnedSlots()) == slots/2
+	})
+	return p1, p2
+}
+
 // TestPartitionedGracefulLeaveTakenOverAtOnce: a process that stops
 // gracefully announces that it left and hints the others (Pool.leave),
 // which take its released slots in a pass run at once. Before, they took
@@ -512,17 +532,7 @@ func TestPartitionedGracefulLeaveTakenOverAtOnce(t *testing.T) {
 	t.Parallel()
 	env := setup(t)
 	const slots = 6
-	cfg := func(w string) pgque.PartitionedConsumerConfig {
-		return pgque.PartitionedConsumerConfig{Queue: env.queue, Consumer: "leave", Slots: slots, WorkerID: w,
-			ClaimInterval: 8 * time.Second, PollInterval: 200 * time.Millisecond,
-			Handler: func(context.Context, *pgque.Message) error { return nil }}
-	}
-	p1 := startProcess(t, env, cfg("p1"))
-	pgtest.WaitFor(t, 10*time.Second, "p1 to hold every slot", func() bool { return len(p1.pc.OwnedSlots()) == slots })
-	p2 := startProcess(t, env, cfg("p2"))
-	pgtest.WaitFor(t, 30*time.Second, "an even spread", func() bool {
-		return len(p1.pc.OwnedSlots()) == slots/2 && len(p2.pc.OwnedSlots()) == slots/2
-	})
+	p1, p2 := startEvenPair(t, env, "leave", slots, 8*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	if err := p2.pc.Stop(ctx); err != nil {
@@ -546,17 +556,7 @@ func TestPartitionedForgedLeaveMovesNoSlot(t *testing.T) {
 	env := setup(t)
 	ctx := context.Background()
 	const slots = 6
-	cfg := func(w string) pgque.PartitionedConsumerConfig {
-		return pgque.PartitionedConsumerConfig{Queue: env.queue, Consumer: "forged", Slots: slots, WorkerID: w,
-			ClaimInterval: time.Second, PollInterval: 200 * time.Millisecond,
-			Handler: func(context.Context, *pgque.Message) error { return nil }}
-	}
-	p1 := startProcess(t, env, cfg("p1"))
-	pgtest.WaitFor(t, 10*time.Second, "p1 to hold every slot", func() bool { return len(p1.pc.OwnedSlots()) == slots })
-	p2 := startProcess(t, env, cfg("p2"))
-	pgtest.WaitFor(t, 30*time.Second, "an even spread", func() bool {
-		return len(p1.pc.OwnedSlots()) == slots/2 && len(p2.pc.OwnedSlots()) == slots/2
-	})
+	p1, p2 := startEvenPair(t, env, "forged", slots, time.Second)
 	leases := func() map[int32]string {
 		out := make(map[int32]string)
 		rows, err := env.pool.Query(ctx, `select l.sl_slot, coalesce(l.sl_owner, '') || ' epoch ' || l.sl_epoch
