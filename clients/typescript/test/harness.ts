@@ -106,6 +106,22 @@ export async function testDb(opts: TestDbOptions = {}): Promise<TestDb> {
       const c = new pg.Client({ connectionString: dsn });
       await c.connect();
       try {
+        // pg's Pool.end() resolves once it has asked its connections to
+        // close, not once they have: a session still closing, of this
+        // pool or of one a test ended, would get the drop's "terminating
+        // connection due to administrator command", which a pool with no
+        // "error" listener throws as an uncaught exception that fails the
+        // whole file (seen on a loaded machine). So the sessions are given
+        // up to a second to go first (a closing one goes within
+        // milliseconds); one a test left open is then ended by the drop,
+        // as before.
+        const deadline = Date.now() + 1000;
+        while (Date.now() < deadline) {
+          const { rows } = await c.query<{ n: number }>(
+            "select count(*)::int as n from pg_stat_activity where datname = $1", [name]);
+          if (rows[0]!.n === 0) break;
+          await new Promise((r) => setTimeout(r, 20));
+        }
         await c.query(`drop database if exists ${name} with (force)`);
       } finally {
         await c.end();
