@@ -557,24 +557,19 @@ func TestPartitionedForgedLeaveMovesNoSlot(t *testing.T) {
 	ctx := context.Background()
 	const slots = 6
 	p1, p2 := startEvenPair(t, env, "forged", slots, time.Second)
-	leases := func() map[int32]string {
-		out := make(map[int32]string)
-		rows, err := env.pool.Query(ctx, `select l.sl_slot, coalesce(l.sl_owner, '') || ' epoch ' || l.sl_epoch
-			from pgque.slot_lease l join pgque.queue q on q.queue_id = l.sl_queue
-			where q.queue_name = $1 and l.sl_consumer = 'forged'`, env.queue)
+	// leases maps each slot to its holder and epoch.
+	leases := func() map[int]string {
+		status, err := dbq.New(env.pool).PartitionSlotLeases(ctx, env.queue, "forged")
 		if err != nil {
 			t.Fatal(err)
 		}
-		for rows.Next() {
-			var s int32
-			var v string
-			if err := rows.Scan(&s, &v); err != nil {
-				t.Fatal(err)
+		out := make(map[int]string, len(status))
+		for _, s := range status {
+			owner := ""
+			if s.Owner != nil {
+				owner = *s.Owner
 			}
-			out[s] = v
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
+			out[s.Slot] = fmt.Sprintf("%s epoch %d", owner, s.Epoch)
 		}
 		return out
 	}
