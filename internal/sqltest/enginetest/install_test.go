@@ -191,6 +191,11 @@ func TestInstallMovesTheEventIndexOntoTheTables(t *testing.T) {
 				 where i.indrelid = any($1::regclass[]) and not i.indisunique`, eventTables(t, pool, "q")) {
 				exec(t, pool, "drop index pgque."+ix)
 			}
+			// Nor did they attach the next queue's tables ahead.
+			spare := scalar[int32](t, pool, "select pgque._spare_queue_id()")
+			for n := range 3 {
+				exec(t, pool, fmt.Sprintf("drop table pgque.event_%d_%d", spare, n))
+			}
 			exec(t, pool, "create index "+old)
 
 			// A producer's lock on pgque.event (alone here: a real one also
@@ -256,6 +261,9 @@ func TestInstallMovesTheEventIndexOntoTheTables(t *testing.T) {
 			}
 			if !slices.Equal(defs, want) {
 				t.Errorf("indexes of the event tables after the install: %q, want %q", defs, want)
+			}
+			if n, _ := attachedHere(t, pool, spare); n != 3 {
+				t.Errorf("after the install %d tables of the next queue are attached, want 3", n)
 			}
 			if n := scalar[int64](t, pool, "select count(*) from pg_catalog.pg_index where indrelid = 'pgque.event'::regclass and not indisunique"); n != 0 {
 				t.Errorf("pgque.event still has %d indexes besides the dedup index", n)

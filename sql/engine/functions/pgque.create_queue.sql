@@ -1,6 +1,82 @@
+-- _event_tables_attach(queue_id): creates queue_id's event tables and
+-- attaches them to pgque.event, each with its (ev_txid, ev_id) index,
+-- unless they are attached already. A table of that name that is not a
+-- partition of pgque.event is refused (XX000): only the owner of pgque
+-- can make one, so it means a damaged install, not one to adopt.
+--
+-- Why a queue's tables are attached one create_queue ahead. Another
+-- session may be building its cached partition descriptor of pgque.event
+-- (its list of partitions, read once per invalidation) at the moment an
+-- ATTACH commits: PostgreSQL reads pg_inherits under a catalog snapshot
+-- taken before the commit, takes in the commit's invalidation halfway
+-- through (at a catalog lock), and then caches the list it read. ATTACH
+-- takes only SHARE UPDATE EXCLUSIVE on pgque.event, so nothing holds that
+-- build back. The session keeps the list without the new tables until
+-- the next invalidation of pgque.event, the next create_queue or
+-- drop_queue: its sends to the new queue fail (23514, "no partition of
+-- relation "event" found for row") and, worse, its receives, which read
+-- batches through the parent, would find the queue's empty. Measured: 5
+-- creates in 1900 with a ticker, consumers and senders beside them. So
+-- create_queue attaches the tables of the queue it creates in an earlier
+-- transaction than the one that makes the queue visible: each
+-- create_queue, and the install, attach the tables of the next queue id
+-- (_spare_queue_id) beside those of the queue they create. A descriptor
+-- cached in a race then lacks only tables no queue uses yet, and the
+-- create_queue that makes them a queue's replaces it: its invalidation is
+-- queued as it commits, before its caller hears of the queue (only a
+-- session that finds the queue in between, microseconds, and whose list
+-- went stale at the previous create_queue, could miss it). A create_queue
+-- whose tables are missing (the first after an install of an earlier
+-- version; the next after one that rolled back, which took its id and
+-- the spare with it, and left its own three empty tables to no queue)
+-- attaches them itself, as before.
+create or replace function pgque._event_tables_attach(i_queue_id integer)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_tbl text;
+begin
+    for v_n in 0 .. pgque._queue_ntables() - 1 loop
+        v_tbl := pgque._event_table(i_queue_id, v_n);
+        if pg_catalog.to_regclass(v_tbl) is null then
+            -- Create standalone, then attach: ATTACH takes only a SHARE
+            -- UPDATE EXCLUSIVE lock on pgque.event, so producers of other
+            -- queues never wait for a queue being created. The new table
+            -- is empty, so ATTACH has nothing to scan and needs no CHECK
+            -- to skip the scan; a CHECK would cost every INSERT
+            -- (structure/tables.sql).
+            execute format('create table %s (like pgque.event including defaults)', v_tbl);
+            execute format('alter table pgque.event attach partition %s for values in (%s)',
+                           v_tbl, pgque._part(i_queue_id, v_n));
+        elsif not exists (select from pg_catalog.pg_inherits
+                           where inhrelid = v_tbl::regclass and inhparent = 'pgque.event'::regclass) then
+            raise exception using errcode = 'XX000',
+                message = format('%s exists but is not a partition of pgque.event: the install is damaged', v_tbl);
+        end if;
+        perform pgque._txid_index_build(i_queue_id, v_n);
+    end loop;
+end;
+$$;
+
+-- _queue_ntables(): the event tables of a queue (queue_ntables). Inlined.
+create or replace function pgque._queue_ntables()
+returns integer language sql immutable
+return 3;
+
+-- _spare_queue_id(): the id the next create_queue takes from
+-- queue_id_seq (one past its last value once it was called).
+create or replace function pgque._spare_queue_id()
+returns integer language sql stable
+set search_path = pg_catalog, pg_temp
+as $$ select (case when is_called then last_value + 1 else last_value end)::integer from pgque.queue_id_seq $$;
+
 -- create_queue(queue): creates a queue with its event sequence, its
 -- queue_ntables event tables (attached to pgque.event as partitions) and a
 -- first tick, so that consumers registered now start from a position.
+-- Its tables were attached by the create_queue before it, or by the
+-- install, and it attaches those of the next queue
+-- (_event_tables_attach says why).
 -- Returns 1 when created, 0 when the queue already existed.
 -- Tables: queue, tick, event partitions.
 create or replace function pgque.create_queue(i_queue text)
@@ -10,9 +86,6 @@ as $$
 declare
     v_id    integer;
     v_seq   text;
-    v_tbl   text;
-    v_n     integer;
-    v_ntab  constant integer := 3;
 begin
     perform pgque._check_name('queue', i_queue);
     if i_queue ~ '[#/]' then
@@ -31,22 +104,11 @@ begin
     v_seq := 'pgque.' || quote_ident('event_seq_' || v_id);
     execute format('create sequence %s', v_seq);
 
-    for v_n in 0 .. v_ntab - 1 loop
-        v_tbl := pgque._event_table(v_id, v_n);
-        -- Create standalone, then attach: ATTACH takes only a SHARE UPDATE
-        -- EXCLUSIVE lock on pgque.event, so producers of other queues never
-        -- wait for a queue being created.
-        -- The new table is empty, so ATTACH has nothing to scan and needs no
-        -- CHECK to skip the scan; a CHECK would cost every INSERT
-        -- (structure/tables.sql).
-        execute format('create table %s (like pgque.event including defaults)', v_tbl);
-        execute format('alter table pgque.event attach partition %s for values in (%s)',
-                       v_tbl, pgque._part(v_id, v_n));
-        perform pgque._txid_index_build(v_id, v_n);
-    end loop;
+    perform pgque._event_tables_attach(v_id);
+    perform pgque._event_tables_attach(pgque._spare_queue_id());
 
     insert into pgque.queue (queue_id, queue_name, queue_ntables, queue_event_seq)
-    values (v_id, i_queue, v_ntab, v_seq::regclass);
+    values (v_id, i_queue, pgque._queue_ntables(), v_seq::regclass);
 
     -- The sequence is new: no event id is covered, so no transaction can
     -- hold one and any transaction id bounds them (tick_xid).
@@ -164,6 +226,16 @@ begin
               order by 1, 2 loop
         perform pgque._txid_index_build(r.queue_id, r.n);
     end loop;
+end;
+$$;
+
+-- The tables of the next queue (_event_tables_attach says why), under the
+-- lock create_queue takes (no row yet on a first install, which no
+-- create_queue can overlap).
+do $$
+begin
+    perform 1 from pgque.version for update;
+    perform pgque._event_tables_attach(pgque._spare_queue_id());
 end;
 $$;
 
