@@ -33,9 +33,18 @@
 -- memory is only a shortcut: a new session, or a tick without tick_xid,
 -- probes as before, and a straggler the probe misses is still in the next
 -- tick's batch, at the latest after ticker_idle_period.
+--
+-- The probe is planned for the queue at hand every time (force_custom_plan,
+-- as the automatic mode chose anyway): the automatic mode also plans the
+-- statement once generically, at its sixth execution in a session, to
+-- compare costs, and a generic plan of a query on pgque.event opens and
+-- locks every partition of every queue. With 1 400 queues (12 600 event
+-- tables and indexes) that one planning failed with "out of shared
+-- memory", and so did every call that reached it.
 create or replace function pgque._tick_due(q pgque.queue, t pgque.tick, i_force boolean)
 returns boolean language plpgsql
 set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_custom_plan
 as $$
 declare
     v_seq  bigint := coalesce(pg_sequence_last_value(q.queue_event_seq), 0);
@@ -205,19 +214,46 @@ begin
 end;
 $$;
 
+-- _ticker_probes(): how many queues one ticker() call may probe for
+-- stragglers (see below). Inlined.
+create or replace function pgque._ticker_probes()
+returns integer language sql immutable
+return 50;
+
 -- ticker(): ticks every queue that is due. Returns how many were ticked.
+--
+-- A probe (_tick_due) locks the queue's three event tables and their six
+-- indexes, held to the end of the call, beside the lock every queue's
+-- sequence read takes. A session's first call probes every queue whose
+-- last tick it has not settled, which is all of them, and the server's
+-- lock table holds max_locks_per_transaction times max_connections locks
+-- in all (6 400 by default, with some slack). With 1 400 queues that
+-- first call failed with "out of shared memory" (53200), and so did every
+-- call after it, since the settled ticks it would have noted were rolled
+-- back with it: the ticker ticked nothing, and while it held its locks
+-- other sessions could fail the same way. So one call probes at most
+-- _ticker_probes() queues (450 locks) and notes where it stopped
+-- (pgque.ticker_resume, a session setting); the next call starts there,
+-- and a session's first pass over 1 400 queues takes 28 calls of about
+-- 60 ms. Queues found due without a probe (count, idle period, or events
+-- sent since their last tick) are ticked whatever the budget. What still
+-- grows with the queues is the sequence reads: one lock a queue a call.
 create or replace function pgque.ticker()
 returns bigint language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    v_bound boolean := pg_current_xact_id_if_assigned() is null;
-    v_mem   text := coalesce(nullif(current_setting('pgque.settled_ticks', true), ''), ',');
-    v_id    integer;
-    v_seq   bigint;
-    v_due   integer[] := '{}';
-    v_seqs  bigint[] := '{}';
-    v_n     bigint := 0;
+    v_bound  boolean := pg_current_xact_id_if_assigned() is null;
+    v_mem    text := coalesce(nullif(current_setting('pgque.settled_ticks', true), ''), ',');
+    v_resume integer := coalesce(nullif(current_setting('pgque.ticker_resume', true), ''), '0')::integer;
+    v_id     integer;
+    v_probe  boolean;
+    v_probes integer := 0;
+    v_stop   integer;
+    v_seq    bigint;
+    v_due    integer[] := '{}';
+    v_seqs   bigint[] := '{}';
+    v_n      bigint := 0;
 begin
     perform pgque._tick_isolation();
     -- Every queue is polled before any is ticked: the first tick gives the
@@ -228,8 +264,14 @@ begin
     -- not due: neither count nor idle period reached, and either the last
     -- tick younger than ticker_max_lag or the sequence still and the tick
     -- settled in this session. An idle queue then costs a row of it.
-    for v_id in
-        select q.queue_id
+    -- A row that is due by count, idle period or a moved sequence needs
+    -- no probe; the others count against the budget, from the queue after
+    -- the one the last call stopped before.
+    for v_id, v_probe in
+        select q.queue_id,
+               not (s.seq - t.tick_event_seq >= q.queue_ticker_max_count
+                    or clock_timestamp() - t.tick_time >= q.queue_ticker_idle_period
+                    or s.seq > t.tick_event_seq)
           from pgque.queue q
          cross join lateral (select coalesce(pg_sequence_last_value(q.queue_event_seq), 0) as seq) s
          cross join lateral (select t.tick_id, t.tick_time, t.tick_event_seq, t.tick_xid
@@ -240,14 +282,24 @@ begin
             or (clock_timestamp() - t.tick_time >= q.queue_ticker_max_lag
                 and (s.seq > t.tick_event_seq or t.tick_xid is null
                      or strpos(v_mem, ',' || q.queue_id || ':' || t.tick_id || ',') = 0))
-         order by q.queue_id
+         order by q.queue_id <= v_resume, q.queue_id
     loop
+        if v_probe then
+            if v_probes >= pgque._ticker_probes() then
+                v_stop := coalesce(v_stop, v_id);
+                continue;
+            end if;
+            v_probes := v_probes + 1;
+        end if;
         v_seq := pgque._tick_poll(v_id, false);
         if v_seq is not null then
             v_due := v_due || v_id;
             v_seqs := v_seqs || v_seq;
         end if;
     end loop;
+    if v_stop is not null then
+        perform set_config('pgque.ticker_resume', (v_stop - 1)::text, false);
+    end if;
     for i in 1 .. cardinality(v_due) loop
         if pgque._tick_write(v_due[i], false, v_seqs[i], v_bound) is not null then
             v_n := v_n + 1;
