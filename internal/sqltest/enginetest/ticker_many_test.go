@@ -82,3 +82,26 @@ func TestTickerProbesABoundedShareOfManyQueues(t *testing.T) {
 		t.Errorf("queue %s has %d ticks, want 2", last, n)
 	}
 }
+
+// TestTickerIgnoresAForeignResumePoint: pgque.ticker_resume is an
+// ordinary session setting, so anything may be in it. A value that is not
+// a queue id is ignored (the call starts from the first queue), never a
+// cast error that would fail every ticker() call of that session.
+func TestTickerIgnoresAForeignResumePoint(t *testing.T) {
+	t.Parallel()
+	dsn, pool := setupDB(t)
+	exec(t, pool, "select pgque.create_queue('r1')")
+	// Due by count at once, however soon after its first tick.
+	exec(t, pool, "select pgque.set_queue_config('r1', 'ticker_max_count', '1')")
+	exec(t, pool, `select pgque.send('r1', '{"x": 1}'::jsonb)`)
+	conn := pgtest.Conn(t, dsn)
+	for _, v := range []string{"not a number", "-3", "99999999999999999999", " 7", "1e3"} {
+		exec(t, conn, "select set_config('pgque.ticker_resume', $1, false)", v)
+		if _, err := conn.Exec(context.Background(), "select pgque.ticker()"); err != nil {
+			t.Errorf("ticker() with pgque.ticker_resume = %q: %v", v, err)
+		}
+	}
+	if n := scalar[int64](t, pool, "select count(*) from pgque.tick t join pgque.queue q on q.queue_id = t.tick_queue where q.queue_name = 'r1'"); n != 2 {
+		t.Errorf("queue r1 has %d ticks, want 2 (its first and the one for its event)", n)
+	}
+}

@@ -245,7 +245,7 @@ as $$
 declare
     v_bound  boolean := pg_current_xact_id_if_assigned() is null;
     v_mem    text := coalesce(nullif(current_setting('pgque.settled_ticks', true), ''), ',');
-    v_resume integer := coalesce(nullif(current_setting('pgque.ticker_resume', true), ''), '0')::integer;
+    v_resume text := current_setting('pgque.ticker_resume', true);
     v_id     integer;
     v_probe  boolean;
     v_probes integer := 0;
@@ -256,6 +256,9 @@ declare
     v_n      bigint := 0;
 begin
     perform pgque._tick_isolation();
+    -- The resume point is this function's own note, but any session may
+    -- set the name: a value that is not a queue id means no resume point.
+    v_resume := case when v_resume ~ '^[0-9]{1,9}$' then v_resume else '0' end;
     -- Every queue is polled before any is ticked: the first tick gives the
     -- transaction its id, and that id bounds the producers of every tick
     -- of this call only if all their sequences were read before it.
@@ -282,7 +285,7 @@ begin
             or (clock_timestamp() - t.tick_time >= q.queue_ticker_max_lag
                 and (s.seq > t.tick_event_seq or t.tick_xid is null
                      or strpos(v_mem, ',' || q.queue_id || ':' || t.tick_id || ',') = 0))
-         order by q.queue_id <= v_resume, q.queue_id
+         order by q.queue_id <= v_resume::integer, q.queue_id
     loop
         if v_probe then
             if v_probes >= pgque._ticker_probes() then
