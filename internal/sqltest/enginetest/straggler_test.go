@@ -2,6 +2,9 @@ package enginetest
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -76,8 +79,9 @@ func TestTickerSeesEventsCommittedAfterTheirTick(t *testing.T) {
 // insert_event) is held after it took its ev_id (a
 // SHARE lock on pgque.event alone blocks its INSERT before the row's values
 // are computed, and not the probe, which reads the partitions); a tick
-// covers that ev_id; every poll while the producer is open must probe, and
-// the poll after it commits must tick. Then, with nothing open, polls stop
+// covers that ev_id; the first poll while the producer is open must probe
+// and note the producer's transaction among those it waits on, and the poll
+// after it commits must tick. Then, with nothing open, polls stop
 // probing within a bounded number, both ticker(queue) and ticker(), until
 // the next send; a new session probes again.
 func TestTickerSettlesIdleTicks(t *testing.T) {
@@ -93,39 +97,9 @@ func TestTickerSettlesIdleTicks(t *testing.T) {
 	}
 	tables := eventTables(t, pool, "q")
 	ticker := pgtest.Conn(t, dsn)
-	// poll runs one ticker call in its own transaction and returns the tick
-	// it made (nil: none) and how many scans it made of the queue's event
-	// tables: the straggler probe is the only reader of them in the ticker.
 	poll := func(c *pgx.Conn, call string) (*int64, int64) {
 		t.Helper()
-		tx, err := c.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
-		// The xact counters hold what the session has not reported yet,
-		// earlier transactions included: the call's scans are a difference.
-		count := func() int64 {
-			return scalar[int64](t, tx, `select coalesce(sum(coalesce(seq_scan, 0) + coalesce(idx_scan, 0)), 0)::bigint
-				  from pg_stat_xact_all_tables where relid = any($1::regclass[])`, tables)
-		}
-		before := count()
-		var tick *int64
-		if err := tx.QueryRow(ctx, call).Scan(&tick); err != nil {
-			t.Fatalf("%s: %v", call, err)
-		}
-		if call == "select pgque.ticker()" && tick != nil {
-			if *tick == 0 {
-				tick = nil
-			} else {
-				tick = new(int64) // ticker() counts ticks; a non-nil pointer says one was made
-			}
-		}
-		scans := count() - before
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return tick, scans
+		return pollTicker(t, c, tables, call)
 	}
 	if tk, _ := poll(ticker, "select pgque.ticker('q')"); tk == nil {
 		t.Fatal("no tick for the first send")
@@ -182,9 +156,16 @@ func TestTickerSettlesIdleTicks(t *testing.T) {
 			if tk != nil {
 				t.Fatalf("%s: poll %d ticked with nothing committed since the tick", produce, i)
 			}
-			if scans == 0 {
-				t.Fatalf("%s: poll %d did not probe while a producer holding a covered ev_id is open: its event would wait for ticker_idle_period", produce, i)
+			if i == 0 && scans == 0 {
+				t.Fatalf("%s: the first poll did not probe while a producer holding a covered ev_id is open: its event would wait for ticker_idle_period", produce)
 			}
+		}
+		// Later polls skip the probe while the transactions it noted run;
+		// the producer must be among them, or its commit would go unseen.
+		xid := scalar[string](t, pool, "select backend_xid::text from pg_stat_activity where pid = $1", pid)
+		if !probedWaitsOn(t, ticker, *tk, xid) {
+			t.Fatalf("%s: the probe's note %q does not wait on the producer's transaction %s",
+				produce, scalar[string](t, ticker, "select current_setting('pgque.probed_ticks', true)"), xid)
 		}
 		if err := locker.Commit(ctx); err != nil {
 			t.Fatal(err)
@@ -202,14 +183,18 @@ func TestTickerSettlesIdleTicks(t *testing.T) {
 
 	// Nothing open now but other tests' transactions, which end: within a
 	// bounded number of polls the ticker stops probing.
+	// A poll may also skip the probe while the transactions it waits on
+	// run (TestTickerSkipsProbesWhileItsTransactionsRun): settled is the
+	// session's note of the queue's last tick.
 	settle := func(c *pgx.Conn, call string) {
 		t.Helper()
-		pgtest.WaitFor(t, 10*time.Second, call+" to stop probing an idle queue", func() bool {
-			tk, scans := poll(c, call)
-			if tk != nil {
+		pgtest.WaitFor(t, 10*time.Second, call+" to settle an idle queue", func() bool {
+			if tk, _ := poll(c, call); tk != nil {
 				t.Fatalf("%s ticked an idle queue", call)
 			}
-			return scans == 0
+			return scalar[bool](t, c, `select strpos(coalesce(current_setting('pgque.settled_ticks', true), ''),
+				',' || q.queue_id || ':' || (select max(tick_id) from pgque.tick where tick_queue = q.queue_id) || ',') > 0
+				  from pgque.queue q where q.queue_name = 'q'`)
 		})
 		for i := range 3 {
 			if tk, scans := poll(c, call); tk != nil || scans != 0 {
@@ -226,5 +211,166 @@ func TestTickerSettlesIdleTicks(t *testing.T) {
 	exec(t, pool, "select pgque.send('q', '{}')")
 	if tk, _ := poll(ticker, "select pgque.ticker()"); tk == nil {
 		t.Fatal("a settled queue did not tick for a new event")
+	}
+}
+
+// pollTicker runs one ticker call on c in its own transaction and returns
+// the tick it made (nil: none) and how many scans it made of tables, the
+// queue's event tables: the straggler probe is the only reader of them in
+// the ticker.
+func pollTicker(t *testing.T, c *pgx.Conn, tables []string, call string) (*int64, int64) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// The xact counters hold what the session has not reported yet,
+	// earlier transactions included: the call's scans are a difference.
+	count := func() int64 {
+		return scalar[int64](t, tx, `select coalesce(sum(coalesce(seq_scan, 0) + coalesce(idx_scan, 0)), 0)::bigint
+			  from pg_stat_xact_all_tables where relid = any($1::regclass[])`, tables)
+	}
+	before := count()
+	var tick *int64
+	if err := tx.QueryRow(ctx, call).Scan(&tick); err != nil {
+		t.Fatalf("%s: %v", call, err)
+	}
+	if call == "select pgque.ticker()" && tick != nil {
+		if *tick == 0 {
+			tick = nil
+		} else {
+			tick = new(int64) // ticker() counts ticks; a non-nil pointer says one was made
+		}
+	}
+	scans := count() - before
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return tick, scans
+}
+
+// probedWaits returns the transaction ids the ticker session c noted for
+// tick when its probe found nothing (pgque.probed_ticks), and whether it
+// noted the tick at all.
+func probedWaits(t *testing.T, c *pgx.Conn, tick int64) ([]string, bool) {
+	t.Helper()
+	var waits []string
+	err := c.QueryRow(context.Background(), `select string_to_array(m[1], ' ')
+		  from regexp_match(coalesce(current_setting('pgque.probed_ticks', true), ''), ',[0-9]+:' || $1::bigint || ':([0-9 ]*),') m`,
+		tick).Scan(&waits)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return waits, true
+}
+
+// probedWaitsOn reports whether c's note for tick waits on the 32-bit
+// transaction id xid (as pg_stat_activity shows it).
+func probedWaitsOn(t *testing.T, c *pgx.Conn, tick int64, xid string) bool {
+	t.Helper()
+	waits, _ := probedWaits(t, c, tick)
+	for _, w := range waits {
+		full, err := strconv.ParseUint(w, 10, 64)
+		if err != nil {
+			t.Fatalf("probed_ticks holds %q, not a transaction id", w)
+		}
+		if strconv.FormatUint(full%(1<<32), 10) == xid {
+			return true
+		}
+	}
+	return false
+}
+
+// TestTickerSkipsProbesWhileItsTransactionsRun: an open transaction with a
+// transaction id older than an idle queue's tick (a report or migration
+// that wrote something) holds the tick unsettled for as long as it runs.
+// The ticker probed the event index at every poll for all that time, on
+// every such queue (30 idle queues and one such transaction cost the
+// ticker's backend 0.7 s of CPU a second). Now a probe that finds nothing
+// notes the transactions that could still commit a straggler, and polls
+// skip the probe while they all run; when one ends, the next poll probes
+// again. A note that is not a list of transaction ids is ignored.
+func TestTickerSkipsProbesWhileItsTransactionsRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, pool := setupEngine(t)
+	for _, q := range []string{
+		"select pgque.set_queue_config('q', 'ticker_idle_period', '1 hour')",
+		"select pgque.set_queue_config('q', 'ticker_max_lag', '0')",
+		"select pgque.send('q', '{}')",
+	} {
+		exec(t, pool, q)
+	}
+	tables := eventTables(t, pool, "q")
+	ticker := pgtest.Conn(t, dsn)
+	// poll runs ticker('q'), pollAll ticker(), whose first statement drops
+	// the queues it need not look at.
+	pollWith := func(call, what string) int64 {
+		t.Helper()
+		tk, scans := pollTicker(t, ticker, tables, call)
+		if tk != nil {
+			t.Fatalf("%s: %s ticked with nothing sent since the last tick", what, call)
+		}
+		return scans
+	}
+	poll := func(what string) int64 { t.Helper(); return pollWith("select pgque.ticker('q')", what) }
+	pollAll := func(what string) int64 { t.Helper(); return pollWith("select pgque.ticker()", what) }
+	held, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Rollback(ctx)
+	xid := scalar[string](t, held, "select (pg_current_xact_id()::text::bigint % 4294967296)::text")
+	tick, _ := pollTicker(t, ticker, tables, "select pgque.ticker('q')")
+	if tick == nil {
+		t.Fatal("no tick for the send")
+	}
+	if poll("first poll") == 0 {
+		t.Fatal("the first poll of a tick held unsettled did not probe")
+	}
+	if !probedWaitsOn(t, ticker, *tick, xid) {
+		t.Fatalf("the note %q does not wait on the open transaction %s",
+			scalar[string](t, ticker, "select current_setting('pgque.probed_ticks', true)"), xid)
+	}
+	// Other tests' transactions the tick saw running end soon, each
+	// costing one more probe; then only the held one is left.
+	pgtest.WaitFor(t, 20*time.Second, "the note to wait on the held transaction alone", func() bool {
+		poll("poll while others end")
+		waits, _ := probedWaits(t, ticker, *tick)
+		return len(waits) == 1 && probedWaitsOn(t, ticker, *tick, xid)
+	})
+	for i := range 3 {
+		if scans := poll("poll while the held transaction runs"); scans != 0 {
+			t.Fatalf("poll %d while the one transaction the probe waits on runs: %d scans, want none", i, scans)
+		}
+		if scans := pollAll("poll while the held transaction runs"); scans != 0 {
+			t.Fatalf("ticker() poll %d while the one transaction the probe waits on runs: %d scans, want none", i, scans)
+		}
+	}
+	// A note any session could have set to anything: ignored, and probed.
+	queueID := scalar[int32](t, pool, "select queue_id from pgque.queue where queue_name = 'q'")
+	exec(t, ticker, "select set_config('pgque.probed_ticks', $1, false)", fmt.Sprintf(",%d:%d:not xids,", queueID, *tick))
+	if scans := poll("poll with a foreign note"); scans == 0 {
+		t.Fatal("a poll with a note that is not a list of transaction ids skipped the probe")
+	}
+	if scans := poll("poll after the note was made again"); scans != 0 {
+		t.Fatalf("after the probe noted the held transaction again, a poll made %d scans, want none", scans)
+	}
+	if err := held.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if scans := pollAll("poll after the held transaction ended"); scans == 0 {
+		t.Fatal("the ticker() poll after the transaction the probe waited on ended did not probe again")
+	}
+	// Nothing of the tick's is open now: settled, no more probes.
+	pgtest.WaitFor(t, 20*time.Second, "the tick to settle", func() bool { return poll("poll to settle") == 0 })
+	exec(t, pool, "select pgque.send('q', '{}')")
+	if tk, _ := pollTicker(t, ticker, tables, "select pgque.ticker('q')"); tk == nil {
+		t.Fatal("no tick for a new send")
 	}
 }

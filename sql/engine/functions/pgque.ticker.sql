@@ -8,6 +8,46 @@
 -- committed), and refuses to run under REPEATABLE READ or SERIALIZABLE,
 -- whose snapshot could predate the previous tick.
 
+-- _probe_waits(): how many open transactions a skipped probe may wait on;
+-- a tick with more is probed at every poll, as before.
+create or replace function pgque._probe_waits()
+returns integer language sql immutable
+return 16;
+
+-- _tick_waiting(note, queue, tick): whether the session's note
+-- (pgque.probed_ticks, see _tick_due) says that the last probe of the
+-- queue's tick found nothing and that every transaction it waits on still
+-- runs: then no straggler can have committed since, and the probe is
+-- skipped. Any session may set the name: an entry that is not a list of
+-- transaction ids is no entry.
+create or replace function pgque._tick_waiting(i_note text, i_queue integer, i_tick bigint)
+returns boolean language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_key  text := ',' || i_queue || ':' || i_tick || ':';
+    v_at   integer := strpos(coalesce(i_note, ''), v_key);
+    v_ids  text;
+    v_snap pg_snapshot;
+    v_wait xid8;
+begin
+    if v_at = 0 then
+        return false;
+    end if;
+    v_ids := split_part(substr(i_note, v_at + length(v_key)), ',', 1);
+    if v_ids !~ '^([0-9]{1,19}( [0-9]{1,19})*)?$' then
+        return false;
+    end if;
+    v_snap := pg_current_snapshot();
+    foreach v_wait in array string_to_array(v_ids, ' ')::xid8[] loop
+        if pg_visible_in_snapshot(v_wait, v_snap) then
+            return false; -- it ended: probe again
+        end if;
+    end loop;
+    return true;
+end;
+$$;
+
 -- _tick_due(queue, last tick, force): whether a tick is due: the event
 -- count reached ticker_max_count, or events are pending and ticker_max_lag
 -- passed, or ticker_idle_period passed.
@@ -34,6 +74,21 @@
 -- probes as before, and a straggler the probe misses is still in the next
 -- tick's batch, at the latest after ticker_idle_period.
 --
+-- A transaction below tick_xid that stays open (a report or a migration
+-- that wrote something, a producer stuck before its insert) holds the tick
+-- unsettled for as long as it runs, and the probe, planned at every call,
+-- ran on every poll of every idle queue: with 30 idle queues and one such
+-- transaction the ticker's backend spent 0.7 s of CPU a second. But only
+-- the transactions the tick saw running below tick_xid can commit a
+-- straggler, and a probe that found nothing saw every one of them that had
+-- ended. So the session also notes, per queue, the tick and those of them
+-- still running when the probe found nothing (setting pgque.probed_ticks:
+-- ",queue_id:tick_id:xid xid …,", up to _probe_waits() of them); later
+-- polls skip the probe until one of them ends, then probe again. The
+-- running set is read from a snapshot taken before the probe's, never from
+-- the commit log, which marks a transaction committed before snapshots
+-- stop listing it as running.
+--
 -- The probe is planned for the queue at hand every time (force_custom_plan,
 -- as the automatic mode chose anyway): the automatic mode also plans the
 -- statement once generically, at its sixth execution in a session, to
@@ -52,6 +107,8 @@ declare
     v_mem  text;
     v_tag  text;
     v_open boolean;
+    v_run  xid8[];
+    v_gap  bigint;
 begin
     if i_force or v_seq - t.tick_event_seq >= q.queue_ticker_max_count
        or v_age >= q.queue_ticker_idle_period then
@@ -71,6 +128,27 @@ begin
     -- Before the probe: a transaction below tick_xid that ends after this
     -- snapshot may still commit a straggler.
     v_open := t.tick_xid is null or pg_snapshot_xmin(pg_current_snapshot()) < t.tick_xid;
+    if v_open and t.tick_xid is not null then
+        -- The last probe of this tick found nothing: skip this one while
+        -- every transaction that could still commit a straggler runs.
+        if pgque._tick_waiting(current_setting('pgque.probed_ticks', true), q.queue_id, t.tick_id) then
+            return false;
+        end if;
+        -- Those the tick did not see finished below tick_xid (listed as
+        -- running, or at or past its xmax: a transaction gets its id before
+        -- it is listed) and still running now, before the probe's snapshot:
+        -- any other ended before it, and the probe sees what it committed.
+        -- Ids of subtransactions among them only cost an early probe.
+        v_gap := pg_snapshot_xmax(t.tick_snapshot)::text::bigint;
+        v_gap := t.tick_xid::text::bigint - v_gap;
+        if v_gap <= 1000 then
+            v_run := array(select x from (select x from pg_snapshot_xip(t.tick_snapshot) x
+                                          union all
+                                          select (pg_snapshot_xmax(t.tick_snapshot)::text::bigint + g)::text::xid8
+                                            from generate_series(0, v_gap - 1) g) c
+                            where x < t.tick_xid and not pg_visible_in_snapshot(x, pg_current_snapshot()));
+        end if;
+    end if;
     if exists (
         select 1 from pgque.event e
          where e.ev_part >= pgque._part_lo(q.queue_id) and e.ev_part < pgque._part_hi(q.queue_id)
@@ -81,6 +159,11 @@ begin
     if not v_open then
         perform set_config('pgque.settled_ticks',
                            regexp_replace(v_mem, ',' || q.queue_id || ':[0-9]+,', ',') || v_tag, false);
+    elsif t.tick_xid is not null and cardinality(v_run) <= pgque._probe_waits() then
+        perform set_config('pgque.probed_ticks',
+                           regexp_replace(coalesce(nullif(current_setting('pgque.probed_ticks', true), ''), ','),
+                                          ',' || q.queue_id || ':[^,]*,', ',')
+                           || q.queue_id || ':' || t.tick_id || ':' || array_to_string(v_run, ' ') || ',', false);
     end if;
     return false;
 end;
@@ -245,6 +328,7 @@ as $$
 declare
     v_bound  boolean := pg_current_xact_id_if_assigned() is null;
     v_mem    text := coalesce(nullif(current_setting('pgque.settled_ticks', true), ''), ',');
+    v_note   text := current_setting('pgque.probed_ticks', true);
     v_resume text := current_setting('pgque.ticker_resume', true);
     v_id     integer;
     v_probe  boolean;
@@ -266,7 +350,9 @@ begin
     -- One statement first drops the queues _tick_due would certainly find
     -- not due: neither count nor idle period reached, and either the last
     -- tick younger than ticker_max_lag or the sequence still and the tick
-    -- settled in this session. An idle queue then costs a row of it.
+    -- settled in this session, or its last probe waiting on transactions
+    -- that all still run (_tick_waiting). An idle queue then costs a row
+    -- of it.
     -- A row that is due by count, idle period or a moved sequence needs
     -- no probe; the others count against the budget, from the queue after
     -- the one the last call stopped before.
@@ -284,7 +370,8 @@ begin
             or clock_timestamp() - t.tick_time >= q.queue_ticker_idle_period
             or (clock_timestamp() - t.tick_time >= q.queue_ticker_max_lag
                 and (s.seq > t.tick_event_seq or t.tick_xid is null
-                     or strpos(v_mem, ',' || q.queue_id || ':' || t.tick_id || ',') = 0))
+                     or (strpos(v_mem, ',' || q.queue_id || ':' || t.tick_id || ',') = 0
+                         and not pgque._tick_waiting(v_note, q.queue_id, t.tick_id))))
          order by q.queue_id <= v_resume::integer, q.queue_id
     loop
         if v_probe then
