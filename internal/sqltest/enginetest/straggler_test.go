@@ -87,16 +87,7 @@ func TestTickerSeesEventsCommittedAfterTheirTick(t *testing.T) {
 func TestTickerSettlesIdleTicks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn, pool := setupEngine(t)
-	for _, q := range []string{
-		"select pgque.set_queue_config('q', 'ticker_idle_period', '1 hour')",
-		"select pgque.set_queue_config('q', 'ticker_max_lag', '0')",
-		"select pgque.send('q', '{}')",
-	} {
-		exec(t, pool, q)
-	}
-	tables := eventTables(t, pool, "q")
-	ticker := pgtest.Conn(t, dsn)
+	dsn, pool, tables, ticker := setupIdleQueue(t)
 	poll := func(c *pgx.Conn, call string) (*int64, int64) {
 		t.Helper()
 		return pollTicker(t, c, tables, call)
@@ -298,16 +289,7 @@ func probedWaitsOn(t *testing.T, c *pgx.Conn, tick int64, xid string) bool {
 func TestTickerSkipsProbesWhileItsTransactionsRun(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn, pool := setupEngine(t)
-	for _, q := range []string{
-		"select pgque.set_queue_config('q', 'ticker_idle_period', '1 hour')",
-		"select pgque.set_queue_config('q', 'ticker_max_lag', '0')",
-		"select pgque.send('q', '{}')",
-	} {
-		exec(t, pool, q)
-	}
-	tables := eventTables(t, pool, "q")
-	ticker := pgtest.Conn(t, dsn)
+	_, pool, tables, ticker := setupIdleQueue(t)
 	// poll runs ticker('q'), pollAll ticker(), whose first statement drops
 	// the queues it need not look at.
 	pollWith := func(call, what string) int64 {
@@ -373,4 +355,20 @@ func TestTickerSkipsProbesWhileItsTransactionsRun(t *testing.T) {
 	if tk, _ := pollTicker(t, ticker, tables, "select pgque.ticker('q')"); tk == nil {
 		t.Fatal("no tick for a new send")
 	}
+}
+
+// setupIdleQueue makes queue q tick at once for any event and only then
+// (no idle ticks), sends one event, and returns the queue's event tables
+// and a session for the ticker.
+func setupIdleQueue(t *testing.T) (dsn string, pool beginner, tables []string, ticker *pgx.Conn) {
+	t.Helper()
+	dsn, pool = setupEngine(t)
+	for _, q := range []string{
+		"select pgque.set_queue_config('q', 'ticker_idle_period', '1 hour')",
+		"select pgque.set_queue_config('q', 'ticker_max_lag', '0')",
+		"select pgque.send('q', '{}')",
+	} {
+		exec(t, pool, q)
+	}
+	return dsn, pool, eventTables(t, pool, "q"), pgtest.Conn(t, dsn)
 }
