@@ -48,6 +48,36 @@ begin
 end;
 $$;
 
+-- _tick_running(tick snapshot, tick_xid): the transactions that tick did
+-- not see finished below tick_xid (listed as running, or at or past its
+-- xmax: a transaction has its id before snapshots list it) and that still
+-- run now; NULL when over 1 000 ids lie between the xmax and tick_xid.
+-- Called before a probe: any other such transaction ended before the
+-- probe's snapshot, which sees what it committed. Ids of subtransactions
+-- among them only cost an early probe. Its own function so that its plan
+-- is made once a session, not at every probe (_tick_due plans each
+-- statement at every call).
+create or replace function pgque._tick_running(i_snap pg_snapshot, i_xid xid8)
+returns xid8[] language plpgsql
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+    v_now  pg_snapshot := pg_current_snapshot();
+    v_xmax bigint := pg_snapshot_xmax(i_snap)::text::bigint;
+    v_gap  bigint := i_xid::text::bigint - v_xmax;
+begin
+    if v_gap > 1000 then
+        return null;
+    end if;
+    return array(select x from pg_snapshot_xip(i_snap) x
+                  where x < i_xid and not pg_visible_in_snapshot(x, v_now)
+                 union all
+                 select (v_xmax + g)::text::xid8 from generate_series(0, v_gap - 1) g
+                  where not pg_visible_in_snapshot((v_xmax + g)::text::xid8, v_now));
+end;
+$$;
+
 -- _tick_due(queue, last tick, force): whether a tick is due: the event
 -- count reached ticker_max_count, or events are pending and ticker_max_lag
 -- passed, or ticker_idle_period passed.
@@ -108,7 +138,7 @@ declare
     v_tag  text;
     v_open boolean;
     v_run  xid8[];
-    v_gap  bigint;
+    v_note text;
 begin
     if i_force or v_seq - t.tick_event_seq >= q.queue_ticker_max_count
        or v_age >= q.queue_ticker_idle_period then
@@ -131,23 +161,11 @@ begin
     if v_open and t.tick_xid is not null then
         -- The last probe of this tick found nothing: skip this one while
         -- every transaction that could still commit a straggler runs.
-        if pgque._tick_waiting(current_setting('pgque.probed_ticks', true), q.queue_id, t.tick_id) then
+        v_note := current_setting('pgque.probed_ticks', true);
+        if v_note is not null and pgque._tick_waiting(v_note, q.queue_id, t.tick_id) then
             return false;
         end if;
-        -- Those the tick did not see finished below tick_xid (listed as
-        -- running, or at or past its xmax: a transaction gets its id before
-        -- it is listed) and still running now, before the probe's snapshot:
-        -- any other ended before it, and the probe sees what it committed.
-        -- Ids of subtransactions among them only cost an early probe.
-        v_gap := pg_snapshot_xmax(t.tick_snapshot)::text::bigint;
-        v_gap := t.tick_xid::text::bigint - v_gap;
-        if v_gap <= 1000 then
-            v_run := array(select x from (select x from pg_snapshot_xip(t.tick_snapshot) x
-                                          union all
-                                          select (pg_snapshot_xmax(t.tick_snapshot)::text::bigint + g)::text::xid8
-                                            from generate_series(0, v_gap - 1) g) c
-                            where x < t.tick_xid and not pg_visible_in_snapshot(x, pg_current_snapshot()));
-        end if;
+        v_run := pgque._tick_running(t.tick_snapshot, t.tick_xid);
     end if;
     if exists (
         select 1 from pgque.event e
@@ -329,8 +347,9 @@ declare
     v_bound  boolean := pg_current_xact_id_if_assigned() is null;
     v_mem    text := coalesce(nullif(current_setting('pgque.settled_ticks', true), ''), ',');
     v_note   text := current_setting('pgque.probed_ticks', true);
-    v_resume text := current_setting('pgque.ticker_resume', true);
+    v_resume integer;
     v_id     integer;
+    v_tick   bigint;
     v_probe  boolean;
     v_probes integer := 0;
     v_stop   integer;
@@ -342,7 +361,8 @@ begin
     perform pgque._tick_isolation();
     -- The resume point is this function's own note, but any session may
     -- set the name: a value that is not a queue id means no resume point.
-    v_resume := case when v_resume ~ '^[0-9]{1,9}$' then v_resume else '0' end;
+    v_resume := case when current_setting('pgque.ticker_resume', true) ~ '^[0-9]{1,9}$'
+                     then current_setting('pgque.ticker_resume', true)::integer else 0 end;
     -- Every queue is polled before any is ticked: the first tick gives the
     -- transaction its id, and that id bounds the producers of every tick
     -- of this call only if all their sequences were read before it.
@@ -350,17 +370,18 @@ begin
     -- One statement first drops the queues _tick_due would certainly find
     -- not due: neither count nor idle period reached, and either the last
     -- tick younger than ticker_max_lag or the sequence still and the tick
-    -- settled in this session, or its last probe waiting on transactions
-    -- that all still run (_tick_waiting). An idle queue then costs a row
-    -- of it.
+    -- settled in this session. An idle queue then costs a row of it; one
+    -- whose last probe waits on transactions that all still run
+    -- (_tick_waiting) costs a call of that more.
     -- A row that is due by count, idle period or a moved sequence needs
     -- no probe; the others count against the budget, from the queue after
     -- the one the last call stopped before.
-    for v_id, v_probe in
+    for v_id, v_probe, v_tick in
         select q.queue_id,
                not (s.seq - t.tick_event_seq >= q.queue_ticker_max_count
                     or clock_timestamp() - t.tick_time >= q.queue_ticker_idle_period
-                    or s.seq > t.tick_event_seq)
+                    or s.seq > t.tick_event_seq),
+               t.tick_id
           from pgque.queue q
          cross join lateral (select coalesce(pg_sequence_last_value(q.queue_event_seq), 0) as seq) s
          cross join lateral (select t.tick_id, t.tick_time, t.tick_event_seq, t.tick_xid
@@ -370,11 +391,15 @@ begin
             or clock_timestamp() - t.tick_time >= q.queue_ticker_idle_period
             or (clock_timestamp() - t.tick_time >= q.queue_ticker_max_lag
                 and (s.seq > t.tick_event_seq or t.tick_xid is null
-                     or (strpos(v_mem, ',' || q.queue_id || ':' || t.tick_id || ',') = 0
-                         and not pgque._tick_waiting(v_note, q.queue_id, t.tick_id))))
-         order by q.queue_id <= v_resume::integer, q.queue_id
+                     or strpos(v_mem, ',' || q.queue_id || ':' || t.tick_id || ',') = 0))
+         order by q.queue_id <= v_resume, q.queue_id
     loop
         if v_probe then
+            -- Its last probe found nothing and waits on transactions that
+            -- all still run: no probe, and nothing counted against the budget.
+            if v_note is not null and pgque._tick_waiting(v_note, v_id, v_tick) then
+                continue;
+            end if;
             if v_probes >= pgque._ticker_probes() then
                 v_stop := coalesce(v_stop, v_id);
                 continue;
