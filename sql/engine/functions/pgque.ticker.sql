@@ -109,9 +109,9 @@ $$;
 -- unsettled for as long as it runs, and the probe, planned at every call,
 -- ran on every poll of every idle queue: with 30 idle queues and one such
 -- transaction the ticker's backend spent 0.7 s of CPU a second. But only
--- the transactions the tick saw running below tick_xid can commit a
--- straggler, and a probe that found nothing saw every one of them that had
--- ended. So the session also notes, per queue, the tick and those of them
+-- a transaction below tick_xid that the tick did not see finished can
+-- commit a straggler (_tick_running), and a probe that found nothing saw
+-- every one of them that had ended. So the session also notes, per queue, the tick and those of them
 -- still running when the probe found nothing (setting pgque.probed_ticks:
 -- ",queue_id:tick_id:xid xid …,", up to _probe_waits() of them); later
 -- polls skip the probe until one of them ends, then probe again. The
