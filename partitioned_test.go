@@ -248,17 +248,27 @@ func TestPartitionedFencing(t *testing.T) {
 		t.Fatal(err)
 	}
 	pgtest.WaitFor(t, 20*time.Second, "the handler to start", func() bool { return calls.Load() == 1 })
-	q := dbq.New(env.pool)
 	// Only the victim's token could release its lease: the test frees it
-	// behind its back as the owner of the tables.
-	if _, err := env.pool.Exec(ctx, `update pgque.slot_lease set sl_owner = null, sl_until = null, sl_token = null
+	// behind its back as the owner of the tables, and the thief claims it
+	// in the same transaction, so the victim's own claimer cannot take
+	// the free lease back in between.
+	tx, err := env.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `update pgque.slot_lease set sl_owner = null, sl_until = null, sl_token = null
 		where sl_consumer = 'c' and sl_slot = 0`); err != nil {
 		t.Fatalf("freeing the victim's lease: %v", err)
 	}
-	epoch, token, ok, err := q.ClaimSlot(ctx, env.queue, "c", 0, "thief", time.Minute, "")
+	epoch, token, ok, err := dbq.New(tx).ClaimSlot(ctx, env.queue, "c", 0, "thief", time.Minute, "")
 	if err != nil || !ok {
 		t.Fatalf("claim_slot as the thief = %v, %v", ok, err)
 	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := dbq.New(env.pool)
 	select {
 	case cause := <-causes:
 		if !errors.Is(cause, pgque.ErrLeaseLost) {
