@@ -106,9 +106,10 @@ func TestTickSkipsNotifyWhenQueueFills(t *testing.T) {
 	}
 	mustExec(t, reader, `select pgque.ack(batch_id) from pgque.receive('nf', 'c', 100) limit 1`)
 
-	// Below the threshold (the default 0.5, and an out-of-range setting
-	// that must be ignored) the tick notifies.
-	for _, threshold := range []string{"", "0.9"} {
+	// Below the threshold (the default 0.5, and settings out of range or
+	// not a number, which must be ignored without an error) the tick
+	// notifies.
+	for _, threshold := range []string{"", "0.9", "not a number", "1e999", "-0.1"} {
 		heard, tick := tickAndWatch(threshold)
 		if tick == nil || !heard {
 			t.Errorf("threshold %q: tick %v, heard %v; want a tick with its notification", threshold, tick, heard)

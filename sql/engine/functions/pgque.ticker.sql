@@ -374,14 +374,18 @@ begin
     -- whose last probe waits on transactions that all still run
     -- (_tick_waiting) costs a call of that more.
     -- A row that is due by count, idle period or a moved sequence needs
-    -- no probe; the others count against the budget, from the queue after
-    -- the one the last call stopped before.
-    for v_id, v_probe, v_tick in
+    -- no probe, nor _tick_poll's second look: the sequence value read here,
+    -- before this transaction has an id, is the one its tick is bounded by
+    -- (_tick_write checks again under the queue's lock). The others count
+    -- against the budget, from the queue after the one the last call
+    -- stopped before. Each statement a tick skips is most of its cost: a
+    -- tick every 10 ms, of a queue with traffic, makes this the common row.
+    for v_id, v_probe, v_tick, v_seq in
         select q.queue_id,
                not (s.seq - t.tick_event_seq >= q.queue_ticker_max_count
                     or clock_timestamp() - t.tick_time >= q.queue_ticker_idle_period
                     or s.seq > t.tick_event_seq),
-               t.tick_id
+               t.tick_id, s.seq
           from pgque.queue q
          cross join lateral (select coalesce(pg_sequence_last_value(q.queue_event_seq), 0) as seq) s
          cross join lateral (select t.tick_id, t.tick_time, t.tick_event_seq, t.tick_xid
@@ -405,8 +409,8 @@ begin
                 continue;
             end if;
             v_probes := v_probes + 1;
+            v_seq := pgque._tick_poll(v_id, false);
         end if;
-        v_seq := pgque._tick_poll(v_id, false);
         if v_seq is not null then
             v_due := v_due || v_id;
             v_seqs := v_seqs || v_seq;
@@ -463,30 +467,21 @@ $$;
 -- skip their wake-up notification: 0.5, or less when the ticking session
 -- sets pgque.notify_max_usage to a number between 0 and 0.5. The setting
 -- can only make the skip start earlier (a session that lowers it only
--- makes its own ticks quieter); anything else is ignored. The queue is 8 GB
--- in a standard build, so tests lower it to exercise the skip without
--- filling gigabytes. Touches no table.
+-- makes its own ticks quieter); anything else (not a plain decimal,
+-- or over 0.5) is ignored. The queue is 8 GB in a standard build, so tests
+-- lower it to exercise the skip without filling gigabytes. Touches no
+-- table. A SQL expression the planner inlines: the ticks and receives
+-- that ask it make no function call.
 create or replace function pgque._notify_max_usage()
-returns double precision language plpgsql stable
-set search_path = pg_catalog, pg_temp
+returns double precision language sql stable
 as $$
-declare
-    v_set text := current_setting('pgque.notify_max_usage', true);
-    v_max double precision;
-begin
-    if v_set is null or v_set = '' then
-        return 0.5;
-    end if;
-    begin
-        v_max := v_set::double precision;
-    exception when others then
-        return 0.5;
-    end;
-    if v_max is null or not (v_max >= 0 and v_max <= 0.5) then
-        return 0.5;
-    end if;
-    return v_max;
-end;
+    select case when pg_catalog.current_setting('pgque.notify_max_usage', true)
+                     operator(pg_catalog.~) '^\s*([0-9]{1,20}(\.[0-9]{0,20})?|\.[0-9]{1,20})\s*$'
+                then case when pg_catalog.current_setting('pgque.notify_max_usage', true)::pg_catalog.float8
+                               operator(pg_catalog.<=) 0.5
+                          then pg_catalog.current_setting('pgque.notify_max_usage', true)::pg_catalog.float8
+                          else 0.5 end
+                else 0.5 end
 $$;
 
 -- _tick_forced(queue_id): whether force_next_tick(queue) ran earlier in
