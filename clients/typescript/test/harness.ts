@@ -70,7 +70,7 @@ export interface TestDbOptions {
    * tests, which works when testDb is awaited at the top of the file (in a
    * before() hook node's after() would run at the hook's end).
    */
-  t?: { after(fn: () => Promise<void>): void };
+  t?: AfterHost;
 }
 
 /**
@@ -128,9 +128,42 @@ export async function testDb(opts: TestDbOptions = {}): Promise<TestDb> {
       }
     },
   };
-  if (opts.t) opts.t.after(() => db.close());
+  if (opts.t) afterTheRest(opts.t, () => db.close());
   else after(() => db.close());
   return db;
+}
+
+/** What afterTheRest needs of node's TestContext. */
+export interface AfterHost {
+  after(fn: () => unknown): void;
+}
+
+/**
+ * Runs fn when the test ends, after every hook the test registers with
+ * t.after from here on, those running last-registered first. Node runs a
+ * test's after hooks in the order they were registered, so a database
+ * dropped by a hook registered at the test's start went before the
+ * workers, listeners and pools the test stopped in its own hooks: the drop
+ * waited its second for their sessions, then cut them. Stopping in the
+ * reverse order of starting also stops a worker before the pool it uses.
+ * An error of a later hook is thrown after fn has run.
+ */
+export function afterTheRest(t: AfterHost, fn: () => Promise<void>): void {
+  const later: Array<() => unknown> = [];
+  const register = t.after.bind(t);
+  t.after = (hook) => void later.push(hook);
+  register(async () => {
+    let failed: { err: unknown } | undefined;
+    for (const hook of later.reverse()) {
+      try {
+        await hook();
+      } catch (err) {
+        failed ??= { err };
+      }
+    }
+    await fn();
+    if (failed) throw failed.err;
+  });
 }
 
 /**

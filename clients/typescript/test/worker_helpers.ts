@@ -3,7 +3,7 @@
 
 import pg from "pg";
 import { withTransaction, type Executor, type Message, type Worker } from "../src/index.js";
-import { testDb, type TestDb } from "./harness.js";
+import { afterTheRest, testDb, type AfterHost, type TestDb } from "./harness.js";
 
 /** Creates queue name and settings for quick tests (max_retries given). */
 export async function createQueue(pool: pg.Pool, name: string, maxRetries = 5): Promise<void> {
@@ -167,17 +167,19 @@ export function gate(): { wait: Promise<void>; open(): void } {
 
 /**
  * A database with queue, a running test ticker, and track(w) for workers:
- * after the test, tracked workers are killed (a no-op once stopped), the
- * ticker stopped and the database dropped, in that order.
+ * after the test, tracked workers are killed (a no-op once stopped), then
+ * the test's own after hooks run, last-registered first (the pools it made
+ * for its workers end there), then the ticker is stopped and the database
+ * dropped, with no session of the test left to cut.
  */
-export async function setup(t: { after(fn: () => Promise<void>): void }, queue: string, opts: { ticker?: boolean } = {}): Promise<TestDb & { track(w: Worker): Worker }> {
+export async function setup(t: AfterHost, queue: string, opts: { ticker?: boolean } = {}): Promise<TestDb & { track(w: Worker): Worker }> {
   let drop = async () => {};
-  const db = await testDb({ t: { after: (fn) => (drop = fn) } });
+  const db = await testDb({ t: { after: (fn) => void (drop = fn as () => Promise<void>) } });
   await createQueue(db.pool, queue);
   const stopTicker = opts.ticker === false ? async () => {} : runTicker(db.pool, queue);
   const workers: Worker[] = [];
-  t.after(async () => {
-    await Promise.all(workers.map((w) => w.kill()));
+  t.after(async () => void (await Promise.all(workers.map((w) => w.kill()))));
+  afterTheRest(t, async () => {
     await stopTicker();
     await drop();
   });
