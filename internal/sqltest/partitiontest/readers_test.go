@@ -142,6 +142,23 @@ func TestReaders(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Fatalf("readers %v, want %v", names, want)
 	}
+	// The queue's key reader (pgque.tick_slots.sql), which its ticks call.
+	rows, err = d.pool.Query(ctx, `select p.proname::text, p.prosecdef, coalesce(array_to_string(p.proconfig, ','), ''),
+		       has_function_privilege('pgque_reader', p.oid, 'execute'), has_function_privilege('pgque_writer', p.oid, 'execute'),
+		       has_function_privilege('pgque_admin', p.oid, 'execute'), has_function_privilege('public', p.oid, 'execute')
+		  from pg_proc p where p.pronamespace = 'pgque'::regnamespace and p.proname ~ '^_slot_keys_[0-9]+$' order by 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowToStructByPos[reader])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 1 || keys[0].Name != fmt.Sprintf("_slot_keys_%d", qid) || keys[0].Definer ||
+		keys[0].Reader || keys[0].Writer || keys[0].Admin || keys[0].Public ||
+		keys[0].Config != "search_path=pg_catalog, pg_temp,plan_cache_mode=force_generic_plan" {
+		t.Errorf("key readers %+v: want _slot_keys_%d, SECURITY INVOKER, search_path pinned, executable by no role", keys, qid)
+	}
 
 	// Every read runs on this one session, so the readers' plans are made
 	// once, now, while the tables are empty, and then serve a table of

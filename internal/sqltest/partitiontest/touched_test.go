@@ -238,3 +238,85 @@ func TestBehindSlotWakesItself(t *testing.T) {
 		t.Fatalf("after a full chunk: notified %q, want the next tick's %q", got, want)
 	}
 }
+
+// A tick of a queue with slot consumers reads its batch's keys with the
+// queue's key reader, whose plan holds the queue's own event tables: it
+// locks no other queue's tables or indexes (a generic plan on pgque.event
+// locked them all, 8 133 locks a tick with 900 queues). Without the
+// reader (dropped here) the tick plans the statement for itself, with the
+// same notification and the same locks, and maint() makes the reader
+// again; it drops the reader of a dropped queue.
+func TestTickReadsTheKeysOfItsQueueAlone(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	ctx := context.Background()
+	for i := range 20 {
+		d.createQueue(fmt.Sprintf("o%d", i))
+	}
+	d.createQueue("q")
+	d.subscribeSlots("q", "c", 4)
+	d.subscribeSlots("o1", "c", 2)
+	id := one[int32](t, d.pool, "select queue_id from pgque.queue where queue_name = 'q'")
+	reader := fmt.Sprintf("pgque._slot_keys_%d", id)
+	hasReader := func(name string) bool {
+		return one[*string](t, d.pool, "select pg_catalog.to_regproc($1)::text", name) != nil
+	}
+	if !hasReader(reader) {
+		t.Fatalf("subscribe_slot made no %s", reader)
+	}
+	tag := one[string](t, d.pool, "select pgque._tick_tag('q')")
+	d.tick("q")
+	listener := pgtest.Conn(t, d.dsn)
+	if _, err := listener.Exec(ctx, "listen pgque_slots"); err != nil {
+		t.Fatal(err)
+	}
+
+	// tickLocks sends key, ticks q in a transaction and returns the event
+	// tables and indexes of other queues that the transaction locked.
+	tickLocks := func(key string) []string {
+		t.Helper()
+		d.send("q", ptr(key))
+		tx, err := d.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		tick(t, tx, "q")
+		others := one[[]string](t, tx, `select coalesce(array_agg(c.relname::text order by c.relname), '{}')
+			  from pg_catalog.pg_locks l join pg_catalog.pg_class c on c.oid = l.relation
+			 where l.pid = pg_catalog.pg_backend_pid() and c.relkind in ('r', 'i')
+			   and c.relname like 'event\_%' and c.relname not like $1`, fmt.Sprintf("event\\_%d\\_%%", id))
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("%s:4=%s", tag, touchedHex(map[int]bool{expectedSlot(t, d.pool, ptr(key), 4): true}, 4))
+		if got := nextTouched(t, listener); got != want {
+			t.Errorf("tick of key %s: notified %q, want %q", key, got, want)
+		}
+		return others
+	}
+	if others := tickLocks("a"); len(others) != 0 {
+		t.Errorf("a tick of q locked %d event tables and indexes of other queues: %v", len(others), others)
+	}
+	d.exec("drop function " + reader)
+	if others := tickLocks("b"); len(others) != 0 {
+		t.Errorf("without its key reader, a tick of q locked %d event tables and indexes of other queues: %v", len(others), others)
+	}
+	d.exec("select pgque.maint()")
+	if !hasReader(reader) {
+		t.Errorf("maint() did not make %s again", reader)
+	}
+	if others := tickLocks("c"); len(others) != 0 {
+		t.Errorf("with the remade key reader, a tick of q locked %d event tables and indexes of other queues: %v", len(others), others)
+	}
+
+	gone := fmt.Sprintf("pgque._slot_keys_%d", one[int32](t, d.pool, "select queue_id from pgque.queue where queue_name = 'o1'"))
+	if !hasReader(gone) {
+		t.Fatalf("subscribe_slot made no %s", gone)
+	}
+	d.exec("select pgque.drop_queue('o1', true)")
+	d.exec("select pgque.maint()")
+	if hasReader(gone) {
+		t.Errorf("maint() left %s of the dropped queue o1", gone)
+	}
+}

@@ -49,48 +49,35 @@ drop function if exists pgque._deliver_raw_body();
 -- maint_route_indexes those of the slot counts in use. Readers are not
 -- granted to any role.
 
--- _make_reader(queue_id, nslots, replace): creates the queue's reader for
--- nslots (1 for plain consumers), or replaces it when replace is true. Two
--- sessions making the same reader at once: the second finds it made, or,
--- while the first's transaction is open, waits for it at most 50 ms and
--- leaves the reader to maintenance (a consumer role may leave its
--- subscribe's transaction open as long as it likes, and another's
--- subscribe must not wait for it). The
--- SQL text holds only the two integers, put into _reader_src() by format().
--- This is the one function body the install (and subscribe) still builds
--- from text: a reader exists to have the queue id and N written in as
--- numbers, which plan-time pruning and the routing index need.
-create or replace function pgque._make_reader(i_queue_id integer, i_nslots integer, i_replace boolean)
+-- _make_function(name, signature, body, replace): creates the function
+-- pgque.<name>, revoked from PUBLIC, or replaces it when replace is true.
+-- signature is what comes between the name and the body (parameters,
+-- result, language, settings), body its source. For the readers below and
+-- the partition layer's key readers (pgque.tick_slots.sql) alone, whose
+-- callers build every argument from constants of the install and
+-- integers. Two sessions making the same function at once: the second
+-- finds it made, or, while the first's transaction is open, waits for it
+-- at most 50 ms and leaves it to maintenance (a consumer role may leave
+-- its subscribe's transaction open as long as it likes, and another's
+-- subscribe must not wait for it). These are the function bodies the
+-- install (and subscribe) still builds from text: a reader exists to have
+-- its queue id (and N) written in as numbers, which plan-time pruning and
+-- the routing index need.
+create or replace function pgque._make_function(i_name text, i_signature text, i_body text, i_replace boolean)
 returns void language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    v_name text := format('_read_%s_%s', i_queue_id, i_nslots);
     v_old_lt text := current_setting('lock_timeout');
 begin
-    if i_queue_id is null or i_nslots is null or i_nslots < 1 then
-        raise exception using errcode = '22023', message = format('no reader for queue %s and %s slots', i_queue_id, i_nslots);
-    end if;
-    if not i_replace and to_regproc('pgque.' || v_name) is not null then
+    if not i_replace and to_regproc('pgque.' || quote_ident(i_name)) is not null then
         return;
     end if;
     begin
         if not i_replace then
             perform set_config('lock_timeout', '50ms', true);
         end if;
-        execute format($ddl$
-create or replace function pgque.%I(st pgque.sub_state, v_prev pg_catalog.pg_snapshot, v_cur pg_catalog.pg_snapshot,
-                                    v_xip pg_catalog.xid8[], v_sub integer, i_slot integer, i_max integer,
-                                    v_budget bigint)
-returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
-               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
-language plpgsql volatile
-set search_path = pg_catalog, pg_temp
-set plan_cache_mode = force_generic_plan
-set enable_seqscan = off
-as %L$ddl$,
-            v_name,
-            format(pgque._reader_src(), i_queue_id, i_nslots));
+        execute format('create or replace function pgque.%I%s as %L', i_name, i_signature, i_body);
         perform set_config('lock_timeout', v_old_lt, true);
     exception
         when unique_violation then
@@ -100,8 +87,32 @@ as %L$ddl$,
             perform set_config('lock_timeout', v_old_lt, true);
             return; -- being made by an open transaction: left to maintenance
     end;
-    execute format('revoke all on function pgque.%I(pgque.sub_state, pg_catalog.pg_snapshot, pg_catalog.pg_snapshot, '
-                   'pg_catalog.xid8[], integer, integer, integer, bigint) from public', v_name);
+    execute format('revoke all on function %s from public', to_regproc('pgque.' || quote_ident(i_name))::regprocedure);
+end;
+$$;
+
+-- _make_reader(queue_id, nslots, replace): creates the queue's reader for
+-- nslots (1 for plain consumers), or replaces it when replace is true
+-- (_make_function). Its text holds only the two integers, put into
+-- _reader_src() by format().
+create or replace function pgque._make_reader(i_queue_id integer, i_nslots integer, i_replace boolean)
+returns void language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if i_queue_id is null or i_nslots is null or i_nslots < 1 then
+        raise exception using errcode = '22023', message = format('no reader for queue %s and %s slots', i_queue_id, i_nslots);
+    end if;
+    perform pgque._make_function(format('_read_%s_%s', i_queue_id, i_nslots), $sig$(
+    st pgque.sub_state, v_prev pg_catalog.pg_snapshot, v_cur pg_catalog.pg_snapshot,
+    v_xip pg_catalog.xid8[], v_sub integer, i_slot integer, i_max integer, v_budget bigint)
+returns table (msg_id bigint, batch_id bigint, type text, payload text, retry_count integer,
+               created_at timestamptz, partition_key text, extra2 text, extra3 text, extra4 text)
+language plpgsql volatile
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
+set enable_seqscan = off$sig$,
+        format(pgque._reader_src(), i_queue_id, i_nslots), i_replace);
 end;
 $$;
 
@@ -116,6 +127,32 @@ as $$
      where p.pronamespace = 'pgque'::regnamespace and m is not null
 $$;
 
+-- _drop_orphans(pattern): drops the functions of schema pgque whose name
+-- matches pattern, a constant whose first group is a queue id, when that
+-- queue no longer exists: the readers here, the partition layer's key
+-- readers. Returns how many.
+create or replace function pgque._drop_orphans(i_pattern text)
+returns integer language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    r   record;
+    v_n integer := 0;
+begin
+    for r in
+        select p.oid::regprocedure as fn
+          from pg_catalog.pg_proc p
+          cross join lateral pg_catalog.regexp_match(p.proname, i_pattern) m
+         where p.pronamespace = 'pgque'::regnamespace and m is not null
+           and not exists (select 1 from pgque.queue q where q.queue_id = m[1]::integer)
+    loop
+        execute format('drop function if exists %s', r.fn);
+        v_n := v_n + 1;
+    end loop;
+    return v_n;
+end;
+$$;
+
 -- _maint_readers(): drops the readers of queues that no longer exist, and
 -- makes the reader for plain consumers of a queue that has a subscription
 -- and none (a subscribe left it to maintenance: _make_reader). A 'maint'
@@ -126,15 +163,8 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     r   record;
-    v_n integer := 0;
+    v_n integer := pgque._drop_orphans('^_read_([0-9]+)_[0-9]+$');
 begin
-    for r in
-        select x.fn from pgque._readers() x
-         where not exists (select 1 from pgque.queue q where q.queue_id = x.queue_id)
-    loop
-        execute format('drop function if exists %s', r.fn);
-        v_n := v_n + 1;
-    end loop;
     for r in
         select q.queue_id from pgque.queue q
          where pg_catalog.to_regproc(pg_catalog.format('pgque._read_%s_1', q.queue_id)) is null

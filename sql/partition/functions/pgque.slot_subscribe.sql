@@ -510,6 +510,7 @@ begin
     on conflict do nothing;
     if found then
         perform pgque._make_reader(q.queue_id, i_nslots, false); -- see api/functions/pgque.deliver_raw.sql
+        perform pgque._make_slot_keys(q.queue_id, false); -- see pgque.tick_slots.sql, "Key readers"
         perform pgque._route_index(q.queue_id, i_nslots, true);
     end if;
     perform 1 from pgque.slot_group where sg_queue = q.queue_id and sg_consumer = i_consumer for no key update;
