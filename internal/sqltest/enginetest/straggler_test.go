@@ -372,3 +372,28 @@ func setupIdleQueue(t *testing.T) (dsn string, pool beginner, tables []string, t
 	}
 	return dsn, pool, eventTables(t, pool, "q"), pgtest.Conn(t, dsn)
 }
+
+// TestTickerBoundsTicksDueWithoutAProbe: ticker() ticks a queue that its
+// first statement finds due (here, by a moved sequence) on the sequence
+// value that statement read, without _tick_poll's second look. That value
+// is read before the call's transaction has an id, so the tick still gets
+// its tick_xid bound, which lets later polls settle it without probing
+// for stragglers; a value that did not match what _tick_write reads under
+// the queue's lock would leave every such tick unbounded.
+func TestTickerBoundsTicksDueWithoutAProbe(t *testing.T) {
+	t.Parallel()
+	_, pool, _, ticker := setupIdleQueue(t)
+	for i := range 3 {
+		if i > 0 {
+			exec(t, pool, "select pgque.send('q', '{}')")
+		}
+		if n := scalar[int64](t, ticker, "select pgque.ticker()"); n != 1 {
+			t.Fatalf("round %d: ticker() ticked %d queues, want 1 (the queue's sequence moved)", i, n)
+		}
+		if !scalar[bool](t, pool, `select t.tick_xid is not null from pgque.tick t
+			  where t.tick_queue = (select queue_id from pgque.queue where queue_name = 'q')
+			  order by t.tick_id desc limit 1`) {
+			t.Fatalf("round %d: a tick ticker() made on its first statement's sequence read has no tick_xid", i)
+		}
+	}
+}

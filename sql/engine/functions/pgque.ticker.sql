@@ -223,9 +223,10 @@ begin
 end;
 $$;
 
--- _tick_write(queue_id, force, seq, bound): makes the tick _tick_poll
--- found due, unless a concurrent ticker made it first. seq is the event
--- sequence _tick_poll read; bound says this transaction had no id then.
+-- _tick_write(queue_id, force, seq, bound): makes the tick _tick_poll (or
+-- ticker()'s first statement) found due, unless a concurrent ticker made it
+-- first, checking again under the queue's lock. seq is the event sequence
+-- value that look read; bound says this transaction had no id then.
 -- The row lock below assigns the id, so it is above every producer's that
 -- holds an event id up to seq: the tick's tick_xid, when the sequence has
 -- not moved by the time the tick is written (see _tick_due). Returns the
