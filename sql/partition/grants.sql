@@ -12,6 +12,7 @@ grant execute on function
     pgque.release_slot(text, text, integer, text, uuid),
     pgque.receive_partitioned(text, text, integer, integer, text, uuid, integer),
     pgque.receive_partitioned_raw(text, text, integer, integer, text, uuid, integer, bigint, bigint, bigint),
+    pgque.receive_partitioned_raw_slots(text, text, text, integer, integer[], integer[], uuid[], bigint[], bigint[], bigint[]),
     pgque.ack_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, bigint),
     pgque.nack_partitioned(text, text, integer, integer, text, uuid, bigint, interval, text),
     pgque.nack_partitioned(text, text, integer, integer, text, uuid, bigint, bigint, bigint, interval, text),

@@ -75,6 +75,7 @@ func TestConfinedQueues(t *testing.T) {
 			`select pgque.release_slot('` + q + `', 'sc', 0, 'w', ` + tok + `)`,
 			`select * from pgque.receive_partitioned('` + q + `', 'sc', 0, 2, 'w', ` + tok + `, 10)`,
 			`select * from pgque.receive_partitioned_raw('` + q + `', 'sc', 0, 2, 'w', ` + tok + `, 10)`,
+			`select * from pgque.receive_partitioned_raw_slots('` + q + `', 'sc', 'w', 10, '{0}', '{2}', array[` + tok + `]::uuid[])`,
 			`select pgque.ack_partitioned('` + q + `', 'sc', 0, 2, 'w', ` + tok + `, 1, 1, 1)`,
 			`select pgque.nack_partitioned('` + q + `', 'sc', 0, 2, 'w', ` + tok + `, 1, '1 s', 'r')`,
 			`select * from pgque.announce_worker('` + q + `', 'sc', 'w', true, '{}', '3 s')`,

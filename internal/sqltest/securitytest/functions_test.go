@@ -289,6 +289,16 @@ var functions = map[string]fn{
 		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", tok, "10"}, nullAs: map[int]string{1: "PQ034", 6: "PQ085"}, cases: []badCase{
 			bc("PQ085", "'q1'", "'sc'", "0", "2", "'not-owner'", tok, "10"), bc("PQ030", "'q1'", "'sc'", "0", "3", "'w1'", tok, "10"),
 		}},
+	"pgque.receive_partitioned_raw_slots(text,text,text,integer,integer[],integer[],uuid[],bigint[],bigint[],bigint[])": {roles: "ra",
+		args: []string{"'q1'", "'sc'", "'w1'", "10", "'{0}'", "'{2}'", "array[" + tok + "]::uuid[]", "null", "null", "null"}, nullable: []int{7, 8, 9},
+		nullAs: map[int]string{1: "PQ034", 3: "PQ085"}, cases: []badCase{
+			bc("PQ085", "'q1'", "'sc'", "'not-owner'", "10", "'{0}'", "'{2}'", "array["+tok+"]::uuid[]", "null", "null", "null"),
+			bc("22023", "'q1'", "'sc'", "'w1'", "10", "'{0,1}'", "'{2}'", "array["+tok+"]::uuid[]", "null", "null", "null"),
+			bc("22023", "'q1'", "'sc'", "'w1'", "10", "'{0}'", "'{2}'", "array["+tok+"]::uuid[]", "'{1,2}'", "'{1,2}'", "'{1,2}'"),
+			bc("22023", "'q1'", "'sc'", "'w1'", "10", "'{0,0}'", "'{2,2}'", "array["+tok+", "+tok+"]::uuid[]", "null", "null", "null"),
+			bc("22023", "'q1'", "'sc'", "'w1'", "10", "'{{0}}'", "'{2}'", "array["+tok+"]::uuid[]", "null", "null", "null"),
+			bc("", "'q1'", "'sc'", "'w1'", "10", "'{}'", "'{}'", "'{}'::uuid[]", "null", "null", "null"),
+		}},
 	"pgque.receive_partitioned_raw(text,text,integer,integer,text,uuid,integer,bigint,bigint,bigint)": {roles: "ra",
 		args: []string{"'q1'", "'sc'", "0", "2", "'w1'", tok, "10", "null", "null", "null"}, nullable: []int{7, 8, 9},
 		nullAs: map[int]string{1: "PQ034", 6: "PQ085"}, cases: []badCase{
