@@ -1,6 +1,12 @@
 package pgque
 
-import "time"
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/pgque/pgque/internal/dbq"
+)
 
 // Exports for the external tests (package pgque_test).
 
@@ -82,3 +88,27 @@ func SetAckFoldWait(pc *PartitionedConsumer, d time.Duration) { pc.ackFoldWait =
 // TouchedSets reports whether pc's pool has received a touched set, from
 // which on only touched slots wake on a tick.
 func TouchedSets(pc *PartitionedConsumer) bool { return pc.pool.TouchedSets() }
+
+// GatheredCalls returns how many receives for more than one slot pc made
+// (gather.go).
+func GatheredCalls(pc *PartitionedConsumer) int64 { return pc.gather.calls.Load() }
+
+// SetGatherWindow sets how long pc's woken receives wait for each other;
+// call it before Start.
+func SetGatherWindow(pc *PartitionedConsumer, d time.Duration) { pc.gather.window = d }
+
+// GatherReceive makes, through pc's gathering, one receive for each of
+// calls, all started at once, and returns each one's rows and error.
+func GatherReceive(ctx context.Context, pc *PartitionedConsumer, calls []dbq.SlotReceive) ([][]dbq.Row, []error) {
+	rows, errs := make([][]dbq.Row, len(calls)), make([]error, len(calls))
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rows[i], errs[i] = pc.gather.receive(ctx, ctx, c)
+		}()
+	}
+	wg.Wait()
+	return rows, errs
+}

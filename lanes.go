@@ -31,6 +31,10 @@ type slotState struct {
 	// goroutine uses it, and only while no lane of the slot is held (a
 	// held key's settlement must not run before its chunk's ack).
 	ack *dbq.Delivery
+	// waited is set when the slot's last Work call left it waiting for a
+	// wake-up: its next receive is gathered with the other woken slots'
+	// (gather.go). Only the runner goroutine uses it.
+	waited bool
 }
 
 // lanesOf returns the state of lease's slot, creating it for a new runner.
@@ -120,7 +124,8 @@ func (pc *PartitionedConsumer) flushAck(ctx context.Context, sl *slotState, leas
 }
 
 // receive asks for the slot's next chunk, with its pending
-// acknowledgement. When the call fails (a stop cancels it, a connection
+// acknowledgement; a slot woken from a wait asks together with the other
+// woken slots (gather.go). When the call fails (a stop cancels it, a connection
 // breaks) the acknowledgement did not land; it is sent once on its own,
 // under the slot's work context, so that neither a graceful stop nor a
 // passing error gives the chunk to the next owner again, and an
@@ -128,7 +133,13 @@ func (pc *PartitionedConsumer) flushAck(ctx context.Context, sl *slotState, leas
 func (pc *PartitionedConsumer) receive(fetchCtx, workCtx context.Context, sl *slotState, lease *workerpool.Lease) ([]dbq.Row, error) {
 	cfg := &pc.config
 	ack := sl.takeAck()
-	rows, err := pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize, ack)
+	var rows []dbq.Row
+	var err error
+	if sl.waited && pc.gather != nil {
+		rows, err = pc.gather.receive(fetchCtx, workCtx, dbq.SlotReceive{Slot: lease.Slot, NSlots: lease.NSlots, Token: lease.Token, Ack: ack})
+	} else {
+		rows, err = pc.client.queries.ReceivePartitioned(fetchCtx, cfg.Queue, cfg.Consumer, lease.Slot, lease.NSlots, cfg.WorkerID, lease.Token, cfg.BatchSize, ack)
+	}
 	if err != nil && ack != nil {
 		sl.ack = ack
 		pc.flushAck(workCtx, sl, lease)

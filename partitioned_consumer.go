@@ -48,6 +48,10 @@ type PartitionedConsumer struct {
 	// for its next wake-up (ackFoldWait in lanes.go; tests lengthen it).
 	ackFoldWait time.Duration
 
+	// gather makes the receives of slots woken together one call
+	// (gather.go).
+	gather *receiveGather
+
 	// workHook, when set (by tests, before Start), is told the slot of
 	// every chunk call the pool makes.
 	workHook func(slot int)
@@ -82,8 +86,18 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		if pc.workHook != nil {
 			pc.workHook(lease.Slot)
 		}
-		return inner(fetchCtx, workCtx, lease)
+		more, err := inner(fetchCtx, workCtx, lease)
+		pc.lanesOf(lease).waited = err == nil && !more
+		return more, err
 	}
+	q := c.queries
+	pc.gather = &receiveGather{window: gatherWindowDefault,
+		single: func(ctx context.Context, r dbq.SlotReceive) ([]dbq.Row, error) {
+			return q.ReceivePartitioned(ctx, cfg.Queue, cfg.Consumer, r.Slot, r.NSlots, cfg.WorkerID, r.Token, cfg.BatchSize, r.Ack)
+		},
+		many: func(ctx context.Context, calls []dbq.SlotReceive) ([][]dbq.Row, error) {
+			return q.ReceivePartitionedSlots(ctx, cfg.Queue, cfg.Consumer, cfg.WorkerID, cfg.BatchSize, calls)
+		}}
 	complete := func(ctx context.Context, q *dbq.Queries, m *Message) error {
 		d := dbq.Delivery{Epoch: m.Epoch, BatchID: m.BatchID, MsgID: m.ID}
 		return q.CompleteDelivery(ctx, cfg.Queue, cfg.Consumer, m.Slot, m.NSlots, cfg.WorkerID, m.token, d, m.ID)

@@ -107,6 +107,9 @@ type Row struct {
 	PartitionKey *string
 	// Epoch is the slot lease's epoch (receive_partitioned only).
 	Epoch int64
+	// Slot and NSlots are the slot the row was received for
+	// (ReceivePartitionedSlots only).
+	Slot, NSlots int
 }
 
 // Receive calls pgque.receive(queue, consumer, max): the next chunk of at most
@@ -117,7 +120,7 @@ func (q *Queries) Receive(ctx context.Context, queue, consumer string, max int) 
 	if err != nil {
 		return nil, err
 	}
-	return readChunk(rows, false, jsonbPayload)
+	return readChunk(rows, plainRows, jsonbPayload)
 }
 
 // ReceiveRaw calls pgque.receive_raw(queue, consumer, max, ack_batch): when
@@ -131,7 +134,7 @@ func (q *Queries) ReceiveRaw(ctx context.Context, queue, consumer string, max in
 	if err != nil {
 		return nil, err
 	}
-	return readChunk(rows, false, rawPayload)
+	return readChunk(rows, plainRows, rawPayload)
 }
 
 // rawPayload is a payload as stored, made JSON the way receive makes it:

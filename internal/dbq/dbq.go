@@ -14,6 +14,7 @@ package dbq
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,4 +36,11 @@ type Queries struct {
 // New returns the queries bound to db.
 func New(db DBTX) *Queries {
 	return &Queries{db: db}
+}
+
+// UndefinedFunction reports whether err is the server's 42883: a function
+// this client calls is not installed (a server older than the client).
+func UndefinedFunction(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "42883"
 }

@@ -2,6 +2,7 @@ package dbq
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,7 +70,60 @@ func (q *Queries) ReceivePartitioned(ctx context.Context, queue, consumer string
 	if err != nil {
 		return nil, err
 	}
-	return readChunk(rows, true, rawPayload)
+	return readChunk(rows, epochRows, rawPayload)
+}
+
+// SlotReceive is one slot's part of ReceivePartitionedSlots: what
+// ReceivePartitioned takes for it.
+type SlotReceive struct {
+	Slot, NSlots int
+	Token        LeaseToken
+	Ack          *Delivery
+}
+
+// ReceivePartitionedSlots calls pgque.receive_partitioned_raw_slots: the
+// next chunk of every slot of calls, in one statement and one transaction,
+// each acknowledging its Ack first. chunks[i] is calls[i]'s. It succeeds
+// or fails as a whole: when it fails, nothing was acknowledged or
+// received.
+func (q *Queries) ReceivePartitionedSlots(ctx context.Context, queue, consumer, worker string, max int, calls []SlotReceive) (chunks [][]Row, err error) {
+	n := len(calls)
+	slots, nslots := make([]int32, n), make([]int32, n)
+	tokens := make([]LeaseToken, n)
+	epochs, batches, msgs := make([]*int64, n), make([]*int64, n), make([]*int64, n)
+	at := make(map[[2]int]int, n)
+	for i, c := range calls {
+		slots[i], nslots[i], tokens[i] = int32(c.Slot), int32(c.NSlots), c.Token
+		if c.Ack != nil {
+			epochs[i], batches[i], msgs[i] = &c.Ack.Epoch, &c.Ack.BatchID, &c.Ack.MsgID
+		}
+		at[[2]int{c.Slot, c.NSlots}] = i
+	}
+	rows, err := q.db.Query(ctx, `select msg_id, batch_id, type, payload, retry_count, created_at, partition_key, epoch, slot, nslots
+		from pgque.receive_partitioned_raw_slots($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text, $4::int, $5::int[], $6::int[], $7::pg_catalog.uuid[], $8::bigint[], $9::bigint[], $10::bigint[])`,
+		queue, consumer, worker, max, slots, nslots, tokens, epochs, batches, msgs)
+	if err != nil {
+		return nil, err
+	}
+	all, err := readChunk(rows, slotRows, rawPayload)
+	if err != nil {
+		return nil, err
+	}
+	chunks = make([][]Row, n)
+	for j := 0; j < len(all); {
+		// Each slot's rows come together, in ev_id order.
+		i, ok := at[[2]int{all[j].Slot, all[j].NSlots}]
+		if !ok {
+			return nil, fmt.Errorf("receive_partitioned_raw_slots returned a row of slot %d/%d, which was not asked for", all[j].Slot, all[j].NSlots)
+		}
+		k := j + 1
+		for k < len(all) && all[k].Slot == all[j].Slot && all[k].NSlots == all[j].NSlots {
+			k++
+		}
+		chunks[i] = all[j:k:k]
+		j = k
+	}
+	return chunks, nil
 }
 
 // Delivery names the chunk a slot handed out: the lease epoch and batch id it

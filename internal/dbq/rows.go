@@ -10,8 +10,18 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+// chunkShape says which columns a chunk's rows have past the seven every
+// receive returns.
+type chunkShape int
+
+const (
+	plainRows chunkShape = iota // msg_id … partition_key
+	epochRows                   // and the lease epoch
+	slotRows                    // and the lease epoch, the slot and its N (receive_partitioned_raw_slots)
+)
+
 // readChunk reads a chunk's rows: msg_id, batch_id, type, payload,
-// retry_count, created_at, partition_key and, with epoch, the lease epoch.
+// retry_count, created_at, partition_key and what shape adds.
 // jsonPayload makes a stored payload the JSON the caller promises (nil
 // stands for SQL NULL). A NULL type (insert_event can store one) is the
 // empty type: a row the client cannot read would stop its consumer for
@@ -26,10 +36,10 @@ import (
 // allocation and a type repeated from the row before shares its string.
 // Any other shape (the simple protocol's text format, say) is scanned the
 // ordinary way.
-func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Row, error) {
+func readChunk(rows pgx.Rows, shape chunkShape, jsonPayload func([]byte) []byte) ([]Row, error) {
 	defer rows.Close()
-	if !binaryChunk(rows.FieldDescriptions(), epoch) {
-		return scanChunk(rows, epoch, jsonPayload)
+	if !binaryChunk(rows.FieldDescriptions(), shape) {
+		return scanChunk(rows, shape, jsonPayload)
 	}
 	// aux[i] is what row i gets once every row is read (out and arena
 	// move while they grow): its payload's span in arena ({-1, 0} when it
@@ -73,10 +83,9 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 			arena = append(arena, p...)
 		}
 		if v[4] != nil {
-			if len(v[4]) != 4 {
-				return nil, fmt.Errorf("retry_count: %d bytes for an int4", len(v[4]))
+			if r.RetryCount, err = int4Value(v[4], "retry_count"); err != nil {
+				return nil, err
 			}
-			r.RetryCount = int(int32(binary.BigEndian.Uint32(v[4])))
 			r.readReplay()
 		}
 		if r.CreatedAt, err = timestamptzValue(v[5]); err != nil {
@@ -93,8 +102,16 @@ func readChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Ro
 			}
 		}
 		aux = append(aux, a)
-		if epoch {
+		if shape >= epochRows {
 			if r.Epoch, err = int8Value(v[7], "epoch"); err != nil {
+				return nil, err
+			}
+		}
+		if shape == slotRows {
+			if r.Slot, err = int4Value(v[8], "slot"); err != nil {
+				return nil, err
+			}
+			if r.NSlots, err = int4Value(v[9], "nslots"); err != nil {
 				return nil, err
 			}
 		}
@@ -126,10 +143,13 @@ const arenaMaxPayload = 16 << 10
 
 // binaryChunk reports whether the rows have the columns readChunk decodes
 // in place, every one but the text ones in the binary format.
-func binaryChunk(fds []pgconn.FieldDescription, epoch bool) bool {
+func binaryChunk(fds []pgconn.FieldDescription, shape chunkShape) bool {
 	want := []uint32{pgtype.Int8OID, pgtype.Int8OID, pgtype.TextOID, pgtype.TextOID, pgtype.Int4OID, pgtype.TimestamptzOID, pgtype.TextOID}
-	if epoch {
+	if shape >= epochRows {
 		want = append(want, pgtype.Int8OID)
+	}
+	if shape == slotRows {
+		want = append(want, pgtype.Int4OID, pgtype.Int4OID)
 	}
 	if len(fds) != len(want) {
 		return false
@@ -144,15 +164,18 @@ func binaryChunk(fds []pgconn.FieldDescription, epoch bool) bool {
 }
 
 // scanChunk is readChunk for any other shape of the rows.
-func scanChunk(rows pgx.Rows, epoch bool, jsonPayload func([]byte) []byte) ([]Row, error) {
+func scanChunk(rows pgx.Rows, shape chunkShape, jsonPayload func([]byte) []byte) ([]Row, error) {
 	var out []Row
 	for rows.Next() {
 		var r Row
 		var typ *string
 		var payload []byte
 		dest := []any{&r.MsgID, &r.BatchID, &typ, &payload, &r.RetryCount, &r.CreatedAt, &r.PartitionKey}
-		if epoch {
+		if shape >= epochRows {
 			dest = append(dest, &r.Epoch)
+		}
+		if shape == slotRows {
+			dest = append(dest, &r.Slot, &r.NSlots)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
@@ -173,6 +196,13 @@ func (r *Row) readReplay() {
 	if r.RetryCount < 0 {
 		r.Replay, r.RetryCount = true, -1-r.RetryCount
 	}
+}
+
+func int4Value(b []byte, name string) (int, error) {
+	if len(b) != 4 {
+		return 0, fmt.Errorf("%s: %d bytes for an int4", name, len(b))
+	}
+	return int(int32(binary.BigEndian.Uint32(b))), nil
 }
 
 func int8Value(b []byte, name string) (int64, error) {
