@@ -36,6 +36,7 @@ import { checkSchema } from "../migrate.js";
 import { HintGate, left, makePlan } from "./fairshare.js";
 import { hintTag, leaveTag, Listener, listenFrom, parseTouched, presenceChannel, slotsChannel, tickChannel, tickTag, touchedHas, type ListenConnect, type Touched } from "./listener.js";
 import { clampRetryDelay, HandlersStillRunningError, WorkerKilledError } from "./outcome.js";
+import { ReceiveGather } from "./gather.js";
 import { defaultRetryDelay, SlotRunner, type HandleCounters, type HandleResult, type Handler, type SlotEnv } from "./slot.js";
 import type { Message } from "./message.js";
 import * as q from "./sql.js";
@@ -413,6 +414,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
 
   const env: SlotEnv = {
     db,
+    gather: new ReceiveGather(db, opts.queue, opts.consumer, worker, batchSize),
     queue: opts.queue,
     consumer: opts.consumer,
     worker,

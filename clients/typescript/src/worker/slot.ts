@@ -29,6 +29,7 @@ import * as q from "./sql.js";
 import { HandlerTimeoutError, LeaseLostError, reasonOf, RetryAfterError, DeadLetterError } from "./outcome.js";
 import { Mutex, Semaphore, Wake, sleep } from "./sync.js";
 import { CallSignal } from "./callsignal.js";
+import type { ReceiveGather } from "./gather.js";
 
 /**
  * How long a deferred acknowledgement waits for the slot's next wake-up
@@ -132,6 +133,8 @@ export interface SlotEnv {
   counters: HandleCounters;
   /** The pid of the LISTEN session leases are bound to now, 0 for none (Listener.sessionPid). */
   session: () => number;
+  /** Makes the receives of slots woken together one call (gather.ts). */
+  gather: ReceiveGather;
 }
 
 /**
@@ -481,6 +484,9 @@ export class SlotRunner {
       }
     }
     let failedReceives = 0;
+    // Whether the slot waited for a wake-up since its last receive: then
+    // its receive goes with those of the other slots woken at once.
+    let waited = false;
     while (!this.stopping()) {
       let foldAck = false;
       if (this.heldEvents >= env.maxHeldEvents) {
@@ -493,8 +499,14 @@ export class SlotRunner {
         if (this.stopping()) break;
         let rows;
         try {
-          rows = await this.call("receiving", () => q.receive(env.db, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, env.batchSize, this.pendingAck));
+          const ack = this.pendingAck;
+          rows = await this.call("receiving", () =>
+            waited
+              ? env.gather.receive(this.slot, this.nslots, a.token, ack)
+              : q.receive(env.db, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, env.batchSize, ack));
+          waited = false;
         } catch (err) {
+          waited = false;
           if (this.fenced || (await this.leftByResize(err))) break;
           env.onError(err);
           failedReceives++;
@@ -520,6 +532,7 @@ export class SlotRunner {
       } finally {
         unlock();
       }
+      waited = true;
       // Nothing to do (or the database failed): wait for a tick, a poll, or a stop;
       // with an acknowledgement waiting to ride on the next receive, not longer
       // than foldTuning.ackFoldWaitMs.
