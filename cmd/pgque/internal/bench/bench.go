@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -45,6 +46,10 @@ type Options struct {
 	// their own on the same cluster and measure it beside pgque with the
 	// same workload, through its own API and its default tick schedule.
 	UpstreamSQL string
+	// Only, when set, keeps the steady suite's configurations whose names
+	// match it (a regular expression, e.g. "r2k_s16_go"): one row rerun
+	// without the rest of the suite.
+	Only string
 
 	// tiny shrinks quick mode further, for the package's own tests.
 	tiny bool
@@ -177,6 +182,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer e.close(context.WithoutCancel(ctx))
 	e.upstream = upstream
 	e.dbPrefix = opts.dbPrefix
+	if opts.Only != "" {
+		if e.only, err = regexp.Compile(opts.Only); err != nil {
+			return nil, fmt.Errorf("--only: %w", err)
+		}
+	}
 	rep.Environment = e.describe(ctx)
 	if upstream != nil {
 		rep.Environment.Upstream = upstream.describe()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +29,7 @@ type env struct {
 	adminDSN string             // a database on the server to run CREATE DATABASE from
 	upstream *upstreamFile      // upstream PgQue's installer, with Options.UpstreamSQL
 	dbPrefix string             // Options.dbPrefix
+	only     *regexp.Regexp     // Options.Only
 
 	mu     sync.Mutex
 	pools  []*pgxpool.Pool

@@ -113,12 +113,17 @@ func steadyConfigs(e *env) []steadyConfig {
 		rates, slots = []int{500}, []int{1, 16}
 	}
 	var out []steadyConfig
+	add := func(c steadyConfig) {
+		if e.only == nil || e.only.MatchString(c.name()) {
+			out = append(out, c)
+		}
+	}
 	for _, r := range rates {
-		out = append(out, steadyConfig{rate: r, slots: 16, client: "none"})
+		add(steadyConfig{rate: r, slots: 16, client: "none"})
 		for _, s := range slots {
 			for _, h := range held {
 				for _, c := range clients {
-					out = append(out, steadyConfig{rate: r, slots: s, client: c, held: h})
+					add(steadyConfig{rate: r, slots: s, client: c, held: h})
 				}
 			}
 		}

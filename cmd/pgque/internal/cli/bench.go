@@ -48,6 +48,7 @@ and SVG charts go to --out ("-": none).`,
 	f.StringVar(&o.OutDir, "out", bench.OutDirDefault, `directory for report.json and the charts ("-": write nothing)`)
 	f.StringVar(&o.UpstreamSQL, "upstream-sql", "", "also measure upstream PgQue in the steady, drain and wal suites, installed from this file "+
 		"(e.g. git show v0.3.0-alpha.1:devel/sql/pgque.sql from its repository)")
+	f.StringVar(&o.Only, "only", "", "run only the steady suite's configurations whose names match this regular expression (e.g. r2k_s16_go)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON on stdout")
 	return cmd
 }
