@@ -91,7 +91,12 @@ func TouchedSets(pc *PartitionedConsumer) bool { return pc.pool.TouchedSets() }
 
 // GatheredCalls returns how many receives for more than one slot pc made
 // (gather.go).
-func GatheredCalls(pc *PartitionedConsumer) int64 { return pc.gather.calls.Load() }
+func GatheredCalls(pc *PartitionedConsumer) int64 {
+	if pc.gather == nil {
+		return 0
+	}
+	return pc.gather.calls.Load()
+}
 
 // SetGatherWindow sets how long pc's woken receives wait for each other;
 // call it before Start.

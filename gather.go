@@ -10,12 +10,14 @@ import (
 )
 
 // A tick wakes the slots it touched at once (docs/design.md, "Wake-ups
-// proportional to work"), and each woken slot used to make its own
-// receive: one round trip, one transaction and one commit per slot. The
-// receives of slots that wake from a wait are gathered here for a short
-// window and made as one call (receive_partitioned_raw_slots), so a tick
-// that wakes four slots of a process costs the server one transaction
-// instead of four ("One call for the slots a tick wakes").
+// proportional to work"), and each woken slot makes its own receive: one
+// round trip, one transaction and one commit per slot. With
+// GatherReceives the receives of slots that wake from a wait are gathered
+// here for a short window and made as one call
+// (receive_partitioned_raw_slots), so a tick that wakes four slots of a
+// process costs the server one transaction instead of four. The call
+// serves its slots one after another, which is why it is not the default:
+// the last slot's chunk waits for the others' (docs/design.md, item 8).
 //
 // A slot receiving chunk after chunk (a backlog) does not wait for the
 // window: its receives go out alone, at once and in parallel with the

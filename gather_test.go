@@ -25,7 +25,7 @@ func TestPartitionedGathersWokenSlots(t *testing.T) {
 	delivered := make(chan int64, 1000)
 	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
 		Queue: env.queue, Consumer: "c", Slots: nslots, WorkerID: "solo",
-		PollInterval: 30 * time.Second,
+		PollInterval: 30 * time.Second, GatherReceives: true,
 		Handler: func(_ context.Context, m *pgque.Message) error {
 			defer chk.begin("solo", m)()
 			delivered <- m.ID
@@ -124,7 +124,7 @@ func TestGatheredReceiveFallsBackSlotBySlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	pc, err := env.client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
-		Queue: env.queue, Consumer: "c", Slots: nslots, WorkerID: "w",
+		Queue: env.queue, Consumer: "c", Slots: nslots, WorkerID: "w", GatherReceives: true,
 		Handler: func(context.Context, *pgque.Message) error { return nil },
 	})
 	if err != nil {

@@ -49,7 +49,7 @@ type PartitionedConsumer struct {
 	ackFoldWait time.Duration
 
 	// gather makes the receives of slots woken together one call
-	// (gather.go).
+	// (gather.go); nil without GatherReceives.
 	gather *receiveGather
 
 	// workHook, when set (by tests, before Start), is told the slot of
@@ -90,14 +90,16 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 		pc.lanesOf(lease).waited = err == nil && !more
 		return more, err
 	}
-	q := c.queries
-	pc.gather = &receiveGather{window: gatherWindowDefault,
-		single: func(ctx context.Context, r dbq.SlotReceive) ([]dbq.Row, error) {
-			return q.ReceivePartitioned(ctx, cfg.Queue, cfg.Consumer, r.Slot, r.NSlots, cfg.WorkerID, r.Token, cfg.BatchSize, r.Ack)
-		},
-		many: func(ctx context.Context, calls []dbq.SlotReceive) ([][]dbq.Row, error) {
-			return q.ReceivePartitionedSlots(ctx, cfg.Queue, cfg.Consumer, cfg.WorkerID, cfg.BatchSize, calls)
-		}}
+	if cfg.GatherReceives {
+		q := c.queries
+		pc.gather = &receiveGather{window: gatherWindowDefault,
+			single: func(ctx context.Context, r dbq.SlotReceive) ([]dbq.Row, error) {
+				return q.ReceivePartitioned(ctx, cfg.Queue, cfg.Consumer, r.Slot, r.NSlots, cfg.WorkerID, r.Token, cfg.BatchSize, r.Ack)
+			},
+			many: func(ctx context.Context, calls []dbq.SlotReceive) ([][]dbq.Row, error) {
+				return q.ReceivePartitionedSlots(ctx, cfg.Queue, cfg.Consumer, cfg.WorkerID, cfg.BatchSize, calls)
+			}}
+	}
 	complete := func(ctx context.Context, q *dbq.Queries, m *Message) error {
 		d := dbq.Delivery{Epoch: m.Epoch, BatchID: m.BatchID, MsgID: m.ID}
 		return q.CompleteDelivery(ctx, cfg.Queue, cfg.Consumer, m.Slot, m.NSlots, cfg.WorkerID, m.token, d, m.ID)

@@ -118,6 +118,9 @@ func TestPartitionedWakesOnlyTouchedSlots(t *testing.T) {
 		sendOne(keys[rng.IntN(len(keys))])
 	}
 	after := calls.snapshot()
+	if n := pgque.GatheredCalls(pc); n != 0 {
+		t.Errorf("%d gathered receives without GatherReceives", n)
+	}
 	for s := range nslots {
 		d := after[s] - before[s]
 		switch {
