@@ -32,6 +32,7 @@ test("work() refuses options the server or a timer cannot take, naming the optio
     [{ workerId: "w\u0000" }, /workerId holds a NUL character/],
     [{ workerId: 7 }, /workerId must be a string, not 7/],
     [{ slots: "4" }, /slots must be an integer from 1 to 1024, not the string "4"/],
+    [{ gatherReceives: "yes" }, /gatherReceives must be true or false, not the string "yes"/],
     [{ slots: 1.5 }, /slots .* not 1\.5/],
     [{ slots: 2000 }, /slots .* not 2000/],
     [{ handlerTimeoutMs: 2 ** 31 }, /handlerTimeoutMs must be a number from 0 to 2147483647, not 2147483648/],

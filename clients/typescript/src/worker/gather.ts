@@ -1,6 +1,8 @@
-// The receives of slots woken together, made as one call: a tick wakes the
-// slots it touched at once, and each used to make its own receive (one
-// round trip, one transaction, one commit per slot). The receives a wake-up
+// With gatherReceives, the receives of slots woken together are made as
+// one call: a tick wakes the slots it touched at once, and each makes its
+// own receive (one round trip, one transaction, one commit per slot). The
+// call serves its slots one after another, so the last one's chunk waits
+// for the others': less CPU for more latency, which is why it is an option. The receives a wake-up
 // starts run in one turn of the event loop; they are gathered until the
 // loop's next check phase (setImmediate), which adds no wait, and sent as
 // one receive_partitioned_raw_slots call (design.md, "One call for the

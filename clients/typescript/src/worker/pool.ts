@@ -78,6 +78,12 @@ export interface WorkOptions<P = unknown> {
   handlerTimeoutMs?: number;
   /** Events received per chunk, an integer from 1 to 100 000. Default 1000. */
   batchSize?: number;
+  /**
+   * The slots one tick wakes receive in one call (receive_partitioned_raw_slots)
+   * instead of one call each: less server CPU per event, more latency, since
+   * the call serves its slots one after another. Default false.
+   */
+  gatherReceives?: boolean;
   /** Most slots this worker works at once (an integer). Default N, whatever N becomes. */
   maxActiveSlots?: number;
   /** Slot lease lifetime, 1 s to 1 day. Default 30 s. */
@@ -365,6 +371,9 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
   const pollIntervalMs = numberOption("pollIntervalMs", opts.pollIntervalMs, 1000, 10, WAIT_MS_MAX);
   const holdAfterMs = numberOption("holdAfterMs", opts.holdAfterMs, 50, 1, WAIT_MS_MAX);
   const handlerTimeoutMs = handlerTimeoutOption(opts.handlerTimeoutMs);
+  if (opts.gatherReceives !== undefined && typeof opts.gatherReceives !== "boolean") {
+    throw new PgqueError(`work: gatherReceives must be true or false, not ${shown(opts.gatherReceives)}`, "invalid_argument");
+  }
   const concurrency = numberOption("concurrency", opts.concurrency, CONCURRENCY_DEFAULT, 1, Number.MAX_SAFE_INTEGER, true);
   const maxActiveOpt = numberOption("maxActiveSlots", opts.maxActiveSlots, Infinity, 1, Number.MAX_SAFE_INTEGER, true);
   const worker = workerIdOption(opts.workerId);
@@ -414,7 +423,7 @@ export async function work<P = unknown>(db: ConnectionSource, opts: WorkOptions<
 
   const env: SlotEnv = {
     db,
-    gather: new ReceiveGather(db, opts.queue, opts.consumer, worker, batchSize),
+    gather: opts.gatherReceives === true ? new ReceiveGather(db, opts.queue, opts.consumer, worker, batchSize) : null,
     queue: opts.queue,
     consumer: opts.consumer,
     worker,

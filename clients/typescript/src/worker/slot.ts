@@ -133,8 +133,8 @@ export interface SlotEnv {
   counters: HandleCounters;
   /** The pid of the LISTEN session leases are bound to now, 0 for none (Listener.sessionPid). */
   session: () => number;
-  /** Makes the receives of slots woken together one call (gather.ts). */
-  gather: ReceiveGather;
+  /** Makes the receives of slots woken together one call (gather.ts); null without gatherReceives. */
+  gather: ReceiveGather | null;
 }
 
 /**
@@ -501,7 +501,7 @@ export class SlotRunner {
         try {
           const ack = this.pendingAck;
           rows = await this.call("receiving", () =>
-            waited
+            waited && env.gather
               ? env.gather.receive(this.slot, this.nslots, a.token, ack)
               : q.receive(env.db, env.queue, env.consumer, this.slot, this.nslots, env.worker, a.token, env.batchSize, ack));
           waited = false;
