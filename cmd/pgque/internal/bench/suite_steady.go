@@ -25,7 +25,8 @@ import (
 // Client.Send at 100, 500 or 2 000 keyed events a second (1 000 keys, a
 // fifth of the events on 3 hot keys); the Go Ticker runs with its defaults
 // (10 ms ticks); a consumer of 1, 4 or 16 slots takes the events, either
-// the Go PartitionedConsumer ("go") or one plain SQL loop per slot ("sql")
+// the Go PartitionedConsumer ("go"; in full mode at 16 slots also with
+// GatherReceives, "gogather") or one plain SQL loop per slot ("sql")
 // that wakes on each touched set naming its slot and calls
 // receive_partitioned_raw with the folded ack until a chunk ends its
 // batch (see sqlSlotLoop), as a client without the Go library would. Each configuration runs once without and once with
@@ -83,7 +84,7 @@ var steadyGroups = map[string]string{
 type steadyConfig struct {
 	rate   int
 	slots  int
-	client string // "go", "sql" or "none" (subscribed, never receives)
+	client string // "go", "gogather" (GatherReceives), "sql" or "none" (subscribed, never receives)
 	held   bool
 	drain  bool // a backlog drained as fast as it goes, not a rate
 	warm   bool // the drain's loops warmed up on a first backlog before it
@@ -124,6 +125,11 @@ func steadyConfigs(e *env) []steadyConfig {
 			for _, h := range held {
 				for _, c := range clients {
 					add(steadyConfig{rate: r, slots: s, client: c, held: h})
+				}
+				// The Go pool with GatherReceives, in full mode: what one
+				// call for the slots a tick wakes saves, and costs.
+				if s == 16 && !e.quick {
+					add(steadyConfig{rate: r, slots: s, client: "gogather", held: h})
 				}
 			}
 		}
@@ -184,7 +190,7 @@ type steadySide struct {
 	// nil) before each receive.
 	sqlConsumer func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context, *loopGate) (steadyConsumer, error), error)
 	// goConsumer starts the Go PartitionedConsumer; nil for upstream.
-	goConsumer func(ctx context.Context, q string, slots int, lat *latencyLog) (steadyConsumer, error)
+	goConsumer func(ctx context.Context, q string, slots int, lat *latencyLog, gather bool) (steadyConsumer, error)
 	// lastTick returns the last tick id of q.
 	lastTick func(ctx context.Context, q string) (int64, error)
 	// closeBacklog makes sure the events sent to q are in a tick.
@@ -250,7 +256,7 @@ func (side *steadySide) runAll(ctx context.Context, r *recorder, parts steadyPar
 		// compare with it, and upstream's 16-slot loops that ran after one
 		// made about a hundred times the calls (docs/benchmarks.md, "The
 		// floor under the consumer").
-		if !parts.configs || (cfg.client == "go" && side.goConsumer == nil) || (cfg.client == "none" && side.system != "pgque") {
+		if !parts.configs || ((cfg.client == "go" || cfg.client == "gogather") && side.goConsumer == nil) || (cfg.client == "none" && side.system != "pgque") {
 			continue
 		}
 		res, err := side.run(ctx, cfg, d)
@@ -383,14 +389,14 @@ func newPgqueSide(ctx context.Context, e *env) (*steadySide, error) {
 			})
 		}, nil
 	}
-	side.goConsumer = func(ctx context.Context, q string, slots int, lat *latencyLog) (steadyConsumer, error) {
+	side.goConsumer = func(ctx context.Context, q string, slots int, lat *latencyLog, gather bool) (steadyConsumer, error) {
 		if consPool == nil {
 			if consPool, err = e.pool(ctx, consDSN, 40); err != nil {
 				return nil, err
 			}
 			side.closers = append(side.closers, consPool.Close)
 		}
-		return startGo(ctx, consPool, q, slots, lat)
+		return startGo(ctx, consPool, q, slots, lat, gather)
 	}
 	side.lastTick = func(ctx context.Context, _ string) (int64, error) { return lastTick(ctx, side.probe) }
 	side.closeBacklog = func(ctx context.Context, q string) error { return tick(ctx, side.probe, q) }
@@ -474,8 +480,8 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 	lat := &latencyLog{seen: map[int]bool{}}
 	var con steadyConsumer
 	switch cfg.client {
-	case "go":
-		con, err = side.goConsumer(ctx, q, cfg.slots, lat)
+	case "go", "gogather":
+		con, err = side.goConsumer(ctx, q, cfg.slots, lat, cfg.client == "gogather")
 	case "none":
 		// Subscribed, so that the ticker's hooks do their work for the
 		// slot group, but no loop is started.
@@ -786,14 +792,14 @@ func (g *goConsumer) stop(ctx context.Context) error {
 	return err
 }
 
-// startGo starts a PartitionedConsumer of q on pool and waits until it
-// owns every slot.
-func startGo(ctx context.Context, pool *pgxpool.Pool, q string, slots int, lat *latencyLog) (steadyConsumer, error) {
+// startGo starts a PartitionedConsumer of q on pool, with GatherReceives
+// as gather says, and waits until it owns every slot.
+func startGo(ctx context.Context, pool *pgxpool.Pool, q string, slots int, lat *latencyLog, gather bool) (steadyConsumer, error) {
 	client, err := pgque.NewClient(pool, &pgque.Config{Logger: quietLogger})
 	if err != nil {
 		return nil, err
 	}
-	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: q, Consumer: "c", Slots: slots,
+	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: q, Consumer: "c", Slots: slots, GatherReceives: gather,
 		Handler: func(ctx context.Context, m *pgque.Message) error { return lat.record(m.Payload, time.Now()) }})
 	if err != nil {
 		client.Close()
