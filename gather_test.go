@@ -8,7 +8,6 @@ import (
 
 	"github.com/pgque/pgque"
 	"github.com/pgque/pgque/internal/dbq"
-	"github.com/pgque/pgque/internal/testing/pgtest"
 )
 
 // TestPartitionedGathersWokenSlots: when a tick touches several slots of
@@ -20,38 +19,14 @@ func TestPartitionedGathersWokenSlots(t *testing.T) {
 	env := setup(t)
 	startTicker(t, env.client)
 	const nslots = 16
-	client := newClient(t, env.pool)
 	var chk checker
 	delivered := make(chan int64, 1000)
-	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
-		Queue: env.queue, Consumer: "c", Slots: nslots, WorkerID: "solo",
-		PollInterval: 30 * time.Second, GatherReceives: true,
-		Handler: func(_ context.Context, m *pgque.Message) error {
-			defer chk.begin("solo", m)()
-			delivered <- m.ID
-			return nil
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc := soloConsumer(t, env, nslots, true, &chk, delivered)
 	// A window far longer than any wake-up's spread under -race, so that
 	// each burst's slots meet in one call.
 	pgque.SetGatherWindow(pc, 30*time.Millisecond)
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := pc.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stopCtx, stop := context.WithTimeout(context.Background(), 15*time.Second)
-		defer stop()
-		if err := pc.Stop(stopCtx); err != nil {
-			t.Error(err)
-		}
-		cancel()
-	})
-	pgtest.WaitFor(t, 30*time.Second, "all 16 slots claimed", func() bool { return len(pc.OwnedSlots()) == nslots })
+	startOwningAll(t, pc, nslots)
+	ctx := context.Background()
 
 	// Two keys on each of slots 0..7; each burst is one transaction with
 	// an event of every one of them, so its tick touches 8 slots at once.
@@ -92,15 +67,7 @@ func TestPartitionedGathersWokenSlots(t *testing.T) {
 	} else {
 		t.Logf("%d receives for several slots in %d bursts", n, bursts)
 	}
-	stopCtx, stop := context.WithTimeout(context.Background(), 15*time.Second)
-	defer stop()
-	if err := pc.Stop(stopCtx); err != nil {
-		t.Fatal(err)
-	}
-	r, err := chk.verify(sent)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := stopAndVerify(t, pc, &chk, sent)
 	t.Log(r)
 	// Every chunk was acknowledged: nothing is left for the slots.
 	var left int

@@ -62,37 +62,12 @@ func TestPartitionedWakesOnlyTouchedSlots(t *testing.T) {
 	env := setup(t)
 	startTicker(t, env.client)
 	const nslots = 16
-	client := newClient(t, env.pool)
 	var chk checker
 	delivered := make(chan int64, 100)
-	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
-		Queue: env.queue, Consumer: "c", Slots: nslots, WorkerID: "solo",
-		PollInterval: 30 * time.Second,
-		Handler: func(_ context.Context, m *pgque.Message) error {
-			defer chk.begin("solo", m)()
-			delivered <- m.ID
-			return nil
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc := soloConsumer(t, env, nslots, false, &chk, delivered)
 	calls := &slotCalls{n: make(map[int]int)}
 	pgque.SetWorkHook(pc, calls.add)
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := pc.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stopCtx, stop := context.WithTimeout(context.Background(), 15*time.Second)
-		defer stop()
-		if err := pc.Stop(stopCtx); err != nil {
-			t.Error(err)
-		}
-		cancel()
-	})
-	pgtest.WaitFor(t, 30*time.Second, "all 16 slots claimed", func() bool { return len(pc.OwnedSlots()) == nslots })
+	startOwningAll(t, pc, nslots)
 
 	// The keys of slots 0..3 only, so slots 4..15 are never touched.
 	var keys []string
@@ -132,15 +107,7 @@ func TestPartitionedWakesOnlyTouchedSlots(t *testing.T) {
 	}
 	// The last handler returns after it signalled delivery: Stop waits
 	// for it, so that the checker has its end.
-	stopCtx, stop := context.WithTimeout(context.Background(), 15*time.Second)
-	defer stop()
-	if err := pc.Stop(stopCtx); err != nil {
-		t.Fatal(err)
-	}
-	r, err := chk.verify(sent)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := stopAndVerify(t, pc, &chk, sent)
 	if r.redeliveries != 0 {
 		t.Fatalf("%d redeliveries", r.redeliveries)
 	}
@@ -174,4 +141,62 @@ func TestPartitionedTouchedWakesDeliverWithoutPolls(t *testing.T) {
 	<-produced
 	pgtest.WaitFor(t, 20*time.Second, "every event", func() bool { return r.handled() == r.sentCount() })
 	r.verify([]int{4, 16})
+}
+
+// startOwningAll starts pc, stopped when the test ends, and waits until it
+// owns all nslots slots.
+func startOwningAll(t *testing.T, pc *pgque.PartitionedConsumer, nslots int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := pc.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stopCtx, stop := context.WithTimeout(context.Background(), 15*time.Second)
+		defer stop()
+		if err := pc.Stop(stopCtx); err != nil {
+			t.Error(err)
+		}
+		cancel()
+	})
+	pgtest.WaitFor(t, 30*time.Second, fmt.Sprintf("all %d slots claimed", nslots), func() bool { return len(pc.OwnedSlots()) == nslots })
+}
+
+// soloConsumer is a consumer of nslots slots, worker "solo", woken by
+// ticks alone (its poll is longer than a test), with GatherReceives as
+// gather says, whose handler checks each event with chk and sends its id
+// to delivered.
+func soloConsumer(t *testing.T, env *testEnv, nslots int, gather bool, chk *checker, delivered chan<- int64) *pgque.PartitionedConsumer {
+	t.Helper()
+	client := newClient(t, env.pool)
+	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{
+		Queue: env.queue, Consumer: "c", Slots: nslots, WorkerID: "solo",
+		PollInterval: 30 * time.Second, GatherReceives: gather,
+		Handler: func(_ context.Context, m *pgque.Message) error {
+			defer chk.begin("solo", m)()
+			delivered <- m.ID
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pc
+}
+
+// stopAndVerify stops pc (Stop waits for the last handler, so the checker
+// has every end) and returns what chk found of sent.
+func stopAndVerify(t *testing.T, pc *pgque.PartitionedConsumer, chk *checker, sent map[int64]string) report {
+	t.Helper()
+	stopCtx, stop := context.WithTimeout(context.Background(), 15*time.Second)
+	defer stop()
+	if err := pc.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	r, err := chk.verify(sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
