@@ -33,6 +33,7 @@ interface ProcConfig {
   id: string;
   dsn: string;
   poll_only: boolean;
+  gather: boolean;
   record: string;
   queue: string;
   consumer: string;
@@ -182,6 +183,7 @@ async function main(): Promise<number> {
     concurrency: Math.max(1, cfg.lanes) * cfg.slots,
     retryDelayMs: (retry) => (cfg.retry_delay / ns) * (retry + 1),
     listen: cfg.poll_only ? false : undefined,
+    gatherReceives: cfg.gather === true,
     // The checker takes a claim as the start of its epoch, as the Go
     // workers' debug log "pgque: slot claimed" says.
     onSlot: (c) => {

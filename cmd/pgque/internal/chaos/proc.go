@@ -68,6 +68,9 @@ type ProcConfig struct {
 	// Tx: the worker's handler is a HandlerTx that writes one chaos_effects
 	// row in its transaction before the usual handler body.
 	Tx bool `json:"tx"`
+	// Gather: the worker gathers the receives of the slots one tick
+	// wakes into one call (GatherReceives, gatherReceives).
+	Gather bool `json:"gather"`
 }
 
 // payload is the body of every chaos event.
@@ -345,6 +348,7 @@ func runWorker(ctx context.Context, cfg ProcConfig, logger *slog.Logger) error {
 		// Several key lanes per slot: slow handlers get their keys held
 		// while the slot moves on, which the checker then sees per key.
 		MaxWorkersPerSlot: cfg.Lanes,
+		GatherReceives:    cfg.Gather,
 		Handler:           handler,
 		RetryDelay:        func(n int) time.Duration { return retry * time.Duration(n+1) },
 	}

@@ -402,6 +402,10 @@ func (r *runner) procConfig(role, slot string, idx int) ProcConfig {
 			cfg.DSN = r.bouncer.DSN(dbName, pgcluster.Superuser)
 			cfg.PollOnly = true
 		}
+		// Workers 0, 1, 4, 5, … gather their woken slots' receives into
+		// one call; the others receive slot by slot: both paths run under
+		// every fault, with and without PgBouncer.
+		cfg.Gather = (idx/2)%2 == 0
 	case RoleProducer:
 		for k := idx; k < r.o.Keys; k += r.o.Producers {
 			cfg.Keys = append(cfg.Keys, fmt.Sprintf("tenant-%03d", k))
