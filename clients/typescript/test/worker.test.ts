@@ -8,6 +8,8 @@ import pg from "pg";
 import assert from "node:assert/strict";
 import { slots, subscribeSlots, Ticker, work, type Message, type WorkOptions } from "../src/index.js";
 import { aheadOf, foldTuning } from "../src/worker/slot.js";
+import { ReceiveGather } from "../src/worker/gather.js";
+import * as q from "../src/worker/sql.js";
 import { waitFor } from "./harness.js";
 import { barrier, gate, Recorder, sendKeyed, setup } from "./worker_helpers.js";
 
@@ -453,6 +455,41 @@ test("the slots a tick wakes receive in one call, and every event is still handl
   const { rows: left } = await db.pool.query<{ lag: string }>(
     "select coalesce(sum(lag), 0)::text as lag from pgque.partition_slot_status where queue = 'gather' and consumer = 'c'");
   assert.equal(left[0]!.lag, "0");
+});
+
+test("a gathered receive is all or nothing: one slot's wrong token fails the call, and every slot then asks alone", async (t) => {
+  const db = await setup(t, "gatherfall", { ticker: false });
+  await subscribeSlots(db.pool, "gatherfall", "c", 4);
+  const tokens: string[] = [];
+  for (let s = 0; s < 3; s++) {
+    const lease = await q.claimSlot(db.pool, "gatherfall", "c", s, "w", 60_000, null);
+    assert.ok(lease, `claim of slot ${s}`);
+    tokens.push(lease.token);
+    const { rows } = await db.pool.query<{ k: string }>(
+      "select k from generate_series(0, 10000) i, lateral (select 'f' || i as k) x where pgque.slot_of(k, 4) = $1 order by i limit 2", [s]);
+    for (const r of rows) await db.pool.query("select pgque.send('gatherfall', 't', '{}'::jsonb, $1)", [r.k]);
+  }
+  await db.pool.query("select pgque.force_next_tick('gatherfall')");
+  await db.pool.query("select pgque.ticker()");
+  // Slot 1's token no longer proves its lease.
+  tokens[1] = "00000000-0000-4000-8000-000000000000";
+  // Count the calls at the pool the gatherer calls through.
+  const texts: string[] = [];
+  const query = db.pool.query.bind(db.pool) as (text: unknown, params?: unknown[]) => Promise<unknown>;
+  (db.pool as unknown as { query: typeof query }).query = (text, params) => {
+    if (typeof text === "string" && text.includes("receive_partitioned_raw")) texts.push(text.includes("_slots") ? "slots" : "one");
+    return query(text, params);
+  };
+  const g = new ReceiveGather(db.pool, "gatherfall", "c", "w", 10);
+  const got = await Promise.allSettled([0, 1, 2].map((s) => g.receive(s, 4, tokens[s]!, null)));
+  assert.equal(g.calls, 1);
+  assert.deepEqual(texts, ["slots", "one", "one", "one"]);
+  for (const s of [0, 2]) {
+    const r = got[s]!;
+    assert.ok(r.status === "fulfilled" && r.value.length === 2, `slot ${s}: ${JSON.stringify(r)}`);
+  }
+  const bad = got[1]!;
+  assert.ok(bad.status === "rejected" && (bad.reason as { code?: string }).code === "PQ085", `slot 1: ${String((bad as PromiseRejectedResult).reason)}`);
 });
 
 test("a hot key's lane keeps its place between its events: a chunk of many cold keys does not slow it to one event per turn of all of them", async (t) => {
