@@ -2,6 +2,7 @@ package pgque
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,8 @@ type receiveGather struct {
 	// or nothing.
 	single func(ctx context.Context, call dbq.SlotReceive) ([]dbq.Row, error)
 	many   func(ctx context.Context, calls []dbq.SlotReceive) ([][]dbq.Row, error)
+	// log says when a gathered call failed and its slots asked alone.
+	log *slog.Logger
 	// calls counts the calls made for more than one slot (tests).
 	calls atomic.Int64
 	// off is set when the server has no receive_partitioned_raw_slots (an
@@ -137,6 +140,8 @@ func (g *receiveGather) flush() {
 	if dbq.UndefinedFunction(err) {
 		g.off.Store(true)
 	}
+	g.log.Debug("pgque: a gathered receive failed; each of its slots asks alone", slog.Int("slots", len(batch)),
+		slog.Bool("gathering_off", g.off.Load()), slog.Any("error", err))
 	var wg sync.WaitGroup
 	for _, r := range batch {
 		wg.Add(1)

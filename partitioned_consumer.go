@@ -92,7 +92,7 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 	}
 	if cfg.GatherReceives {
 		q := c.queries
-		pc.gather = &receiveGather{window: gatherWindowDefault,
+		pc.gather = &receiveGather{window: gatherWindowDefault, log: c.logger,
 			single: func(ctx context.Context, r dbq.SlotReceive) ([]dbq.Row, error) {
 				return q.ReceivePartitioned(ctx, cfg.Queue, cfg.Consumer, r.Slot, r.NSlots, cfg.WorkerID, r.Token, cfg.BatchSize, r.Ack)
 			},
