@@ -87,7 +87,9 @@ func (c *Client) NewPartitionedConsumer(config *PartitionedConsumerConfig) (*Par
 			pc.workHook(lease.Slot)
 		}
 		more, err := inner(fetchCtx, workCtx, lease)
-		pc.lanesOf(lease).waited = err == nil && !more
+		if pc.gather != nil {
+			pc.lanesOf(lease).waited = err == nil && !more
+		}
 		return more, err
 	}
 	if cfg.GatherReceives {

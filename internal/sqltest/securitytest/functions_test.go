@@ -293,6 +293,9 @@ var functions = map[string]fn{
 		args: []string{"'q1'", "'sc'", "'w1'", "10", "'{0}'", "'{2}'", "array[" + tok + "]::uuid[]", "null", "null", "null"}, nullable: []int{7, 8, 9},
 		nullAs: map[int]string{1: "PQ034", 3: "PQ085"}, cases: []badCase{
 			bc("PQ085", "'q1'", "'sc'", "'not-owner'", "10", "'{0}'", "'{2}'", "array["+tok+"]::uuid[]", "null", "null", "null"),
+			// Names with quotes, a newline and $$ are values all the way down.
+			bc("PQ085", "'q1'", "'sc'", "E'w''1\\n$$ drop table pgque.slot_lease; $$'", "10", "'{0}'", "'{2}'", "array["+tok+"]::uuid[]", "null", "null", "null"),
+			bc("PQ034", "'q1'", "E's''c\\n$$'", "'w1'", "10", "'{0}'", "'{2}'", "array["+tok+"]::uuid[]", "null", "null", "null"),
 			bc("22023", "'q1'", "'sc'", "'w1'", "10", "'{0,1}'", "'{2}'", "array["+tok+"]::uuid[]", "null", "null", "null"),
 			bc("22023", "'q1'", "'sc'", "'w1'", "10", "'{0}'", "'{2}'", "array["+tok+"]::uuid[]", "'{1,2}'", "'{1,2}'", "'{1,2}'"),
 			bc("22023", "'q1'", "'sc'", "'w1'", "10", "'{0,0}'", "'{2,2}'", "array["+tok+", "+tok+"]::uuid[]", "null", "null", "null"),
