@@ -50,7 +50,12 @@ type Options struct {
 	// match it (a regular expression, e.g. "r2k_s16_go"): one row rerun
 	// without the rest of the suite.
 	Only string
-
+	// HandlerTime, when set, makes the steady suite's Go handlers take
+	// that long per event (they wait, as a handler calling another
+	// service would), so that its Go configurations measure the pool with
+	// handlers that do real work; their names end in _h<ms>ms. The SQL
+	// loops and the drains are unchanged.
+	HandlerTime time.Duration
 	// tiny shrinks quick mode further, for the package's own tests.
 	tiny bool
 	// dbPrefix goes before the name of every database the suites make,
@@ -61,6 +66,9 @@ type Options struct {
 
 // validate checks the options and returns the suites to run, in order.
 func (o *Options) validate() ([]*suite, error) {
+	if o.HandlerTime < 0 || o.HandlerTime > time.Second {
+		return nil, fmt.Errorf("--handler-time must be between 0 and 1s, not %s", o.HandlerTime)
+	}
 	if len(o.Suites) == 0 {
 		return allSuites(), nil
 	}
@@ -182,6 +190,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer e.close(context.WithoutCancel(ctx))
 	e.upstream = upstream
 	e.dbPrefix = opts.dbPrefix
+	e.handlerTime = opts.HandlerTime
 	if opts.Only != "" {
 		if e.only, err = regexp.Compile(opts.Only); err != nil {
 			return nil, fmt.Errorf("--only: %w", err)

@@ -118,6 +118,30 @@ func TestUnknownSuite(t *testing.T) {
 	}
 }
 
+// TestHandlerTime checks --handler-time: out of range it is refused before
+// anything runs, and in range it names the Go configurations that get it.
+func TestHandlerTime(t *testing.T) {
+	for _, d := range []time.Duration{-time.Millisecond, 2 * time.Second} {
+		_, err := Run(context.Background(), Options{Suites: []string{"steady"}, HandlerTime: d})
+		if err == nil || !strings.Contains(err.Error(), "--handler-time") {
+			t.Errorf("HandlerTime %s: err = %v, want a --handler-time error", d, err)
+		}
+	}
+	clients := map[string]string{}
+	for _, cfg := range steadyConfigs(&env{handlerTime: 20 * time.Millisecond}) {
+		clients[cfg.name()] = cfg.client
+		if want := cfg.client == "go" || cfg.client == "gogather"; (cfg.handle == 20*time.Millisecond) != want ||
+			strings.HasSuffix(cfg.name(), "_h20ms") != want {
+			t.Errorf("%s (client %s): handler time %s", cfg.name(), cfg.client, cfg.handle)
+		}
+	}
+	for _, n := range []string{"r500_s16_go_free_h20ms", "r500_s16_gogather_held_h20ms", "r500_s16_sql_free"} {
+		if _, ok := clients[n]; !ok {
+			t.Errorf("no configuration %s among %v", n, clients)
+		}
+	}
+}
+
 func TestChartsAndTable(t *testing.T) {
 	met, missed := true, false
 	rep := &Report{Quick: true, Results: []Result{

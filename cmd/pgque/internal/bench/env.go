@@ -30,6 +30,8 @@ type env struct {
 	upstream *upstreamFile      // upstream PgQue's installer, with Options.UpstreamSQL
 	dbPrefix string             // Options.dbPrefix
 	only     *regexp.Regexp     // Options.Only
+	// handlerTime is Options.HandlerTime.
+	handlerTime time.Duration
 
 	mu     sync.Mutex
 	pools  []*pgxpool.Pool

@@ -88,6 +88,9 @@ type steadyConfig struct {
 	held   bool
 	drain  bool // a backlog drained as fast as it goes, not a rate
 	warm   bool // the drain's loops warmed up on a first backlog before it
+	// handle is how long the Go pool's handler takes per event
+	// (Options.HandlerTime; the Go clients only).
+	handle time.Duration
 }
 
 func (c steadyConfig) name() string {
@@ -100,6 +103,9 @@ func (c steadyConfig) name() string {
 	h := "free"
 	if c.held {
 		h = "held"
+	}
+	if c.handle > 0 {
+		h += fmt.Sprintf("_h%gms", float64(c.handle)/float64(time.Millisecond))
 	}
 	return fmt.Sprintf("r%s_s%d_%s_%s", rateName(c.rate), c.slots, c.client, h)
 }
@@ -124,17 +130,26 @@ func steadyConfigs(e *env) []steadyConfig {
 		for _, s := range slots {
 			for _, h := range held {
 				for _, c := range clients {
-					add(steadyConfig{rate: r, slots: s, client: c, held: h})
+					add(steadyConfig{rate: r, slots: s, client: c, held: h, handle: goHandle(c, e.handlerTime)})
 				}
 				// The Go pool with GatherReceives, in full mode: what one
 				// call for the slots a tick wakes saves, and costs.
 				if s == 16 && !e.quick {
-					add(steadyConfig{rate: r, slots: s, client: "gogather", held: h})
+					add(steadyConfig{rate: r, slots: s, client: "gogather", held: h, handle: e.handlerTime})
 				}
 			}
 		}
 	}
 	return out
+}
+
+// goHandle is the handler time of a configuration of client: d for the Go
+// clients, none for the others.
+func goHandle(client string, d time.Duration) time.Duration {
+	if client == "go" || client == "gogather" {
+		return d
+	}
+	return 0
 }
 
 // steadyKey returns the partition key of event i: a fifth of the events
@@ -190,7 +205,7 @@ type steadySide struct {
 	// nil) before each receive.
 	sqlConsumer func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context, *loopGate) (steadyConsumer, error), error)
 	// goConsumer starts the Go PartitionedConsumer; nil for upstream.
-	goConsumer func(ctx context.Context, q string, slots int, lat *latencyLog, gather bool) (steadyConsumer, error)
+	goConsumer func(ctx context.Context, q string, cfg steadyConfig, lat *latencyLog) (steadyConsumer, error)
 	// lastTick returns the last tick id of q.
 	lastTick func(ctx context.Context, q string) (int64, error)
 	// closeBacklog makes sure the events sent to q are in a tick.
@@ -389,14 +404,14 @@ func newPgqueSide(ctx context.Context, e *env) (*steadySide, error) {
 			})
 		}, nil
 	}
-	side.goConsumer = func(ctx context.Context, q string, slots int, lat *latencyLog, gather bool) (steadyConsumer, error) {
+	side.goConsumer = func(ctx context.Context, q string, cfg steadyConfig, lat *latencyLog) (steadyConsumer, error) {
 		if consPool == nil {
 			if consPool, err = e.pool(ctx, consDSN, 40); err != nil {
 				return nil, err
 			}
 			side.closers = append(side.closers, consPool.Close)
 		}
-		return startGo(ctx, consPool, q, slots, lat, gather)
+		return startGo(ctx, consPool, q, cfg, lat)
 	}
 	side.lastTick = func(ctx context.Context, _ string) (int64, error) { return lastTick(ctx, side.probe) }
 	side.closeBacklog = func(ctx context.Context, q string) error { return tick(ctx, side.probe, q) }
@@ -481,7 +496,7 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 	var con steadyConsumer
 	switch cfg.client {
 	case "go", "gogather":
-		con, err = side.goConsumer(ctx, q, cfg.slots, lat, cfg.client == "gogather")
+		con, err = side.goConsumer(ctx, q, cfg, lat)
 	case "none":
 		// Subscribed, so that the ticker's hooks do their work for the
 		// slot group, but no loop is started.
@@ -792,15 +807,31 @@ func (g *goConsumer) stop(ctx context.Context) error {
 	return err
 }
 
-// startGo starts a PartitionedConsumer of q on pool, with GatherReceives
-// as gather says, and waits until it owns every slot.
-func startGo(ctx context.Context, pool *pgxpool.Pool, q string, slots int, lat *latencyLog, gather bool) (steadyConsumer, error) {
+// startGo starts a PartitionedConsumer of q on pool with cfg's slots,
+// GatherReceives for the "gogather" client and handlers that take
+// cfg.handle after recording the event's latency, and waits until it owns
+// every slot.
+func startGo(ctx context.Context, pool *pgxpool.Pool, q string, cfg steadyConfig, lat *latencyLog) (steadyConsumer, error) {
 	client, err := pgque.NewClient(pool, &pgque.Config{Logger: quietLogger})
 	if err != nil {
 		return nil, err
 	}
-	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: q, Consumer: "c", Slots: slots, GatherReceives: gather,
-		Handler: func(ctx context.Context, m *pgque.Message) error { return lat.record(m.Payload, time.Now()) }})
+	slots := cfg.slots
+	pc, err := client.NewPartitionedConsumer(&pgque.PartitionedConsumerConfig{Queue: q, Consumer: "c", Slots: slots,
+		GatherReceives: cfg.client == "gogather",
+		Handler: func(ctx context.Context, m *pgque.Message) error {
+			if err := lat.record(m.Payload, time.Now()); err != nil || cfg.handle <= 0 {
+				return err
+			}
+			t := time.NewTimer(cfg.handle)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}})
 	if err != nil {
 		client.Close()
 		return nil, err

@@ -49,6 +49,8 @@ and SVG charts go to --out ("-": none).`,
 	f.StringVar(&o.UpstreamSQL, "upstream-sql", "", "also measure upstream PgQue in the steady, drain and wal suites, installed from this file "+
 		"(e.g. git show v0.3.0-alpha.1:devel/sql/pgque.sql from its repository)")
 	f.StringVar(&o.Only, "only", "", "run only the steady suite's configurations whose names match this regular expression (e.g. r2k_s16_go)")
+	f.DurationVar(&o.HandlerTime, "handler-time", 0, "in the steady suite, make each Go handler take this long per event (e.g. 20ms), "+
+		"as a handler doing real work; those configurations' names end in _h<ms>ms")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON on stdout")
 	return cmd
 }
