@@ -184,7 +184,7 @@ func TestTickerSettlesIdleTicks(t *testing.T) {
 				t.Fatalf("%s ticked an idle queue", call)
 			}
 			return scalar[bool](t, c, `select strpos(coalesce(current_setting('pgque.settled_ticks', true), ''),
-				',' || q.queue_id || ':' || (select max(tick_id) from pgque.tick where tick_queue = q.queue_id) || ',') > 0
+				',' || q.queue_id || ':' || (select max(tick_id) from pgque.tick where tick_queue = q.queue_id) || ':') > 0
 				  from pgque.queue q where q.queue_name = 'q'`)
 		})
 		for i := range 3 {

@@ -3,8 +3,8 @@ package enginetest
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgque/pgque/internal/testing/pgtest"
 )
@@ -53,7 +53,8 @@ func TestTickerProbesABoundedShareOfManyQueues(t *testing.T) {
 		return locks, ticked
 	}
 	settled := func() int {
-		return strings.Count(scalar[string](t, conn, "select coalesce(current_setting('pgque.settled_ticks', true), '')"), ":")
+		return int(scalar[int64](t, conn, `select count(*) from string_to_table(coalesce(current_setting('pgque.settled_ticks', true), ''), ',') e
+			where e <> ''`))
 	}
 
 	locks, ticked := eventLocks()
@@ -80,6 +81,77 @@ func TestTickerProbesABoundedShareOfManyQueues(t *testing.T) {
 	}
 	if n := scalar[int64](t, pool, "select count(*) from pgque.tick t join pgque.queue q on q.queue_id = t.tick_queue where q.queue_name = $1", last); n != 2 {
 		t.Errorf("queue %s has %d ticks, want 2", last, n)
+	}
+}
+
+// TestTickerPollsSettledQueuesWithoutReadingTheirTicks: once a session
+// has settled the last ticks of idle queues, its ticker() calls read none
+// of their ticks (their sequences have not moved since a settled tick, and
+// their idle period has not come), which was most of what an idle queue
+// cost a poll; a queue that gets an event is still ticked at the next
+// call. The session's notes are ordinary settings: notes in another form
+// (an older version's, or anything a session set) are dropped and cause no
+// error, and a note that claims a settled tick in the future is not
+// trusted.
+func TestTickerPollsSettledQueuesWithoutReadingTheirTicks(t *testing.T) {
+	t.Parallel()
+	dsn, pool := setupDB(t)
+	const queues = 60
+	exec(t, pool, fmt.Sprintf("select pgque.create_queue('s' || i) from generate_series(1, %d) i", queues))
+	// Every first tick older than ticker_max_lag: polls probe, then settle.
+	exec(t, pool, "select pg_sleep(0.05)")
+	conn := pgtest.Conn(t, dsn)
+	ticks := []string{"pgque.tick_0", "pgque.tick_1"}
+	settled := func() int64 {
+		return scalar[int64](t, conn, `select count(*) from string_to_table(coalesce(current_setting('pgque.settled_ticks', true), ''), ',') e
+			where e <> ''`)
+	}
+	// Other tests' transactions hold ticks unsettled while they run.
+	pgtest.WaitFor(t, 30*time.Second, "ticker() to settle every queue", func() bool {
+		pollTicker(t, conn, ticks, "select pgque.ticker()")
+		return settled() == queues
+	})
+	for i := range 3 {
+		if tk, scans := pollTicker(t, conn, ticks, "select pgque.ticker()"); tk != nil || scans != 0 {
+			t.Fatalf("poll %d over %d settled idle queues: tick %v, %d scans of the tick table; want none", i, queues, tk, scans)
+		}
+	}
+	exec(t, pool, `select pgque.send('s7', '{"x": 1}'::jsonb)`)
+	if n := scalar[int64](t, conn, "select pgque.ticker()"); n != 1 {
+		t.Fatalf("ticker() after an event on a settled queue ticked %d queues, want 1", n)
+	}
+	if n := scalar[int64](t, pool, "select count(*) from pgque.tick t join pgque.queue q on q.queue_id = t.tick_queue where q.queue_name = 's7'"); n != 2 {
+		t.Fatalf("queue s7 has %d ticks, want 2", n)
+	}
+
+	// A settled tick claimed in the future: its queue's tick is read.
+	s9 := scalar[int32](t, pool, "select queue_id from pgque.queue where queue_name = 's9'")
+	tick9 := scalar[int64](t, pool, "select max(tick_id) from pgque.tick where tick_queue = $1", s9)
+	exec(t, conn, `select set_config('pgque.settled_ticks', $1, false)`,
+		fmt.Sprintf(",%d:%d:0:%d,", s9, tick9, time.Now().Add(time.Hour).UnixMicro()))
+	if _, scans := pollTicker(t, conn, ticks, "select pgque.ticker()"); scans == 0 {
+		t.Error("a settled tick noted an hour ahead kept its queue's tick unread")
+	}
+
+	// Foreign notes: no error, dropped, and the queues settle again.
+	for _, v := range []string{"x", ",1:2,", ",1:2:3:4:5,", ",-1:2:3:4,", ",99999999999999999999:1:1:1,"} {
+		exec(t, conn, "select set_config('pgque.settled_ticks', $1, false), set_config('pgque.probed_ticks', $1, false)", v)
+		if _, err := conn.Exec(context.Background(), "select pgque.ticker()"); err != nil {
+			t.Fatalf("ticker() with notes %q: %v", v, err)
+		}
+		for _, name := range []string{"pgque.settled_ticks", "pgque.probed_ticks"} {
+			if got := scalar[string](t, conn, "select current_setting($1)", name); got == v {
+				t.Errorf("ticker() kept %s = %q", name, v)
+			}
+		}
+	}
+	pgtest.WaitFor(t, 30*time.Second, "ticker() to settle every queue again", func() bool {
+		pollTicker(t, conn, ticks, "select pgque.ticker()")
+		return settled() == queues
+	})
+	exec(t, pool, `select pgque.send('s8', '{"x": 1}'::jsonb)`)
+	if n := scalar[int64](t, conn, "select pgque.ticker()"); n != 1 {
+		t.Fatalf("ticker() after an event on a queue settled again ticked %d queues, want 1", n)
 	}
 }
 
