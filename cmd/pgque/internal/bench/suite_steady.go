@@ -84,12 +84,12 @@ var steadyGroups = map[string]string{
 type steadyConfig struct {
 	rate   int
 	slots  int
-	client string // "go", "gogather" (GatherReceives), "sql" or "none" (subscribed, never receives)
+	client string // "go", "gogather" (GatherReceives), "ts" (the TypeScript worker), "sql" or "none" (subscribed, never receives)
 	held   bool
 	drain  bool // a backlog drained as fast as it goes, not a rate
 	warm   bool // the drain's loops warmed up on a first backlog before it
 	// handle is how long the Go pool's handler takes per event
-	// (Options.HandlerTime; the Go clients only).
+	// (Options.HandlerTime; the Go and TypeScript clients only).
 	handle time.Duration
 }
 
@@ -134,8 +134,11 @@ func steadyConfigs(e *env) []steadyConfig {
 				}
 				// The Go pool with GatherReceives, in full mode: what one
 				// call for the slots a tick wakes saves, and costs.
+				// And the TypeScript worker (work()), what a Node.js
+				// service runs.
 				if s == 16 && !e.quick {
 					add(steadyConfig{rate: r, slots: s, client: "gogather", held: h, handle: e.handlerTime})
+					add(steadyConfig{rate: r, slots: s, client: "ts", held: h, handle: e.handlerTime})
 				}
 			}
 		}
@@ -144,9 +147,9 @@ func steadyConfigs(e *env) []steadyConfig {
 }
 
 // goHandle is the handler time of a configuration of client: d for the Go
-// clients, none for the others.
+// and TypeScript clients, none for the others.
 func goHandle(client string, d time.Duration) time.Duration {
-	if client == "go" || client == "gogather" {
+	if client == "go" || client == "gogather" || client == "ts" {
 		return d
 	}
 	return 0
@@ -206,6 +209,10 @@ type steadySide struct {
 	sqlConsumer func(ctx context.Context, q string, slots int, lat *latencyLog) (func(context.Context, *loopGate) (steadyConsumer, error), error)
 	// goConsumer starts the Go PartitionedConsumer; nil for upstream.
 	goConsumer func(ctx context.Context, q string, cfg steadyConfig, lat *latencyLog) (steadyConsumer, error)
+	// tsConsumer starts the TypeScript worker; nil for upstream. An error
+	// wrapping errSkipped (no Node.js, the package cannot be built) skips
+	// the configuration.
+	tsConsumer func(ctx context.Context, q string, cfg steadyConfig, lat *latencyLog) (steadyConsumer, error)
 	// lastTick returns the last tick id of q.
 	lastTick func(ctx context.Context, q string) (int64, error)
 	// closeBacklog makes sure the events sent to q are in a tick.
@@ -271,10 +278,15 @@ func (side *steadySide) runAll(ctx context.Context, r *recorder, parts steadyPar
 		// compare with it, and upstream's 16-slot loops that ran after one
 		// made about a hundred times the calls (docs/benchmarks.md, "The
 		// floor under the consumer").
-		if !parts.configs || ((cfg.client == "go" || cfg.client == "gogather") && side.goConsumer == nil) || (cfg.client == "none" && side.system != "pgque") {
+		if !parts.configs || ((cfg.client == "go" || cfg.client == "gogather") && side.goConsumer == nil) ||
+			(cfg.client == "ts" && side.tsConsumer == nil) || (cfg.client == "none" && side.system != "pgque") {
 			continue
 		}
 		res, err := side.run(ctx, cfg, d)
+		if errors.Is(err, errSkipped) {
+			side.e.logf("   %-8s %-22s skipped: %v", side.system, cfg.name(), err)
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", side.system, cfg.name(), err)
 		}
@@ -413,6 +425,30 @@ func newPgqueSide(ctx context.Context, e *env) (*steadySide, error) {
 		}
 		return startGo(ctx, consPool, q, cfg, lat)
 	}
+	var ts *tsDriver
+	side.tsConsumer = func(ctx context.Context, q string, cfg steadyConfig, lat *latencyLog) (steadyConsumer, error) {
+		if ts == nil {
+			d, err := setupTS(ctx, e)
+			if err != nil {
+				return nil, err
+			}
+			ts = d
+		}
+		c, err := pgx.Connect(ctx, p.dsn)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close(context.WithoutCancel(ctx))
+		for k := range cfg.slots {
+			if _, err := c.Exec(ctx, "select pgque.subscribe_slot($1, 'c', $2, $3)", q, k, cfg.slots); err != nil {
+				return nil, fmt.Errorf("subscribe_slot %d/%d: %w", k, cfg.slots, err)
+			}
+		}
+		if err := routeIndexes(ctx, c); err != nil {
+			return nil, err
+		}
+		return startTSSteady(ctx, ts, p.dsn, q, cfg, lat)
+	}
 	side.lastTick = func(ctx context.Context, _ string) (int64, error) { return lastTick(ctx, side.probe) }
 	side.closeBacklog = func(ctx context.Context, q string) error { return tick(ctx, side.probe, q) }
 	return side, nil
@@ -445,6 +481,18 @@ func (l *latencyLog) record(payload []byte, now time.Time) error {
 		l.n.Add(1)
 	}
 	return nil
+}
+
+// recordMs records the latency of event seq, measured elsewhere (the
+// TypeScript worker's handler), as record does.
+func (l *latencyLog) recordMs(seq int, ms float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.seen[seq] {
+		l.seen[seq] = true
+		l.ms = append(l.ms, ms)
+		l.n.Add(1)
+	}
 }
 
 // restart forgets the latencies and the count recorded so far (the events
@@ -497,6 +545,8 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 	switch cfg.client {
 	case "go", "gogather":
 		con, err = side.goConsumer(ctx, q, cfg, lat)
+	case "ts":
+		con, err = side.tsConsumer(ctx, q, cfg, lat)
 	case "none":
 		// Subscribed, so that the ticker's hooks do their work for the
 		// slot group, but no loop is started.

@@ -1,15 +1,22 @@
 package bench
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"embed"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -211,4 +218,124 @@ func (d *tsDriver) sendRate(ctx context.Context, dsn, queue string, events, tena
 		return 0, err
 	}
 	return res.rate(events)
+}
+
+// tsSteady is the steady suite's TypeScript worker: the driver in mode
+// steady, whose handler reports each event's latency on stdout until its
+// stdin closes.
+type tsSteady struct {
+	cmd   *exec.Cmd
+	stdin io.Closer
+	done  chan error // what the driver's end line said, once it exited
+	once  sync.Once
+	err   error
+}
+
+// tsSteadyLine is a JSON line of the driver in mode steady.
+type tsSteadyLine struct {
+	Ready      *bool  `json:"ready"`
+	Handled    *int   `json:"handled"`
+	Errors     int    `json:"errors"`
+	FirstError string `json:"first_error"`
+	Error      string `json:"error"`
+}
+
+// startTSSteady starts work() over cfg.slots slots of consumer "c" of q
+// (subscribed by the caller), its handlers taking cfg.handle, on sessions
+// named steadyAppConsumer, and waits until it owns every slot.
+func startTSSteady(ctx context.Context, d *tsDriver, dsn, q string, cfg steadyConfig, lat *latencyLog) (steadyConsumer, error) {
+	conn, err := nodeConnection(dsn)
+	if err != nil {
+		return nil, err
+	}
+	arg, _ := json.Marshal(map[string]any{
+		"pkg": d.pkg, "mode": "steady", "connection": conn, "queue": q, "consumer": "c", "slots": cfg.slots,
+		"handlerMs": cfg.handle.Milliseconds(), "poolMax": cfg.slots + 4, "applicationName": steadyAppConsumer,
+	})
+	// Not bound to ctx: stop ends it by closing its stdin, so that it stops
+	// its worker and says how that went.
+	cmd := exec.Command("node", "driver.mjs", string(arg))
+	cmd.Dir = d.dir
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%w: starting node: %v", errSkipped, err)
+	}
+	t := &tsSteady{cmd: cmd, stdin: stdin, done: make(chan error, 1)}
+	ready := make(chan bool, 1)
+	go func() {
+		var end *tsSteadyLine
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Bytes()
+			if len(line) > 0 && line[0] == '{' {
+				var m tsSteadyLine
+				if json.Unmarshal(line, &m) == nil {
+					if m.Ready != nil {
+						ready <- *m.Ready
+					} else {
+						end = &m
+					}
+				}
+				continue
+			}
+			seq, ms, ok := strings.Cut(string(line), " ")
+			n, err1 := strconv.Atoi(seq)
+			v, err2 := strconv.ParseFloat(ms, 64)
+			if ok && err1 == nil && err2 == nil {
+				lat.recordMs(n, v)
+			}
+		}
+		werr := cmd.Wait()
+		switch {
+		case end == nil:
+			t.done <- fmt.Errorf("the TypeScript worker ended without a result (%v): %s", werr, tail(stderr.String()))
+		case end.Error != "":
+			t.done <- fmt.Errorf("the TypeScript worker failed: %s", end.Error)
+		case end.Errors > 0:
+			t.done <- fmt.Errorf("the TypeScript worker reported %d errors, the first: %s", end.Errors, end.FirstError)
+		default:
+			t.done <- werr
+		}
+	}()
+	timer := time.NewTimer(60 * time.Second)
+	defer timer.Stop()
+	select {
+	case ok := <-ready:
+		if ok {
+			return t, nil
+		}
+		return nil, errors.Join(fmt.Errorf("the TypeScript worker did not own its %d slots", cfg.slots), t.stop(ctx))
+	case err := <-t.done:
+		return nil, fmt.Errorf("the TypeScript worker stopped before it was ready: %v", err)
+	case <-timer.C:
+		return nil, errors.Join(fmt.Errorf("the TypeScript worker did not own its %d slots within 60s", cfg.slots), t.stop(ctx))
+	case <-ctx.Done():
+		return nil, errors.Join(ctx.Err(), t.stop(ctx))
+	}
+}
+
+// stop closes the driver's stdin and waits (at most 30 s, then kills it)
+// for it to stop its worker and exit.
+func (t *tsSteady) stop(context.Context) error {
+	t.once.Do(func() {
+		_ = t.stdin.Close()
+		timer := time.NewTimer(30 * time.Second)
+		defer timer.Stop()
+		select {
+		case t.err = <-t.done:
+		case <-timer.C:
+			_ = t.cmd.Process.Kill()
+			t.err = errors.New("the TypeScript worker did not stop within 30s: killed")
+		}
+	})
+	return t.err
 }

@@ -22,6 +22,13 @@
 //   trace: true (for profiling by hand) also prints to stderr when each
 //   slot's first handler ran, handler starts per 100 ms, and the count and
 //   durations of the pool's statements.
+// steady: { consumer, slots, handlerMs, gather }
+//   work() over slots slots of consumer (subscribed by the Go side) while
+//   the Go side sends at a steady rate, until stdin closes. Prints
+//   {"ready": true} once the worker owns every slot; then, as each
+//   handler starts, a line "<seq> <latency ms>" (payloads {seq, sent_ns}:
+//   the steady suite's; latency against the wall clock); the handler then
+//   sleeps handlerMs. At the end: {"handled": n, "errors": n}.
 // send: { events, tenants, callers }
 //   callers concurrent loops call send() on a pg.Pool (which coalesces
 //   concurrent sends) until events are sent, each with a partition key.
@@ -111,6 +118,41 @@ async function work(pool) {
   out({ handled, work_ms: lastEnd - first, order_violations: violations, rss_peak: rssPeak, cpu_ms: (cpu.user + cpu.system) / 1000, errors: errors.length });
 }
 
+async function steady(pool) {
+  const errors = [];
+  let handled = 0;
+  const lines = [];
+  let flushing = false;
+  const flush = () => {
+    flushing = false;
+    if (lines.length > 0) process.stdout.write(lines.join('\n') + '\n');
+    lines.length = 0;
+  };
+  const worker = await pgque.work(pool, {
+    queue: cfg.queue,
+    consumer: cfg.consumer,
+    slots: cfg.slots,
+    gatherReceives: cfg.gather === true,
+    onError: (err) => { errors.push(String(err && err.stack ? err.stack : err)); },
+  }, async (msg) => {
+    const at = performance.timeOrigin + performance.now();
+    lines.push(`${msg.payload.seq} ${(at - msg.payload.sent_ns / 1e6).toFixed(3)}`);
+    if (!flushing) { flushing = true; setImmediate(flush); }
+    handled++;
+    if (cfg.handlerMs > 0) await sleep(cfg.handlerMs);
+  });
+  const stdinClosed = new Promise((resolve) => { process.stdin.on('end', resolve); process.stdin.on('close', resolve); });
+  process.stdin.resume();
+  while (worker.ownedSlots().length < cfg.slots) {
+    if (await Promise.race([stdinClosed.then(() => true), sleep(20).then(() => false)])) break;
+  }
+  out({ ready: worker.ownedSlots().length === cfg.slots });
+  await stdinClosed;
+  await worker.stop({ timeoutMs: 10000 });
+  flush();
+  out({ handled, errors: errors.length, first_error: errors[0] ?? '' });
+}
+
 function event(i) {
   const t = i % cfg.tenants;
   return { type: 'FileCreated', payload: { t, r: Math.floor(i / cfg.tenants) }, partitionKey: 'tenant-' + t };
@@ -138,7 +180,7 @@ async function sendBatch(pool) {
   out({ events: sent, ms: performance.now() - start });
 }
 
-const pool = new pg.Pool({ ...cfg.connection, max: cfg.poolMax ?? 10 });
+const pool = new pg.Pool({ ...cfg.connection, max: cfg.poolMax ?? 10, application_name: cfg.applicationName });
 const qstats = new Map();
 if (cfg.trace) {
   const orig = pg.Pool.prototype.query;
@@ -161,7 +203,7 @@ if (cfg.trace) {
   });
 }
 try {
-  await { work, send, sendBatch }[cfg.mode](pool);
+  await { work, steady, send, sendBatch }[cfg.mode](pool);
   await pool.end();
   process.exit(0);
 } catch (err) {
