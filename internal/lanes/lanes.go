@@ -138,6 +138,9 @@ type Pool struct {
 	// inline runs than procs wait for a CPU in turn.
 	inline atomic.Int32
 	procs  int
+	// cpuShort says whether the process's goroutines wait for a CPU now
+	// (a schedProbe's; tests set their own).
+	cpuShort func(now time.Time) bool
 	// holdAfter: HoldAfter, or the consumer's own.
 	holdAfter time.Duration
 }
@@ -149,7 +152,8 @@ func NewPool(maxWorkers, procs int, holdAfter time.Duration, onRunning func(n in
 	if holdAfter <= 0 {
 		holdAfter = HoldAfter
 	}
-	return &Pool{workers: make(chan struct{}, maxWorkers), procs: procs, holdAfter: holdAfter, onRunning: onRunning}
+	return &Pool{workers: make(chan struct{}, maxWorkers), procs: procs, holdAfter: holdAfter, onRunning: onRunning,
+		cpuShort: newSchedProbe().cpuShort}
 }
 
 // addRunning changes the count of running handlers.
@@ -882,12 +886,14 @@ func (s *Slot[M, K]) split(ctx context.Context, in *inlineRun[M, K], now time.Ti
 // run slow enough to split by now; when not, wait is how long to wait
 // before looking again.
 func (s *Slot[M, K]) slow(in *inlineRun[M, K], now time.Time, every time.Duration) (wait time.Duration, slow bool) {
-	// When more chunks run inline than there are CPUs, their handlers
-	// take turns on them, and a handler's time includes waiting for its
-	// turn: that is a busy process, not a slow key, and lanes would only
-	// add work. The thresholds grow with the queue.
+	// When more chunks run inline than there are CPUs and their handlers
+	// compute, they take turns on them, and a handler's time includes
+	// waiting for its turn: that is a busy process, not a slow key, and
+	// lanes would only add work. The thresholds grow with the queue, while
+	// goroutines do wait for a CPU (cpushort.go): handlers that wait on
+	// I/O leave the CPUs free, and their slowness is their own.
 	after, mean := FanOutAfter, slowMean
-	if q := int(s.pool.inline.Load()) / max(s.pool.procs, 1); q > 1 {
+	if q := int(s.pool.inline.Load()) / max(s.pool.procs, 1); q > 1 && s.pool.cpuShort(now) {
 		after, mean = after*time.Duration(q), mean*time.Duration(q)
 	}
 	ran := now.Sub(in.started)
