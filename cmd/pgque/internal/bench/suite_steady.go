@@ -140,6 +140,11 @@ func steadyConfigs(e *env) []steadyConfig {
 					add(steadyConfig{rate: r, slots: s, client: "gogather", held: h, handle: e.handlerTime})
 					add(steadyConfig{rate: r, slots: s, client: "ts", held: h, handle: e.handlerTime})
 				}
+				// The package's tests run the TypeScript worker too, so
+				// that its driver is exercised wherever they run.
+				if e.tiny {
+					add(steadyConfig{rate: r, slots: s, client: "ts", held: h, handle: e.handlerTime})
+				}
 			}
 		}
 	}
