@@ -878,10 +878,8 @@ func startGo(ctx context.Context, pool *pgxpool.Pool, q string, cfg steadyConfig
 			if err := lat.record(m.Payload, time.Now()); err != nil || cfg.handle <= 0 {
 				return err
 			}
-			t := time.NewTimer(cfg.handle)
-			defer t.Stop()
 			select {
-			case <-t.C:
+			case <-time.After(cfg.handle):
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()
