@@ -56,6 +56,11 @@ type Options struct {
 	// handlers that do real work; their names end in _h<ms>ms. The SQL
 	// loops and the drains are unchanged.
 	HandlerTime time.Duration
+	// TickLag, when set, is the ticker_max_lag of every queue the steady
+	// suite measures pgque on (the default is 10 ms): the trade of ticks,
+	// and so CPU per event, against latency. Their names end in _t<ms>ms.
+	// Upstream's queues keep its own schedule.
+	TickLag time.Duration
 	// tiny shrinks quick mode further, for the package's own tests.
 	tiny bool
 	// dbPrefix goes before the name of every database the suites make,
@@ -68,6 +73,9 @@ type Options struct {
 func (o *Options) validate() ([]*suite, error) {
 	if o.HandlerTime < 0 || o.HandlerTime > time.Second {
 		return nil, fmt.Errorf("--handler-time must be between 0 and 1s, not %s", o.HandlerTime)
+	}
+	if o.TickLag != 0 && (o.TickLag < time.Millisecond || o.TickLag > 10*time.Second) {
+		return nil, fmt.Errorf("--tick-lag must be 0 (the queue's default) or between 1ms and 10s, not %s", o.TickLag)
 	}
 	if len(o.Suites) == 0 {
 		return allSuites(), nil
@@ -191,6 +199,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	e.upstream = upstream
 	e.dbPrefix = opts.dbPrefix
 	e.handlerTime = opts.HandlerTime
+	e.tickLag = opts.TickLag
 	if opts.Only != "" {
 		if e.only, err = regexp.Compile(opts.Only); err != nil {
 			return nil, fmt.Errorf("--only: %w", err)

@@ -142,6 +142,41 @@ func TestHandlerTime(t *testing.T) {
 	}
 }
 
+// TestTickLag checks --tick-lag: out of range it is refused before anything
+// runs, and in range every configuration gets it and says so in its name.
+func TestTickLag(t *testing.T) {
+	for _, d := range []time.Duration{-time.Millisecond, time.Microsecond, 11 * time.Second} {
+		_, err := Run(context.Background(), Options{Suites: []string{"steady"}, TickLag: d})
+		if err == nil || !strings.Contains(err.Error(), "--tick-lag") {
+			t.Errorf("TickLag %s: err = %v, want a --tick-lag error", d, err)
+		}
+	}
+	names := map[string]bool{}
+	for _, cfg := range steadyConfigs(&env{tickLag: 40 * time.Millisecond, handlerTime: 5 * time.Millisecond}) {
+		names[cfg.name()] = true
+		if cfg.tick != 40*time.Millisecond || !strings.HasSuffix(cfg.name(), "_t40ms") {
+			t.Errorf("%s: tick lag %s", cfg.name(), cfg.tick)
+		}
+	}
+	for _, n := range []string{"r500_s16_go_free_h5ms_t40ms", "r500_s16_none_free_t40ms", "r100_s1_sql_held_t40ms"} {
+		if !names[n] {
+			t.Errorf("no configuration %s", n)
+		}
+	}
+	// And the queue ticks at that lag: 500 events/s with a 100 ms lag make
+	// about 10 ticks a second, where the default 10 ms make about 90.
+	rep, progress := runWithPgssOpts(t, Options{Suites: []string{"steady"}, Only: "r500_s4_go_free", TickLag: 100 * time.Millisecond})
+	ticks := -1.0
+	for _, r := range rep.Results {
+		if r.Case == "r500_s4_go_free_t100ms_ticks" {
+			ticks = r.Value
+		}
+	}
+	if ticks < 1 || ticks > 20 {
+		t.Errorf("r500_s4_go_free_t100ms made %v ticks/s, want 1 to 20 at a 100 ms lag\nprogress:\n%s", ticks, progress.String())
+	}
+}
+
 func TestChartsAndTable(t *testing.T) {
 	met, missed := true, false
 	rep := &Report{Quick: true, Results: []Result{
@@ -195,6 +230,13 @@ func TestWithDatabase(t *testing.T) {
 // and returns it with the progress output.
 func runWithPgss(t *testing.T, suite string) (*Report, *bytes.Buffer) {
 	t.Helper()
+	return runWithPgssOpts(t, Options{Suites: []string{suite}})
+}
+
+// runWithPgssOpts is runWithPgss with options (the suite is opts.Suites[0]).
+func runWithPgssOpts(t *testing.T, opts Options) (*Report, *bytes.Buffer) {
+	t.Helper()
+	suite := opts.Suites[0]
 	binDir, err := pgcluster.FindBinDir()
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +247,8 @@ func runWithPgss(t *testing.T, suite string) (*Report, *bytes.Buffer) {
 	var progress bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Options{Suites: []string{suite}, OutDir: "-", Progress: &progress, tiny: true})
+	opts.OutDir, opts.Progress, opts.tiny = "-", &progress, true
+	rep, err := Run(ctx, opts)
 	if err != nil {
 		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
 	}

@@ -32,6 +32,8 @@ type env struct {
 	only     *regexp.Regexp     // Options.Only
 	// handlerTime is Options.HandlerTime.
 	handlerTime time.Duration
+	// tickLag is Options.TickLag.
+	tickLag time.Duration
 
 	mu     sync.Mutex
 	pools  []*pgxpool.Pool

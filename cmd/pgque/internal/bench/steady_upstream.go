@@ -42,7 +42,7 @@ func newUpstreamSide(ctx context.Context, e *env) (*steadySide, error) {
 	side.closers = append(side.closers, prodPool.Close)
 	consDSN := withAppName(u.dsn, steadyAppConsumer)
 
-	side.newQueue = func(ctx context.Context) (string, error) {
+	side.newQueue = func(ctx context.Context, _ steadyConfig) (string, error) {
 		q := u.fresh("steady")
 		_, err := prodPool.Exec(ctx, "select pgque.create_queue($1)", q)
 		return q, err

@@ -24,7 +24,8 @@ import (
 // fixed, ordinary rate rather than as fast as they can. Producers call
 // Client.Send at 100, 500 or 2 000 keyed events a second (1 000 keys, a
 // fifth of the events on 3 hot keys); the Go Ticker runs with its defaults
-// (10 ms ticks); a consumer of 1, 4 or 16 slots takes the events, either
+// (10 ms ticks; --tick-lag sets the queues' ticker_max_lag instead, to
+// measure fewer ticks against more latency); a consumer of 1, 4 or 16 slots takes the events, either
 // the Go PartitionedConsumer ("go"; in full mode at 16 slots also with
 // GatherReceives, "gogather") or one plain SQL loop per slot ("sql")
 // that wakes on each touched set naming its slot and calls
@@ -91,6 +92,9 @@ type steadyConfig struct {
 	// handle is how long the Go pool's handler takes per event
 	// (Options.HandlerTime; the Go and TypeScript clients only).
 	handle time.Duration
+	// tick is the ticker_max_lag of the queue (Options.TickLag; pgque's
+	// queues only, 0: the default).
+	tick time.Duration
 }
 
 func (c steadyConfig) name() string {
@@ -107,6 +111,9 @@ func (c steadyConfig) name() string {
 	if c.handle > 0 {
 		h += fmt.Sprintf("_h%gms", float64(c.handle)/float64(time.Millisecond))
 	}
+	if c.tick > 0 {
+		h += fmt.Sprintf("_t%gms", float64(c.tick)/float64(time.Millisecond))
+	}
 	return fmt.Sprintf("r%s_s%d_%s_%s", rateName(c.rate), c.slots, c.client, h)
 }
 
@@ -121,6 +128,7 @@ func steadyConfigs(e *env) []steadyConfig {
 	}
 	var out []steadyConfig
 	add := func(c steadyConfig) {
+		c.tick = e.tickLag
 		if e.only == nil || e.only.MatchString(c.name()) {
 			out = append(out, c)
 		}
@@ -204,8 +212,9 @@ type steadySide struct {
 	probe  *pgx.Conn
 	pgss   *pgssProbe
 	proc   *procProbe
-	// newQueue creates a fresh queue.
-	newQueue func(ctx context.Context) (string, error)
+	// newQueue creates a fresh queue for cfg (with its tick lag, on
+	// pgque's side).
+	newQueue func(ctx context.Context, cfg steadyConfig) (string, error)
 	// send sends event i with body to q, keyed steadyKey(i).
 	send func(ctx context.Context, q string, i int, body []byte) error
 	// sqlConsumer subscribes an N-slot consumer of q and returns the
@@ -252,6 +261,9 @@ func runSteadyParts(ctx context.Context, e *env, r *recorder, parts steadyParts)
 	d := pick(e, 3*time.Second, 20*time.Second)
 	drainEvents := pick(e, 20000, 100000)
 	systems := []func(context.Context, *env) (*steadySide, error){newPgqueSide}
+	if e.tickLag > 0 && parts.configs {
+		e.logf("   pgque's queues tick with ticker_max_lag %s (the default is 10ms); p50/p99 have no target", e.tickLag)
+	}
 	if e.upstream != nil {
 		e.logf("   upstream PgQue from %s", e.upstream.describe())
 		systems = append(systems, newUpstreamSide)
@@ -286,6 +298,9 @@ func (side *steadySide) runAll(ctx context.Context, r *recorder, parts steadyPar
 		if !parts.configs || ((cfg.client == "go" || cfg.client == "gogather") && side.goConsumer == nil) ||
 			(cfg.client == "ts" && side.tsConsumer == nil) || (cfg.client == "none" && side.system != "pgque") {
 			continue
+		}
+		if side.system != "pgque" {
+			cfg.tick = 0 // upstream keeps its own schedule
 		}
 		res, err := side.run(ctx, cfg, d)
 		if errors.Is(err, errSkipped) {
@@ -395,10 +410,12 @@ func newPgqueSide(ctx context.Context, e *env) (*steadySide, error) {
 	consDSN := withAppName(p.dsn, steadyAppConsumer)
 	var consPool *pgxpool.Pool
 
-	side.newQueue = func(ctx context.Context) (string, error) {
+	side.newQueue = func(ctx context.Context, cfg steadyConfig) (string, error) {
 		q := p.fresh("steady")
-		_, err := producer.CreateQueue(ctx, q)
-		return q, err
+		if _, err := producer.CreateQueue(ctx, q); err != nil || cfg.tick == 0 {
+			return q, err
+		}
+		return q, producer.SetQueueConfig(ctx, q, pgque.QueueTickerMaxLag(cfg.tick))
 	}
 	side.send = func(ctx context.Context, q string, i int, body []byte) error {
 		_, err := producer.Send(ctx, q, pgque.Event{Type: eventType, Payload: json.RawMessage(body), PartitionKey: steadyKey(i)})
@@ -541,7 +558,7 @@ func sendBody(i int) []byte {
 // run measures one configuration on a fresh queue.
 func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Duration) (steadyResult, error) {
 	res := steadyResult{system: side.system, cfg: cfg}
-	q, err := side.newQueue(ctx)
+	q, err := side.newQueue(ctx, cfg)
 	if err != nil {
 		return res, err
 	}
@@ -644,7 +661,7 @@ func (noConsumer) stop(context.Context) error { return nil }
 // measured one is built, as for a running consumer that falls behind.
 func (side *steadySide) drain(ctx context.Context, cfg steadyConfig, events int) (steadyResult, error) {
 	res := steadyResult{system: side.system, cfg: cfg}
-	q, err := side.newQueue(ctx)
+	q, err := side.newQueue(ctx, cfg)
 	if err != nil {
 		return res, err
 	}
@@ -1084,6 +1101,9 @@ func recordSteady(r *recorder, res steadyResult) {
 		r.add(n+"_send_time", single(res.per(s.execMS*1000)), "µs/event", nil, note)
 		note = ""
 	}
+	if res.ticks > 0 && !res.cfg.drain {
+		r.add(n+"_ticks", single(float64(res.ticks)/res.took.Seconds()), "ticks/s", nil, "ticks of the whole cluster in the window")
+	}
 	if res.cpu != nil && res.cpu["consumer"] > 0 {
 		r.add(n+"_cpu_consumer", single(res.per(res.cpu["consumer"]*1e6)), "µs/event", nil,
 			strings.TrimPrefix(note+"; /proc utime+stime of the consumer's backends", "; "))
@@ -1101,7 +1121,7 @@ func recordSteady(r *recorder, res steadyResult) {
 		return
 	}
 	var t50, t99 *target
-	if res.cfg.rate >= 500 && res.system == "pgque" {
+	if res.cfg.rate >= 500 && res.system == "pgque" && res.cfg.tick == 0 {
 		t50, t99 = valueAtMost(10), valueAtMost(50)
 	}
 	r.add(n+"_latency_p50", single(percentile(res.ms, 50)), "ms", t50, note)

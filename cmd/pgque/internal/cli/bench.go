@@ -51,6 +51,8 @@ and SVG charts go to --out ("-": none).`,
 	f.StringVar(&o.Only, "only", "", "run only the steady suite's configurations whose names match this regular expression (e.g. r2k_s16_go)")
 	f.DurationVar(&o.HandlerTime, "handler-time", 0, "in the steady suite, make each Go handler take this long per event (e.g. 20ms), "+
 		"as a handler doing real work; those configurations' names end in _h<ms>ms")
+	f.DurationVar(&o.TickLag, "tick-lag", 0, "in the steady suite, set pgque's queues' ticker_max_lag to this (default 10ms): "+
+		"fewer ticks, less CPU per event, more latency; those configurations' names end in _t<ms>ms")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON on stdout")
 	return cmd
 }
