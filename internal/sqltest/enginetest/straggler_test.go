@@ -51,6 +51,13 @@ func TestTickerSeesEventsCommittedAfterTheirTick(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil || tick == nil {
 		t.Fatalf("forced tick: %v, %v", tick, err)
 	}
+	// force_next_tick gave that transaction an id before it read the
+	// sequence, so the tick has no tick_xid, and the next poll makes one
+	// that has (TestTickerSettlesTicksWithoutTickXid); then nothing more
+	// while nothing commits.
+	if err := pool.QueryRow(ctx, "select pgque.ticker('q')").Scan(&tick); err != nil || tick == nil {
+		t.Fatalf("no tick after a tick without tick_xid (%v, %v)", tick, err)
+	}
 	if err := pool.QueryRow(ctx, "select pgque.ticker('q')").Scan(&tick); err != nil || tick != nil {
 		t.Fatalf("ticker with nothing committed since the last tick ticked (%v, %v)", tick, err)
 	}
@@ -371,6 +378,69 @@ func setupIdleQueue(t *testing.T) (dsn string, pool beginner, tables []string, t
 		exec(t, pool, q)
 	}
 	return dsn, pool, eventTables(t, pool, "q"), pgtest.Conn(t, dsn)
+}
+
+// TestTickerSettlesTicksWithoutTickXid: a tick whose transaction had an id
+// before it read the sequence (force_next_tick and ticker(queue) in one
+// transaction) has no tick_xid, so no probe can settle it. Polling it
+// probed on every call, planning the probe each time, until
+// ticker_idle_period (an hour here): about 1 ms a call, 100 calls a second
+// for the ticker daemon. Now the next poll from a transaction without an id
+// makes one more tick, which has a tick_xid, and polls settle on it. A
+// poll from a transaction that has an id could only make another tick
+// without one: it makes none.
+func TestTickerSettlesTicksWithoutTickXid(t *testing.T) {
+	t.Parallel()
+	_, pool, tables, ticker := setupIdleQueue(t)
+	lastTick := func() (id int64, bounded bool) {
+		t.Helper()
+		err := pool.QueryRow(context.Background(), `select t.tick_id, t.tick_xid is not null from pgque.tick t
+			  where t.tick_queue = (select queue_id from pgque.queue where queue_name = 'q')
+			  order by t.tick_id desc limit 1`).Scan(&id, &bounded)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id, bounded
+	}
+	exec(t, ticker, "begin")
+	exec(t, ticker, "select pgque.force_next_tick('q')")
+	exec(t, ticker, "select pgque.ticker('q')")
+	exec(t, ticker, "commit")
+	forced, bounded := lastTick()
+	if bounded {
+		t.Fatal("the forced tick has a tick_xid: this test needs one without")
+	}
+	exec(t, ticker, "begin")
+	exec(t, ticker, "select pg_current_xact_id()")
+	n := scalar[int64](t, ticker, "select pgque.ticker()")
+	exec(t, ticker, "commit")
+	if n != 0 {
+		t.Fatal("ticker() in a transaction that has an id ticked a still queue")
+	}
+	if tk, _ := pollTicker(t, ticker, tables, "select pgque.ticker()"); tk == nil {
+		t.Fatal("ticker() made no tick after a tick without tick_xid: every poll would probe it until ticker_idle_period")
+	}
+	next, bounded := lastTick()
+	if next <= forced || !bounded {
+		t.Fatalf("the tick after %d is %d, tick_xid set: %v; want a later tick with one", forced, next, bounded)
+	}
+	if n := len(mustReceive(t, pool, "q", "c", 100)); n != 1 {
+		t.Fatalf("the batches up to the forced tick hold %d events, want the 1 sent", n)
+	}
+	// Other tests' transactions hold the new tick unsettled while they
+	// run; then polls neither tick nor probe.
+	pgtest.WaitFor(t, 10*time.Second, "ticker() to settle the new tick", func() bool {
+		if tk, _ := pollTicker(t, ticker, tables, "select pgque.ticker()"); tk != nil {
+			t.Fatal("ticker() ticked a still queue again")
+		}
+		return scalar[bool](t, ticker, `select strpos(coalesce(current_setting('pgque.settled_ticks', true), ''),
+			',' || (select queue_id from pgque.queue where queue_name = 'q') || ':' || $1::bigint || ':') > 0`, next)
+	})
+	for i := range 3 {
+		if tk, scans := pollTicker(t, ticker, tables, "select pgque.ticker()"); tk != nil || scans != 0 {
+			t.Fatalf("poll %d after settling: tick %v, %d scans; want none", i, tk, scans)
+		}
+	}
 }
 
 // TestTickerBoundsTicksDueWithoutAProbe: ticker() ticks a queue that its

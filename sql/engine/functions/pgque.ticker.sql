@@ -128,7 +128,21 @@ $$;
 -- locks every partition of every queue. With 1 400 queues (12 600 event
 -- tables and indexes) that one planning failed with "out of shared
 -- memory", and so did every call that reached it.
-create or replace function pgque._tick_due(q pgque.queue, t pgque.tick, i_force boolean)
+--
+-- A tick without tick_xid (its transaction had an id before it read the
+-- sequence, as force_next_tick gives it, or the sequence moved between
+-- the ticker's two reads, as it often does under load) has no bound below
+-- which a straggler's transaction must lie, so no probe could settle it:
+-- once its queue fell still, every poll probed it, planning the probe
+-- each time (0.6 to 1 ms), until ticker_idle_period made the next tick,
+-- a minute later by default. So when a tick written now would have a
+-- tick_xid (bound: the calling transaction had no id when the sequence
+-- was read), such a tick is due once ticker_max_lag has passed: one more
+-- tick, an empty batch unless a straggler committed, and that one settles.
+-- A caller whose transaction has an id could only write another tick
+-- without tick_xid, and probes as before.
+drop function if exists pgque._tick_due(pgque.queue, pgque.tick, boolean);
+create or replace function pgque._tick_due(q pgque.queue, t pgque.tick, i_force boolean, i_bound boolean)
 returns boolean language plpgsql
 set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
@@ -149,7 +163,7 @@ begin
     if v_age < q.queue_ticker_max_lag then
         return false;
     end if;
-    if v_seq > t.tick_event_seq then
+    if v_seq > t.tick_event_seq or (t.tick_xid is null and i_bound) then
         return true;
     end if;
     v_mem := coalesce(nullif(current_setting('pgque.settled_ticks', true), ''), ',');
@@ -220,7 +234,7 @@ begin
     select * into q from pgque.queue where queue_id = i_queue_id;
     v_seq := coalesce(pg_sequence_last_value(q.queue_event_seq), 0);
     select * into t from pgque.tick where tick_queue = i_queue_id order by tick_id desc limit 1;
-    if pgque._tick_due(q, t, i_force) then
+    if pgque._tick_due(q, t, i_force, pg_current_xact_id_if_assigned() is null) then
         return v_seq;
     end if;
     return null;
@@ -249,7 +263,7 @@ declare
 begin
     select * into q from pgque.queue where queue_id = i_queue_id for no key update;
     select * into t from pgque.tick where tick_queue = i_queue_id order by tick_id desc limit 1;
-    if not pgque._tick_due(q, t, i_force) then
+    if not pgque._tick_due(q, t, i_force, i_bound) then
         return null;
     end if;
 
@@ -386,9 +400,10 @@ begin
     -- settled in this session. An idle queue then costs a row of it; one
     -- whose last probe waits on transactions that all still run
     -- (_tick_waiting) costs a call of that more.
-    -- A row that is due by count, idle period or a moved sequence needs
-    -- no probe, nor _tick_poll's second look: the sequence value read here,
-    -- before this transaction has an id, is the one its tick is bounded by
+    -- A row that is due by count, idle period or a moved sequence (or
+    -- whose last tick has no tick_xid, see _tick_due) needs no probe, nor
+    -- _tick_poll's second look: the sequence value read here, before this
+    -- transaction has an id, is the one its tick is bounded by
     -- (_tick_write checks again under the queue's lock). The others count
     -- against the budget, from the queue after the one the last call
     -- stopped before. Each statement a tick skips is most of its cost: a
@@ -421,7 +436,8 @@ begin
         select q.queue_id,
                not (s.seq - t.tick_event_seq >= q.queue_ticker_max_count
                     or clock_timestamp() - t.tick_time >= q.queue_ticker_idle_period
-                    or s.seq > t.tick_event_seq),
+                    or s.seq > t.tick_event_seq
+                    or (t.tick_xid is null and v_bound)),
                t.tick_id, s.seq
           from pgque.queue q
           left join (select split_part(e, ':', 1)::integer as qid, split_part(e, ':', 2)::bigint as tick,
