@@ -25,10 +25,16 @@ func (q *Queries) SetQueueConfig(ctx context.Context, queue, param, value string
 	return err
 }
 
-// Ticker calls pgque.ticker() and returns the number of queues ticked.
+// Ticker calls pgque.ticker() and returns the number of queues ticked. The
+// call is its own transaction, committed without waiting for its WAL to
+// be flushed (synchronous_commit off for that transaction only): a tick
+// records a snapshot and nothing else, and every record that refers to it
+// comes later in the WAL, so a crash that loses the tick loses those too
+// (docs/design.md, "Ticks commit without a flush"). The daemon's only
+// caller runs it on a pool, never inside a caller's transaction.
 func (q *Queries) Ticker(ctx context.Context) (int64, error) {
 	var n *int64
-	err := q.db.QueryRow(ctx, `select pgque.ticker()`).Scan(&n)
+	err := q.db.QueryRow(ctx, `select pgque.ticker() from pg_catalog.set_config('synchronous_commit', 'off', true)`).Scan(&n)
 	if n == nil {
 		return 0, err
 	}

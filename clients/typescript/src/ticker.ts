@@ -239,7 +239,11 @@ export class Ticker {
       this.leaderUntil = ok ? now + this.leaseTtlMs / 2 - this.leaseTtlMs / 10 : 0;
     }
     if (!this.setLeader(now < this.leaderUntil)) return;
-    await bounded("ticker()", this.leaseTtlMs, this.exec.query("select pgque.ticker()"));
+    // Its own transaction, committed without waiting for the WAL flush:
+    // a tick is a snapshot that every later record referring to it
+    // follows in the WAL (docs/design.md, "Ticks commit without a flush").
+    await bounded("ticker()", this.leaseTtlMs, this.exec.query(
+      "select pgque.ticker() from pg_catalog.set_config('synchronous_commit', 'off', true)"));
     this.stats.ticks++;
     if (now >= this.nextRetry) {
       this.nextRetry = now + this.retryIntervalMs;

@@ -71,6 +71,12 @@ test("a ticker on a pool of one connection ticks, and listens on a connection of
     await waitFor("the ticker on a 1-connection pool to tick", () => lead.stats.ticks >= 3, 5_000);
     const { rows } = await pool.query("select 1 as one");
     assert.equal(rows[0].one, 1, "the pool still serves other queries");
+    // Each tick commits without a flush, for its own transaction only: the
+    // pool's one connection, which served those ticks, keeps the server's
+    // setting for whatever it runs next.
+    const [mine, fresh] = await Promise.all([pool, db.pool].map((p) => p.query("show synchronous_commit")));
+    assert.equal(mine.rows[0].synchronous_commit, fresh.rows[0].synchronous_commit,
+      "synchronous_commit on the ticker's connection after its ticks");
     await standby.start();
     const checks = standby.stats.leadChecks;
     await waitFor("the standby ticker to ask for the lease", () => standby.stats.leadChecks > checks, 5_000);
