@@ -84,12 +84,21 @@ func TestRunTickerTicksAndMovesRetries(t *testing.T) {
 			t.Fatal(q, err)
 		}
 	}
+	var before, after string
+	if err := conn.QueryRow(ctx, "show synchronous_commit").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	if _, err := conn.Exec(ctx, "call pgque.run_ticker(1, 'test')"); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d < time.Second || d > 10*time.Second {
 		t.Fatalf("run_ticker(1) ran for %v", d)
+	}
+	// Each round commits without a flush, for its own transaction only:
+	// the session (pg_cron's, or a caller's) keeps its setting.
+	if err := conn.QueryRow(ctx, "show synchronous_commit").Scan(&after); err != nil || after != before {
+		t.Fatalf("synchronous_commit is %q after run_ticker (%v), %q before", after, err, before)
 	}
 	// The slot group's routing indexes, which the subscribe leaves to
 	// maint_route_indexes, run by the loop in the round after maint().

@@ -17,6 +17,13 @@
 -- maint(): a transaction of their own, as the ticker daemons give the same
 -- calls, since what they lock stays locked until the round commits.
 -- Returns whether the loop goes on (end not reached) and the next times.
+-- The round's transaction commits without waiting for its WAL flush, as
+-- the ticker daemons' ticker() calls do (docs/design.md, "Ticks commit
+-- without a flush"): run_ticker commits after each round, so the setting
+-- (local to the transaction) covers the round alone. What else a round
+-- may do loses nothing either when a crash drops it: a lease renewal, a
+-- retry moved back (it is still in retry_queue), maint()'s work (done
+-- again; a commit that drops relations is flushed by PostgreSQL anyway).
 -- Tables: through ticker_lead, ticker, maint_retry_events, maint and the
 -- hooks.
 create or replace function pgque._run_ticker_round(i_worker text, i_end timestamptz,
@@ -28,6 +35,7 @@ language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    perform set_config('synchronous_commit', 'off', true);
     next_retry := i_next_retry;
     next_maint := i_next_maint;
     next_indexes := i_next_indexes;
