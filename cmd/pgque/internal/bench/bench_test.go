@@ -130,12 +130,12 @@ func TestHandlerTime(t *testing.T) {
 	clients := map[string]string{}
 	for _, cfg := range steadyConfigs(&env{handlerTime: 20 * time.Millisecond}) {
 		clients[cfg.name()] = cfg.client
-		if want := cfg.client == "go" || cfg.client == "gogather" || cfg.client == "ts"; (cfg.handle == 20*time.Millisecond) != want ||
+		if want := cfg.client == "go" || cfg.client == "gogather" || cfg.client == "ts" || cfg.client == "tsgather"; (cfg.handle == 20*time.Millisecond) != want ||
 			strings.HasSuffix(cfg.name(), "_h20ms") != want {
 			t.Errorf("%s (client %s): handler time %s", cfg.name(), cfg.client, cfg.handle)
 		}
 	}
-	for _, n := range []string{"r500_s16_go_free_h20ms", "r500_s16_gogather_held_h20ms", "r500_s16_ts_free_h20ms", "r500_s16_sql_free"} {
+	for _, n := range []string{"r500_s16_go_free_h20ms", "r500_s16_gogather_held_h20ms", "r500_s16_ts_free_h20ms", "r500_s16_tsgather_held_h20ms", "r500_s16_sql_free"} {
 		if _, ok := clients[n]; !ok {
 			t.Errorf("no configuration %s among %v", n, clients)
 		}

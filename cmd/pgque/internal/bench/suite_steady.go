@@ -85,7 +85,7 @@ var steadyGroups = map[string]string{
 type steadyConfig struct {
 	rate   int
 	slots  int
-	client string // "go", "gogather" (GatherReceives), "ts" (the TypeScript worker), "sql" or "none" (subscribed, never receives)
+	client string // "go", "gogather" (GatherReceives), "ts" (the TypeScript worker), "tsgather" (with gatherReceives), "sql" or "none" (subscribed, never receives)
 	held   bool
 	drain  bool // a backlog drained as fast as it goes, not a rate
 	warm   bool // the drain's loops warmed up on a first backlog before it
@@ -143,10 +143,11 @@ func steadyConfigs(e *env) []steadyConfig {
 				// The Go pool with GatherReceives, in full mode: what one
 				// call for the slots a tick wakes saves, and costs.
 				// And the TypeScript worker (work()), what a Node.js
-				// service runs.
+				// service runs, without and with gatherReceives.
 				if s == 16 && !e.quick {
 					add(steadyConfig{rate: r, slots: s, client: "gogather", held: h, handle: e.handlerTime})
 					add(steadyConfig{rate: r, slots: s, client: "ts", held: h, handle: e.handlerTime})
+					add(steadyConfig{rate: r, slots: s, client: "tsgather", held: h, handle: e.handlerTime})
 				}
 				// The package's tests run the TypeScript worker too, so
 				// that its driver is exercised wherever they run.
@@ -162,7 +163,7 @@ func steadyConfigs(e *env) []steadyConfig {
 // goHandle is the handler time of a configuration of client: d for the Go
 // and TypeScript clients, none for the others.
 func goHandle(client string, d time.Duration) time.Duration {
-	if client == "go" || client == "gogather" || client == "ts" {
+	if client == "go" || client == "gogather" || client == "ts" || client == "tsgather" {
 		return d
 	}
 	return 0
@@ -296,7 +297,7 @@ func (side *steadySide) runAll(ctx context.Context, r *recorder, parts steadyPar
 		// made about a hundred times the calls (docs/benchmarks.md, "The
 		// floor under the consumer").
 		if !parts.configs || ((cfg.client == "go" || cfg.client == "gogather") && side.goConsumer == nil) ||
-			(cfg.client == "ts" && side.tsConsumer == nil) || (cfg.client == "none" && side.system != "pgque") {
+			((cfg.client == "ts" || cfg.client == "tsgather") && side.tsConsumer == nil) || (cfg.client == "none" && side.system != "pgque") {
 			continue
 		}
 		if side.system != "pgque" {
@@ -567,7 +568,7 @@ func (side *steadySide) run(ctx context.Context, cfg steadyConfig, d time.Durati
 	switch cfg.client {
 	case "go", "gogather":
 		con, err = side.goConsumer(ctx, q, cfg, lat)
-	case "ts":
+	case "ts", "tsgather":
 		con, err = side.tsConsumer(ctx, q, cfg, lat)
 	case "none":
 		// Subscribed, so that the ticker's hooks do their work for the

@@ -241,7 +241,8 @@ type tsSteadyLine struct {
 }
 
 // startTSSteady starts work() over cfg.slots slots of consumer "c" of q
-// (subscribed by the caller), its handlers taking cfg.handle, on sessions
+// (subscribed by the caller), with gatherReceives for the "tsgather"
+// client, its handlers taking cfg.handle, on sessions
 // named steadyAppConsumer, and waits until it owns every slot.
 func startTSSteady(ctx context.Context, d *tsDriver, dsn, q string, cfg steadyConfig, lat *latencyLog) (steadyConsumer, error) {
 	conn, err := nodeConnection(dsn)
@@ -251,6 +252,7 @@ func startTSSteady(ctx context.Context, d *tsDriver, dsn, q string, cfg steadyCo
 	arg, _ := json.Marshal(map[string]any{
 		"pkg": d.pkg, "mode": "steady", "connection": conn, "queue": q, "consumer": "c", "slots": cfg.slots,
 		"handlerMs": cfg.handle.Milliseconds(), "poolMax": cfg.slots + 4, "applicationName": steadyAppConsumer,
+		"gather": cfg.client == "tsgather",
 	})
 	// Not bound to ctx: stop ends it by closing its stdin, so that it stops
 	// its worker and says how that went.

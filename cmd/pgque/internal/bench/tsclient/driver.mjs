@@ -22,7 +22,7 @@
 //   trace: true (for profiling by hand) also prints to stderr when each
 //   slot's first handler ran, handler starts per 100 ms, and the count and
 //   durations of the pool's statements.
-// steady: { consumer, slots, handlerMs, applicationName }
+// steady: { consumer, slots, handlerMs, applicationName, gather }
 //   work() over slots slots of consumer (subscribed by the Go side) while
 //   the Go side sends at a steady rate, until stdin closes. Prints
 //   {"ready": true} once the worker owns every slot; then, as each
@@ -132,6 +132,7 @@ async function steady(pool) {
     queue: cfg.queue,
     consumer: cfg.consumer,
     slots: cfg.slots,
+    gatherReceives: cfg.gather === true,
     onError: (err) => { errors.push(String(err && err.stack ? err.stack : err)); },
   }, async (msg) => {
     const at = performance.timeOrigin + performance.now();
