@@ -391,7 +391,7 @@ func setupIdleQueue(t *testing.T) (dsn string, pool beginner, tables []string, t
 // without one: it makes none.
 func TestTickerSettlesTicksWithoutTickXid(t *testing.T) {
 	t.Parallel()
-	_, pool, tables, ticker := setupIdleQueue(t)
+	dsn, pool, tables, ticker := setupIdleQueue(t)
 	lastTick := func() (id int64, bounded bool) {
 		t.Helper()
 		err := pool.QueryRow(context.Background(), `select t.tick_id, t.tick_xid is not null from pgque.tick t
@@ -417,12 +417,30 @@ func TestTickerSettlesTicksWithoutTickXid(t *testing.T) {
 	if n != 0 {
 		t.Fatal("ticker() in a transaction that has an id ticked a still queue")
 	}
+	// A writer transaction open across that tick (a horizon held
+	// elsewhere) keeps the new tick unsettled: polls probe it, as any
+	// tick's, and make no more ticks.
+	holder := pgtest.Conn(t, dsn)
+	held, err := holder.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Rollback(context.Background())
+	exec(t, held, "select pg_current_xact_id()")
 	if tk, _ := pollTicker(t, ticker, tables, "select pgque.ticker()"); tk == nil {
 		t.Fatal("ticker() made no tick after a tick without tick_xid: every poll would probe it until ticker_idle_period")
 	}
 	next, bounded := lastTick()
 	if next <= forced || !bounded {
 		t.Fatalf("the tick after %d is %d, tick_xid set: %v; want a later tick with one", forced, next, bounded)
+	}
+	for i := range 5 {
+		if tk, _ := pollTicker(t, ticker, tables, "select pgque.ticker()"); tk != nil {
+			t.Fatalf("poll %d with a writer open made another tick", i)
+		}
+	}
+	if err := held.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	if n := len(mustReceive(t, pool, "q", "c", 100)); n != 1 {
 		t.Fatalf("the batches up to the forced tick hold %d events, want the 1 sent", n)
